@@ -1,0 +1,5 @@
+"""`python -m harness "TASK"`."""
+
+from harness.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""`python -m harness "TASK"`: the terminal driver of the step function."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+from harness import texts
+from harness.client import make_client
+from harness.config import Config, ConfigError, load_config
+from harness.loop import (
+    Agent,
+    AwaitingApproval,
+    Event,
+    Failed,
+    Finished,
+    Outcome,
+    Stopped,
+    ToolReturned,
+    ToolsRequested,
+    WrappedUp,
+    step,
+)
+from harness.state import Decision, RunState, Verdict, new_run, record_decisions
+from harness.tools import BUILTIN_TOOLS, ToolContext, ToolRegistry
+
+SHOWN_RESULT_CHARS = 200
+EXIT_FINISHED, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+def compact(value: object) -> str:
+    """JSON as the seed printed it: no spaces, non-ASCII kept."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def show_result(text: str) -> str:
+    """A tool result as the transcript shows it: cut, then quoted as JSON."""
+    return compact(text if len(text) <= SHOWN_RESULT_CHARS else text[:SHOWN_RESULT_CHARS] + "…")
+
+
+def build_agent(config: Config) -> Agent:
+    """The agent of a config: the real SDK client, the built-in tools, its policy and limits."""
+    return Agent(
+        client=make_client(),
+        tools=ToolRegistry(BUILTIN_TOOLS, timeout_seconds=config.limits.tool_timeout_seconds),
+        context=ToolContext(workspace=config.workspace),
+        policy=config.policy,
+        limits=config.limits,
+        model=config.model,
+    )
+
+
+class Terminal:
+    """Prints events and asks for approvals on a terminal."""
+
+    def __init__(self, out: TextIO, ask: Callable[[str], str]) -> None:
+        self.out = out
+        self.ask = ask
+
+    def show(self, event: Event) -> None:
+        if isinstance(event, ToolsRequested):
+            for call in event.calls:
+                self.say(
+                    texts.CLI_REQUESTS_TOOL.format(turn=event.turn, name=call.name, args=compact(call.input))
+                )
+        elif isinstance(event, ToolReturned):
+            assert event.call.result is not None
+            self.say(
+                texts.CLI_TOOL_RETURNED.format(turn=event.turn, result=show_result(event.call.result.content))
+            )
+        elif isinstance(event, WrappedUp):
+            self.say(texts.CLI_WRAPS_UP.format(turn=event.turn, stop_reason=event.stop_reason))
+
+    def decide(self, outcome: AwaitingApproval) -> dict[str, Decision]:
+        decisions = {}
+        for call in outcome.calls:
+            try:
+                answer = self.ask(texts.CLI_APPROVE_PROMPT.format(name=call.name, args=compact(call.input)))
+            except EOFError:  # no one at the terminal: fail closed
+                answer = "n"
+                self.say("")
+            approved = answer.strip().lower() not in ("n", "no")
+            decisions[call.id] = Decision(Verdict.APPROVED if approved else Verdict.DECLINED, by="terminal")
+        return decisions
+
+    def say(self, line: str) -> None:
+        print(line, file=self.out, flush=True)
+
+
+def run_in_terminal(task: str, agent: Agent, terminal: Terminal) -> tuple[RunState, Outcome]:
+    """Drive one run to its end, asking the terminal for every approval."""
+    state = new_run(task)
+    while True:
+        result = step(state, agent)
+        for event in result.events:
+            terminal.show(event)
+        state, outcome = result.state, result.outcome
+        if isinstance(outcome, AwaitingApproval):
+            state = record_decisions(state, terminal.decide(outcome))
+        elif outcome is not None:
+            return state, outcome
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit status."""
+    args = sys.argv[1:] if argv is None else argv
+    task = " ".join(args).strip()
+    if not task or task in ("-h", "--help"):
+        print(texts.CLI_USAGE, file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        config = load_config()
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
+        print(texts.CLI_NO_API_KEY, file=sys.stderr)
+        return EXIT_USAGE
+    terminal = Terminal(sys.stdout, input)
+    try:
+        state, outcome = run_in_terminal(task, build_agent(config), terminal)
+    except KeyboardInterrupt:
+        terminal.say("\n" + texts.CLI_INTERRUPTED)
+        return EXIT_INTERRUPTED
+    footer = texts.FOOTER.format(turns=state.turns, requests=state.requests)
+    if isinstance(outcome, Finished):
+        terminal.say(outcome.answer)
+        terminal.say(footer)
+        return EXIT_FINISHED
+    if isinstance(outcome, Stopped):
+        terminal.say(texts.CLI_STOPPED.format(turn=state.turns + 1, reason=outcome.reason))
+        terminal.say(footer)
+        return EXIT_STOPPED
+    assert isinstance(outcome, Failed)
+    print(f"error: {outcome.error}", file=sys.stderr)
+    terminal.say(footer)
+    return EXIT_FAILED

@@ -1,0 +1,56 @@
+"""The Anthropic client the harness uses: the SDK's own retries, with `Retry-After` bounded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+from anthropic import APIRequest, CallNext, Middleware
+
+DEFAULT_TIMEOUT_SECONDS = 120.0
+DEFAULT_MAX_RETRIES = 2
+DEFAULT_RETRY_AFTER_CAP_SECONDS = 20.0
+
+
+class RetryAfterCap(Middleware):
+    """Shortens a server's `retry-after` so a worker never sleeps unboundedly inside the SDK.
+
+    The SDK honours `retry-after` however long it is (up to ~50 days); past the cap we would
+    rather fail over to our own Retry button than hold a worker.
+    """
+
+    def __init__(self, cap_seconds: float) -> None:
+        self.cap_seconds = cap_seconds
+
+    def handle(self, request: APIRequest, call_next: CallNext) -> Any:
+        response = call_next(request)
+        headers = response.http_response.headers
+        for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+            raw = headers.get(name)
+            if raw is None:
+                continue
+            try:
+                seconds = float(raw) / scale
+            except ValueError:
+                seconds = self.cap_seconds + 1  # an HTTP date: treat as long
+            if seconds > self.cap_seconds:
+                headers[name] = f"{self.cap_seconds * scale:g}"
+        return response
+
+
+def make_client(
+    *,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    retry_after_cap: float = DEFAULT_RETRY_AFTER_CAP_SECONDS,
+    base_url: str | None = None,
+    api_key: str | None = None,
+) -> anthropic.Anthropic:
+    """An `anthropic.Anthropic`; unless given, the SDK reads `ANTHROPIC_API_KEY`/`_BASE_URL` itself."""
+    return anthropic.Anthropic(
+        base_url=base_url,
+        api_key=api_key,
+        max_retries=max_retries,
+        timeout=timeout,
+        middleware=[RetryAfterCap(retry_after_cap)],
+    )

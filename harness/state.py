@@ -1,0 +1,224 @@
+"""A run as a value: its whole state is one JSON-serialisable object.
+
+The conversation is the checkpoint. A state parked while calls await approval holds the
+assistant message with their `tool_use` blocks plus one `PendingCall` per block, carrying its
+tier, decision and (once run) result. Given the decisions, `harness.loop.step` continues it
+exactly where it stopped, in any process.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from harness.policy import Tier
+from harness.tools import ToolResult
+
+FORMAT_VERSION = 1
+
+
+class StateError(ValueError):
+    """A stored state or a decision that cannot be used; nothing is executed because of it."""
+
+
+class Status(StrEnum):
+    """Where a run is."""
+
+    RUNNING = "running"
+    AWAITING_APPROVAL = "awaiting_approval"
+    FINISHED = "finished"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class Verdict(StrEnum):
+    """A human's answer to an `ask` call (or the clock's, when nobody answered)."""
+
+    APPROVED = "approved"
+    DECLINED = "declined"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Who decided an `ask` call, how, and optionally why."""
+
+    verdict: Verdict
+    by: str | None = None
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verdict": self.verdict.value, "by": self.by, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Decision:
+        return cls(Verdict(data["verdict"]), data.get("by"), data.get("reason"))
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    """One `tool_use` block of the current turn and everything decided about it so far."""
+
+    id: str
+    name: str
+    input: dict[str, Any]
+    tier: Tier
+    decision: Decision | None = None
+    result: ToolResult | None = None
+
+    @property
+    def signature(self) -> str:
+        """`name(json-of-input)`, the unit of the no-progress valve."""
+        return f"{self.name}({canonical_json(self.input)})"
+
+    @property
+    def awaiting(self) -> bool:
+        """Whether this call still needs a human decision before it may run."""
+        return self.tier is Tier.ASK and self.decision is None and self.result is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "input": self.input,
+            "tier": self.tier.value,
+            "decision": self.decision.to_json() if self.decision else None,
+            "result": self.result.to_json() if self.result else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PendingCall:
+        return cls(
+            id=data["id"],
+            name=data["name"],
+            input=data["input"],
+            tier=Tier(data["tier"]),
+            decision=Decision.from_json(data["decision"]) if data.get("decision") else None,
+            result=ToolResult.from_json(data["result"]) if data.get("result") else None,
+        )
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens billed so far, by kind; `total` is what the token-budget valve counts."""
+
+    input: int = 0
+    output: int = 0
+    cache_creation: int = 0
+    cache_read: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.input + self.output + self.cache_creation + self.cache_read
+
+    def plus(self, other: Usage) -> Usage:
+        return Usage(
+            self.input + other.input,
+            self.output + other.output,
+            self.cache_creation + other.cache_creation,
+            self.cache_read + other.cache_read,
+        )
+
+
+@dataclass(frozen=True)
+class RunState:
+    """The whole of a run: conversation, counters, spin history and the current turn's calls."""
+
+    messages: tuple[dict[str, Any], ...]
+    status: Status = Status.RUNNING
+    turns: int = 0
+    requests: int = 0
+    usage: Usage = field(default_factory=Usage)
+    signatures: tuple[str, ...] = ()
+    pending: tuple[PendingCall, ...] = ()
+
+    @property
+    def awaiting(self) -> tuple[PendingCall, ...]:
+        """The calls of this turn that still need a decision."""
+        return tuple(c for c in self.pending if c.awaiting)
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain dict for `json.dumps`; read back with `RunState.from_json`."""
+        return {
+            "version": FORMAT_VERSION,
+            "messages": list(self.messages),
+            "status": self.status.value,
+            "turns": self.turns,
+            "requests": self.requests,
+            "usage": [self.usage.input, self.usage.output, self.usage.cache_creation, self.usage.cache_read],
+            "signatures": list(self.signatures),
+            "pending": [c.to_json() for c in self.pending],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> RunState:
+        """Read a stored state; one of another format version or shape raises `StateError`."""
+        if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
+            version = data.get("version") if isinstance(data, dict) else None
+            raise StateError(
+                f"stored run state has format version {version!r}; this harness reads only "
+                f"version {FORMAT_VERSION}, so the run cannot be resumed safely"
+            )
+        try:
+            return cls(
+                messages=tuple(data["messages"]),
+                status=Status(data["status"]),
+                turns=int(data["turns"]),
+                requests=int(data["requests"]),
+                usage=Usage(*(int(n) for n in data["usage"])),
+                signatures=tuple(str(s) for s in data["signatures"]),
+                pending=tuple(PendingCall.from_json(c) for c in data["pending"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"stored run state is malformed ({exc!r}); refusing to resume it") from None
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def loads(cls, text: str | bytes) -> RunState:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise StateError(f"stored run state is not JSON ({exc}); refusing to resume it") from None
+        return cls.from_json(data)
+
+
+def canonical_json(value: Any) -> str:
+    """Compact JSON with sorted keys: equal inputs give equal text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def new_run(task: str, history: tuple[dict[str, Any], ...] = ()) -> RunState:
+    """A fresh run of `task`, continuing the conversation `history` (empty for a new one)."""
+    task = task.strip()
+    if not task:
+        raise ValueError("a run needs a non-empty task")
+    block = {"type": "text", "text": task}
+    if history and history[-1]["role"] == "user":
+        # The last run ended on tool results (a stop); the new words join that user message.
+        last = history[-1]
+        content = (
+            last["content"]
+            if isinstance(last["content"], list)
+            else [{"type": "text", "text": last["content"]}]
+        )
+        messages = (*history[:-1], {"role": "user", "content": [*content, block]})
+    else:
+        messages = (*history, {"role": "user", "content": [block]})
+    return RunState(messages=messages)
+
+
+def record_decisions(state: RunState, decisions: dict[str, Decision]) -> RunState:
+    """`state` with human decisions applied; an unknown or already decided id is refused."""
+    by_id = {c.id: c for c in state.pending}
+    for call_id in decisions:
+        call = by_id.get(call_id)
+        if call is None:
+            raise StateError(f"no pending call with id {call_id!r} in this run")
+        if not call.awaiting:
+            raise StateError(f"call {call_id!r} ({call.name}) is not awaiting a decision")
+    pending = tuple(replace(c, decision=decisions[c.id]) if c.id in decisions else c for c in state.pending)
+    return replace(state, pending=pending)

@@ -1,0 +1,65 @@
+"""Every sentence the harness says to a person or to the model, in one place.
+
+Stops are read by Slack users, not engineers: each names the valve and says why in plain words.
+"""
+
+from __future__ import annotations
+
+FOOTER = "That took {turns} turns of tool calls across {requests} model requests."
+
+# Valve stops (shown to the user).
+STOP_MAX_TURNS = (
+    "Stopped by the max-turns valve: the run already used all {limit} turns of tool calls "
+    "it is allowed, and the model asked for another."
+)
+STOP_TOKEN_BUDGET = (
+    "Stopped by the token-budget valve: the run has used {used:,} tokens, at or over its budget of {limit:,}."
+)
+STOP_NO_PROGRESS_REPEAT = (
+    "Stopped by the no-progress valve: the model asked for exactly the same tool calls "
+    "as in the turn before ({signature}), so it was going round in circles."
+)
+STOP_NO_PROGRESS_CYCLE = (
+    "Stopped by the no-progress valve: the last {turns} turns repeat the same cycle of "
+    "{period} turns of tool calls, so the model was going round in circles."
+)
+STOP_MAX_TOKENS = (
+    "Stopped: the model's reply was cut off at the {limit}-token limit per request"
+    "{cut_tools}. Raise limits.max_tokens or ask for something shorter."
+)
+STOP_MAX_TOKENS_CUT_TOOLS = ", so the tool call it was writing was not run"
+STOP_REFUSAL = "Stopped: the model declined to continue with this request (refusal)."
+STOP_CONTEXT_WINDOW = (
+    "Stopped: the conversation no longer fits in the model's context window. Start a new thread to carry on."
+)
+STOP_UNKNOWN_REASON = "Stopped: the model ended its reply for a reason the harness does not know ({reason})."
+
+FAILED_MODEL_API = "The model API failed after retrying: {error}"
+
+# Tool results the model reads.
+RESULT_DENIED = "Not executed: the tool {name!r} is forbidden by policy (tier deny)."
+RESULT_DECLINED = "Not executed: the user declined this call."
+RESULT_DECLINED_REASON = "Not executed: the user declined this call, saying: {reason}"
+RESULT_EXPIRED = (
+    "Not executed: the approval request expired before anyone decided on it. Ask again if it is still needed."
+)
+RESULT_UNKNOWN_TOOL = "Error: there is no tool named {name!r}. Available tools: {names}."
+RESULT_BAD_INPUT = "Error: invalid input for {name}: {problems}"
+RESULT_TOOL_RAISED = "Error: {name} failed: {error}"
+RESULT_NOT_RUN_STOPPED = "Not executed: the run was stopped before this call ran ({valve})."
+RESULT_CUT = "\n[… cut: the tool returned {total:,} characters; only the first {kept:,} are shown]"
+
+# Terminal front end.
+CLI_REQUESTS_TOOL = "[turn {turn}] model requests tool: {name}({args})"
+CLI_TOOL_RETURNED = "[turn {turn}] tool returned: {result}"
+CLI_WRAPS_UP = "[turn {turn}] model wraps up ({stop_reason})"
+CLI_APPROVE_PROMPT = (
+    "[approve] About to run high-impact action {name}({args}) — Enter to allow / type n to decline: "
+)
+CLI_STOPPED = "[turn {turn}] {reason}"
+CLI_NO_API_KEY = (
+    "error: ANTHROPIC_API_KEY is not set. Create a key at "
+    "https://console.anthropic.com/settings/keys and run: export ANTHROPIC_API_KEY=sk-ant-..."
+)
+CLI_USAGE = 'usage: python -m harness "TASK"'
+CLI_INTERRUPTED = "Interrupted: stopped cleanly; no tool was left running."

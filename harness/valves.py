@@ -1,0 +1,63 @@
+"""The numeric valves, checked at one chokepoint: before a turn's tools run, before a request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from harness import texts
+from harness.config import Limits
+from harness.state import RunState
+
+
+class Valve(StrEnum):
+    """What stopped a run. The first three are ours; the rest are the model's stop reasons."""
+
+    MAX_TURNS = "max_turns"
+    TOKEN_BUDGET = "token_budget"
+    NO_PROGRESS = "no_progress"
+    MAX_TOKENS = "max_tokens"
+    REFUSAL = "refusal"
+    CONTEXT_WINDOW = "model_context_window_exceeded"
+    UNKNOWN_STOP = "unknown_stop_reason"
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A valve closed: which one, and why in words a Slack user understands."""
+
+    valve: Valve
+    reason: str
+
+
+def check_budget(state: RunState, limits: Limits) -> Stop | None:
+    """Valve 2: at or over the token budget, no further request is made."""
+    if state.usage.total >= limits.token_budget:
+        reason = texts.STOP_TOKEN_BUDGET.format(used=state.usage.total, limit=limits.token_budget)
+        return Stop(Valve.TOKEN_BUDGET, reason)
+    return None
+
+
+def check_turn(state: RunState, limits: Limits, signature: str) -> Stop | None:
+    """Valves 1-3, checked when the model asks for tools, before the turn counter moves."""
+    if state.turns >= limits.max_turns:
+        return Stop(Valve.MAX_TURNS, texts.STOP_MAX_TURNS.format(limit=limits.max_turns))
+    if stop := check_budget(state, limits):
+        return stop
+    return check_progress((*state.signatures, signature), limits.no_progress_window)
+
+
+def check_progress(signatures: tuple[str, ...], window: int) -> Stop | None:
+    """Valve 3: the newest turn repeats the one before, or the last turns repeat a short cycle."""
+    if len(signatures) >= 2 and signatures[-1] == signatures[-2]:
+        reason = texts.STOP_NO_PROGRESS_REPEAT.format(signature=_short(signatures[-1]))
+        return Stop(Valve.NO_PROGRESS, reason)
+    for period in range(2, window // 2 + 1):
+        if len(signatures) >= 2 * period and signatures[-2 * period : -period] == signatures[-period:]:
+            reason = texts.STOP_NO_PROGRESS_CYCLE.format(turns=2 * period, period=period)
+            return Stop(Valve.NO_PROGRESS, reason)
+    return None
+
+
+def _short(signature: str, limit: int = 200) -> str:
+    return signature if len(signature) <= limit else signature[:limit] + "…"

@@ -1,0 +1,75 @@
+"""Shared fixtures: loopback stand-ins only; the real network is refused by construction."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.client import make_client
+from harness.config import Limits
+from harness.loop import Agent
+from harness.policy import Policy, Tier
+from harness.tools import BUILTIN_TOOLS, ToolContext, ToolRegistry
+from tests.fakes.messages_api import FakeMessagesAPI
+
+_real_connect = socket.socket.connect
+
+
+def _loopback_only(sock: socket.socket, address: Any) -> Any:
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        host = address[0]
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise ConnectionRefusedError(f"tests may only talk to loopback, not {host!r}")
+    return _real_connect(sock, address)
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every socket of the test process may connect to loopback addresses only."""
+    monkeypatch.setattr(socket.socket, "connect", _loopback_only)
+
+
+@pytest.fixture
+def model() -> Iterator[FakeMessagesAPI]:
+    """A scripted Messages API on loopback that rejects what the real one rejects."""
+    with FakeMessagesAPI() as fake:
+        yield fake
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    """A workspace folder holding a README.md."""
+    root = tmp_path / "workspace"
+    root.mkdir()
+    (root / "README.md").write_text("# My project\n\nSecond line.\n", encoding="utf-8")
+    return root
+
+
+def make_agent(
+    model: FakeMessagesAPI,
+    workspace: Path,
+    *,
+    policy: dict[str, str] | None = None,
+    default: str = "ask",
+    max_retries: int = 0,
+    **limits: Any,
+) -> Agent:
+    """An agent on the real SDK client pointed at the stand-in."""
+    tier_map = None if policy is None else {name: Tier(t) for name, t in policy.items()}
+    return Agent(
+        client=make_client(base_url=model.base_url, api_key="sk-test", max_retries=max_retries),
+        tools=ToolRegistry(BUILTIN_TOOLS, timeout_seconds=limits.pop("tool_timeout_seconds", 5.0)),
+        context=ToolContext(workspace=workspace),
+        policy=Policy() if tier_map is None else Policy(default=Tier(default), tools=tier_map),
+        limits=Limits(**limits),
+        model="claude-test",
+    )
