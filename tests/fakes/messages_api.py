@@ -1,0 +1,602 @@
+"""Loopback stand-in for the Anthropic Messages API (``POST /v1/messages``).
+
+The fake is a plain-HTTP :class:`http.server.ThreadingHTTPServer` on 127.0.0.1 with an
+OS-chosen port, served from a daemon thread, so clients in this process *and* in
+subprocesses (via ``ANTHROPIC_BASE_URL``) can talk to it. Every request is validated
+against the rules the real API enforces (see :func:`validate_request`); invalid ones get
+a 400 ``invalid_request_error`` and are recorded in :attr:`FakeMessagesAPI.errors`.
+Valid ones are answered from scripted :class:`Reply` queues or a ``responder`` callback.
+Requests with ``"stream": true`` are answered as server-sent events.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = ["FakeMessagesAPI", "Reply", "http_error", "reply", "text", "tool_use", "validate_request"]
+
+_TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_TOOL_ID_RE = re.compile(r"[a-zA-Z0-9_-]+")
+_USER_BLOCKS = frozenset({"text", "image", "document", "search_result", "tool_result"})
+_ASSISTANT_BLOCKS = frozenset(
+    {"text", "tool_use", "thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result"}
+)
+_RESULT_BLOCKS = frozenset({"text", "image", "document", "search_result"})
+_MAX_CACHE_CONTROL = 4
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+
+
+def _fresh_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+# --------------------------------------------------------------------------- replies
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted answer: a message (``status == 200``) or an HTTP error."""
+
+    content: tuple[dict[str, Any], ...] = ()
+    stop_reason: str | None = None
+    usage: Mapping[str, int] | None = None
+    status: int = 200
+    error_type: str | None = None
+    message: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def is_error(self) -> bool:
+        return self.status >= 400
+
+
+def text(value: str) -> dict[str, Any]:
+    """A text content block."""
+    return {"type": "text", "text": value}
+
+
+def tool_use(name: str, input: Mapping[str, Any], id: str | None = None) -> dict[str, Any]:  # noqa: A002
+    """A tool_use content block; ``id`` defaults to a fresh unique ``toolu_...`` id."""
+    return {"type": "tool_use", "id": id or _fresh_id("toolu"), "name": name, "input": dict(input)}
+
+
+def reply(
+    *blocks: Mapping[str, Any], stop_reason: str | None = None, usage: Mapping[str, int] | None = None
+) -> Reply:
+    """A successful message reply; ``stop_reason`` defaults from the blocks."""
+    if stop_reason is None:
+        has_tool = any(b.get("type") == "tool_use" for b in blocks)
+        stop_reason = "tool_use" if has_tool else "end_turn"
+    content = tuple(copy.deepcopy(dict(b)) for b in blocks)
+    return Reply(content=content, stop_reason=stop_reason, usage=dict(usage) if usage else None)
+
+
+def http_error(
+    status: int,
+    error_type: str | None = None,
+    message: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> Reply:
+    """An HTTP error reply, e.g. ``http_error(429, headers={"retry-after": "0.05"})``."""
+    if error_type is None:
+        error_type = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return Reply(
+        status=status,
+        error_type=error_type,
+        message=message if message is not None else f"fake {error_type} ({status})",
+        headers=tuple((headers or {}).items()),
+    )
+
+
+# --------------------------------------------------------------------------- validation
+
+
+class _Validator:
+    """Collects the problems of one request body; see :func:`validate_request`."""
+
+    def __init__(self, check_tool_names: bool) -> None:
+        self.check_tool_names = check_tool_names
+        self.problems: list[str] = []
+        self.cache_controls = 0
+        self.tool_names: set[str] = set()
+        self.tool_use_ids: set[str] = set()
+
+    def add(self, problem: str) -> None:
+        self.problems.append(problem)
+
+    def run(self, body: dict[str, Any]) -> list[str]:
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            self.add("model: Field required (a non-empty string)")
+        max_tokens = body.get("max_tokens")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            self.add(f"max_tokens: must be an integer >= 1, got {max_tokens!r}")
+        self.tools(body.get("tools"))
+        self.system(body.get("system"))
+        self.messages(body.get("messages"))
+        if self.cache_controls > _MAX_CACHE_CONTROL:
+            self.add(
+                f"A maximum of {_MAX_CACHE_CONTROL} blocks with cache_control may be provided. "
+                f"Found {self.cache_controls}."
+            )
+        return self.problems
+
+    def cache_control(self, where: str, obj: Mapping[str, Any]) -> None:
+        cc = obj.get("cache_control")
+        if cc is None:
+            return
+        self.cache_controls += 1
+        ok = (
+            isinstance(cc, dict)
+            and cc.get("type") == "ephemeral"
+            and set(cc) <= {"type", "ttl"}
+            and cc.get("ttl", "5m") in ("5m", "1h")
+        )
+        if not ok:
+            self.add(f'{where}.cache_control: must be {{"type": "ephemeral"}} (ttl "5m"/"1h")')
+
+    def tools(self, tools: Any) -> None:
+        if tools is None:
+            return
+        if not isinstance(tools, list):
+            self.add("tools: must be a list")
+            return
+        for k, tool in enumerate(tools):
+            where = f"tools.{k}"
+            if not isinstance(tool, dict):
+                self.add(f"{where}: must be an object")
+                continue
+            self.cache_control(where, tool)
+            name = tool.get("name")
+            if not isinstance(name, str) or not _TOOL_NAME_RE.fullmatch(name):
+                self.add(f"{where}.name: String should match pattern '^[a-zA-Z0-9_-]{{1,64}}$'")
+            elif name in self.tool_names:
+                self.add(f"tools: Tool names must be unique (duplicate {name!r})")
+            else:
+                self.tool_names.add(name)
+            if tool.get("type", "custom") == "custom":
+                schema = tool.get("input_schema")
+                if not isinstance(schema, dict) or schema.get("type") != "object":
+                    self.add(f'{where}.input_schema: must be an object with "type": "object"')
+
+    def system(self, system: Any) -> None:
+        if system is None or isinstance(system, str):
+            return
+        if not isinstance(system, list):
+            self.add("system: must be a string or a list of text blocks")
+            return
+        for k, block in enumerate(system):
+            where = f"system.{k}"
+            if not isinstance(block, dict) or block.get("type") != "text":
+                self.add(f"{where}: system blocks must be text blocks")
+                continue
+            self.cache_control(where, block)
+            self.text_block(where, block)
+
+    def text_block(self, where: str, block: Mapping[str, Any], allow_blank: bool = False) -> None:
+        value = block.get("text")
+        if not isinstance(value, str) or not value:
+            self.add(f"{where}.text: text content blocks must be non-empty")
+        elif not allow_blank and not value.strip():
+            self.add(f"{where}.text: text content blocks must contain non-whitespace text")
+
+    def messages(self, messages: Any) -> None:
+        if not isinstance(messages, list) or not messages:
+            self.add("messages: at least one message is required (a non-empty list)")
+            return
+        pending: list[str] = []  # tool_use ids of the previous assistant message
+        prev_role: Any = None
+        for i, msg in enumerate(messages):
+            where = f"messages.{i}"
+            if not isinstance(msg, dict):
+                self.add(f"{where}: must be an object")
+                prev_role, pending = None, []
+                continue
+            role = msg.get("role")
+            if role not in ("user", "assistant"):
+                self.add(f'{where}.role: must be "user" or "assistant", got {role!r}')
+            elif i == 0 and role != "user":
+                self.add('messages: first message must use the "user" role')
+            elif role == prev_role:
+                self.add(
+                    'messages: roles must alternate between "user" and "assistant", '
+                    f'but found multiple "{role}" roles in a row (at {where})'
+                )
+            prev_role = role
+            blocks = self.content(where, role, msg.get("content"))
+            if role == "user":
+                self.pair_results(i, blocks, pending)
+            elif pending:
+                self.missing_results(i - 1, pending)
+            pending = [
+                b["id"] for b in blocks if b.get("type") == "tool_use" and isinstance(b.get("id"), str)
+            ]
+        if pending:
+            self.missing_results(len(messages) - 1, pending)
+        self.final_assistant(messages[-1])
+
+    def missing_results(self, index: int, ids: Iterable[str]) -> None:
+        self.add(
+            f"messages.{index}: `tool_use` ids were found without `tool_result` blocks immediately "
+            f"after: {', '.join(ids)}. Each `tool_use` block must have a corresponding "
+            "`tool_result` block in the next message."
+        )
+
+    def pair_results(self, i: int, blocks: list[dict[str, Any]], pending: list[str]) -> None:
+        """Check the tool_result blocks of user message ``i`` against ``pending`` ids."""
+        where = f"messages.{i}.content"
+        results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
+        lead = 0
+        while lead < len(blocks) and blocks[lead].get("type") == "tool_result":
+            lead += 1
+        if lead != len(results):
+            self.add(f"{where}: `tool_result` blocks must come before any other content")
+        unknown = [r for r in results if r not in pending]
+        if unknown:
+            self.add(
+                f"{where}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                f"{', '.join(map(str, unknown))}. Each `tool_result` block must have a "
+                "corresponding `tool_use` block in the previous message."
+            )
+        dups = sorted({str(r) for r in results if results.count(r) > 1})
+        if dups:
+            self.add(f"{where}: duplicate `tool_use_id` in `tool_result` blocks: {', '.join(dups)}")
+        missing = [p for p in pending if p not in results]
+        if missing:
+            self.missing_results(i - 1, missing)
+        if not (unknown or dups or missing) and results != pending:
+            self.add(f"{where}: `tool_result` blocks must be in the same order as the `tool_use` blocks")
+
+    def final_assistant(self, last: Any) -> None:
+        if not isinstance(last, dict) or last.get("role") != "assistant":
+            return
+        content = last.get("content")
+        if isinstance(content, list) and content and isinstance(content[-1], dict):
+            content = content[-1].get("text") if content[-1].get("type") == "text" else None
+        if isinstance(content, str) and content != content.rstrip():
+            self.add("messages: final assistant content cannot end with trailing whitespace")
+
+    def content(self, where: str, role: Any, content: Any) -> list[dict[str, Any]]:
+        """Validate message content; return its well-formed blocks (empty for a string)."""
+        if isinstance(content, str):
+            if not content.strip():
+                self.add(f"{where}.content: text content must be non-empty and non-whitespace")
+            return []
+        if not isinstance(content, list) or not content:
+            self.add(f"{where}.content: must be a non-empty string or a non-empty list of blocks")
+            return []
+        allowed = {"user": _USER_BLOCKS, "assistant": _ASSISTANT_BLOCKS}.get(role)
+        blocks: list[dict[str, Any]] = []
+        for j, block in enumerate(content):
+            bw = f"{where}.content.{j}"
+            kind = block.get("type") if isinstance(block, dict) else None
+            if not isinstance(block, dict) or not isinstance(kind, str):
+                self.add(f"{bw}: content blocks must be objects with a string `type`")
+                continue
+            self.cache_control(bw, block)
+            if kind not in _USER_BLOCKS | _ASSISTANT_BLOCKS:
+                self.add(f"{bw}.type: unknown content block type {kind!r}")
+                continue
+            if allowed is not None and kind not in allowed:
+                self.add(f"{bw}.type: `{kind}` blocks are not allowed in {role} messages")
+                continue
+            blocks.append(block)
+            if kind == "text":
+                self.text_block(bw, block)
+            elif kind == "tool_use":
+                self.tool_use(bw, block)
+            elif kind == "tool_result":
+                self.tool_result(bw, block)
+        return blocks
+
+    def tool_use(self, where: str, block: Mapping[str, Any]) -> None:
+        tid, name = block.get("id"), block.get("name")
+        if not isinstance(tid, str) or not _TOOL_ID_RE.fullmatch(tid):
+            self.add(f"{where}.id: must be a string matching '^[a-zA-Z0-9_-]+$'")
+        elif tid in self.tool_use_ids:
+            self.add(f"{where}.id: `tool_use` ids must be unique, {tid!r} appears more than once")
+        else:
+            self.tool_use_ids.add(tid)
+        if not isinstance(name, str):
+            self.add(f"{where}.name: must be a string")
+        elif self.check_tool_names and name not in self.tool_names:
+            self.add(f"{where}.name: tool {name!r} is not defined in `tools`")
+        if not isinstance(block.get("input"), dict):
+            self.add(f"{where}.input: must be an object")
+
+    def tool_result(self, where: str, block: Mapping[str, Any]) -> None:
+        if not isinstance(block.get("tool_use_id"), str):
+            self.add(f"{where}.tool_use_id: must be a string")
+        if "is_error" in block and not isinstance(block["is_error"], bool):
+            self.add(f"{where}.is_error: must be a boolean")
+        content = block.get("content")
+        if content is None or isinstance(content, str):
+            return
+        if not isinstance(content, list):
+            self.add(f"{where}.content: must be a string or a list of content blocks")
+            return
+        for k, inner in enumerate(content):
+            iw = f"{where}.content.{k}"
+            if not isinstance(inner, dict) or inner.get("type") not in _RESULT_BLOCKS:
+                self.add(f"{iw}: tool_result content must be text (or image/document) blocks")
+                continue
+            self.cache_control(iw, inner)
+            if inner["type"] == "text":
+                self.text_block(iw, inner, allow_blank=True)
+
+
+def validate_request(body: dict[str, Any], check_tool_names: bool = True) -> list[str]:
+    """Return the problems the real Messages API would reject ``body`` for (empty if valid)."""
+    if not isinstance(body, dict):
+        return ["request body must be a JSON object"]
+    return _Validator(check_tool_names).run(body)
+
+
+# --------------------------------------------------------------------------- server
+
+
+def _first_user_text(body: Mapping[str, Any]) -> str:
+    for msg in body.get("messages") or []:
+        if isinstance(msg, dict) and msg.get("role") == "user":
+            content = msg.get("content")
+            if isinstance(content, str):
+                return content
+            parts = [b.get("text") for b in content or [] if isinstance(b, dict)]
+            return "\n".join(p for p in parts if isinstance(p, str))
+    return ""
+
+
+def _sse(message: dict[str, Any]) -> bytes:
+    """Render a complete message as the Messages API's streaming event sequence."""
+    start = {**message, "content": [], "stop_reason": None}
+    events: list[tuple[str, dict[str, Any]]] = [("message_start", {"message": start})]
+    for i, block in enumerate(message["content"]):
+        kind = block.get("type")
+        if kind == "text":
+            skeleton, delta = {**block, "text": ""}, {"type": "text_delta", "text": block["text"]}
+        elif kind == "tool_use":
+            skeleton = {**block, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        else:
+            skeleton, delta = block, None
+        events.append(("content_block_start", {"index": i, "content_block": skeleton}))
+        if delta is not None:
+            events.append(("content_block_delta", {"index": i, "delta": delta}))
+        events.append(("content_block_stop", {"index": i}))
+    stop = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+    events.append(("message_delta", {"delta": stop, "usage": message["usage"]}))
+    events.append(("message_stop", {}))
+    out = "".join(f"event: {n}\ndata: {json.dumps({'type': n, **d})}\n\n" for n, d in events)
+    return out.encode()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, fake: FakeMessagesAPI) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.fake = fake
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        """Keep test output quiet."""
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._handle()
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._handle()
+
+    def _handle(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+        try:
+            body: Any = json.loads(raw)
+        except ValueError:
+            body = None
+        problems: list[str] = []
+        path = urlsplit(self.path).path
+        if self.command != "POST" or path != "/v1/messages":
+            problems.append(f"{self.command} {path}: only POST /v1/messages is supported")
+        if not (self.headers.get("x-api-key") or self.headers.get("authorization")):
+            problems.append("authentication: x-api-key or authorization header is required")
+        if not self.headers.get("anthropic-version"):
+            problems.append("anthropic-version: header is required")
+        problems += validate_request(body, self.server.fake.check_tool_names)
+        record = body if isinstance(body, dict) else {"_raw": raw.decode("utf-8", "replace")}
+        status, headers, payload = self.server.fake._respond(record, problems)
+        self.send_response(status)
+        for key, value in headers:
+            self.send_header(key, value)
+        self.send_header("content-length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+class FakeMessagesAPI:
+    """Scriptable, validating fake of ``POST /v1/messages``; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._queue: deque[Reply] = deque()
+        self._marker_queues: dict[str, deque[Reply]] = {}
+        self._requests: list[dict[str, Any]] = []
+        self._valid: list[dict[str, Any]] = []
+        self._errors: list[str] = []
+        self._served_ids: set[str] = set()
+        self.responder: Callable[[dict[str, Any]], Reply] | None = None
+        self.check_tool_names = True
+
+    # lifecycle -----------------------------------------------------------------------
+    def start(self) -> FakeMessagesAPI:
+        if self._server is None:
+            self._server = _Server(self)
+            self._thread = threading.Thread(
+                target=self._server.serve_forever,
+                kwargs={"poll_interval": 0.05},
+                name="fake-messages-api",
+                daemon=True,
+            )
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> FakeMessagesAPI:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("FakeMessagesAPI is not started")
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    # scripting -----------------------------------------------------------------------
+    def script(self, *replies: Reply) -> None:
+        """Append replies to the default FIFO queue."""
+        with self._cond:
+            self._queue.extend(replies)
+
+    def script_for(self, marker: str, *replies: Reply) -> None:
+        """Queue replies for requests whose first user message's text contains ``marker``."""
+        with self._cond:
+            self._marker_queues.setdefault(marker, deque()).extend(replies)
+
+    def reset(self) -> None:
+        """Clear queues, responder, recorded requests and errors."""
+        with self._cond:
+            self._queue.clear()
+            self._marker_queues.clear()
+            self._requests.clear()
+            self._valid.clear()
+            self._errors.clear()
+            self.responder = None
+
+    # inspection ----------------------------------------------------------------------
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """Snapshot of every request body received, in arrival order."""
+        with self._cond:
+            return list(self._requests)
+
+    @property
+    def valid_requests(self) -> list[dict[str, Any]]:
+        with self._cond:
+            return list(self._valid)
+
+    @property
+    def errors(self) -> list[str]:
+        with self._cond:
+            return list(self._errors)
+
+    def wait_for_requests(self, n: int, timeout: float = 10.0) -> bool:
+        """Block until at least ``n`` requests were received; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: len(self._requests) >= n, timeout)
+
+    # serving -------------------------------------------------------------------------
+    def _take_scripted(self, body: Mapping[str, Any]) -> Reply | None:
+        first = _first_user_text(body)
+        for marker, queue in self._marker_queues.items():
+            if queue and marker in first:
+                return queue.popleft()
+        return self._queue.popleft() if self._queue else None
+
+    def _respond(self, body: dict[str, Any], problems: list[str]) -> tuple[int, list[tuple[str, str]], bytes]:
+        with self._cond:
+            self._requests.append(body)
+            self._cond.notify_all()
+            if problems:
+                self._errors.extend(problems)
+                return self._render_error(http_error(400, message="; ".join(problems)))
+            self._valid.append(body)
+            chosen = self._take_scripted(body)
+            responder = self.responder
+        if chosen is None and responder is not None:
+            try:
+                chosen = responder(body)
+            except Exception as exc:  # a broken responder is a test bug: surface it
+                chosen = http_error(500, message=f"responder raised {exc!r}")
+                with self._cond:
+                    self._errors.append(chosen.message)
+        if chosen is None:
+            chosen = http_error(500, message="script exhausted: no scripted reply or responder")
+            with self._cond:
+                self._errors.append(chosen.message)
+        if chosen.is_error:
+            return self._render_error(chosen)
+        message = self._render_message(chosen, body)
+        if body.get("stream") is True:
+            return 200, self._base_headers("text/event-stream"), _sse(message)
+        return 200, self._base_headers("application/json"), json.dumps(message).encode()
+
+    @staticmethod
+    def _base_headers(content_type: str) -> list[tuple[str, str]]:
+        return [("content-type", content_type), ("request-id", _fresh_id("req"))]
+
+    def _render_error(self, err: Reply) -> tuple[int, list[tuple[str, str]], bytes]:
+        payload = {"type": "error", "error": {"type": err.error_type, "message": err.message}}
+        headers = self._base_headers("application/json") + list(err.headers)
+        return err.status, headers, json.dumps(payload).encode()
+
+    def _render_message(self, chosen: Reply, body: Mapping[str, Any]) -> dict[str, Any]:
+        content = copy.deepcopy(list(chosen.content))
+        with self._cond:  # tool_use ids are unique across the fake's lifetime
+            for block in content:
+                if block.get("type") == "tool_use":
+                    if block.get("id") in self._served_ids:
+                        block["id"] = _fresh_id("toolu")
+                    self._served_ids.add(block["id"])
+        usage = {
+            "input_tokens": len(json.dumps(body["messages"])) // 4,
+            "output_tokens": 10,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            **(chosen.usage or {}),
+        }
+        return {
+            "id": _fresh_id("msg"),
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": content,
+            "stop_reason": chosen.stop_reason,
+            "stop_sequence": None,
+            "usage": usage,
+        }
