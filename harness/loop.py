@@ -165,10 +165,11 @@ def _query(state: RunState, agent: Agent) -> StepResult:
         status=Status.RUNNING,
         requests=state.requests + 1,
         usage=state.usage.plus(_usage(message.usage)),
-        messages=(*state.messages, {"role": "assistant", "content": content}),
+        messages=_append_assistant(state.messages, content),
     )
     turn = state.turns + 1
     reason = message.stop_reason
+    content = state.messages[-1]["content"]  # after a pause_turn, the whole merged message
     if reason == "tool_use":
         return _start_turn(state, agent, content)
     if reason in ("end_turn", "stop_sequence"):
@@ -181,6 +182,17 @@ def _query(state: RunState, agent: Agent) -> StepResult:
     return _stop(
         replace(state, pending=_calls(content, agent)), _terminal_stop(reason, agent.limits, content)
     )
+
+
+def _append_assistant(
+    messages: tuple[dict[str, Any], ...], content: list[dict[str, Any]]
+) -> tuple[dict[str, Any], ...]:
+    """Append a reply; after a `pause_turn` the reply continues the same assistant message."""
+    content = content or [{"type": "text", "text": "(empty reply)"}]  # the API refuses empty content
+    if messages and messages[-1]["role"] == "assistant":
+        merged = {"role": "assistant", "content": [*messages[-1]["content"], *content]}
+        return (*messages[:-1], merged)
+    return (*messages, {"role": "assistant", "content": content})
 
 
 def _calls(content: list[dict[str, Any]], agent: Agent) -> tuple[PendingCall, ...]:
@@ -326,6 +338,8 @@ def cache_marked(messages: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
     The stored conversation is never marked: breakpoints would pile up past the API's four.
     """
     marked = list(messages)
+    if marked and marked[-1]["role"] == "assistant":
+        marked[-1] = _without_trailing_space(marked[-1])
     for index in (len(marked) - 1, len(marked) - 3):
         if index >= 0:
             marked[index] = _mark_last_block(marked[index])
@@ -339,3 +353,14 @@ def _mark_last_block(message: dict[str, Any]) -> dict[str, Any]:
     if not content or content[-1].get("type") in ("thinking", "redacted_thinking"):
         return message
     return {**message, "content": [*content[:-1], {**content[-1], "cache_control": _EPHEMERAL}]}
+
+
+def _without_trailing_space(message: dict[str, Any]) -> dict[str, Any]:
+    """The API refuses a final assistant message ending in white space (after `pause_turn`)."""
+    content = list(message["content"])
+    while (
+        content and content[-1].get("type") == "text" and content[-1]["text"] != content[-1]["text"].rstrip()
+    ):
+        stripped = content[-1]["text"].rstrip()
+        content[-1:] = [{**content[-1], "text": stripped}] if stripped else []
+    return {**message, "content": content}

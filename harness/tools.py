@@ -223,7 +223,7 @@ def list_files(
     path: Annotated[str, Field(description="Directory relative to the workspace root")] = ".",
 ) -> str:
     """List the entries of a directory in the workspace (directories end with '/')."""
-    real = ctx.workspace.resolve() if path in (".", "") else resolve_in_workspace(ctx.workspace, path)
+    real = ctx.workspace.resolve() if path == "." else resolve_in_workspace(ctx.workspace, path)
     if not real.is_dir():
         raise ToolError(f"{path} is not a directory")
     entries = sorted(e.name + ("/" if e.is_dir() else "") for e in real.iterdir())

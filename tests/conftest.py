@@ -61,13 +61,15 @@ def make_agent(
     policy: dict[str, str] | None = None,
     default: str = "ask",
     max_retries: int = 0,
+    client: Any = None,
+    tools: ToolRegistry | None = None,
     **limits: Any,
 ) -> Agent:
     """An agent on the real SDK client pointed at the stand-in."""
     tier_map = None if policy is None else {name: Tier(t) for name, t in policy.items()}
     return Agent(
-        client=make_client(base_url=model.base_url, api_key="sk-test", max_retries=max_retries),
-        tools=ToolRegistry(BUILTIN_TOOLS, timeout_seconds=limits.pop("tool_timeout_seconds", 5.0)),
+        client=client or make_client(base_url=model.base_url, api_key="sk-test", max_retries=max_retries),
+        tools=tools or ToolRegistry(BUILTIN_TOOLS, timeout_seconds=limits.pop("tool_timeout_seconds", 5.0)),
         context=ToolContext(workspace=workspace),
         policy=Policy() if tier_map is None else Policy(default=Tier(default), tools=tier_map),
         limits=Limits(**limits),

@@ -100,9 +100,7 @@ def test_invalid_token_and_token_param(fake: FakeSlackAPI) -> None:
     assert exc.value.response["error"] == "invalid_auth"
     assert fake.messages(CH) == []
     # A form-encoded body with a `token` param and blocks as a JSON string also works.
-    body = urlencode(
-        {"token": TOKEN, "channel": CH, "text": "form", "blocks": json.dumps([section("f")])}
-    )
+    body = urlencode({"token": TOKEN, "channel": CH, "text": "form", "blocks": json.dumps([section("f")])})
     resp = raw_post(fake.base_url + "chat.postMessage", body, "application/x-www-form-urlencoded")
     assert resp["ok"] is True
     [msg] = fake.messages(CH)
@@ -169,9 +167,7 @@ def test_post_requires_channel_and_content(client: WebClient) -> None:
         client.api_call("chat.postMessage", json={"text": "x"})
 
 
-def test_update_replaces_text_and_keeps_omitted_blocks(
-    fake: FakeSlackAPI, client: WebClient
-) -> None:
+def test_update_replaces_text_and_keeps_omitted_blocks(fake: FakeSlackAPI, client: WebClient) -> None:
     ts = client.chat_postMessage(channel=CH, text="v1", blocks=[section("one")])["ts"]
     resp = client.chat_update(channel=CH, ts=ts, text="v2")
     assert resp["ts"] == ts and resp["text"] == "v2"
@@ -291,14 +287,10 @@ INVALID_BLOCKS: dict[str, list[dict[str, Any]]] = {
     "sdk validate_json": [{"type": "section"}],  # neither text nor fields
     "too many blocks": [{"type": "divider"}] * 51,
     "section text": [section("x" * 3001)],
-    "section fields count": [
-        {"type": "section", "fields": [{"type": "mrkdwn", "text": "f"}] * 11}
-    ],
+    "section fields count": [{"type": "section", "fields": [{"type": "mrkdwn", "text": "f"}] * 11}],
     "section field text": [{"type": "section", "fields": [{"type": "mrkdwn", "text": "f" * 2001}]}],
     "header text": [{"type": "header", "text": {"type": "plain_text", "text": "h" * 151}}],
-    "context elements": [
-        {"type": "context", "elements": [{"type": "mrkdwn", "text": "c"}] * 11}
-    ],
+    "context elements": [{"type": "context", "elements": [{"type": "mrkdwn", "text": "c"}] * 11}],
     "button text": [_actions(button("b" * 76, "a"))],
     "button value": [_actions(button("b", "a", value="v" * 2001))],
     "action_id length": [_actions(button("b", "a" * 256))],
@@ -310,9 +302,7 @@ INVALID_BLOCKS: dict[str, list[dict[str, Any]]] = {
 
 
 @pytest.mark.parametrize("case", sorted(INVALID_BLOCKS))
-def test_invalid_blocks_rejected_on_post(
-    case: str, fake: FakeSlackAPI, client: WebClient
-) -> None:
+def test_invalid_blocks_rejected_on_post(case: str, fake: FakeSlackAPI, client: WebClient) -> None:
     blocks = INVALID_BLOCKS[case]
     assert validate_blocks(blocks), case
     with pytest.raises(SlackApiError) as exc:
@@ -407,14 +397,10 @@ def test_429_recovered_by_rate_limit_retry_handler(
     assert [m["text"] for m in fake.messages(CH)] == ["after rate limit"]
 
 
-def test_500_recovered_by_server_error_retry_handler(
-    fake: FakeSlackAPI, client: WebClient
-) -> None:
+def test_500_recovered_by_server_error_retry_handler(fake: FakeSlackAPI, client: WebClient) -> None:
     ts = client.chat_postMessage(channel=CH, text="v1")["ts"]
     client.retry_handlers.append(
-        ServerErrorRetryHandler(
-            max_retry_count=2, interval_calculator=FixedValueRetryIntervalCalculator(0.0)
-        )
+        ServerErrorRetryHandler(max_retry_count=2, interval_calculator=FixedValueRetryIntervalCalculator(0.0))
     )
     fake.fail_next("chat.update", status=500, times=2)
     resp = client.chat_update(channel=CH, ts=ts, text="v2")

@@ -317,8 +317,7 @@ def test_a_tool_that_raises_answers_an_error_and_the_loop_goes_on(
     model: FakeMessagesAPI, workspace: Path
 ) -> None:
     model.script(reply(tool_use("explode", {})), reply(text("recovered")))
-    agent = make_agent(model, workspace, policy={"explode": "allow"})
-    agent = type(agent)(**{**agent.__dict__, "tools": ToolRegistry([explode])})
+    agent = make_agent(model, workspace, policy={"explode": "allow"}, tools=ToolRegistry([explode]))
     state, outcome, _ = run(agent)
 
     assert outcome == Finished("recovered", "end_turn")
@@ -365,8 +364,9 @@ def test_a_hanging_tool_times_out(model: FakeMessagesAPI, workspace: Path) -> No
         return "late"
 
     model.script(reply(tool_use("hang", {})), reply(text("ok")))
-    agent = make_agent(model, workspace, policy={"hang": "allow"})
-    agent = type(agent)(**{**agent.__dict__, "tools": ToolRegistry([hang], timeout_seconds=0.2)})
+    agent = make_agent(
+        model, workspace, policy={"hang": "allow"}, tools=ToolRegistry([hang], timeout_seconds=0.2)
+    )
     try:
         state, _, _ = run(agent)
     finally:
@@ -386,8 +386,9 @@ def test_stop_sequence_finishes_with_the_text(model: FakeMessagesAPI, workspace:
 def test_pause_turn_sends_the_reply_back_and_continues(model: FakeMessagesAPI, workspace: Path) -> None:
     model.script(reply(text("thinking…"), stop_reason="pause_turn"), reply(text("done")))
     state, outcome, _ = run(make_agent(model, workspace))
-    assert outcome == Finished("done", "end_turn")
+    assert outcome == Finished("thinking…\n\ndone", "end_turn")
     assert model.requests[1]["messages"][-1]["role"] == "assistant"
+    assert [m["role"] for m in state.messages] == ["user", "assistant"]  # one turn, one message
     assert (state.turns, state.requests) == (0, 2)
 
 

@@ -68,7 +68,9 @@ def test_paths_that_leave_the_workspace_are_refused(
 
 
 @pytest.mark.parametrize("name", ["read_file", "write_file", "delete_file"])
-def test_a_symlink_pointing_outside_is_refused(tools: ToolRegistry, ctx: ToolContext, tmp_path: Path, name: str) -> None:
+def test_a_symlink_pointing_outside_is_refused(
+    tools: ToolRegistry, ctx: ToolContext, tmp_path: Path, name: str
+) -> None:
     (tmp_path / "outside.txt").write_text("secret")
     (ctx.workspace / "link.txt").symlink_to(tmp_path / "outside.txt")
     (ctx.workspace / "linkdir").symlink_to(tmp_path)

@@ -20,9 +20,7 @@ from urllib.parse import urlencode
 __all__ = ["action_body", "event_body", "signed_headers"]
 
 
-def signed_headers(
-    secret: str, body: str | bytes, timestamp: int | None = None
-) -> dict[str, str]:
+def signed_headers(secret: str, body: str | bytes, timestamp: int | None = None) -> dict[str, str]:
     """Return ``X-Slack-Request-Timestamp`` and ``X-Slack-Signature`` for ``body``.
 
     ``timestamp`` defaults to now (Bolt rejects requests older than five minutes, so pass
@@ -30,9 +28,7 @@ def signed_headers(
     """
     ts = int(time.time()) if timestamp is None else int(timestamp)
     text = body.decode("utf-8") if isinstance(body, bytes) else body
-    digest = hmac.new(
-        secret.encode("utf-8"), f"v0:{ts}:{text}".encode(), hashlib.sha256
-    ).hexdigest()
+    digest = hmac.new(secret.encode("utf-8"), f"v0:{ts}:{text}".encode(), hashlib.sha256).hexdigest()
     return {"X-Slack-Request-Timestamp": str(ts), "X-Slack-Signature": f"v0={digest}"}
 
 

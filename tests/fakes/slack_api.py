@@ -125,20 +125,16 @@ def _check_element(element: Any, pointer: str, errors: list[str]) -> None:
         return
     action_id = element.get("action_id")
     if isinstance(action_id, str) and len(action_id) > ID_MAX:
-        errors.append(
-            f"must be less than {ID_MAX + 1} characters [json-pointer:{pointer}/action_id]"
-        )
+        errors.append(f"must be less than {ID_MAX + 1} characters [json-pointer:{pointer}/action_id]")
     if element.get("type") == "button":
         if len(_text_of(element.get("text"))) > BUTTON_TEXT_MAX:
             errors.append(
-                f"must be less than {BUTTON_TEXT_MAX + 1} characters "
-                f"[json-pointer:{pointer}/text/text]"
+                f"must be less than {BUTTON_TEXT_MAX + 1} characters [json-pointer:{pointer}/text/text]"
             )
         value = element.get("value")
         if isinstance(value, str) and len(value) > BUTTON_VALUE_MAX:
             errors.append(
-                f"must be less than {BUTTON_VALUE_MAX + 1} characters "
-                f"[json-pointer:{pointer}/value]"
+                f"must be less than {BUTTON_VALUE_MAX + 1} characters [json-pointer:{pointer}/value]"
             )
 
 
@@ -152,15 +148,13 @@ def _check_block_limits(block: dict[str, Any], pointer: str, errors: list[str]) 
     if kind == "section":
         if len(_text_of(block.get("text"))) > SECTION_TEXT_MAX:
             errors.append(
-                f"must be less than {SECTION_TEXT_MAX + 1} characters "
-                f"[json-pointer:{pointer}/text/text]"
+                f"must be less than {SECTION_TEXT_MAX + 1} characters [json-pointer:{pointer}/text/text]"
             )
         fields = block.get("fields")
         if isinstance(fields, list):
             if len(fields) > SECTION_FIELDS_MAX:
                 errors.append(
-                    f"must be no more than {SECTION_FIELDS_MAX} items "
-                    f"[json-pointer:{pointer}/fields]"
+                    f"must be no more than {SECTION_FIELDS_MAX} items [json-pointer:{pointer}/fields]"
                 )
             for j, item in enumerate(fields):
                 if len(_text_of(item)) > SECTION_FIELD_TEXT_MAX:
@@ -173,15 +167,13 @@ def _check_block_limits(block: dict[str, Any], pointer: str, errors: list[str]) 
     elif kind == "header":
         if len(_text_of(block.get("text"))) > HEADER_TEXT_MAX:
             errors.append(
-                f"must be less than {HEADER_TEXT_MAX + 1} characters "
-                f"[json-pointer:{pointer}/text/text]"
+                f"must be less than {HEADER_TEXT_MAX + 1} characters [json-pointer:{pointer}/text/text]"
             )
     elif kind == "context":
         elements = block.get("elements")
         if isinstance(elements, list) and len(elements) > CONTEXT_ELEMENTS_MAX:
             errors.append(
-                f"must be no more than {CONTEXT_ELEMENTS_MAX} items "
-                f"[json-pointer:{pointer}/elements]"
+                f"must be no more than {CONTEXT_ELEMENTS_MAX} items [json-pointer:{pointer}/elements]"
             )
     elif kind == "actions":
         elements = block.get("elements")
@@ -245,13 +237,9 @@ def validate_blocks(blocks: Any, *, max_blocks: int = MAX_BLOCKS_PER_MESSAGE) ->
         block_id = raw.get("block_id")
         if isinstance(block_id, str):
             if len(block_id) > ID_MAX:
-                errors.append(
-                    f"must be less than {ID_MAX + 1} characters [json-pointer:{pointer}/block_id]"
-                )
+                errors.append(f"must be less than {ID_MAX + 1} characters [json-pointer:{pointer}/block_id]")
             if block_id in block_ids:
-                errors.append(
-                    f"duplicate block_id '{block_id}' [json-pointer:{pointer}/block_id]"
-                )
+                errors.append(f"duplicate block_id '{block_id}' [json-pointer:{pointer}/block_id]")
             block_ids.add(block_id)
         _check_block_limits(raw, pointer, errors)
     return errors
@@ -550,13 +538,7 @@ class FakeSlackAPI:
         if times < 1:
             raise ValueError("times must be >= 1")
         if error is None:
-            error = (
-                "ratelimited"
-                if status == 429
-                else "internal_error"
-                if status >= 500
-                else "fatal_error"
-            )
+            error = "ratelimited" if status == 429 else "internal_error" if status >= 500 else "fatal_error"
         hdrs = dict(headers or {})
         if status == 429 and not any(k.lower() == "retry-after" for k in hdrs):
             hdrs["Retry-After"] = "1"
@@ -586,9 +568,7 @@ class FakeSlackAPI:
             self._init_state()
             self._cond.notify_all()
 
-    def wait_for(
-        self, predicate: Callable[[FakeSlackAPI], bool], timeout: float = 10.0
-    ) -> bool:
+    def wait_for(self, predicate: Callable[[FakeSlackAPI], bool], timeout: float = 10.0) -> bool:
         """Block until ``predicate(self)`` is truthy (re-checked after every request) or
         ``timeout`` seconds pass; return the last predicate result as a bool."""
         deadline = time.monotonic() + timeout
@@ -662,9 +642,7 @@ class FakeSlackAPI:
                     body = {"ok": False, "error": exc.error}
                     if errors:
                         body["errors"] = list(errors)
-                        body["response_metadata"] = {
-                            "messages": [f"[ERROR] {e}" for e in errors]
-                        }
+                        body["response_metadata"] = {"messages": [f"[ERROR] {e}" for e in errors]}
                 self._record(method, params, body, errors=errors)
                 return 200, {}, body
             finally:
@@ -873,7 +851,10 @@ class FakeSlackAPI:
         text, blocks = self._validated_content(params)
         thread_ts = params.get("thread_ts") or None
         ts = self._store_message(
-            channel, text or "", blocks or [], str(thread_ts) if thread_ts else None,
+            channel,
+            text or "",
+            blocks or [],
+            str(thread_ts) if thread_ts else None,
             self.bot_user_id,
         )
         self._record_texts(text, blocks)
@@ -996,9 +977,7 @@ class FakeSlackAPI:
         if parent is None:
             raise _ApiError("thread_not_found")
         root = parent["thread_ts"] or parent["ts"]
-        thread = [
-            m for m in self._messages.get(channel, []) if m["ts"] == root or m["thread_ts"] == root
-        ]
+        thread = [m for m in self._messages.get(channel, []) if m["ts"] == root or m["thread_ts"] == root]
         has_replies = len(thread) > 1
         return {
             "messages": [self._slack_message(m, has_replies=has_replies) for m in thread],
