@@ -1,0 +1,326 @@
+"""`python -m workers.dev`, the Procfile and the Slack app manifest."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from workers.dev import check_settings, find_redis, start_private_redis
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = {"SLACK_BOT_TOKEN": "xoxb-test", "SLACK_SIGNING_SECRET": "secret", "ANTHROPIC_API_KEY": "sk-test"}
+# A fake child: says it is up (with the Redis it was given and its pid), says bye on SIGTERM.
+FAKE_CHILD = (
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: (print('bye', flush=True), sys.exit(0)))\n"
+    "print('up', os.environ['REDIS_URL'], os.getpid(), flush=True)\n"
+    "time.sleep(60)\n"
+)
+STUBBORN_CHILD = (
+    "import os, signal, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('up', os.environ['REDIS_URL'], os.getpid(), flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def python_cmd(code: str) -> str:
+    """A shell-split string running `code` in this interpreter."""
+    return shlex.join([sys.executable, "-c", code])
+
+
+def unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie waiting for its parent counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def redis_ping(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+        sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+        return sock.recv(64)
+
+
+def eventually(condition: Callable[[], object], timeout: float = 10.0) -> object:
+    """Poll `condition` until it is truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+class Dev:
+    """A running `python -m workers.dev`, its output collected line by line."""
+
+    def __init__(self, env: dict[str, str], *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.dev", *args],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self.stderr = ""
+        self._readers = [
+            threading.Thread(target=self._read_stdout, daemon=True),
+            threading.Thread(target=self._read_stderr, daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        self.stderr = self.proc.stderr.read()
+
+    def line(self, pattern: str, timeout: float = 10.0) -> re.Match[str]:
+        """The first output line matching `pattern` (waiting for it)."""
+
+        def find() -> re.Match[str] | None:
+            return next((m for line in list(self.lines) if (m := re.match(pattern, line))), None)
+
+        try:
+            return eventually(find, timeout)  # type: ignore[return-value]
+        except AssertionError:
+            raise AssertionError(f"no line matching {pattern!r} in:\n" + "\n".join(self.lines)) from None
+
+    def index(self, pattern: str) -> int:
+        return next(i for i, line in enumerate(self.lines) if re.match(pattern, line))
+
+    def finish(self, timeout: float = 15.0) -> int:
+        """Exit status, once the process has exited and its output is read."""
+        code = self.proc.wait(timeout)
+        for reader in self._readers:
+            reader.join(5)
+        return code
+
+
+@pytest.fixture
+def dev_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """An environment with the settings, fake children, and no Redis on the probed port."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLACK_", "ANTHROPIC_", "REDIS_", "HARNESS_"))
+    }
+    env.update(SETTINGS)
+    env["HARNESS_DEV_REDIS_PROBE"] = f"127.0.0.1:{unused_port()}"
+    env["HARNESS_DEV_WEB_CMD"] = python_cmd(FAKE_CHILD)
+    env["HARNESS_DEV_WORKER_CMD"] = python_cmd(FAKE_CHILD)
+    yield env
+
+
+@pytest.fixture
+def run_dev() -> Iterator[Callable[..., Dev]]:
+    """Starts `workers.dev`; afterwards kills whatever of it (and of the pids it reported) is left."""
+    started: list[Dev] = []
+
+    def start(env: dict[str, str], *args: str) -> Dev:
+        started.append(Dev(env, *args))
+        return started[-1]
+
+    yield start
+    for dev in started:
+        if dev.proc.poll() is None:
+            dev.proc.kill()
+            dev.proc.wait()
+        for line in dev.lines:
+            if m := re.search(r"\(pid (\d+)\)", line):
+                pid = int(m.group(1))
+                if pid_alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def test_missing_settings_print_one_line_each_and_start_nothing(
+    dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
+) -> None:
+    marker = tmp_path / "started"
+    for name in SETTINGS:
+        del dev_env[name]
+    dev_env["HARNESS_DEV_WEB_CMD"] = python_cmd(f"open({str(marker)!r}, 'w')")
+    dev = run_dev(dev_env, "--data-dir", str(tmp_path / "data"))
+
+    assert dev.finish() == 2
+    lines = dev.stderr.splitlines()
+    assert [line.split()[0] for line in lines] == [
+        "SLACK_BOT_TOKEN",
+        "SLACK_SIGNING_SECRET",
+        "ANTHROPIC_API_KEY",
+    ]
+    assert "https://api.slack.com/apps" in lines[0] and "OAuth & Permissions" in lines[0]
+    assert "Basic Information" in lines[1]
+    assert "https://console.anthropic.com/settings/keys" in lines[2]
+    assert dev.lines == []
+    assert not marker.exists() and not (tmp_path / "data").exists()
+
+
+def test_an_app_token_replaces_the_signing_secret() -> None:
+    env = {**SETTINGS, "SLACK_APP_TOKEN": "xapp-test"}
+    del env["SLACK_SIGNING_SECRET"]
+    assert check_settings(env) == []
+    assert [line.split()[0] for line in check_settings({"SLACK_APP_TOKEN": "xapp-test"})] == [
+        "SLACK_BOT_TOKEN",
+        "ANTHROPIC_API_KEY",
+    ]
+
+
+def test_a_needed_redis_server_missing_from_path_exits_2(
+    dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
+) -> None:
+    dev_env["PATH"] = str(tmp_path)  # no redis-server there
+    dev = run_dev(dev_env, "--data-dir", str(tmp_path / "data"))
+
+    assert dev.finish() == 2
+    assert len(dev.stderr.splitlines()) == 1 and "redis-server" in dev.stderr and "REDIS_URL" in dev.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_private_redis_serves_the_children_and_ctrl_c_stops_everything_in_order(
+    dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
+) -> None:
+    data_dir = tmp_path / "redis-data"
+    dev = run_dev(dev_env, "--data-dir", str(data_dir))
+
+    started = dev.line(r"dev  \| started redis \(pid (\d+)\) at redis://127\.0\.0\.1:(\d+)/0")
+    redis_pid, port = int(started.group(1)), int(started.group(2))
+    web_pid = int(dev.line(rf"web  \| up redis://127\.0\.0\.1:{port}/0 (\d+)$").group(1))
+    worker_pid = int(dev.line(rf"worker \| up redis://127\.0\.0\.1:{port}/0 (\d+)$").group(1))
+    assert redis_ping(port).startswith(b"+PONG")
+    assert (data_dir / "appendonlydir").is_dir()
+
+    dev.proc.send_signal(signal.SIGINT)
+
+    assert dev.finish(timeout=15) == 0
+    assert not port_open(port)
+    assert not any(pid_alive(pid) for pid in (redis_pid, web_pid, worker_pid))
+    redis_told = dev.index(r"redis \| .*(SIGTERM|shutdown)")
+    assert dev.index(r"web  \| bye") < redis_told and dev.index(r"worker \| bye") < redis_told
+
+
+def test_a_child_that_exits_stops_the_others_and_exits_1_naming_it(
+    dev_env: dict[str, str], run_dev: Callable[..., Dev]
+) -> None:
+    dev_env["REDIS_URL"] = "redis://127.0.0.1:1/0"  # given, so no Redis is started
+    dev_env["HARNESS_DEV_WEB_CMD"] = python_cmd("print('leaving', flush=True)")
+    dev = run_dev(dev_env)
+
+    worker_pid = int(dev.line(r"worker \| up redis://127\.0\.0\.1:1/0 (\d+)$").group(1))
+
+    assert dev.finish() == 1
+    assert re.search(r"\bweb\b.*exited unexpectedly", dev.stderr)
+    assert not pid_alive(worker_pid)
+
+
+def test_sigterm_stops_too_and_a_child_ignoring_it_is_killed_after_the_grace_period(
+    dev_env: dict[str, str], run_dev: Callable[..., Dev]
+) -> None:
+    dev_env["REDIS_URL"] = "redis://127.0.0.1:1/0"
+    dev_env["HARNESS_DEV_WORKER_CMD"] = python_cmd(STUBBORN_CHILD)
+    dev_env["HARNESS_DEV_STOP_TIMEOUT"] = "1"
+    dev = run_dev(dev_env)
+    worker_pid = int(dev.line(r"worker \| up \S+ (\d+)$").group(1))
+    dev.line(r"web  \| up ")
+
+    dev.proc.send_signal(signal.SIGTERM)
+
+    assert dev.finish(timeout=10) == 0
+    assert not pid_alive(worker_pid)
+
+
+def test_procfile_runs_web_and_worker() -> None:
+    lines = (ROOT / "Procfile").read_text().splitlines()
+    assert "web: python -m bot" in lines and "worker: python -m workers" in lines
+
+
+def test_manifest_asks_for_exactly_what_the_bot_needs() -> None:
+    yaml = pytest.importorskip("yaml")
+    manifest = yaml.safe_load((ROOT / "manifest.yml").read_text())
+
+    assert manifest["_metadata"] == {"major_version": 1, "minor_version": 1}
+    assert manifest["features"]["bot_user"] == {"display_name": "harness", "always_online": True}
+    assert sorted(manifest["oauth_config"]["scopes"]["bot"]) == [
+        "app_mentions:read",
+        "chat:write",
+        "reactions:write",
+        "users:read",
+    ]
+    assert "user" not in manifest["oauth_config"]["scopes"]
+    settings = manifest["settings"]
+    assert settings["event_subscriptions"] == {
+        "request_url": "https://YOUR-HOST/slack/events",
+        "bot_events": ["app_mention"],
+    }
+    assert settings["interactivity"] == {"is_enabled": True, "request_url": "https://YOUR-HOST/slack/events"}
+    assert settings["socket_mode_enabled"] is False
+    assert settings["org_deploy_enabled"] is False
+    assert settings["token_rotation_enabled"] is False
+
+
+def test_manifest_lists_exactly_the_scopes_and_events_without_yaml() -> None:
+    """The same promise read line by line, for when PyYAML is not installed."""
+    text = (ROOT / "manifest.yml").read_text()
+
+    def items_under(key: str) -> list[str]:
+        block = re.search(rf"^(\s*){re.escape(key)}:\n((?:\1\s+- .*\n)+)", text, re.MULTILINE)
+        assert block, f"no list under {key}"
+        return [line.strip()[2:] for line in block.group(2).splitlines()]
+
+    assert items_under("bot") == ["app_mentions:read", "chat:write", "reactions:write", "users:read"]
+    assert items_under("bot_events") == ["app_mention"]
+    assert text.count("request_url: https://YOUR-HOST/slack/events") == 2
+    assert re.search(r"^\s*socket_mode_enabled: false$", text, re.MULTILINE)
+
+
+def test_redis_url_wins_then_an_answering_redis_then_a_private_one(tmp_path: Path) -> None:
+    assert (
+        find_redis({"REDIS_URL": "redis://example:1/2"}, ("127.0.0.1", unused_port()))
+        == "redis://example:1/2"
+    )
+    assert find_redis({}, ("127.0.0.1", unused_port())) is None
+    proc, url = start_private_redis(tmp_path / "data")
+    try:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        assert url == f"redis://127.0.0.1:{port}/0"
+        assert find_redis({}, ("127.0.0.1", port)) == url
+    finally:
+        proc.terminate()
+        proc.wait(10)

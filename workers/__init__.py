@@ -1,0 +1,1 @@
+"""RQ jobs that run and resume the harness, and the Redis store where runs are parked."""

@@ -1,0 +1,401 @@
+"""`python -m workers.dev`: the web process, one worker and, if needed, a private Redis on this machine.
+
+`make run` calls this. It checks the settings first, picks a Redis (``REDIS_URL``, else one answering
+on localhost:6379, else a private ``redis-server`` keeping its data in ``./.redis-data/``), starts
+``python -m bot`` and ``python -m workers`` with ``REDIS_URL`` set, and prefixes their output per
+line. Ctrl-C or SIGTERM stops everything in order (web, worker, then Redis) and exits 0; a child
+that dies on its own stops the others and exits 1.
+
+For tests, ``HARNESS_DEV_WEB_CMD`` / ``HARNESS_DEV_WORKER_CMD`` (shell-split strings) replace the
+child commands, ``HARNESS_DEV_REDIS_PROBE`` (``host:port``) replaces localhost:6379 as the Redis
+probed, and ``HARNESS_DEV_STOP_TIMEOUT`` (seconds) replaces the 10 s grace before SIGKILL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TextIO
+from urllib.parse import urlsplit, urlunsplit
+
+DEFAULT_PROBE = ("localhost", 6379)
+DEFAULT_DATA_DIR = Path(".redis-data")
+STOP_TIMEOUT = 10.0
+REDIS_START_TIMEOUT = 10.0
+POLL_INTERVAL = 0.1
+PREFIXES = {"web": "web  | ", "worker": "worker | ", "redis": "redis | ", "dev": "dev  | "}
+
+SLACK_APPS = "https://api.slack.com/apps"
+MISSING_BOT_TOKEN = (
+    "SLACK_BOT_TOKEN is not set: export it with your bot token (xoxb-…) from the "
+    f'"OAuth & Permissions" page of your app at {SLACK_APPS}'
+)
+MISSING_SIGNING_SECRET = (
+    "SLACK_SIGNING_SECRET is not set: export it with the Signing Secret from "
+    f'"Basic Information → App Credentials" of your app at {SLACK_APPS} '
+    "(or set SLACK_APP_TOKEN to use Socket Mode instead)"
+)
+MISSING_API_KEY = (
+    "ANTHROPIC_API_KEY is not set: export it with an API key from https://console.anthropic.com/settings/keys"
+)
+MISSING_REDIS_SERVER = (
+    "redis-server is not on PATH and no Redis answers on {probe}: install Redis "
+    "(apt install redis-server / brew install redis) or set REDIS_URL"
+)
+
+
+class DevError(Exception):
+    """A problem that stops `workers.dev` before or while starting, with a message for the user."""
+
+
+@dataclass
+class PrefixedOutput:
+    """Copies each child's output to one stream, line by line, behind the child's prefix."""
+
+    stream: TextIO
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    pumps: list[threading.Thread] = field(default_factory=list)
+
+    def say(self, name: str, line: str) -> None:
+        """Write one line behind the prefix of `name`."""
+        with self.lock:
+            self.stream.write(PREFIXES.get(name, f"{name} | ") + line.rstrip("\r\n") + "\n")
+            self.stream.flush()
+
+    def follow(self, name: str, pipe: IO[bytes]) -> None:
+        """Copy `pipe` to the stream in a daemon thread until it closes."""
+
+        def pump() -> None:
+            with pipe:
+                for raw in iter(pipe.readline, b""):
+                    self.say(name, raw.decode("utf-8", errors="replace"))
+
+        thread = threading.Thread(target=pump, name=f"dev-{name}-output", daemon=True)
+        thread.start()
+        self.pumps.append(thread)
+
+    def drain(self, timeout: float = 2.0) -> None:
+        """Wait (bounded) for the pumps to copy what the children wrote last."""
+        deadline = time.monotonic() + timeout
+        for thread in self.pumps:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+@dataclass
+class Child:
+    """One process started by `workers.dev`."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+
+
+def check_settings(env: Mapping[str, str]) -> list[str]:
+    """Return one line per missing setting, naming what to set and where to get it."""
+    missing = []
+    if not env.get("SLACK_BOT_TOKEN", "").strip():
+        missing.append(MISSING_BOT_TOKEN)
+    if not env.get("SLACK_SIGNING_SECRET", "").strip() and not env.get("SLACK_APP_TOKEN", "").strip():
+        missing.append(MISSING_SIGNING_SECRET)
+    if not env.get("ANTHROPIC_API_KEY", "").strip():
+        missing.append(MISSING_API_KEY)
+    return missing
+
+
+def redis_answers(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True when a Redis on host:port replies PONG to PING (a protected one's -NOAUTH is not enough)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def parse_probe(value: str | None) -> tuple[str, int]:
+    """Read `HARNESS_DEV_REDIS_PROBE` (``host:port``); localhost:6379 when unset."""
+    if not value:
+        return DEFAULT_PROBE
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise DevError(f"HARNESS_DEV_REDIS_PROBE must be host:port, not {value!r}")
+    return host, int(port)
+
+
+def find_redis(env: Mapping[str, str], probe: tuple[str, int] = DEFAULT_PROBE) -> str | None:
+    """Return the Redis URL to use, or None when a private redis-server has to be started."""
+    if env.get("REDIS_URL", "").strip():
+        return env["REDIS_URL"].strip()
+    host, port = probe
+    if redis_answers(host, port):
+        return f"redis://{host}:{port}/0"
+    return None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spawn(name: str, cmd: Sequence[str], env: Mapping[str, str], output: PrefixedOutput | None) -> Child:
+    """Start one child in its own process group, its output (stdout and stderr) behind its prefix.
+
+    Its own process group, so that Ctrl-C in the terminal reaches only us and we stop the
+    children in order, rather than all of them at once.
+    """
+    proc = subprocess.Popen(
+        list(cmd),
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE if output else None,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    if output and proc.stdout is not None:
+        output.follow(name, proc.stdout)
+    return Child(name, proc)
+
+
+def start_private_redis(
+    data_dir: Path, *, output: PrefixedOutput | None = None, attempts: int = 3
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start redis-server on 127.0.0.1 and a free port, its data in `data_dir`; wait until it answers.
+
+    Returns the process and its ``redis://127.0.0.1:PORT/0`` URL. Retries on another port when
+    the chosen one was taken in the meantime.
+    """
+    server = shutil.which("redis-server")
+    if server is None:
+        raise DevError(MISSING_REDIS_SERVER.format(probe="localhost:6379"))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for _ in range(attempts):
+        port = free_port()
+        cmd = [server, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data_dir.resolve())]
+        cmd += ["--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no"]
+        child = spawn("redis", cmd, os.environ, output)
+        if _wait_until_answering(child.proc, port):
+            return child.proc, f"redis://127.0.0.1:{port}/0"
+        stop_children([child], 2.0)
+    raise DevError(f"redis-server did not start (tried {attempts} ports); see its output above")
+
+
+def _wait_until_answering(proc: subprocess.Popen[bytes], port: int) -> bool:
+    deadline = time.monotonic() + REDIS_START_TIMEOUT
+    while time.monotonic() < deadline and proc.poll() is None:
+        if redis_answers("127.0.0.1", port):
+            return True
+        time.sleep(POLL_INTERVAL)
+    return False
+
+
+def stop_children(
+    children: Sequence[Child], timeout: float, interrupted: threading.Event | None = None
+) -> None:
+    """SIGTERM the children in the order given, wait up to `timeout` s for all, then SIGKILL the rest.
+
+    SIGTERM goes to the child alone: it is the graceful stop of gunicorn, rq and redis-server alike,
+    while a work horse or gunicorn worker that got it directly would die mid-request. Whatever is
+    left in a child's process group afterwards is SIGKILLed, so nothing outlives us.
+    """
+    for child in children:
+        if child.proc.poll() is None:
+            _signal(child.proc.pid, signal.SIGTERM, group=False)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(c.proc.poll() is None for c in children):
+        if interrupted is not None and interrupted.is_set():
+            break  # a second Ctrl-C: no more waiting
+        time.sleep(POLL_INTERVAL)
+    for child in children:
+        _signal(child.proc.pid, signal.SIGKILL, group=True)
+        child.proc.wait()
+
+
+def _signal(pid: int, signum: int, *, group: bool) -> None:
+    try:
+        if group:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def lock_data_dir(data_dir: Path) -> IO[str]:
+    """Hold a lock on `data_dir` so that two private Redis servers never write the same files."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    handle = (data_dir / ".dev.lock").open("w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise DevError(
+            f"another `python -m workers.dev` keeps its Redis data in {data_dir}; stop it first"
+        ) from None
+    return handle
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for printing."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + netloc))
+
+
+def child_commands(env: Mapping[str, str]) -> dict[str, list[str]]:
+    """The web and worker commands: `python -m bot` / `python -m workers`, or the test overrides."""
+    commands = {"web": [sys.executable, "-m", "bot"], "worker": [sys.executable, "-m", "workers"]}
+    for name, variable in (("web", "HARNESS_DEV_WEB_CMD"), ("worker", "HARNESS_DEV_WORKER_CMD")):
+        if env.get(variable, "").strip():
+            commands[name] = shlex.split(env[variable])
+    return commands
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Command-line options of `python -m workers.dev`."""
+    parser = argparse.ArgumentParser(prog="python -m workers.dev", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        help="where a private redis-server keeps its data (default: ./.redis-data)",
+    )
+    return parser.parse_args(argv)
+
+
+@dataclass
+class Settings:
+    """What `main` decided before starting anything."""
+
+    env: dict[str, str]
+    redis_url: str | None  # None: start a private redis-server
+    stop_timeout: float
+
+
+def prepare(env: Mapping[str, str]) -> tuple[Settings | None, list[str]]:
+    """Check settings and pick a Redis; returns the settings, or None and one line per problem."""
+    problems = check_settings(env)
+    try:
+        probe = parse_probe(env.get("HARNESS_DEV_REDIS_PROBE"))
+        stop_timeout = float(env.get("HARNESS_DEV_STOP_TIMEOUT") or STOP_TIMEOUT)
+    except (DevError, ValueError) as error:
+        return None, [*problems, str(error)]
+    url = find_redis(env, probe)
+    if url is None and shutil.which("redis-server") is None:
+        problems.append(MISSING_REDIS_SERVER.format(probe=f"{probe[0]}:{probe[1]}"))
+    if problems:
+        return None, problems
+    return Settings(dict(env), url, stop_timeout), []
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[tuple[threading.Event, threading.Event]]:
+    """Ctrl-C, SIGTERM or a closed terminal set the first event; a second one sets the other too.
+
+    The previous handlers come back on exit.
+    """
+    stop, again = threading.Event(), threading.Event()
+
+    def handle(signum: int, frame: object) -> None:
+        if stop.is_set():
+            again.set()
+        stop.set()
+
+    signums = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {signum: signal.signal(signum, handle) for signum in signums}
+    try:
+        yield stop, again
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def supervise(children: Sequence[Child], stop: threading.Event) -> Child | None:
+    """Wait until `stop` is set (None) or a child exits on its own (that child)."""
+    while not stop.is_set():
+        for child in children:
+            if child.proc.poll() is not None:
+                return child
+        stop.wait(POLL_INTERVAL)
+    return None
+
+
+def run(
+    settings: Settings, commands: Mapping[str, Sequence[str]], data_dir: Path, output: PrefixedOutput
+) -> int:
+    """Start Redis if needed, then web and worker; supervise; stop them all in order; return the exit code."""
+    env = dict(settings.env)
+    redis: list[Child] = []
+    children: list[Child] = []
+    with stop_signals() as (stop, again), contextlib.ExitStack() as cleanup:
+        try:
+            url = settings.redis_url
+            if url is None:
+                cleanup.enter_context(lock_data_dir(data_dir))
+                proc, url = start_private_redis(data_dir, output=output)
+                redis.append(Child("redis", proc))
+                output.say("dev", f"started redis (pid {proc.pid}) at {url}, data in {data_dir}/")
+            else:
+                output.say("dev", f"using Redis at {redact(url)}")
+            env["REDIS_URL"] = url
+            env.setdefault("PYTHONUNBUFFERED", "1")  # so that the children's lines show up as they come
+            for name in ("web", "worker"):
+                if not stop.is_set():
+                    children.append(spawn(name, commands[name], env, output))
+                    output.say(
+                        "dev", f"started {name} (pid {children[-1].proc.pid}): {shlex.join(commands[name])}"
+                    )
+            died = supervise(children + redis, stop)
+            if died is not None:
+                output.say("dev", f"{died.name} exited (code {died.proc.returncode}); stopping the others")
+        except (DevError, OSError) as error:
+            print(f"workers.dev: could not start: {error}", file=sys.stderr)
+            return 1
+        finally:
+            stop_children(children, settings.stop_timeout, again)  # web first, then worker
+            stop_children(redis, settings.stop_timeout, again)  # last: the others may still write to it
+            output.drain()
+    if died is not None:
+        print(
+            f"workers.dev: the {died.name} process exited unexpectedly (exit code {died.proc.returncode}),"
+            " so everything was stopped",
+            file=sys.stderr,
+        )
+        return 1
+    output.say("dev", "stopped")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, *, commands: Mapping[str, Sequence[str]] | None = None) -> int:
+    """Run web, worker and maybe a private Redis until Ctrl-C (0) or until one of them dies (1).
+
+    Exits 2, having started nothing, when a setting or redis-server is missing. `commands`
+    replaces the web and worker commands (as do ``HARNESS_DEV_WEB_CMD`` / ``HARNESS_DEV_WORKER_CMD``).
+    """
+    args = parse_args(argv)
+    settings, problems = prepare(os.environ)
+    if settings is None:
+        print("\n".join(problems), file=sys.stderr)
+        return 2
+    commands = {**child_commands(settings.env), **(commands or {})}
+    return run(settings, commands, args.data_dir, PrefixedOutput(sys.stdout))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
