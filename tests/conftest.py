@@ -75,3 +75,22 @@ def make_agent(
         limits=Limits(**limits),
         model="claude-test",
     )
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[Any]:
+    """One private redis-server for the test session (never the machine's shared one)."""
+    from tests.stack import RedisServer
+
+    server = RedisServer().start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def redis_url(redis_server: Any) -> str:
+    """The private Redis, flushed before the test."""
+    import redis
+
+    redis.Redis.from_url(redis_server.url).flushdb()
+    return str(redis_server.url)

@@ -1,0 +1,18 @@
+"""Every sentence the bot and its workers say in Slack, in one place."""
+
+from __future__ import annotations
+
+EMPTY_TASK = (
+    "Mention me with a task, for example: `@harness read the first line of README.md, then tell me the time`."
+)
+QUEUED_IN_THREAD = (
+    "I'm still on the previous request in this thread; I'll start on this one as soon as it's done."
+)
+RETRY_BUSY = "Another request is running in this thread. Press Retry again once it has finished."
+RETRY_TAKEN = "Someone already pressed Retry on this failure."
+NOT_ALLOWED = "Only {who} may decide this approval. Nothing was changed."
+NOT_ALLOWED_RETRY = "Only {who} may retry this run. Nothing was changed."
+ALREADY_DECIDED = "This approval was already decided ({verdict}). Nothing was changed."
+ALREADY_EXPIRED = "This approval has expired. Nothing was changed."
+UNKNOWN_APPROVAL = "This approval is no longer open (the run moved on or expired). Nothing was changed."
+WRONG_CHANNEL = "This button does not belong to this channel. Nothing was changed."

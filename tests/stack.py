@@ -1,0 +1,274 @@
+"""Real processes for end-to-end tests: a private redis-server, `python -m bot`, `python -m workers`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from tests.fakes.messages_api import FakeMessagesAPI
+from tests.fakes.signing import action_body, event_body, signed_headers
+from tests.fakes.slack_api import FakeSlackAPI
+
+ROOT = Path(__file__).resolve().parents[1]
+SIGNING_SECRET = "test-signing-secret"
+BOT_TOKEN = "xoxb-test"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.02) -> Any:
+    """Poll `predicate` until it returns something truthy; fail with a clear message on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s: {predicate}")
+        time.sleep(interval)
+
+
+class RedisServer:
+    """A throwaway redis-server on a free loopback port, data in a temp dir."""
+
+    def __init__(self, *, appendonly: bool = False) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="harness-redis-")
+        self.appendonly = appendonly
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server must be on PATH for the tests"
+        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir, "--save", ""]
+        args += (
+            ["--appendonly", "yes", "--appendfsync", "everysec"]
+            if self.appendonly
+            else ["--appendonly", "no"]
+        )
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        wait_until(lambda: _pings(client), timeout=10)
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+@dataclass
+class Process:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait(5)
+
+
+@dataclass
+class Stack:
+    """Bot and worker processes wired to loopback Slack, model and Redis."""
+
+    redis_url: str
+    slack: FakeSlackAPI
+    model: FakeMessagesAPI
+    workdir: Path
+    config: str = ""
+    port: int = field(default_factory=free_port)
+    processes: list[Process] = field(default_factory=list)
+    workspace: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.workspace = self.workdir / "workspace"
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        (self.workspace / "README.md").write_text("# My project\n\nSecond line.\n")
+        (self.workdir / "harness.toml").write_text(self.config)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "HARNESS_", "SLACK_"))}
+        env.update(
+            PYTHONPATH=str(ROOT),
+            REDIS_URL=self.redis_url,
+            SLACK_BOT_TOKEN=BOT_TOKEN,
+            SLACK_SIGNING_SECRET=SIGNING_SECRET,
+            SLACK_API_URL=self.slack.base_url,
+            ANTHROPIC_BASE_URL=self.model.base_url,
+            ANTHROPIC_API_KEY="sk-test",
+            HARNESS_CONFIG=str(self.workdir / "harness.toml"),
+            HARNESS_WORKSPACE=str(self.workspace),
+            PORT=str(self.port),
+        )
+        env.update(extra)
+        return env
+
+    def spawn(self, name: str, *args: str, **extra: str) -> Process:
+        log = self.workdir / f"{name}-{len(self.processes)}.log"
+        handle = log.open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, *args], cwd=ROOT, env=self.env(**extra), stdout=handle, stderr=subprocess.STDOUT
+        )
+        process = Process(name, proc, log)
+        self.processes.append(process)
+        return process
+
+    def start_bot(self) -> Process:
+        bot = self.spawn("bot", "-m", "bot")
+        wait_until(lambda: self.healthz() == 200 or bot.proc.poll() is not None, timeout=30)
+        assert bot.proc.poll() is None, bot.output()
+        return bot
+
+    def start_worker(self) -> Process:
+        worker = self.spawn("worker", "-m", "workers")
+        client = redis.Redis.from_url(self.redis_url)
+        before = len(client.smembers("rq:workers"))
+        wait_until(lambda: len(client.smembers("rq:workers")) > before or worker.proc.poll() is not None, 30)
+        assert worker.proc.poll() is None, worker.output()
+        return worker
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+
+    # --- HTTP as Slack sends it ------------------------------------------------------------
+
+    def healthz(self) -> int:
+        try:
+            with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except OSError:
+            return 0
+
+    def post(self, body: str, content_type: str, *, headers: dict[str, str] | None = None) -> tuple[int, str]:
+        all_headers = {"Content-Type": content_type, **(headers or signed_headers(SIGNING_SECRET, body))}
+        request = urllib.request.Request(f"{self.url}/slack/events", data=body.encode(), headers=all_headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return int(response.status), response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), exc.read().decode(errors="replace")
+
+    def mention(
+        self,
+        text: str,
+        *,
+        channel: str = "C1",
+        user: str = "UALICE",
+        ts: str | None = None,
+        thread_ts: str | None = None,
+        event_id: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, str, str]:
+        """Deliver an app_mention; returns (status, ts of the mention, event_id)."""
+        ts = ts or self.slack.add_message(channel, f"<@UBOT> {text}", user=user, thread_ts=thread_ts)
+        event = {"type": "app_mention", "user": user, "text": f"<@UBOT> {text}", "ts": ts, "channel": channel}
+        if thread_ts:
+            event["thread_ts"] = thread_ts
+        event_id = event_id or f"Ev{time.time_ns()}"
+        body = event_body(event, event_id=event_id)
+        status, _ = self.post(body, "application/json", headers=headers and {**headers})
+        return status, ts, event_id
+
+    def click(self, message: dict[str, Any], action_id: str, *, user: str = "UALICE") -> int:
+        """Click the button `action_id` of a posted message as `user`."""
+        button = next(
+            e
+            for b in message["blocks"]
+            if b["type"] == "actions"
+            for e in b["elements"]
+            if e.get("action_id") == action_id
+        )
+        payload = {
+            "type": "block_actions",
+            "team": {"id": "T1", "domain": "test"},
+            "user": {"id": user, "username": user.lower(), "team_id": "T1"},
+            "api_app_id": "A1",
+            "token": "fake-verification-token",
+            "container": {"type": "message", "message_ts": message["ts"], "channel_id": message["channel"]},
+            "trigger_id": f"trigger-{time.time_ns()}",
+            "channel": {"id": message["channel"], "name": "general"},
+            "message": {"ts": message["ts"], "thread_ts": message.get("thread_ts"), "text": message["text"]},
+            "response_url": self.slack.response_url(),
+            "actions": [
+                {
+                    "type": "button",
+                    "action_id": action_id,
+                    "block_id": "approval",
+                    "value": button.get("value", ""),
+                    "action_ts": str(time.time()),
+                }
+            ],
+        }
+        status, _ = self.post(action_body(payload), "application/x-www-form-urlencoded")
+        return status
+
+    def submit_view(self, view: dict[str, Any], reason: str, *, user: str = "UALICE") -> int:
+        payload = {
+            "type": "view_submission",
+            "team": {"id": "T1", "domain": "test"},
+            "user": {"id": user, "username": user.lower(), "team_id": "T1"},
+            "api_app_id": "A1",
+            "token": "fake-verification-token",
+            "trigger_id": f"trigger-{time.time_ns()}",
+            "view": {
+                **view,
+                "id": "V1",
+                "state": {"values": {"reason": {"reason": {"type": "plain_text_input", "value": reason}}}},
+            },
+        }
+        status, _ = self.post(action_body(payload), "application/x-www-form-urlencoded")
+        return status
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, indent=1, default=str)[:4000]
