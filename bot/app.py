@@ -46,8 +46,8 @@ class BotDeps:
     def may_decide(self, user: str, record: RunRecord) -> bool:
         return user in (self.config.approvals.approvers or (record.requester,))
 
-    def deciders(self, record: RunRecord) -> str:
-        return ", ".join(f"<@{u}>" for u in (self.config.approvals.approvers or (record.requester,)))
+    def deciders(self, record: RunRecord) -> list[str]:
+        return list(self.config.approvals.approvers or (record.requester,))
 
 
 def create_app(
@@ -62,7 +62,7 @@ def create_app(
         logger=logging.getLogger("slack_bolt.App"),
     )
     app.event("app_mention")(ack=_on_mention(deps), lazy=[_acknowledge_visibly])
-    app.event("message")(ack=_ignore)  # subscribed by some manifests; answered, never retried
+    app.event("message")(_ignore)  # subscribed by some manifests; answered, never retried
     for action_id, verdict in (("approve", Verdict.APPROVED), ("decline", Verdict.DECLINED)):
         app.action(action_id)(ack=_on_decision(deps, verdict), lazy=[_tell_clicker])
     app.action("decline_with_reason")(ack=_on_decline_with_reason(deps), lazy=[_tell_clicker])
@@ -144,7 +144,7 @@ def _open_record(
         context[REPLY] = texts.WRONG_CHANNEL
         return None
     if not deps.may_decide(user, record):
-        context[REPLY] = texts.NOT_ALLOWED.format(who=deps.deciders(record))
+        context[REPLY] = (texts.NOT_ALLOWED, {"who": deps.deciders(record)})
         return None
     return record, call_id
 
@@ -159,8 +159,13 @@ def _decide(deps: BotDeps, record: RunRecord, call_id: str, decision: Decision, 
         context[REPLY] = texts.ALREADY_EXPIRED
     else:
         standing = result.decision
-        verdict = f"{standing.verdict.value} by <@{standing.by}>" if standing and standing.by else "decided"
-        context[REPLY] = texts.ALREADY_DECIDED.format(verdict=verdict)
+        if standing and standing.by:
+            context[REPLY] = (
+                texts.ALREADY_DECIDED_BY.format(verdict=standing.verdict.value),
+                {"who": standing.by},
+            )
+        else:
+            context[REPLY] = texts.ALREADY_DECIDED
 
 
 def _clicker(body: dict[str, Any]) -> tuple[str, str | None]:
@@ -239,7 +244,7 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
             context[REPLY] = texts.WRONG_CHANNEL
             return
         if not deps.may_decide(user, record):
-            context[REPLY] = texts.NOT_ALLOWED_RETRY.format(who=deps.deciders(record))
+            context[REPLY] = (texts.NOT_ALLOWED_RETRY, {"who": deps.deciders(record)})
             return
         if not deps.store.claim_retry(record.run_id, record.failure_ts):
             context[REPLY] = texts.RETRY_TAKEN
@@ -251,11 +256,12 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
 
 def _tell_clicker(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:
     """After Slack has its answer: an ephemeral reply when a click changed nothing."""
-    text, channel, user = context.get(REPLY), context.get("reply_channel"), context.get("reply_user")
-    if not (text and channel and user):
+    reply, channel, user = context.get(REPLY), context.get("reply_channel"), context.get("reply_user")
+    if not (reply and channel and user):
         return
+    text, users = reply if isinstance(reply, tuple | list) else (reply, {})
     thread_ts = ((body.get("message") or {}).get("thread_ts")) or None
-    msg = render.notice(text)
+    msg = render.notice(text, **users)
     try:
         client.chat_postEphemeral(
             channel=channel, user=user, text=msg.text, blocks=msg.blocks, thread_ts=thread_ts

@@ -1,0 +1,381 @@
+"""End to end: signed HTTP into the real bot (`python -m bot`), a real `python -m workers`, real Redis.
+
+Slack and the Messages API are loopback stand-ins that enforce their APIs' rules. Each test uses
+its own channel and marks its task with a unique word, so tests share one stack safely.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.fakes.messages_api import FakeMessagesAPI, http_error, reply, text, tool_use
+from tests.fakes.signing import signed_headers
+from tests.fakes.slack_api import FakeSlackAPI
+from tests.stack import SIGNING_SECRET, RedisServer, Stack, wait_until
+
+pytestmark = pytest.mark.e2e
+_channels = itertools.count(100)
+
+
+def new_channel() -> str:
+    return f"C{next(_channels)}"
+
+
+def make_stack(redis_server: RedisServer, workdir: Path, config: str, db: int) -> Iterator[Stack]:
+    """A stack on its own Redis database, so two stacks' workers never take each other's jobs."""
+    url = redis_server.url.rsplit("/", 1)[0] + f"/{db}"
+    redis.Redis.from_url(url).flushdb()
+    with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
+        stack = Stack(url, slack, model, workdir, config=config)
+        try:
+            stack.start_bot()
+            stack.start_worker()
+            yield stack
+        finally:
+            stack.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    yield from make_stack(redis_server, tmp_path_factory.mktemp("stack"), "", db=1)
+
+
+@pytest.fixture(scope="module")
+def team_stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Approvers UANN and UBEN decide; approvals expire after 3 seconds."""
+    config = '[approvals]\napprovers = ["UANN", "UBEN"]\nexpire_after_minutes = 0.05\n'
+    yield from make_stack(redis_server, tmp_path_factory.mktemp("team"), config, db=2)
+
+
+def thread(stack: Stack, channel: str, ts: str) -> list[dict[str, Any]]:
+    return [m for m in stack.slack.messages(channel, ts) if m["ts"] != ts]
+
+
+def wait_post(
+    stack: Stack, channel: str, ts: str, predicate: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    return wait_until(lambda: next((m for m in thread(stack, channel, ts) if predicate(m)), None))
+
+
+def has_actions(message: dict[str, Any]) -> bool:
+    return any(b["type"] == "actions" for b in message.get("blocks") or [])
+
+
+def footer(turns: int, requests: int) -> str:
+    return f"That took {turns} turns of tool calls across {requests} model requests."
+
+
+# --- the whole flow ------------------------------------------------------------------------------------
+
+
+def test_a_mention_runs_in_its_thread_with_turn_summaries_and_a_footer(stack: Stack) -> None:
+    channel = new_channel()
+    stack.model.script_for(
+        "seedflow",
+        reply(tool_use("read_file", {"path": "README.md"})),
+        reply(tool_use("get_time", {})),
+        reply(text("The first line is # My project.")),
+    )
+    status, ts, _ = stack.mention(
+        "seedflow: read the first line of README.md, then tell me the time", channel=channel
+    )
+    assert status == 200
+
+    answer = wait_post(stack, channel, ts, lambda m: footer(2, 3) in m["text"])
+    posts = thread(stack, channel, ts)
+    summaries = [m for m in posts if m["ts"] != answer["ts"] and "turn" in m["text"].lower()]
+    assert len(summaries) == 2
+    assert "read_file" in summaries[0]["text"] + str(summaries[0]["blocks"])
+    assert "# My project" in str(summaries[0]["blocks"])
+    assert "The first line is # My project." in answer["text"]
+    assert all(m["thread_ts"] == ts for m in posts)
+    assert (channel, ts, "eyes") in stack.slack.reactions or wait_until(
+        lambda: (channel, ts, "white_check_mark") in stack.slack.reactions
+    )
+    assert stack.model.errors == []
+
+
+def test_a_mention_inside_a_thread_replies_in_that_thread_and_continues_it(stack: Stack) -> None:
+    channel = new_channel()
+    stack.model.script_for("continued", reply(text("first answer")), reply(text("second answer")))
+    _, root, _ = stack.mention("continued: remember the word banana", channel=channel)
+    wait_post(stack, channel, root, lambda m: "first answer" in m["text"])
+
+    _, _, _ = stack.mention("what was the word?", channel=channel, thread_ts=root)
+    wait_post(stack, channel, root, lambda m: "second answer" in m["text"])
+    second_request = [r for r in stack.model.requests if "continued" in str(r["messages"][0])][-1]
+    texts = [b.get("text", "") for m in second_request["messages"] for b in m["content"]]
+    assert any("remember the word banana" in t for t in texts)
+    assert any("first answer" in t for t in texts)
+    assert any("what was the word?" in t for t in texts)
+
+
+# --- approvals -----------------------------------------------------------------------------------------
+
+
+def ask_to_write(stack: Stack, marker: str, *files: str) -> tuple[str, str, list[dict[str, Any]]]:
+    channel = new_channel()
+    calls = [tool_use("write_file", {"path": f, "content": f"hello {f}"}) for f in files]
+    stack.model.script_for(marker, reply(*calls), reply(text(f"{marker} done")))
+    _, ts, _ = stack.mention(f"{marker}: write {' and '.join(files)}", channel=channel)
+    wait_until(lambda: len([m for m in thread(stack, channel, ts) if has_actions(m)]) == len(files))
+    cards = [m for m in thread(stack, channel, ts) if has_actions(m)]
+    return channel, ts, cards
+
+
+def test_approve_runs_the_call_and_updates_the_card(stack: Stack) -> None:
+    channel, ts, [card] = ask_to_write(stack, "approveme", "approved.txt")
+    assert "write_file" in str(card["blocks"]) and "<@UALICE>" in str(card["blocks"])
+    assert not (stack.workspace / "approved.txt").exists()
+    action_ids = {e["action_id"] for b in card["blocks"] if b["type"] == "actions" for e in b["elements"]}
+    assert {"approve", "decline"} <= action_ids
+
+    assert stack.click(card, "approve") == 200
+    wait_post(stack, channel, ts, lambda m: "approveme done" in m["text"])
+    assert (stack.workspace / "approved.txt").read_text() == "hello approved.txt"
+    updated = next(m for m in stack.slack.messages(channel, ts) if m["ts"] == card["ts"])
+    assert not has_actions(updated)
+    assert "Approved" in str(updated["blocks"]) and "<@UALICE>" in str(updated["blocks"])
+
+
+def test_decline_never_runs_the_call_and_tells_the_model(stack: Stack) -> None:
+    channel, ts, [card] = ask_to_write(stack, "declineme", "declined.txt")
+    assert stack.click(card, "decline") == 200
+    wait_post(stack, channel, ts, lambda m: "declineme done" in m["text"])
+    assert not (stack.workspace / "declined.txt").exists()
+    updated = next(m for m in stack.slack.messages(channel, ts) if m["ts"] == card["ts"])
+    assert not has_actions(updated) and "Declined" in str(updated["blocks"])
+    result = [r for r in stack.model.requests if "declineme" in str(r["messages"][0])][-1]["messages"][-1]
+    assert result["content"][0]["is_error"] is True and "declined" in result["content"][0]["content"]
+
+
+def test_decline_with_reason_reaches_the_model(stack: Stack) -> None:
+    channel, ts, [card] = ask_to_write(stack, "reasonme", "reason.txt")
+    views_before = len(stack.slack.views)
+    assert stack.click(card, "decline_with_reason") == 200
+    wait_until(lambda: len(stack.slack.views) > views_before)
+    view = stack.slack.views[-1]["view"]
+    assert stack.submit_view(view, "use the docs folder instead") == 200
+    wait_post(stack, channel, ts, lambda m: "reasonme done" in m["text"])
+    result = [r for r in stack.model.requests if "reasonme" in str(r["messages"][0])][-1]["messages"][-1]
+    assert "use the docs folder instead" in result["content"][0]["content"]
+    assert not (stack.workspace / "reason.txt").exists()
+
+
+def test_two_approvals_in_one_turn_resume_only_when_both_are_decided(stack: Stack) -> None:
+    channel, ts, cards = ask_to_write(stack, "twocalls", "one.txt", "two.txt")
+    requests_before = len(stack.model.requests)
+    stack.click(cards[0], "approve")
+    wait_until(
+        lambda: (
+            not has_actions(next(m for m in stack.slack.messages(channel, ts) if m["ts"] == cards[0]["ts"]))
+        )
+    )
+    assert len(stack.model.requests) == requests_before
+    assert not (stack.workspace / "one.txt").exists()  # nothing runs ahead of the undecided second call
+
+    stack.click(cards[1], "decline")
+    wait_post(stack, channel, ts, lambda m: "twocalls done" in m["text"])
+    assert (stack.workspace / "one.txt").exists() and not (stack.workspace / "two.txt").exists()
+
+
+def test_a_non_approver_click_changes_nothing_and_gets_an_ephemeral_reply(stack: Stack) -> None:
+    channel, ts, [card] = ask_to_write(stack, "notyours", "notyours.txt")
+    assert stack.click(card, "approve", user="UMALLORY") == 200
+    wait_until(lambda: any(e["user"] == "UMALLORY" for e in stack.slack.ephemerals))
+    assert "Only <@UALICE>" in str([e for e in stack.slack.ephemerals if e["user"] == "UMALLORY"][-1])
+    current = next(m for m in stack.slack.messages(channel, ts) if m["ts"] == card["ts"])
+    assert has_actions(current)
+    assert not (stack.workspace / "notyours.txt").exists()
+    stack.click(card, "decline")  # the requester can still decide
+    wait_post(stack, channel, ts, lambda m: "notyours done" in m["text"])
+
+
+def test_a_double_click_yields_one_decision(stack: Stack) -> None:
+    channel, ts, [card] = ask_to_write(stack, "doubleclick", "double.txt")
+    stack.click(card, "approve")
+    stack.click(card, "decline")
+    wait_post(stack, channel, ts, lambda m: "doubleclick done" in m["text"])
+    assert (stack.workspace / "double.txt").exists()
+    wait_until(lambda: any("already approved" in e["text"] for e in stack.slack.ephemerals))
+    requests = [r for r in stack.model.requests if "doubleclick" in str(r["messages"][0])]
+    assert len(requests) == 2
+
+
+def test_concurrent_clicks_by_two_approvers_yield_one_decision(team_stack: Stack) -> None:
+    stack = team_stack
+    channel = new_channel()
+    stack.model.script_for(
+        "raceclick",
+        reply(tool_use("write_file", {"path": "race.txt", "content": "x"})),
+        reply(text("raceclick done")),
+    )
+    _, ts, _ = stack.mention("raceclick: write race.txt", channel=channel, user="UANN")
+    card = wait_post(stack, channel, ts, has_actions)
+    barrier = threading.Barrier(2)
+    statuses: list[int] = []
+
+    def click(user: str, action: str) -> None:
+        barrier.wait()
+        statuses.append(stack.click(card, action, user=user))
+
+    threads = [threading.Thread(target=click, args=a) for a in (("UANN", "approve"), ("UBEN", "decline"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert statuses == [200, 200]
+    wait_post(stack, channel, ts, lambda m: "raceclick done" in m["text"])
+    updated = next(m for m in stack.slack.messages(channel, ts) if m["ts"] == card["ts"])
+    approved = "Approved" in str(updated["blocks"])
+    assert approved != ("Declined" in str(updated["blocks"]))
+    assert (stack.workspace / "race.txt").exists() == approved
+    assert len([r for r in stack.model.requests if "raceclick" in str(r["messages"][0])]) == 2
+
+
+def test_an_unanswered_approval_expires_and_the_run_goes_on(team_stack: Stack) -> None:
+    stack = team_stack
+    channel = new_channel()
+    stack.model.script_for(
+        "expireme",
+        reply(tool_use("delete_file", {"path": "README.md"})),
+        reply(text("expireme done")),
+    )
+    _, ts, _ = stack.mention("expireme: delete the readme", channel=channel, user="UANN")
+    card = wait_post(stack, channel, ts, has_actions)
+    wait_post(stack, channel, ts, lambda m: "expireme done" in m["text"])
+    updated = next(m for m in stack.slack.messages(channel, ts) if m["ts"] == card["ts"])
+    assert not has_actions(updated) and "xpired" in str(updated["blocks"])
+    assert "eclined" not in str(updated["blocks"])
+    result = [r for r in stack.model.requests if "expireme" in str(r["messages"][0])][-1]["messages"][-1]
+    assert "expired" in result["content"][0]["content"] and "declined" not in result["content"][0]["content"]
+    assert (stack.workspace / "README.md").exists()
+    stack.click(card, "approve", user="UANN")  # a late click changes nothing
+    wait_until(lambda: any(e["user"] == "UANN" for e in stack.slack.ephemerals))
+
+
+def test_a_parked_run_does_not_occupy_the_worker(stack: Stack) -> None:
+    channel, ts, [card] = ask_to_write(stack, "parkedfirst", "parked.txt")
+    other = new_channel()
+    stack.model.script_for("meanwhile", reply(text("meanwhile done")))
+    _, other_ts, _ = stack.mention("meanwhile: say hi", channel=other)
+    wait_post(stack, other, other_ts, lambda m: "meanwhile done" in m["text"])  # one worker, still free
+    stack.click(card, "approve")
+    wait_post(stack, channel, ts, lambda m: "parkedfirst done" in m["text"])
+
+
+# --- Slack's delivery rules ----------------------------------------------------------------------------
+
+
+def test_a_retried_delivery_makes_one_run(stack: Stack) -> None:
+    channel = new_channel()
+    stack.model.script_for("dedup", reply(text("dedup done")), reply(text("dedup AGAIN")))
+    status, ts, event_id = stack.mention("dedup: hello", channel=channel)
+    for _ in range(3):
+        again, _, _ = stack.mention("dedup: hello", channel=channel, ts=ts, event_id=event_id)
+        assert again == 200
+    wait_post(stack, channel, ts, lambda m: "dedup done" in m["text"])
+    assert not any("AGAIN" in m["text"] for m in thread(stack, channel, ts))
+    assert len([r for r in stack.model.requests if "dedup" in str(r["messages"][0])]) == 1
+
+
+@pytest.mark.parametrize("kind", ["forged", "stale", "missing"])
+def test_bad_signatures_are_rejected_and_start_nothing(stack: Stack, kind: str) -> None:
+    channel = new_channel()
+    body_marker = f"badsig{kind}"
+    headers = {
+        "forged": signed_headers("not-the-secret", "x"),
+        "stale": None,
+        "missing": {"X-Unrelated": "1"},
+    }[kind]
+    if kind == "stale":
+        from tests.fakes.signing import event_body
+
+        event = {
+            "type": "app_mention",
+            "user": "UALICE",
+            "text": body_marker,
+            "ts": "1.000001",
+            "channel": channel,
+        }
+        body = event_body(event, event_id=f"Ev{kind}")
+        status, _ = stack.post(
+            body, "application/json", headers=signed_headers(SIGNING_SECRET, body, int(time.time()) - 600)
+        )
+    else:
+        status, _, _ = stack.mention(body_marker, channel=channel, headers=headers)
+    assert status == 401
+    assert not any(body_marker in str(r["messages"]) for r in stack.model.requests)
+    assert stack.slack.messages(channel) == [] or all(
+        m["user"] != "UBOT" for m in stack.slack.messages(channel)
+    )
+
+
+def test_other_bots_and_edits_never_start_a_run(stack: Stack) -> None:
+    from tests.fakes.signing import event_body
+
+    channel = new_channel()
+    for i, extra in enumerate([{"bot_id": "BOTHER"}, {"subtype": "message_changed"}]):
+        event = {
+            "type": "app_mention",
+            "user": "UALICE",
+            "text": "<@UBOT> botloop",
+            "ts": f"5.00000{i}",
+            "channel": channel,
+        }
+        status, _ = stack.post(
+            event_body({**event, **extra}, event_id=f"EvBot{i}{channel}"), "application/json"
+        )
+        assert status == 200
+    assert not any("botloop" in str(r["messages"]) for r in stack.model.requests)
+
+
+def test_healthz_answers_when_redis_answers(stack: Stack) -> None:
+    assert stack.healthz() == 200
+
+
+# --- failures and escaping ---------------------------------------------------------------------------
+
+
+def test_slack_429_and_500_are_retried(stack: Stack) -> None:
+    channel = new_channel()
+    stack.model.script_for("flaky", reply(text("flaky done")))
+    stack.slack.fail_next("chat.postMessage", status=429, headers={"Retry-After": "0"})
+    stack.slack.fail_next("chat.postMessage", status=500)
+    _, ts, _ = stack.mention("flaky: hi", channel=channel)
+    wait_post(stack, channel, ts, lambda m: "flaky done" in m["text"])
+
+
+def test_model_failure_posts_a_retry_button_that_resumes(stack: Stack) -> None:
+    channel = new_channel()
+    stack.model.script_for(
+        "failing", *[http_error(400, message="bad request from fake")], reply(text("failing done"))
+    )
+    _, ts, _ = stack.mention("failing: do it", channel=channel)
+    failure = wait_post(stack, channel, ts, has_actions)
+    assert "bad request from fake" in str(failure["blocks"])
+    assert stack.click(failure, "retry", user="UMALLORY") == 200  # not the requester: refused
+    wait_until(lambda: any(e["user"] == "UMALLORY" for e in stack.slack.ephemerals))
+    assert stack.click(failure, "retry") == 200
+    wait_post(stack, channel, ts, lambda m: "failing done" in m["text"])
+    updated = next(m for m in stack.slack.messages(channel, ts) if m["ts"] == failure["ts"])
+    assert not has_actions(updated)
+
+
+def test_model_text_cannot_ping_or_smuggle_links(stack: Stack) -> None:
+    channel = new_channel()
+    evil = "<!channel> <!here> <@U999> <!subteam^S1> <#C9> <https://evil.example|click me>"
+    stack.model.script_for("pingme", reply(text(evil)))
+    _, ts, _ = stack.mention("pingme: be evil", channel=channel)
+    answer = wait_post(stack, channel, ts, lambda m: "evil.example" in m["text"])
+    posted = answer["text"] + str(answer["blocks"])
+    for token in ("<!channel>", "<!here>", "<@U999>", "<!subteam", "<#C9>", "<https://evil"):
+        assert token not in posted
