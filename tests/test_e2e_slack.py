@@ -379,3 +379,12 @@ def test_model_text_cannot_ping_or_smuggle_links(stack: Stack) -> None:
     posted = answer["text"] + str(answer["blocks"])
     for token in ("<!channel>", "<!here>", "<@U999>", "<!subteam", "<#C9>", "<https://evil"):
         assert token not in posted
+
+
+def test_a_valve_stop_is_posted_in_plain_words(stack: Stack) -> None:
+    channel = new_channel()
+    same = tool_use("read_file", {"path": "README.md"})
+    stack.model.script_for("spinning", reply(same), reply(tool_use("read_file", {"path": "README.md"})))
+    _, ts, _ = stack.mention("spinning: read it forever", channel=channel)
+    stop = wait_post(stack, channel, ts, lambda m: "no-progress valve" in m["text"])
+    assert footer(1, 2) in stop["text"]
