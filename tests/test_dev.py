@@ -281,7 +281,6 @@ def test_manifest_asks_for_exactly_what_the_bot_needs() -> None:
         "app_mentions:read",
         "chat:write",
         "reactions:write",
-        "users:read",
     ]
     assert "user" not in manifest["oauth_config"]["scopes"]
     settings = manifest["settings"]
@@ -304,7 +303,7 @@ def test_manifest_lists_exactly_the_scopes_and_events_without_yaml() -> None:
         assert block, f"no list under {key}"
         return [line.strip()[2:] for line in block.group(2).splitlines()]
 
-    assert items_under("bot") == ["app_mentions:read", "chat:write", "reactions:write", "users:read"]
+    assert items_under("bot") == ["app_mentions:read", "chat:write", "reactions:write"]
     assert items_under("bot_events") == ["app_mention"]
     assert text.count("request_url: https://YOUR-HOST/slack/events") == 2
     assert re.search(r"^\s*socket_mode_enabled: false$", text, re.MULTILINE)
