@@ -134,3 +134,24 @@ def test_port_is_taken_from_the_environment(
         assert stack.healthz() == 200
     finally:
         stack.stop()
+
+
+def test_an_app_token_switches_to_socket_mode_without_a_signing_secret(
+    fakes: tuple[FakeSlackAPI, FakeMessagesAPI], redis_url: str, tmp_path: Path
+) -> None:
+    slack, _ = fakes
+    stack = Stack(redis_url, *fakes, tmp_path)
+    env = stack.env(SLACK_APP_TOKEN="xapp-test")
+    del env["SLACK_SIGNING_SECRET"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bot"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_until(
+            lambda: any(c.method == "apps.connections.open" for c in slack.calls) or proc.poll() is not None
+        )
+        assert any(c.method == "apps.connections.open" for c in slack.calls)
+        assert stack.healthz() == 0  # no HTTP server in Socket Mode
+    finally:
+        proc.kill()
+        proc.wait(10)
