@@ -9,8 +9,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from harness import texts
-from harness.client import make_client
-from harness.config import Config, ConfigError, load_config
+from harness.config import ConfigError, load_config
 from harness.loop import (
     Agent,
     AwaitingApproval,
@@ -25,7 +24,6 @@ from harness.loop import (
     step,
 )
 from harness.state import Decision, RunState, Verdict, new_run, record_decisions
-from harness.tools import BUILTIN_TOOLS, ToolContext, ToolRegistry
 
 SHOWN_RESULT_CHARS = 200
 EXIT_FINISHED, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -39,18 +37,6 @@ def compact(value: object) -> str:
 def show_result(text: str) -> str:
     """A tool result as the transcript shows it: cut, then quoted as JSON."""
     return compact(text if len(text) <= SHOWN_RESULT_CHARS else text[:SHOWN_RESULT_CHARS] + "…")
-
-
-def build_agent(config: Config) -> Agent:
-    """The agent of a config: the real SDK client, the built-in tools, its policy and limits."""
-    return Agent(
-        client=make_client(),
-        tools=ToolRegistry(BUILTIN_TOOLS, timeout_seconds=config.limits.tool_timeout_seconds),
-        context=ToolContext(workspace=config.workspace),
-        policy=config.policy,
-        limits=config.limits,
-        model=config.model,
-    )
 
 
 class Terminal:
@@ -121,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     terminal = Terminal(sys.stdout, input)
     try:
-        state, outcome = run_in_terminal(task, build_agent(config), terminal)
+        state, outcome = run_in_terminal(task, Agent.from_config(config), terminal)
     except KeyboardInterrupt:
         terminal.say("\n" + texts.CLI_INTERRUPTED)
         return EXIT_INTERRUPTED

@@ -17,10 +17,11 @@ from typing import Any
 import anthropic
 
 from harness import texts
-from harness.config import Limits
+from harness.client import make_client
+from harness.config import Config, Limits
 from harness.policy import Policy, Tier
 from harness.state import PendingCall, RunState, Status, Usage, Verdict
-from harness.tools import ToolContext, ToolRegistry, ToolResult
+from harness.tools import BUILTIN_TOOLS, ToolContext, ToolRegistry, ToolResult
 from harness.valves import Stop, Valve, check_budget, check_turn
 
 SYSTEM_PROMPT = (
@@ -125,6 +126,19 @@ class Agent:
     system: str = SYSTEM_PROMPT
     # Called just before a call runs, with the state that marks it started (write-ahead).
     before_tool: Callable[[RunState, PendingCall], None] | None = None
+
+    @classmethod
+    def from_config(cls, config: Config, **overrides: Any) -> Agent:
+        """The agent a config describes: the real SDK client, the built-in tools, policy, limits."""
+        fields: dict[str, Any] = {
+            "client": make_client(),
+            "tools": ToolRegistry(BUILTIN_TOOLS, timeout_seconds=config.limits.tool_timeout_seconds),
+            "context": ToolContext(workspace=config.workspace),
+            "policy": config.policy,
+            "limits": config.limits,
+            "model": config.model,
+        }
+        return cls(**{**fields, **overrides})
 
 
 # --- the loop --------------------------------------------------------------------------------

@@ -18,10 +18,8 @@ from typing import Any
 import rq
 
 from bot import render, texts
-from harness.client import make_client
 from harness.loop import Agent, AwaitingApproval, Failed, Finished, Outcome, Stopped, TurnDone, step
 from harness.state import Decision, RunState, StateError, Verdict, new_run, record_decisions
-from harness.tools import BUILTIN_TOOLS, ToolContext, ToolRegistry
 from workers.services import RUN_JOB_TIMEOUT, Services
 from workers.store import DAY, RunRecord, RunStatus
 
@@ -132,18 +130,6 @@ def retry_run(run_id: str, by: str) -> None:
 # --- driving ---------------------------------------------------------------------------------------
 
 
-def build_agent(svc: Services) -> Agent:
-    config = svc.config
-    return Agent(
-        client=make_client(),
-        tools=ToolRegistry(BUILTIN_TOOLS, timeout_seconds=config.limits.tool_timeout_seconds),
-        context=ToolContext(workspace=config.workspace),
-        policy=config.policy,
-        limits=config.limits,
-        model=config.model,
-    )
-
-
 def _resume(svc: Services, record: RunRecord, state: RunState, decisions: dict[str, Decision | None]) -> None:
     awaiting = {c.id for c in state.awaiting}
     decided = {k: v for k, v in decisions.items() if v is not None and k in awaiting}
@@ -163,7 +149,7 @@ def _resume(svc: Services, record: RunRecord, state: RunState, decisions: dict[s
 
 def _advance(svc: Services, record: RunRecord, state: RunState) -> None:
     """Step the run until it leaves the loop, posting a summary after every turn."""
-    agent = build_agent(svc)
+    agent = Agent.from_config(svc.config)
     while True:
         result = step(state, agent)
         state = result.state
