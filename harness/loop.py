@@ -245,10 +245,19 @@ def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
             # No call runs ahead of an earlier one still waiting; all waiting ones are asked at once.
             parked = replace(state, status=Status.AWAITING_APPROVAL)
             return StepResult(parked, AwaitingApproval(state.awaiting), tuple(events))
-        result = _answer(state, agent, call)
-        call = replace(call, result=result)
-        pending = (*state.pending[:index], call, *state.pending[index + 1 :])
-        state = replace(state, pending=pending)
+        if _needs_write_ahead(agent, call):
+            if call.started:  # an earlier attempt began it and died before recording what happened
+                result = ToolResult(texts.RESULT_OUTCOME_UNKNOWN.format(name=call.name), True)
+                call = replace(call, result=result)
+                state = _with_call(state, index, call)
+                events.append(ToolReturned(state.turns, call))
+                continue
+            call = replace(call, started=True)
+            state = _with_call(state, index, call)
+            if agent.before_tool is not None:
+                agent.before_tool(state, call)  # persists the mark; raising stops before the call runs
+        call = replace(call, result=_answer(agent, call))
+        state = _with_call(state, index, call)
         events.append(ToolReturned(state.turns, call))
     results = [_tool_result(c.id, c.result) for c in state.pending if c.result is not None]
     events.append(TurnDone(state.turns, state.pending, state.usage.total))
@@ -261,7 +270,19 @@ def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
     return StepResult(state, None, tuple(events))
 
 
-def _answer(state: RunState, agent: Agent, call: PendingCall) -> ToolResult:
+def _with_call(state: RunState, index: int, call: PendingCall) -> RunState:
+    return replace(state, pending=(*state.pending[:index], call, *state.pending[index + 1 :]))
+
+
+def _needs_write_ahead(agent: Agent, call: PendingCall) -> bool:
+    """A call that changes the world is marked started before it runs, and never run twice."""
+    found = agent.tools.get(call.name)
+    approved = call.decision is not None and call.decision.verdict is Verdict.APPROVED
+    runs = call.tier is Tier.ALLOW or approved
+    return found is not None and runs and (found.side_effects or call.tier is Tier.ASK)
+
+
+def _answer(agent: Agent, call: PendingCall) -> ToolResult:
     """Run `call` if its tier and decision allow it; otherwise say why it did not run."""
     if call.tier is Tier.DENY:
         return ToolResult(texts.RESULT_DENIED.format(name=call.name), True)
@@ -273,8 +294,6 @@ def _answer(state: RunState, agent: Agent, call: PendingCall) -> ToolResult:
             if call.decision.reason:
                 return ToolResult(texts.RESULT_DECLINED_REASON.format(reason=call.decision.reason), True)
             return ToolResult(texts.RESULT_DECLINED, True)
-    if agent.before_tool is not None:
-        agent.before_tool(state, call)
     return agent.tools.run(call.name, call.input, agent.context)
 
 

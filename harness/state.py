@@ -67,6 +67,7 @@ class PendingCall:
     tier: Tier
     decision: Decision | None = None
     result: ToolResult | None = None
+    started: bool = False  # write-ahead mark: set (and persisted) before a side-effecting call runs
 
     @property
     def signature(self) -> str:
@@ -86,6 +87,7 @@ class PendingCall:
             "tier": self.tier.value,
             "decision": self.decision.to_json() if self.decision else None,
             "result": self.result.to_json() if self.result else None,
+            "started": self.started,
         }
 
     @classmethod
@@ -97,6 +99,7 @@ class PendingCall:
             tier=Tier(data["tier"]),
             decision=Decision.from_json(data["decision"]) if data.get("decision") else None,
             result=ToolResult.from_json(data["result"]) if data.get("result") else None,
+            started=bool(data.get("started", False)),
         )
 
 

@@ -46,6 +46,10 @@ RESULT_EXPIRED = (
 RESULT_UNKNOWN_TOOL = "Error: there is no tool named {name!r}. Available tools: {names}."
 RESULT_BAD_INPUT = "Error: invalid input for {name}: {problems}"
 RESULT_TOOL_RAISED = "Error: {name} failed: {error}"
+RESULT_OUTCOME_UNKNOWN = (
+    "Outcome unknown: {name} was started, but the worker running it stopped before its result "
+    "was recorded. It was NOT run again; check its effect before trying again."
+)
 RESULT_NOT_RUN_STOPPED = "Not executed: the run was stopped before this call ran ({valve})."
 RESULT_CUT = "\n[… cut: the tool returned {total:,} characters; only the first {kept:,} are shown]"
 
