@@ -20,7 +20,7 @@ from slack_sdk.errors import SlackApiError
 
 from bot import render, texts
 from harness.config import Config
-from harness.state import Decision, Verdict
+from harness.state import Decision, StateError, Verdict
 from workers.services import RUN_JOB_TIMEOUT
 from workers.store import BadId, DecideOutcome, RunRecord, RunStatus, Store, check_id, new_run_id
 
@@ -136,7 +136,11 @@ def _open_record(
     except BadId:
         context[REPLY] = texts.UNKNOWN_APPROVAL
         return None
-    record = deps.store.load_run(run_id)
+    try:
+        record = deps.store.load_run(run_id)
+    except StateError:
+        context[REPLY] = texts.UNREADABLE_RUN
+        return None
     if record is None or record.status is not RunStatus.AWAITING_APPROVAL:
         context[REPLY] = texts.UNKNOWN_APPROVAL
         return None
@@ -150,7 +154,12 @@ def _open_record(
 
 
 def _decide(deps: BotDeps, record: RunRecord, call_id: str, decision: Decision, context: BoltContext) -> None:
-    result = deps.store.decide(record.run_id, call_id, decision)
+    try:
+        call = next((c for c in record.run_state().pending if c.id == call_id), None)
+    except StateError:
+        context[REPLY] = texts.UNREADABLE_RUN  # fail closed: no decision on what we cannot read
+        return
+    result = deps.store.decide(record.run_id, call_id, decision, audit=record.audit_fields(call))
     if result.outcome is DecideOutcome.RECORDED:
         deps.enqueue(APPLY_DECISIONS, record.run_id)
     elif result.outcome is DecideOutcome.UNKNOWN:
@@ -235,7 +244,7 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
         context["reply_channel"], context["reply_user"] = channel, user
         try:
             record = deps.store.load_run(check_id("run", action.get("value")))
-        except BadId:
+        except (BadId, StateError):
             record = None
         if record is None or record.status is not RunStatus.FAILED or not record.failure_ts:
             context[REPLY] = texts.RETRY_TAKEN

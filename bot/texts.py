@@ -17,3 +17,10 @@ ALREADY_DECIDED_BY = "This approval was already {verdict} by {{who}}. Nothing wa
 ALREADY_EXPIRED = "This approval has expired. Nothing was changed."
 UNKNOWN_APPROVAL = "This approval is no longer open (the run moved on or expired). Nothing was changed."
 WRONG_CHANNEL = "This button does not belong to this channel. Nothing was changed."
+REFUSED_TO_CONTINUE = ":no_entry: I stopped this run without running anything more: {reason}"
+DECISIONS_DO_NOT_MATCH = (
+    "the recorded decisions do not match the calls that were waiting for one, so none of them was run"
+)
+UNREADABLE_RUN = (
+    "This run's saved state cannot be read safely (it may come from an older version). Nothing was changed."
+)

@@ -96,6 +96,14 @@ class Keys:
     def audit() -> str:
         return f"{PREFIX}audit"
 
+    @staticmethod
+    def lease(run_id: str) -> str:
+        return f"{PREFIX}lease:{check_id('run', run_id)}"
+
+    @staticmethod
+    def active() -> str:
+        return f"{PREFIX}active"
+
 
 def _thread_id(team: str, channel: str, thread_ts: str) -> str:
     return f"{check_id('team', team)}:{check_id('channel', channel)}:{check_id('ts', thread_ts)}"
@@ -134,6 +142,17 @@ class RunRecord:
     def thread(self) -> tuple[str, str, str]:
         return (self.team, self.channel, self.thread_ts)
 
+    def audit_fields(self, call: Any = None) -> dict[str, Any]:
+        """What the audit log keeps besides who decided and how: where, what, with which input."""
+        return {
+            "team": self.team,
+            "channel": self.channel,
+            "thread_ts": self.thread_ts,
+            "requester": self.requester,
+            "tool": getattr(call, "name", None),
+            "input": getattr(call, "input", None),
+        }
+
     def run_state(self) -> RunState:
         if self.state is None:
             raise StateError(f"run {self.run_id} has no harness state yet")
@@ -171,13 +190,15 @@ class DecideResult:
     decision: Decision | None = None  # the decision that stands
 
 
-# KEYS[1] approvals hash. ARGV[1] call id, ARGV[2] decision JSON.
-# A field holds "" while the call awaits a decision. Running twice gives the same answer.
+# KEYS[1] approvals hash, KEYS[2] audit stream. ARGV[1] call id, ARGV[2] decision JSON,
+# ARGV[3] audit entry JSON. A field holds "" while the call awaits a decision. The decision and
+# its audit entry are written together; running the script twice gives the same answer.
 _DECIDE = """
 local current = redis.call('HGET', KEYS[1], ARGV[1])
 if not current then return {'unknown', ''} end
 if current == '' then
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', '1000000', '*', 'entry', ARGV[3])
   return {'recorded', ARGV[2]}
 end
 if current == ARGV[2] then return {'recorded', current} end
@@ -211,6 +232,30 @@ redis.call('DEL', KEYS[1])
 return redis.call('LPOP', KEYS[2])
 """
 
+# KEYS[1] lease, KEYS[2] run record, KEYS[3] active set. ARGV[1] token, ARGV[2] lease ms,
+# ARGV[3] record JSON, ARGV[4] record TTL s, ARGV[5] now, ARGV[6] run id, ARGV[7] "1" to finish.
+# A fenced write: only the lease holder may write the run (a driver that lost its lease stops).
+_CHECKPOINT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
+if ARGV[7] == '1' then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[3], ARGV[6])
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('ZADD', KEYS[3], ARGV[5], ARGV[6])
+end
+return 1
+"""
+
+# KEYS[1] lease, KEYS[2] active set. ARGV[1] token, ARGV[2] lease ms, ARGV[3] now, ARGV[4] run id.
+_RENEW = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+return 1
+"""
+
 
 class Store:
     """Runs, threads, decisions and dedup marks in Redis."""
@@ -221,6 +266,8 @@ class Store:
         self._claim = connection.register_script(_CLAIM)
         self._take = connection.register_script(_TAKE_THREAD)
         self._release = connection.register_script(_RELEASE_THREAD)
+        self._checkpoint = connection.register_script(_CHECKPOINT)
+        self._renew = connection.register_script(_RENEW)
 
     # --- mentions -------------------------------------------------------------------------------
 
@@ -258,23 +305,41 @@ class Store:
     ) -> None:
         (pipeline or self.redis).set(Keys.run(record.run_id), record.to_json(), ex=ttl)
 
-    def park(self, record: RunRecord, call_ids: list[str], ttl: int) -> RunRecord:
-        """Save a run awaiting decisions on `call_ids`, with a fresh approvals hash; both expire."""
-        record = replace(record, status=RunStatus.AWAITING_APPROVAL, park_id=record.park_id + 1)
-        key = Keys.approvals(record.run_id)
+    def open_approvals(self, run_id: str, call_ids: list[str], ttl: int) -> None:
+        """A fresh approvals hash: one empty field per call awaiting a decision."""
+        key = Keys.approvals(run_id)
         with self.redis.pipeline() as pipe:
-            pipe.delete(key)
+            pipe.delete(key, Keys.cards_done(run_id))
             pipe.hset(key, mapping={check_id("call", c): "" for c in call_ids})
             pipe.expire(key, ttl)
-            self.save_run(record, ttl=ttl, pipeline=pipe)
             pipe.execute()
+
+    def park(self, record: RunRecord, call_ids: list[str], ttl: int) -> RunRecord:
+        """Save a run awaiting decisions on `call_ids` (unfenced; drivers use their lease)."""
+        record = replace(record, status=RunStatus.AWAITING_APPROVAL, park_id=record.park_id + 1)
+        self.open_approvals(record.run_id, call_ids, ttl)
+        self.save_run(record, ttl=ttl)
         return record
 
-    def decide(self, run_id: str, call_id: str, decision: Decision) -> DecideResult:
-        """Record `decision` for a call unless it is unknown or already decided; atomic."""
+    def decide(
+        self, run_id: str, call_id: str, decision: Decision, audit: dict[str, Any] | None = None
+    ) -> DecideResult:
+        """Record `decision` for a call unless it is unknown or already decided; atomic.
+
+        The first recording also appends `audit` (who, what, arguments, when, outcome) to the
+        append-only audit stream, in the same step.
+        """
         payload = json.dumps(decision.to_json(), sort_keys=True)
-        keys = [Keys.approvals(run_id)]
-        outcome, stored = self._decide(keys=keys, args=[check_id("call", call_id), payload])
+        entry = {
+            "at": time.time(),
+            "run_id": run_id,
+            "call_id": call_id,
+            **decision.to_json(),
+            **(audit or {}),
+        }
+        keys = [Keys.approvals(run_id), Keys.audit()]
+        args = [check_id("call", call_id), payload, json.dumps(entry, ensure_ascii=False)]
+        outcome, stored = self._decide(keys=keys, args=args)
         outcome = DecideOutcome(outcome.decode() if isinstance(outcome, bytes) else outcome)
         standing = Decision.from_json(json.loads(stored)) if stored else None
         return DecideResult(outcome, standing)
@@ -340,3 +405,60 @@ class Store:
     def thread_holder(self, record: RunRecord) -> str | None:
         raw = self.redis.get(Keys.thread_lock(*record.thread))
         return raw.decode() if raw else None
+
+    # --- leases: exactly one driver per run, and orphans noticed -------------------------------
+
+    def acquire_lease(self, run_id: str, token: str, seconds: float) -> bool:
+        """Become the one driver of `run_id` for `seconds` (renewed by checkpoints and heartbeats)."""
+        if not self.redis.set(Keys.lease(run_id), token, nx=True, px=int(seconds * 1000)):
+            return False
+        self.redis.zadd(Keys.active(), {run_id: time.time()})
+        return True
+
+    def renew_lease(self, run_id: str, token: str, seconds: float) -> bool:
+        keys = [Keys.lease(run_id), Keys.active()]
+        return bool(self._renew(keys=keys, args=[token, int(seconds * 1000), time.time(), run_id]))
+
+    def checkpoint(
+        self,
+        record: RunRecord,
+        token: str,
+        seconds: float,
+        *,
+        ttl: int = FINISHED_RUN_TTL,
+        finish: bool = False,
+    ) -> bool:
+        """Save `record` if `token` still holds its lease (renewing it); `finish` also lets go."""
+        keys = [Keys.lease(record.run_id), Keys.run(record.run_id), Keys.active()]
+        args = [
+            token,
+            int(seconds * 1000),
+            record.to_json(),
+            ttl,
+            time.time(),
+            record.run_id,
+            "1" if finish else "0",
+        ]
+        return bool(self._checkpoint(keys=keys, args=args))
+
+    def release_lease(self, run_id: str, token: str) -> None:
+        script = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 0"
+        self.redis.eval(script, 1, Keys.lease(run_id), token)
+
+    def orphans(self, older_than: float) -> list[str]:
+        """Runs marked active whose driver has not been heard from since `older_than` and holds no lease."""
+        stale = [r.decode() for r in self.redis.zrangebyscore(Keys.active(), "-inf", older_than)]
+        found = []
+        for run_id in stale:
+            if not self.redis.exists(Keys.lease(run_id)):
+                found.append(run_id)
+            self.redis.zadd(Keys.active(), {run_id: time.time()}, xx=True)  # don't report it again at once
+        return found
+
+    def forget_active(self, run_id: str) -> None:
+        self.redis.zrem(Keys.active(), run_id)
+
+    def audit_entries(self, count: int = 100) -> list[dict[str, Any]]:
+        """The newest `count` audit entries, oldest first."""
+        rows = self.redis.xrevrange(Keys.audit(), count=count)
+        return [json.loads(fields[b"entry"]) for _, fields in reversed(rows)]
