@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -100,14 +101,48 @@ class Process:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def kill_group(self) -> None:
+        """SIGKILL the process and every descendant (a machine dying, as far as it knows).
+
+        RQ's work horse calls setsid(), so a process-group kill would miss it: walk /proc instead.
+        """
+        for pid in [*descendants(self.proc.pid), self.proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(10)
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
-                return self.proc.wait(timeout)
+                self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        return self.proc.wait(5)
+        code = self.proc.wait(5)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # leave no forked child behind
+        return code
+
+
+def descendants(root: int) -> list[int]:
+    """Every live descendant of `root`, deepest first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found: list[int] = []
+
+    def walk(pid: int) -> None:
+        for child in children.get(pid, []):
+            walk(child)
+            found.append(child)
+
+    walk(root)
+    return found
 
 
 @dataclass
@@ -120,6 +155,7 @@ class Stack:
     workdir: Path
     config: str = ""
     port: int = field(default_factory=free_port)
+    extra_env: dict[str, str] = field(default_factory=dict)
     processes: list[Process] = field(default_factory=list)
     workspace: Path = field(init=False)
 
@@ -147,6 +183,7 @@ class Stack:
             HARNESS_WORKSPACE=str(self.workspace),
             PORT=str(self.port),
         )
+        env.update(self.extra_env)
         env.update(extra)
         return env
 
@@ -154,7 +191,12 @@ class Stack:
         log = self.workdir / f"{name}-{len(self.processes)}.log"
         handle = log.open("wb")
         proc = subprocess.Popen(
-            [sys.executable, *args], cwd=ROOT, env=self.env(**extra), stdout=handle, stderr=subprocess.STDOUT
+            [sys.executable, *args],
+            cwd=ROOT,
+            env=self.env(**extra),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a test can kill it with its children
         )
         process = Process(name, proc, log)
         self.processes.append(process)

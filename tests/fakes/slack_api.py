@@ -343,6 +343,14 @@ def _bearer_token(headers: Mapping[str, str]) -> str | None:
 # ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Hold:
+    """A frozen API call: `arrived` is set when it comes in, `release` lets it answer."""
+
+    arrived: threading.Event
+    release: threading.Event
+
+
 class FakeSlackAPI:
     """In-memory Slack Web API served over loopback HTTP.
 
@@ -384,6 +392,7 @@ class FakeSlackAPI:
         self._init_state()
 
     def _init_state(self) -> None:
+        self._holds: dict[str, Hold] = {}
         """(Re)initialise all recorded state.  Caller holds the lock (or is __init__)."""
         self._calls: list[Call] = []
         self._messages: dict[str, list[dict[str, Any]]] = {}
@@ -613,6 +622,11 @@ class FakeSlackAPI:
         if not url.path.startswith("/api/"):
             return 404, {}, {"ok": False, "error": "not_found"}
         method = url.path[len("/api/") :].strip("/")
+        with self._cond:
+            hold = self._holds.pop(method, None)
+        if hold is not None:  # a test freezes this call mid-flight (to kill the caller, say)
+            hold.arrived.set()
+            hold.release.wait(60)
         params = _parse_params(url.query, raw, content_type)
         token = _bearer_token(headers)
         param_token = params.pop("token", None)
@@ -663,6 +677,13 @@ class FakeSlackAPI:
                 return 200, {}, {"ok": True}
             finally:
                 self._cond.notify_all()
+
+    def hold_next(self, method: str) -> Hold:
+        """Freeze the next call of `method` until `hold.release` is set; `hold.arrived` tells when."""
+        hold = Hold(threading.Event(), threading.Event())
+        with self._cond:
+            self._holds[method] = hold
+        return hold
 
     def _take_failure(self, method: str) -> _Failure | None:
         """Consume one queued failure for ``method``, if any.  Caller holds the lock."""

@@ -1,0 +1,350 @@
+"""Fault injection: killed workers and bots, a restarted Redis, duplicates, unreadable state.
+
+Each promise is tested by doing the damage for real: SIGKILL of a worker's whole process group
+mid-request, a bot killed mid-delivery, Redis stopped and started again on its AOF file.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from harness.policy import Tier
+from harness.state import Decision, PendingCall, RunState, Verdict, new_run
+from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_use
+from tests.fakes.slack_api import FakeSlackAPI
+from tests.stack import RedisServer, Stack, wait_until
+from workers.store import Keys, RunRecord, RunStatus, Store, new_run_id
+
+pytestmark = pytest.mark.e2e
+FAST_LEASE = {"HARNESS_LEASE_SECONDS": "2"}
+FIGURES: dict[str, int] = {}
+
+
+def count(name: str, n: int = 1) -> None:
+    """Tally for the README's figures table (printed at the end of the session)."""
+    FIGURES[name] = FIGURES.get(name, 0) + n
+
+
+@pytest.fixture
+def fakes() -> Iterator[tuple[FakeSlackAPI, FakeMessagesAPI]]:
+    with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
+        yield slack, model
+
+
+@pytest.fixture
+def stack(fakes: tuple[FakeSlackAPI, FakeMessagesAPI], redis_url: str, tmp_path: Path) -> Iterator[Stack]:
+    config = '[approvals]\napprovers = ["UANN", "UBEN"]\n'
+    stack = Stack(redis_url, *fakes, tmp_path, config=config, extra_env=dict(FAST_LEASE))
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def posts(stack: Stack, channel: str, ts: str) -> list[dict[str, Any]]:
+    return [m for m in stack.slack.messages(channel, ts) if m["ts"] != ts]
+
+
+def wait_text(stack: Stack, channel: str, ts: str, needle: str, timeout: float = 60) -> dict[str, Any]:
+    return wait_until(
+        lambda: next((m for m in posts(stack, channel, ts) if needle in m["text"]), None), timeout
+    )
+
+
+def card_of(stack: Stack, channel: str, ts: str) -> dict[str, Any]:
+    return wait_until(
+        lambda: next((m for m in posts(stack, channel, ts) if "approve" in str(m["blocks"])), None)
+    )
+
+
+class Gate:
+    """A model reply that waits until the test opens the gate; `arrived` counts who is waiting."""
+
+    def __init__(self, answer: Reply) -> None:
+        self.answer = answer
+        self.open = threading.Event()
+        self.arrived = threading.Semaphore(0)
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        self.arrived.release()
+        self.open.wait(60)
+        return self.answer
+
+
+# --- workers dying -----------------------------------------------------------------------------------
+
+
+def test_a_worker_killed_during_a_model_request_loses_no_run(stack: Stack) -> None:
+    gate = Gate(reply(text("late answer that nobody reads")))
+    stack.model.responder = gate
+    stack.start_bot()
+    doomed = stack.start_worker()
+    _, ts, _ = stack.mention("killme: say something", channel="C1", user="UANN")
+    assert gate.arrived.acquire(timeout=30)
+
+    doomed.kill_group()  # the worker and its work horse, mid-request
+    count("workers SIGKILLed mid-run")
+    stack.model.responder = None
+    stack.model.script(reply(text("recovered answer")))
+    gate.open.set()
+    started = time.monotonic()
+    stack.start_worker()
+    answer = wait_text(stack, "C1", ts, "recovered answer", timeout=120)
+    assert time.monotonic() - started < 120
+    assert "That took 0 turns of tool calls across 1 model requests." in answer["text"]
+    assert [m["text"] for m in posts(stack, "C1", ts)].count(answer["text"]) == 1
+
+
+def test_a_worker_killed_while_posting_to_slack_loses_no_run(stack: Stack) -> None:
+    stack.model.script(reply(tool_use("read_file", {"path": "README.md"})), reply(text("after the crash")))
+    held = stack.slack.hold_next("chat.postMessage")  # the turn summary
+    stack.start_bot()
+    doomed = stack.start_worker()
+    _, ts, _ = stack.mention("postkill: read it", channel="C2", user="UANN")
+    assert held.arrived.wait(30)
+    doomed.kill_group()
+    count("workers SIGKILLed mid-run")
+    held.release.set()
+    stack.start_worker()
+    wait_text(stack, "C2", ts, "after the crash", timeout=120)
+    assert len(stack.model.requests) == 2  # the finished turn was checkpointed: not asked again
+
+
+def test_a_side_effecting_call_whose_worker_died_is_never_run_again(stack: Stack) -> None:
+    """The state a driver leaves when it dies after marking a call started, before its result."""
+    conn = redis.Redis.from_url(stack.redis_url)
+    store = Store(conn)
+    task = new_run("crashed: write the file")
+    call = PendingCall(
+        "toolu_crash",
+        "write_file",
+        {"path": "once.txt", "content": "x"},
+        Tier.ASK,
+        decision=Decision(Verdict.APPROVED, by="UANN"),
+        started=True,
+    )
+    assistant = {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": call.id, "name": call.name, "input": call.input}],
+    }
+    state = RunState(messages=(*task.messages, assistant), turns=1, requests=1, pending=(call,))
+    record = RunRecord(
+        new_run_id(),
+        "T1",
+        "C3",
+        "1700000000.000001",
+        "UANN",
+        "write the file",
+        status=RunStatus.RUNNING,
+        state=state.to_json(),
+    )
+    store.save_run(record)
+    store.take_thread(record, 60)
+    conn.zadd(Keys.active(), {record.run_id: time.time() - 60})  # its driver went silent a minute ago
+    stack.model.script(reply(text("I will check the file first.")))
+
+    stack.start_worker()
+    wait_text(stack, "C3", record.thread_ts, "I will check the file first.", timeout=60)
+    assert not (stack.workspace / "once.txt").exists()
+    result = stack.model.requests[-1]["messages"][-1]["content"][0]
+    assert result["tool_use_id"] == "toolu_crash" and result["is_error"] is True
+    assert "NOT run again" in result["content"]
+    count("side-effecting calls not re-run after a crash")
+
+
+# --- the bot dying, Redis restarting -------------------------------------------------------------------
+
+
+def test_a_bot_killed_mid_delivery_and_slacks_retry_make_exactly_one_run(stack: Stack) -> None:
+    stack.model.script(reply(text("one and only")), reply(text("SECOND RUN")))
+    bot = stack.start_bot()
+    stack.start_worker()
+    ts = stack.slack.add_message("C4", "<@UBOT> botkill: hi", user="UANN")
+    results: list[object] = []
+
+    def deliver() -> None:
+        try:
+            results.append(
+                stack.mention("botkill: hi", channel="C4", user="UANN", ts=ts, event_id="EvKill")[0]
+            )
+        except OSError as exc:  # the bot died with the request open: Slack sees no answer
+            results.append(exc)
+
+    sender = threading.Thread(target=deliver)
+    sender.start()
+    bot.kill_group()
+    sender.join(15)
+    count("bots SIGKILLed mid-delivery")
+    stack.start_bot()
+    status, _, _ = stack.mention(
+        "botkill: hi", channel="C4", user="UANN", ts=ts, event_id="EvKill"
+    )  # Slack retries
+    assert status == 200
+    wait_text(stack, "C4", ts, "one and only")
+    assert not stack.model.wait_for_requests(2, timeout=3)
+    assert not any("SECOND RUN" in m["text"] for m in posts(stack, "C4", ts))
+
+
+def test_a_redis_restart_keeps_parked_runs_clickable(
+    fakes: tuple[FakeSlackAPI, FakeMessagesAPI], tmp_path: Path
+) -> None:
+    server = RedisServer(appendonly=True).start()
+    stack = Stack(
+        server.url, *fakes, tmp_path, config='[approvals]\napprovers = ["UANN"]\n', extra_env=dict(FAST_LEASE)
+    )
+    try:
+        stack.model.script(
+            reply(tool_use("write_file", {"path": "kept.txt", "content": "k"})), reply(text("kept done"))
+        )
+        stack.start_bot()
+        stack.start_worker()
+        _, ts, _ = stack.mention("aof: write kept.txt", channel="C5", user="UANN")
+        card = card_of(stack, "C5", ts)
+        time.sleep(1.2)  # appendfsync everysec: the documented loss window is one second
+        server.stop()
+        wait_until(lambda: stack.healthz() == 503)
+        server.start()
+        count("Redis restarts survived")
+        wait_until(lambda: stack.healthz() == 200, timeout=30)
+        assert stack.click(card, "approve", user="UANN") == 200
+        wait_text(stack, "C5", ts, "kept done", timeout=60)
+        assert (stack.workspace / "kept.txt").read_text() == "k"
+    finally:
+        stack.stop()
+        server.cleanup()
+
+
+# --- duplicates --------------------------------------------------------------------------------------
+
+
+def test_the_same_event_five_times_at_once_is_one_run(stack: Stack) -> None:
+    stack.model.script(reply(text("just once")), reply(text("TWICE")))
+    stack.start_bot()
+    stack.start_worker()
+    ts = stack.slack.add_message("C6", "<@UBOT> dup5: hi", user="UANN")
+    statuses: list[int] = []
+    threads = [
+        threading.Thread(
+            target=lambda: statuses.append(
+                stack.mention("dup5: hi", channel="C6", user="UANN", ts=ts, event_id="EvDup5")[0]
+            )
+        )
+        for _ in range(5)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert statuses == [200] * 5
+    count("duplicate deliveries absorbed", 4)
+    wait_text(stack, "C6", ts, "just once")
+    assert not stack.model.wait_for_requests(2, timeout=2)
+
+
+def test_ten_concurrent_clicks_by_two_approvers_are_one_decision_and_one_execution(stack: Stack) -> None:
+    stack.model.script(
+        reply(tool_use("write_file", {"path": "ten.txt", "content": "t"})), reply(text("ten done"))
+    )
+    stack.start_bot()
+    stack.start_worker()
+    _, ts, _ = stack.mention("tenclicks: write", channel="C7", user="UANN")
+    card = card_of(stack, "C7", ts)
+    barrier = threading.Barrier(10)
+
+    def click(i: int) -> None:
+        barrier.wait()
+        stack.click(card, "approve" if i % 2 else "decline", user="UANN" if i < 5 else "UBEN")
+
+    threads = [threading.Thread(target=click, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    count("duplicate clicks absorbed", 9)
+    wait_text(stack, "C7", ts, "ten done")
+    entries = Store(redis.Redis.from_url(stack.redis_url)).audit_entries()
+    assert (
+        len([e for e in entries if e["call_id"] == card["blocks"][-1]["elements"][0]["value"].split(":")[1]])
+        == 1
+    )
+    assert len(stack.model.requests) == 2
+
+
+def test_the_same_resume_job_enqueued_twice_runs_once(stack: Stack) -> None:
+    stack.model.script(
+        reply(tool_use("write_file", {"path": "r.txt", "content": "r"})),
+        reply(text("resumed once")),
+        reply(text("TWICE")),
+    )
+    stack.start_bot()
+    stack.start_worker()
+    _, ts, _ = stack.mention("resume2: write", channel="C8", user="UANN")
+    card = card_of(stack, "C8", ts)
+    store = Store(redis.Redis.from_url(stack.redis_url))
+    run_id, call_id = card["blocks"][-1]["elements"][0]["value"].split(":")
+    store.decide(run_id, call_id, Decision(Verdict.APPROVED, by="UANN"))
+    from workers.services import Services
+
+    svc = Services.from_env(store.redis, stack.env())
+    from workers import jobs
+
+    jobs.enqueue(svc, "workers.jobs.apply_decisions", run_id)
+    jobs.enqueue(svc, "workers.jobs.apply_decisions", run_id)
+    count("duplicate resume jobs absorbed")
+    wait_text(stack, "C8", ts, "resumed once")
+    assert not stack.model.wait_for_requests(3, timeout=2)
+
+
+# --- failing closed, failing Slack --------------------------------------------------------------------
+
+
+def test_an_unreadable_parked_state_never_executes_anything(stack: Stack) -> None:
+    stack.model.script(
+        reply(tool_use("write_file", {"path": "never.txt", "content": "n"})), reply(text("SHOULD NOT"))
+    )
+    stack.start_bot()
+    stack.start_worker()
+    _, ts, _ = stack.mention("oldformat: write", channel="C9", user="UANN")
+    card = card_of(stack, "C9", ts)
+    conn = redis.Redis.from_url(stack.redis_url)
+    run_id = card["blocks"][-1]["elements"][0]["value"].split(":")[0]
+    raw = json.loads(conn.get(Keys.run(run_id)))
+    raw["state"]["version"] = 0  # written by an older harness
+    conn.set(Keys.run(run_id), json.dumps(raw))
+    assert stack.click(card, "approve", user="UANN") == 200
+    wait_until(lambda: any("cannot be read safely" in e["text"] for e in stack.slack.ephemerals))
+    assert not stack.model.wait_for_requests(2, timeout=2)
+    assert not (stack.workspace / "never.txt").exists()
+    count("unreadable states refused")
+
+
+def test_a_post_that_still_fails_does_not_kill_the_run(stack: Stack) -> None:
+    stack.model.script(reply(tool_use("get_time", {})), reply(text("finished anyway")))
+    stack.slack.fail_next("chat.postMessage", error="channel_not_found")
+    stack.start_bot()
+    stack.start_worker()
+    _, ts, _ = stack.mention("postfail: time", channel="C10", user="UANN")
+    wait_text(stack, "C10", ts, "finished anyway")
+    count("Slack failures survived")
+
+
+def test_runs_in_different_threads_go_in_parallel_on_two_workers(stack: Stack) -> None:
+    gate = Gate(reply(text("parallel done")))
+    stack.model.responder = gate
+    stack.start_bot()
+    stack.start_worker()
+    stack.start_worker()
+    _, a, _ = stack.mention("para: one", channel="C11", user="UANN")
+    _, b, _ = stack.mention("para: two", channel="C12", user="UANN")
+    assert gate.arrived.acquire(timeout=30) and gate.arrived.acquire(timeout=30)  # both in flight at once
+    gate.open.set()
+    wait_text(stack, "C11", a, "parallel done")
+    wait_text(stack, "C12", b, "parallel done")
