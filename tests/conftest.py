@@ -94,3 +94,15 @@ def redis_url(redis_server: Any) -> str:
 
     redis.Redis.from_url(redis_server.url).flushdb()
     return str(redis_server.url)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The fault-injection tallies behind the README's figures table."""
+    import sys
+
+    faults = sys.modules.get("tests.test_faults")
+    figures = getattr(faults, "FIGURES", None)
+    if figures:
+        terminalreporter.section("faults injected and survived")
+        for name, n in sorted(figures.items()):
+            terminalreporter.write_line(f"{n:>6}  {name}")
