@@ -366,3 +366,49 @@ def test_two_mentions_in_one_thread_at_once_never_interleave(stack: Stack) -> No
     wait_text(stack, "C13", root, "second finished")
     second = stack.model.requests[-1]["messages"]
     assert "first finished" in str(second) and "second, same thread" in str(second[-1])
+
+
+def test_tokens_and_keys_never_reach_logs_or_slack(stack: Stack) -> None:
+    stack.model.script(
+        reply(tool_use("write_file", {"path": "s.txt", "content": "s"})), reply(text("secret-free"))
+    )
+    bot = stack.start_bot()
+    worker = stack.start_worker()
+    _, ts, _ = stack.mention("scrub: write", channel="C14", user="UANN")
+    stack.click(card_of(stack, "C14", ts), "approve", user="UANN")
+    wait_text(stack, "C14", ts, "secret-free")
+    stack.stop()
+    secrets = ("xoxb-test", "test-signing-secret", "sk-test")
+    for process in (bot, worker):
+        log = process.output()
+        assert log.strip(), f"{process.name} logged nothing: the test would prove nothing"
+        for secret in secrets:
+            assert secret not in log, f"{secret} appears in the {process.name} log"
+    posted = json.dumps([stack.slack.messages("C14", ts), stack.slack.ephemerals])
+    assert not any(secret in posted for secret in secrets)
+
+
+def test_every_decision_is_in_the_audit_log_and_the_cli_prints_it(stack: Stack) -> None:
+    import subprocess
+    import sys
+
+    from tests.stack import ROOT
+
+    stack.model.script(reply(tool_use("delete_file", {"path": "README.md"})), reply(text("audited")))
+    stack.start_bot()
+    stack.start_worker()
+    _, ts, _ = stack.mention("audit: delete", channel="C15", user="UANN")
+    stack.click(card_of(stack, "C15", ts), "decline", user="UBEN")
+    wait_text(stack, "C15", ts, "audited")
+    done = subprocess.run(
+        [sys.executable, "-m", "workers", "audit"],
+        env=stack.env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stdout.splitlines() if "delete_file" in line)
+    assert "declined" in line and "by UBEN" in line and '{"path":"README.md"}' in line
+    assert "channel=C15" in line and "asked_by=UANN" in line
