@@ -412,3 +412,50 @@ def test_every_decision_is_in_the_audit_log_and_the_cli_prints_it(stack: Stack) 
     line = next(line for line in done.stdout.splitlines() if "delete_file" in line)
     assert "declined" in line and "by UBEN" in line and '{"path":"README.md"}' in line
     assert "channel=C15" in line and "asked_by=UANN" in line
+
+
+def test_a_click_replayed_into_another_channel_or_naming_no_run_changes_nothing(stack: Stack) -> None:
+    stack.model.script(reply(tool_use("write_file", {"path": "x.txt", "content": "x"})), reply(text("moved")))
+    stack.start_bot()
+    stack.start_worker()
+    _, ts, _ = stack.mention("elsewhere: write", channel="C16", user="UANN")
+    card = card_of(stack, "C16", ts)
+    assert stack.click({**card, "channel": "C99"}, "approve", user="UANN") == 200
+    wait_until(lambda: any("does not belong to this channel" in e["text"] for e in stack.slack.ephemerals))
+    forged = json.loads(json.dumps(card))
+    for block in forged["blocks"]:
+        for element in block.get("elements", []):
+            if "value" in element:
+                element["value"] = "0" * 32 + ":toolu_nothing"
+    assert stack.click(forged, "approve", user="UANN") == 200
+    wait_until(lambda: any("no longer open" in e["text"] for e in stack.slack.ephemerals))
+    assert not stack.model.wait_for_requests(2, timeout=1)
+    assert not (stack.workspace / "x.txt").exists()
+    count("forged clicks refused", 2)
+
+
+def test_a_huge_body_is_refused_before_it_is_read(stack: Stack) -> None:
+    stack.start_bot()
+    status, _ = stack.post("x" * 2_000_001, "application/json")
+    assert status == 413
+    assert stack.healthz() == 200
+
+
+def test_decisions_that_do_not_match_the_parked_calls_run_nothing_and_say_so(stack: Stack) -> None:
+    stack.model.script(
+        reply(tool_use("write_file", {"path": "m.txt", "content": "m"})), reply(text("SHOULD NOT"))
+    )
+    stack.start_bot()
+    stack.start_worker()
+    _, ts, _ = stack.mention("mismatch: write", channel="C17", user="UANN")
+    card = card_of(stack, "C17", ts)
+    run_id, call_id = card["blocks"][-1]["elements"][0]["value"].split(":")
+    conn = redis.Redis.from_url(stack.redis_url)
+    conn.hset(
+        Keys.approvals(run_id), "toolu_smuggled", json.dumps(Decision(Verdict.APPROVED, "UANN").to_json())
+    )
+    assert stack.click(card, "approve", user="UANN") == 200
+    wait_text(stack, "C17", ts, "stopped this run without running anything")
+    assert not (stack.workspace / "m.txt").exists()
+    assert len(stack.model.requests) == 1
+    count("ambiguous decision records refused")
