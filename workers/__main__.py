@@ -8,13 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 import time
 from datetime import UTC, datetime
 
 import redis
-from rq import Worker
+from rq import SimpleWorker, Worker
 
 from harness.config import ConfigError
 from workers import jobs
@@ -51,8 +52,12 @@ def work() -> int:
     stop = threading.Event()
     watch_store = Store(redis_connection())  # its own connection: never shared with a fork
     threading.Thread(target=watchdog, args=(watch_store, svc, stop), name="watchdog", daemon=True).start()
+    # fork (default): each job in a fresh work horse, isolated from the others' crashes and leaks.
+    # simple: jobs in this process, no fork per job (faster; one bad job can take the worker down).
+    kind = os.environ.get("HARNESS_WORKER_CLASS", "fork")
+    worker_class = SimpleWorker if kind == "simple" else Worker
     try:
-        Worker([QUEUE_NAME], connection=svc.store.redis).work(with_scheduler=True, logging_level="INFO")
+        worker_class([QUEUE_NAME], connection=svc.store.redis).work(with_scheduler=True, logging_level="INFO")
     finally:
         stop.set()
     return 0
