@@ -21,7 +21,7 @@ from harness.state import Decision, PendingCall, RunState, Verdict, new_run
 from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import RedisServer, Stack, wait_until
-from workers.store import Keys, RunRecord, RunStatus, Store, new_run_id
+from workers.store import Keys, RunRecord, RunStatus, Store, new_run_id, pack, unpack
 
 pytestmark = pytest.mark.e2e
 FAST_LEASE = {"HARNESS_LEASE_SECONDS": "2"}
@@ -315,9 +315,9 @@ def test_an_unreadable_parked_state_never_executes_anything(stack: Stack) -> Non
     card = card_of(stack, "C9", ts)
     conn = redis.Redis.from_url(stack.redis_url)
     run_id = card["blocks"][-1]["elements"][0]["value"].split(":")[0]
-    raw = json.loads(conn.get(Keys.run(run_id)))
+    raw = json.loads(unpack(conn.get(Keys.run(run_id))))
     raw["state"]["version"] = 0  # written by an older harness
-    conn.set(Keys.run(run_id), json.dumps(raw))
+    conn.set(Keys.run(run_id), pack(json.dumps(raw)))
     assert stack.click(card, "approve", user="UANN") == 200
     wait_until(lambda: any("cannot be read safely" in e["text"] for e in stack.slack.ephemerals))
     assert not stack.model.wait_for_requests(2, timeout=2)

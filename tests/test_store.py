@@ -150,3 +150,22 @@ def test_an_unreadable_record_is_refused(store: Store, conn: redis.Redis) -> Non
     conn.set(Keys.run(run_id), '{"version": 99}')
     with pytest.raises(StateError):
         store.load_run(run_id)
+
+
+def test_big_records_are_stored_compressed_and_read_back(store: Store, conn: redis.Redis) -> None:
+    run = record(task="x" * 5000)
+    store.save_run(run)
+    stored = conn.get(Keys.run(run.run_id))
+    assert stored.startswith(b"z1:") and len(stored) < 1000
+    assert store.load_run(run.run_id) == run
+    small = record()
+    store.save_run(small)
+    assert conn.get(Keys.run(small.run_id)).startswith(b"{")
+    assert store.load_run(small.run_id) == small
+
+
+def test_a_corrupt_compressed_record_is_refused(store: Store, conn: redis.Redis) -> None:
+    run_id = new_run_id()
+    conn.set(Keys.run(run_id), b"z1:not zlib at all")
+    with pytest.raises(StateError):
+        store.load_run(run_id)

@@ -11,6 +11,7 @@ import json
 import re
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
@@ -47,6 +48,27 @@ def check_id(kind: str, value: Any) -> str:
     if not isinstance(value, str) or not _ID[kind].match(value):
         raise BadId(f"not a valid {kind} id: {value!r}"[:200])
     return value
+
+
+_PACKED = b"z1:"  # zlib, level 1: conversations shrink 3-10x (tests/bench/bench_state.py)
+_PACK_ABOVE = 1024
+
+
+def pack(text: str) -> bytes:
+    """What a record is stored as: JSON, zlib-compressed (and tagged) when that pays."""
+    raw = text.encode()
+    return _PACKED + zlib.compress(raw, 1) if len(raw) > _PACK_ABOVE else raw
+
+
+def unpack(stored: bytes | str) -> str:
+    """The JSON text of a stored record, compressed or not; garbage raises `StateError`."""
+    data = stored.encode() if isinstance(stored, str) else stored
+    try:
+        if data.startswith(_PACKED):
+            data = zlib.decompress(data[len(_PACKED) :])
+        return data.decode()
+    except (zlib.error, UnicodeDecodeError) as exc:
+        raise StateError(f"stored record cannot be decoded ({exc}); refusing to use it") from None
 
 
 def new_run_id() -> str:
@@ -298,12 +320,12 @@ class Store:
 
     def load_run(self, run_id: str) -> RunRecord | None:
         raw = self.redis.get(Keys.run(run_id))
-        return None if raw is None else RunRecord.from_json(raw)
+        return None if raw is None else RunRecord.from_json(unpack(raw))
 
     def save_run(
         self, record: RunRecord, *, ttl: int = FINISHED_RUN_TTL, pipeline: Pipeline | None = None
     ) -> None:
-        (pipeline or self.redis).set(Keys.run(record.run_id), record.to_json(), ex=ttl)
+        (pipeline or self.redis).set(Keys.run(record.run_id), pack(record.to_json()), ex=ttl)
 
     def open_approvals(self, run_id: str, call_ids: list[str], ttl: int) -> None:
         """A fresh approvals hash: one empty field per call awaiting a decision."""
@@ -380,8 +402,11 @@ class Store:
         raw = self.redis.get(Keys.thread(team, channel, thread_ts))
         if raw is None:
             return ()
-        data = json.loads(raw)
-        if data.get("version") != RECORD_VERSION:
+        try:
+            data = json.loads(unpack(raw))
+        except ValueError as exc:
+            raise StateError(f"stored thread is unreadable ({exc}); refusing to use it") from None
+        if not isinstance(data, dict) or data.get("version") != RECORD_VERSION:
             raise StateError("stored thread has an unknown format version; refusing to use it")
         return tuple(data["messages"])
 
@@ -389,7 +414,7 @@ class Store:
         self, team: str, channel: str, thread_ts: str, messages: tuple[dict[str, Any], ...]
     ) -> None:
         payload = json.dumps({"version": RECORD_VERSION, "messages": list(messages)}, ensure_ascii=False)
-        self.redis.set(Keys.thread(team, channel, thread_ts), payload, ex=THREAD_TTL)
+        self.redis.set(Keys.thread(team, channel, thread_ts), pack(payload), ex=THREAD_TTL)
 
     def take_thread(self, record: RunRecord, ttl: int) -> bool:
         """Make `record` the active run of its thread, or queue it behind the one that is; atomic."""
@@ -433,7 +458,7 @@ class Store:
         args = [
             token,
             int(seconds * 1000),
-            record.to_json(),
+            pack(record.to_json()),
             ttl,
             time.time(),
             record.run_id,

@@ -44,4 +44,5 @@ def machine() -> str:
     """One line naming the machine the figures come from."""
     import os
 
-    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
+    cores = os.cpu_count()
+    return f"{platform.machine()}, {cores} cores, Python {platform.python_version()}, {platform.system()}"
