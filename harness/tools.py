@@ -8,11 +8,12 @@ out of `ToolRegistry.run`: they come back as an `is_error` result for the model 
 
 from __future__ import annotations
 
-import concurrent.futures
 import inspect
 import os
+import queue
 import stat
 import tempfile
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -101,6 +102,9 @@ class ToolRegistry:
     def __init__(self, tools: Iterable[Tool], timeout_seconds: float = 30.0) -> None:
         self._tools = {t.name: t for t in tools}
         self._timeout = timeout_seconds
+        # Built once: rebuilding JSON schemas on every request was most of the loop's own cost.
+        self._schemas = [t.schema() for t in self._tools.values()]
+        self._lanes = threading.local()
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
@@ -112,7 +116,7 @@ class ToolRegistry:
         return list(self._tools)
 
     def schemas(self) -> list[dict[str, Any]]:
-        return [t.schema() for t in self._tools.values()]
+        return self._schemas
 
     def run(self, name: str, raw_input: Any, ctx: ToolContext) -> ToolResult:
         """Validate `raw_input` against the tool's schema, run it, and cut what it returns."""
@@ -134,14 +138,55 @@ class ToolRegistry:
         return ToolResult(cut(str(output), RESULT_LIMIT_CHARS))
 
     def _call_with_timeout(self, found: Tool, ctx: ToolContext, args: BaseModel) -> str:
-        # A thread cannot be killed; a hung tool is abandoned (daemon) and the model told so.
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=found.name)
-        future = pool.submit(found.fn, ctx, **dict(args))
-        pool.shutdown(wait=False)
+        lane: _Lane | None = getattr(self._lanes, "lane", None)
+        if lane is None or not lane.usable():
+            lane = self._lanes.lane = _Lane()
+        call = _Call(found.fn, (ctx,), dict(args))
+        lane.inbox.put(call)
+        if not call.done.wait(self._timeout):
+            # A thread cannot be killed: the hung call keeps its lane, the next call gets a new one.
+            self._lanes.lane = None
+            raise ToolError(f"{found.name} did not finish within {self._timeout:g} seconds")
+        if call.error is not None:
+            raise call.error
+        return call.value
+
+
+@dataclass
+class _Call:
+    fn: Callable[..., str]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    done: threading.Event = field(default_factory=threading.Event)
+    value: str = ""
+    error: BaseException | None = None
+
+    def run(self) -> None:
         try:
-            return future.result(timeout=self._timeout)
-        except concurrent.futures.TimeoutError:
-            raise ToolError(f"{found.name} did not finish within {self._timeout:g} seconds") from None
+            self.value = self.fn(*self.args, **self.kwargs)
+        except BaseException as exc:  # handed back to the caller's thread
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+class _Lane:
+    """A daemon thread that runs tool calls one at a time, so a call can be given a timeout.
+
+    Cheaper than a thread per call; daemon, so a hung tool never blocks the process's exit.
+    """
+
+    def __init__(self) -> None:
+        self.inbox: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self.pid = os.getpid()
+        threading.Thread(target=self._work, name="tool-lane", daemon=True).start()
+
+    def usable(self) -> bool:
+        return self.pid == os.getpid()  # a forked child has the object but not the thread
+
+    def _work(self) -> None:
+        while True:
+            self.inbox.get().run()
 
 
 def cut(text: str, limit: int) -> str:
