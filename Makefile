@@ -23,6 +23,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m tests.bench
 
 clean:
