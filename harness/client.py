@@ -54,3 +54,25 @@ def make_client(
         timeout=timeout,
         middleware=[RetryAfterCap(retry_after_cap)],
     )
+
+
+def warm_up() -> None:
+    """Build the SDK's response models now (~25 ms), not inside the first request of every job.
+
+    A worker calls it before forking, so every work horse inherits them ready.
+    """
+    anthropic.types.Message.model_validate(
+        {
+            "id": "msg_warm",
+            "type": "message",
+            "role": "assistant",
+            "model": "warm",
+            "content": [
+                {"type": "text", "text": "warm"},
+                {"type": "tool_use", "id": "toolu_warm", "name": "warm", "input": {}},
+            ],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 1, "output_tokens": 1},
+        }
+    )

@@ -131,7 +131,7 @@ class Agent:
     def from_config(cls, config: Config, **overrides: Any) -> Agent:
         """The agent a config describes: the real SDK client, the built-in tools, policy, limits."""
         fields: dict[str, Any] = {
-            "client": make_client(),
+            "client": overrides.get("client") or make_client(),
             "tools": ToolRegistry(BUILTIN_TOOLS, timeout_seconds=config.limits.tool_timeout_seconds),
             "context": ToolContext(workspace=config.workspace),
             "policy": config.policy,

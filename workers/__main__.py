@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 import redis
 from rq import SimpleWorker, Worker
 
+from harness.client import warm_up
 from harness.config import ConfigError
 from workers import jobs
 from workers.services import QUEUE_NAME, Services, SettingsError, redis_connection
@@ -49,6 +50,7 @@ def work() -> int:
         print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
         return 2
     jobs.use_services(svc)  # forked work horses inherit it: no per-job setup
+    warm_up()
     stop = threading.Event()
     watch_store = Store(redis_connection())  # its own connection: never shared with a fork
     threading.Thread(target=watchdog, args=(watch_store, svc, stop), name="watchdog", daemon=True).start()

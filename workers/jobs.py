@@ -241,7 +241,7 @@ class Driver:
 
     def advance(self, state: RunState) -> None:
         """Step the run until it leaves the loop: checkpoint, then post, after every step."""
-        agent = Agent.from_config(self.svc.config, before_tool=self._write_ahead)
+        agent = Agent.from_config(self.svc.config, client=self.svc.model, before_tool=self._write_ahead)
         self.save(status=RunStatus.RUNNING, state=state.to_json(), expires_at=None)
         while True:
             result = step(state, agent)

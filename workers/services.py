@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import anthropic
 import redis
 import rq
 from slack_sdk import WebClient
@@ -19,6 +20,7 @@ from slack_sdk.http_retry.builtin_handlers import (
     ServerErrorRetryHandler,
 )
 
+from harness.client import make_client
 from harness.config import Config, load_config
 from workers.store import Store
 
@@ -73,6 +75,8 @@ class Services:
     queue: rq.Queue
     slack: WebClient
     config: Config
+    # Built once per process: a new client costs 25-120 ms (an SSL context and the CA bundle).
+    model: anthropic.Anthropic
 
     @classmethod
     def from_env(
@@ -84,6 +88,7 @@ class Services:
             queue=rq.Queue(QUEUE_NAME, connection=connection),
             slack=slack_client(env),
             config=load_config(env=env),
+            model=make_client(),
         )
 
     def post(self, channel: str, thread_ts: str, text: str, blocks: list[dict[str, Any]]) -> str | None:

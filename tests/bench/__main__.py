@@ -17,7 +17,9 @@ from tests.bench.common import machine
 
 def main(argv: list[str]) -> int:
     names = argv or sorted(
-        m.name.removeprefix("bench_") for m in pkgutil.iter_modules(tests.bench.__path__) if m.name.startswith("bench_")
+        m.name.removeprefix("bench_")
+        for m in pkgutil.iter_modules(tests.bench.__path__)
+        if m.name.startswith("bench_")
     )
     print(f"# Benchmarks\n\nMachine: {machine()}\n", flush=True)
     for name in names:
