@@ -53,7 +53,8 @@ def main() -> int:
         connection.ping()
     except redis.RedisError as exc:
         logging.getLogger(__name__).warning("Redis does not answer yet (%s); /healthz says so", exc)
-    serve(wsgi_app(app, connection), int(env.get("PORT") or 3000))
+    workers = int(env.get("WEB_CONCURRENCY") or 2 * (os.cpu_count() or 1))
+    serve(wsgi_app(app, connection), int(env.get("PORT") or 3000), workers=workers, threads=4)
     return 0
 
 
