@@ -167,7 +167,8 @@ def measure_stack(stack: Stack, workdir: Path, server: RedisServer) -> str:
         [
             "## Ack latency of `POST /slack/events`",
             "",
-            f"`{COMMAND}` — one `python -m bot` (gunicorn, 2 worker processes × 8 gthreads). Signed "
+            f"`{COMMAND}` — one `python -m bot` (gunicorn: `WEB_CONCURRENCY` "
+            "worker processes, default 2 × cores, × 4 threads). Signed "
             "`app_mention` callbacks, each with its own event_id, channel and thread, sent by "
             "`python -m tests.bench.load` (a second process) over keep-alive connections, after "
             f"{WARMUP} warm-up events. The headline is {EVENTS:,} events over {CONCURRENCY} connections, "
@@ -180,7 +181,7 @@ def measure_stack(stack: Stack, workdir: Path, server: RedisServer) -> str:
             table(["load", "events", "p50 ms", "p90 ms", "p99 ms", "max ms", "events/s", "non-200"], rows),
             "",
             f"During the {EVENTS:,}: web-process CPU {cpu_web:.1f} s = {cpu_ms:.1f} ms per event (master + "
-            f"both gunicorn workers, including the lazy :eyes: `reactions.add` each event triggers after its "
+            f"the gunicorn workers, including the lazy :eyes: `reactions.add` each event triggers after its "
             f"answer); Redis {cpu_redis:.1f} s; the load generator {result['cpu']:.1f} s; this process "
             f"(the Slack stand-in answering those `reactions.add`) {cpu_here:.1f} s; over "
             f"{result['elapsed']:.1f} s of wall time on 2 cores. Keep-alive connections per gunicorn worker "

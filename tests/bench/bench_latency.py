@@ -326,15 +326,14 @@ def costs(fixed: dict[str, float]) -> str:
     cold, warm = fixed["cold_client"] * 1000, fixed["warm_client"] * 1000
     first, later = fixed["first"] * 1000, fixed["second"] * 1000
     return (
-        f"The fork itself is cheap ({fixed['fork'] * 1000:.1f} ms). What a job pays is the work a fresh "
-        f"process redoes: `Agent.from_config` builds a new Anthropic client for every job, and "
-        f"`make_client()` costs {warm:.0f} ms even warm ({cold:.0f} ms the first time in a fresh "
-        "interpreter; a work horse, whose parent imported the SDK but never built a client, pays in "
-        "between) — nearly all of it httpx "
-        "creating an SSL context and loading the CA bundle, though the stand-in is plain HTTP. A "
-        f"client's first `messages.create` takes {first:.0f} ms against {later:.0f} ms later, mostly "
-        "pydantic building the response models' schemas once per process: a work horse pays it on "
-        "every job (the 'model answer → post' leg), `simple` only on its first."
+        f"The fork itself is cheap ({fixed['fork'] * 1000:.1f} ms). The two costs a fresh process "
+        f"would redo are paid once per worker instead: building an Anthropic client costs "
+        f"{warm:.0f} ms even warm ({cold:.0f} ms the first time in an interpreter; nearly all of it "
+        "httpx creating an SSL context and loading the CA bundle), so `python -m workers` builds one "
+        "before forking and every job reuses it; and a client's first `messages.create` takes "
+        f"{first:.0f} ms against {later:.0f} ms later (pydantic building the response models), so the "
+        "worker builds those models before forking too. What `fork` still pays per job is the work "
+        "horse's own start-up and its first connections to Redis, Slack and the model."
     )
 
 

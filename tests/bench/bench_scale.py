@@ -138,7 +138,8 @@ def measure() -> str:
         [
             "## Throughput with N workers",
             "",
-            f"`{COMMAND}` — one `python -m bot` (gunicorn 2×8), one private redis-server, and N "
+            f"`{COMMAND}` — one `python -m bot` (gunicorn, default 2 × cores "
+            "workers × 4 threads), one private redis-server, and N "
             f"`python -m workers` of each class. {RUNS} signed mentions, each in its own channel, are "
             "sent over 8 connections at once; each is a 2-turn run (a `get_time` call, then the final "
             "text), the model stand-in answering at once. Time from the first send to the last final "
