@@ -65,6 +65,17 @@ def card_of(stack: Stack, channel: str, ts: str) -> dict[str, Any]:
     )
 
 
+def park_on_write(
+    stack: Stack, task: str, path: str, *, then: str, channel: str
+) -> tuple[str, dict[str, Any]]:
+    """Start the stack and a run that parks on writing `path` (answering `then` after); its card."""
+    stack.model.script(reply(tool_use("write_file", {"path": path, "content": path[0]})), reply(text(then)))
+    stack.start_bot()
+    stack.start_worker()
+    _, ts, _ = stack.mention(task, channel=channel, user="UANN")
+    return ts, card_of(stack, channel, ts)
+
+
 class Gate:
     """A model reply that waits until the test opens the gate; `arrived` counts who is waiting."""
 
@@ -249,13 +260,7 @@ def test_the_same_event_five_times_at_once_is_one_run(stack: Stack) -> None:
 
 
 def test_ten_concurrent_clicks_by_two_approvers_are_one_decision_and_one_execution(stack: Stack) -> None:
-    stack.model.script(
-        reply(tool_use("write_file", {"path": "ten.txt", "content": "t"})), reply(text("ten done"))
-    )
-    stack.start_bot()
-    stack.start_worker()
-    _, ts, _ = stack.mention("tenclicks: write", channel="C7", user="UANN")
-    card = card_of(stack, "C7", ts)
+    ts, card = park_on_write(stack, "tenclicks: write", "ten.txt", then="ten done", channel="C7")
     barrier = threading.Barrier(10)
 
     def click(i: int) -> None:
@@ -306,13 +311,7 @@ def test_the_same_resume_job_enqueued_twice_runs_once(stack: Stack) -> None:
 
 
 def test_an_unreadable_parked_state_never_executes_anything(stack: Stack) -> None:
-    stack.model.script(
-        reply(tool_use("write_file", {"path": "never.txt", "content": "n"})), reply(text("SHOULD NOT"))
-    )
-    stack.start_bot()
-    stack.start_worker()
-    _, ts, _ = stack.mention("oldformat: write", channel="C9", user="UANN")
-    card = card_of(stack, "C9", ts)
+    ts, card = park_on_write(stack, "oldformat: write", "never.txt", then="SHOULD NOT", channel="C9")
     conn = redis.Redis.from_url(stack.redis_url)
     run_id = card["blocks"][-1]["elements"][0]["value"].split(":")[0]
     raw = json.loads(unpack(conn.get(Keys.run(run_id))))
@@ -415,11 +414,7 @@ def test_every_decision_is_in_the_audit_log_and_the_cli_prints_it(stack: Stack) 
 
 
 def test_a_click_replayed_into_another_channel_or_naming_no_run_changes_nothing(stack: Stack) -> None:
-    stack.model.script(reply(tool_use("write_file", {"path": "x.txt", "content": "x"})), reply(text("moved")))
-    stack.start_bot()
-    stack.start_worker()
-    _, ts, _ = stack.mention("elsewhere: write", channel="C16", user="UANN")
-    card = card_of(stack, "C16", ts)
+    ts, card = park_on_write(stack, "elsewhere: write", "x.txt", then="moved", channel="C16")
     assert stack.click({**card, "channel": "C99"}, "approve", user="UANN") == 200
     wait_until(lambda: any("does not belong to this channel" in e["text"] for e in stack.slack.ephemerals))
     forged = json.loads(json.dumps(card))
@@ -442,13 +437,7 @@ def test_a_huge_body_is_refused_before_it_is_read(stack: Stack) -> None:
 
 
 def test_decisions_that_do_not_match_the_parked_calls_run_nothing_and_say_so(stack: Stack) -> None:
-    stack.model.script(
-        reply(tool_use("write_file", {"path": "m.txt", "content": "m"})), reply(text("SHOULD NOT"))
-    )
-    stack.start_bot()
-    stack.start_worker()
-    _, ts, _ = stack.mention("mismatch: write", channel="C17", user="UANN")
-    card = card_of(stack, "C17", ts)
+    ts, card = park_on_write(stack, "mismatch: write", "m.txt", then="SHOULD NOT", channel="C17")
     run_id, call_id = card["blocks"][-1]["elements"][0]["value"].split(":")
     conn = redis.Redis.from_url(stack.redis_url)
     conn.hset(
