@@ -323,3 +323,35 @@ def test_redis_url_wins_then_an_answering_redis_then_a_private_one(tmp_path: Pat
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.e2e
+def test_make_run_brings_up_a_working_bot_with_a_private_redis(tmp_path: Path) -> None:
+    """The README's run command for real: dev runner, private Redis, web and worker, a full run."""
+    from tests.fakes.messages_api import FakeMessagesAPI, reply, text
+    from tests.fakes.slack_api import FakeSlackAPI
+    from tests.stack import Stack, free_port, wait_until
+
+    with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
+        stack = Stack("redis://unused", slack, model, tmp_path)
+        env = stack.env(HARNESS_DEV_REDIS_PROBE=f"127.0.0.1:{free_port()}", HARNESS_DEV_STOP_TIMEOUT="5")
+        del env["REDIS_URL"]
+        model.script(reply(text("hello from make run")))
+        dev = subprocess.Popen(
+            [sys.executable, "-m", "workers.dev", "--data-dir", str(tmp_path / "redis-data")],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            wait_until(lambda: stack.healthz() == 200 or dev.poll() is not None, timeout=60)
+            assert dev.poll() is None
+            _, ts, _ = stack.mention("say hello", channel="C1")
+            wait_until(lambda: any("hello from make run" in m["text"] for m in slack.messages("C1", ts)), 60)
+        finally:
+            dev.send_signal(signal.SIGINT)
+            out, _ = dev.communicate(timeout=30)
+        assert dev.returncode == 0, out.decode(errors="replace")[-2000:]
+        assert (tmp_path / "redis-data").is_dir()
