@@ -388,3 +388,11 @@ def test_a_valve_stop_is_posted_in_plain_words(stack: Stack) -> None:
     _, ts, _ = stack.mention("spinning: read it forever", channel=channel)
     stop = wait_post(stack, channel, ts, lambda m: "no-progress valve" in m["text"])
     assert footer(1, 2) in stop["text"]
+
+
+def test_slacks_url_verification_is_answered_with_the_challenge(stack: Stack) -> None:
+    import json
+
+    body = json.dumps({"token": "t", "challenge": "abc123challenge", "type": "url_verification"})
+    status, answer = stack.post(body, "application/json")
+    assert status == 200 and "abc123challenge" in answer
