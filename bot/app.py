@@ -2,15 +2,19 @@
 
 Listeners run before Slack gets its answer (`process_before_response=True`), so the job is in
 Redis before the 200 and a Redis failure answers 500 (Slack retries). That is why each one does
-Redis work only; Slack Web API calls happen in jobs, or in lazy listeners that run after the
+Redis work only; Slack Web API calls happen in jobs, or in a background thread after the
 answer (ephemeral replies). The one exception is `views.open`, whose trigger_id lives 3 s.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
+import os
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import rq
@@ -29,7 +33,31 @@ log = logging.getLogger(__name__)
 START_RUN = "workers.jobs.start_run"
 APPLY_DECISIONS = "workers.jobs.apply_decisions"
 RETRY_RUN = "workers.jobs.retry_run"
-REPLY = "ephemeral_reply"  # context key: what the lazy listener tells the clicker
+REPLY = "ephemeral_reply"  # context key: what the background reply tells the clicker
+
+
+class Background:
+    """A small thread pool for Slack calls made after the answer; safe across gunicorn's fork."""
+
+    def __init__(self, workers: int = 4) -> None:
+        self._workers = workers
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        with self._lock:
+            if self._pool is None or self._pid != os.getpid():  # a forked child has no threads
+                self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="slack-after")
+                self._pid = os.getpid()
+            self._pool.submit(_logged, fn, *args)
+
+
+def _logged(fn: Callable[..., None], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception:  # a courtesy call must never take a thread down silently
+        log.exception("background Slack call %s failed", getattr(fn, "__name__", fn))
 
 
 @dataclass(frozen=True)
@@ -39,6 +67,7 @@ class BotDeps:
     store: Store
     queue: rq.Queue
     config: Config
+    background: Background = field(default_factory=lambda: Background())
 
     def enqueue(self, func: str, *args: Any, pipeline: Any = None) -> None:
         self.queue.enqueue_call(func, args=args, timeout=RUN_JOB_TIMEOUT, result_ttl=600, pipeline=pipeline)
@@ -61,14 +90,41 @@ def create_app(
         token_verification_enabled=token_verification,
         logger=logging.getLogger("slack_bolt.App"),
     )
-    app.event("app_mention")(ack=_on_mention(deps), lazy=[_acknowledge_visibly])
+    app.event("app_mention")(_then(deps, _on_mention(deps), _acknowledge_visibly))
     app.event("message")(_ignore)  # subscribed by some manifests; answered, never retried
     for action_id, verdict in (("approve", Verdict.APPROVED), ("decline", Verdict.DECLINED)):
-        app.action(action_id)(ack=_on_decision(deps, verdict), lazy=[_tell_clicker])
-    app.action("decline_with_reason")(ack=_on_decline_with_reason(deps), lazy=[_tell_clicker])
-    app.view("decline_reason")(ack=_on_decline_reason(deps), lazy=[_tell_clicker])
-    app.action("retry")(ack=_on_retry(deps), lazy=[_tell_clicker])
+        app.action(action_id)(_then(deps, _on_decision(deps, verdict), _tell_clicker))
+    app.action("decline_with_reason")(_then(deps, _on_decline_with_reason(deps), _tell_clicker))
+    app.view("decline_reason")(_then(deps, _on_decline_reason(deps), _tell_clicker))
+    app.action("retry")(_then(deps, _on_retry(deps), _tell_clicker))
     return app
+
+
+def _then(deps: BotDeps, handler: Callable[..., None], after: Callable[..., None]) -> Callable[..., None]:
+    """Run `handler` before Slack gets its answer, then `after` (a Slack call) in the background.
+
+    Bolt's lazy listeners would do the same but deep-copy the whole request first: a fifth of an
+    ack's CPU (tests/bench/bench_ack.py).
+    """
+    wanted = list(inspect.signature(handler).parameters)
+
+    def listener(
+        ack: Ack,
+        body: dict[str, Any],
+        context: BoltContext,
+        client: WebClient,
+        action: dict[str, Any] | None = None,
+        view: dict[str, Any] | None = None,
+        event: dict[str, Any] | None = None,
+    ) -> None:
+        given = {"ack": ack, "body": body, "context": context, "client": client}
+        given.update(action=action, view=view, event=event)
+        try:
+            handler(**{name: given[name] for name in wanted})
+        finally:
+            deps.background.submit(after, body, context, client)
+
+    return listener
 
 
 # --- mentions ---------------------------------------------------------------------------------------
@@ -106,8 +162,9 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
     return on_mention
 
 
-def _acknowledge_visibly(event: dict[str, Any], context: BoltContext, client: WebClient) -> None:
+def _acknowledge_visibly(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:
     """Something visible within a second: an :eyes: reaction on the mention."""
+    event = body.get("event") or {}
     if context.get("accepted"):
         try:
             client.reactions_add(channel=event["channel"], timestamp=event["ts"], name="eyes")
