@@ -181,7 +181,7 @@ def measure_stack(stack: Stack, workdir: Path, server: RedisServer) -> str:
             table(["load", "events", "p50 ms", "p90 ms", "p99 ms", "max ms", "events/s", "non-200"], rows),
             "",
             f"During the {EVENTS:,}: web-process CPU {cpu_web:.1f} s = {cpu_ms:.1f} ms per event (master + "
-            f"the gunicorn workers, including the lazy :eyes: `reactions.add` each event triggers after its "
+            f"the gunicorn workers, including the :eyes: `reactions.add` each event triggers after its "
             f"answer); Redis {cpu_redis:.1f} s; the load generator {result['cpu']:.1f} s; this process "
             f"(the Slack stand-in answering those `reactions.add`) {cpu_here:.1f} s; over "
             f"{result['elapsed']:.1f} s of wall time on 2 cores. Keep-alive connections per gunicorn worker "
@@ -201,9 +201,9 @@ def reading(
     rate = len(result["latencies"]) / result["elapsed"]
     parts = [
         f"Alone, an ack takes {q['p50']:.1f} ms (p50), about its CPU cost of {cpu_ms:.1f} ms: signature "
-        "check and Bolt's dispatch (which deep-copies the request for the lazy listener), three Redis round "
+        "check and Bolt's dispatch, three Redis round "
         "trips (WATCH, EXISTS, MULTI…EXEC holding the dedup mark, the run record and the RQ job) and "
-        "RQ's job pickling; the lazy :eyes: call runs after the answer.",
+        "RQ's job pickling; the :eyes: call runs after the answer, on a background thread.",
         f"With {CONCURRENCY} connections always busy the request mostly waits its turn: by Little's law "
         f"p50 ≈ {CONCURRENCY} / {rate:,.0f} per s = {CONCURRENCY / rate * 1000:.0f} ms. Each gunicorn worker "
         "is one process under one GIL (at most one core), and a keep-alive connection stays with the "
