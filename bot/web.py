@@ -109,7 +109,7 @@ def _plain(start_response: StartResponse, status: str, body: str) -> Iterable[by
     return [data]
 
 
-class Server(BaseApplication):  # type: ignore[misc]
+class Server(BaseApplication):
     """gunicorn, configured in code: threaded workers, the app built once before forking."""
 
     def __init__(self, application: Any, options: dict[str, Any]) -> None:

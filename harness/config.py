@@ -119,7 +119,7 @@ def _section(data: dict[str, Any], name: str, spec: dict[str, _Spec], where: str
         # bool is an int subclass in Python; TOML's true/false is never a number here.
         if isinstance(value, bool) or not isinstance(value, types) or (valid and not valid(value)):
             raise ConfigError(f"{where}: {name}.{key} must be {expected}, got {value!r}")
-        out[key] = float(value) if float in types else value
+        out[key] = float(value) if float in types else value  # type: ignore[arg-type]
     return out
 
 

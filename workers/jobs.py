@@ -15,7 +15,6 @@ import os
 import re
 import threading
 import uuid
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -57,7 +56,7 @@ def services() -> Services:
     return _services
 
 
-def enqueue(svc: Services, func: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> rq.job.Job:
+def enqueue(svc: Services, func: Any, *args: Any, **kwargs: Any) -> rq.job.Job:
     """Enqueue a job with the timeout of a whole run and RQ retries for crashed attempts."""
     return svc.queue.enqueue(
         func,

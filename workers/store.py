@@ -71,6 +71,11 @@ def unpack(stored: bytes | str) -> str:
         raise StateError(f"stored record cannot be decoded ({exc}); refusing to use it") from None
 
 
+def _text(value: Any) -> str:
+    """A Redis reply as text (redis-py answers bytes unless decode_responses is set)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def new_run_id() -> str:
     return uuid.uuid4().hex
 
@@ -369,7 +374,7 @@ class Store:
     def decisions(self, run_id: str) -> dict[str, Decision | None]:
         """Every call of the current park: its decision, or None while it still awaits one."""
         raw = self.redis.hgetall(Keys.approvals(run_id))
-        return {k.decode(): (Decision.from_json(json.loads(v)) if v else None) for k, v in raw.items()}
+        return {_text(k): (Decision.from_json(json.loads(v)) if v else None) for k, v in raw.items()}
 
     def claim_resume(self, run_id: str, park_id: int, claimer: str, ttl: int = DAY) -> bool:
         """True for exactly one claimer once every call of park `park_id` is decided."""
@@ -425,11 +430,11 @@ class Store:
         """Free the thread if `record` holds it; returns the next queued run id, if any."""
         keys = [Keys.thread_lock(*record.thread), Keys.thread_waiting(*record.thread)]
         nxt = self._release(keys=keys, args=[record.run_id])
-        return nxt.decode() if nxt else None
+        return _text(nxt) if nxt else None
 
     def thread_holder(self, record: RunRecord) -> str | None:
         raw = self.redis.get(Keys.thread_lock(*record.thread))
-        return raw.decode() if raw else None
+        return _text(raw) if raw else None
 
     # --- leases: exactly one driver per run, and orphans noticed -------------------------------
 
@@ -455,7 +460,7 @@ class Store:
     ) -> bool:
         """Save `record` if `token` still holds its lease (renewing it); `finish` also lets go."""
         keys = [Keys.lease(record.run_id), Keys.run(record.run_id), Keys.active()]
-        args = [
+        args: list[Any] = [
             token,
             int(seconds * 1000),
             pack(record.to_json()),
@@ -472,7 +477,7 @@ class Store:
 
     def orphans(self, older_than: float) -> list[str]:
         """Runs marked active whose driver has not been heard from since `older_than` and holds no lease."""
-        stale = [r.decode() for r in self.redis.zrangebyscore(Keys.active(), "-inf", older_than)]
+        stale = [_text(r) for r in self.redis.zrangebyscore(Keys.active(), "-inf", older_than)]
         found = []
         for run_id in stale:
             if not self.redis.exists(Keys.lease(run_id)):
@@ -485,5 +490,5 @@ class Store:
 
     def audit_entries(self, count: int = 100) -> list[dict[str, Any]]:
         """The newest `count` audit entries, oldest first."""
-        rows = self.redis.xrevrange(Keys.audit(), count=count)
+        rows: list[Any] = self.redis.xrevrange(Keys.audit(), count=count) or []
         return [json.loads(fields[b"entry"]) for _, fields in reversed(rows)]
