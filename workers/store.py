@@ -158,7 +158,6 @@ class RunRecord:
     status: RunStatus = RunStatus.QUEUED
     state: dict[str, Any] | None = None  # RunState.to_json(); None until the run starts
     cards: dict[str, str] = field(default_factory=dict)  # tool_use_id -> ts of its approval card
-    decided_cards: list[str] = field(default_factory=list)  # cards already updated after a decision
     park_id: int = 0  # increases every time the run parks; keys the resume claim
     expires_at: float | None = None
     failure_ts: str | None = None
