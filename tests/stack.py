@@ -271,13 +271,8 @@ class Stack:
             if e.get("action_id") == action_id
         )
         payload = {
-            "type": "block_actions",
-            "team": {"id": "T1", "domain": "test"},
-            "user": {"id": user, "username": user.lower(), "team_id": "T1"},
-            "api_app_id": "A1",
-            "token": "fake-verification-token",
+            **interaction("block_actions", user),
             "container": {"type": "message", "message_ts": message["ts"], "channel_id": message["channel"]},
-            "trigger_id": f"trigger-{time.time_ns()}",
             "channel": {"id": message["channel"], "name": "general"},
             "message": {"ts": message["ts"], "thread_ts": message.get("thread_ts"), "text": message["text"]},
             "response_url": self.slack.response_url(),
@@ -296,12 +291,7 @@ class Stack:
 
     def submit_view(self, view: dict[str, Any], reason: str, *, user: str = "UALICE") -> int:
         payload = {
-            "type": "view_submission",
-            "team": {"id": "T1", "domain": "test"},
-            "user": {"id": user, "username": user.lower(), "team_id": "T1"},
-            "api_app_id": "A1",
-            "token": "fake-verification-token",
-            "trigger_id": f"trigger-{time.time_ns()}",
+            **interaction("view_submission", user),
             "view": {
                 **view,
                 "id": "V1",
@@ -310,6 +300,18 @@ class Stack:
         }
         status, _ = self.post(action_body(payload), "application/x-www-form-urlencoded")
         return status
+
+
+def interaction(kind: str, user: str) -> dict[str, Any]:
+    """The fields every interactivity payload Slack sends carries."""
+    return {
+        "type": kind,
+        "team": {"id": "T1", "domain": "test"},
+        "user": {"id": user, "username": user.lower(), "team_id": "T1"},
+        "api_app_id": "A1",
+        "token": "fake-verification-token",
+        "trigger_id": f"trigger-{time.time_ns()}",
+    }
 
 
 def dump(obj: Any) -> str:

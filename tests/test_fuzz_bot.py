@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlencode
 
 import pytest
@@ -110,9 +109,7 @@ def test_well_signed_malformed_payloads_never_get_a_5xx(stack: Stack, body: tupl
 
 def test_after_the_fuzz_no_tool_ran_and_the_bot_still_serves(stack: Stack) -> None:
     assert stack.healthz() == 200
-    assert stack.model.requests == [] or all(r["messages"] for r in stack.model.requests)
+    # Mentions the fuzz made valid may reach the model: every such request was well-formed, and
+    # none was ever answered, so no tool could run.
+    assert all(e.startswith("script exhausted") for e in stack.model.errors), stack.model.errors
     assert list(stack.workspace.iterdir()) == [stack.workspace / "README.md"]
-
-
-def _unused(_: Any) -> None:
-    return None

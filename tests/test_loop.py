@@ -19,7 +19,7 @@ from harness.loop import (
     step,
 )
 from harness.state import Decision, RunState, StateError, Status, Verdict, new_run, record_decisions
-from harness.tools import Tool, ToolRegistry, tool
+from harness.tools import ToolRegistry, tool
 from harness.valves import Valve
 from tests.conftest import make_agent
 from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_use
@@ -466,8 +466,6 @@ def test_every_registered_tool_is_offered_with_a_derived_schema(
     assert tools["write_file"]["input_schema"]["required"] == ["path", "content"]
     assert tools["read_file"]["input_schema"]["properties"]["path"]["type"] == "string"
     assert isinstance(tools["read_file"]["description"], str) and tools["read_file"]["description"]
-    assert all(isinstance(t, dict) for t in tools.values())
-    assert isinstance(explode, Tool)
 
 
 def test_a_prompt_injection_in_a_tool_result_cannot_bypass_the_policy(
