@@ -7,13 +7,12 @@ import os
 import sys
 
 import redis
-import rq
 from slack_sdk.errors import SlackApiError
 
 from bot.app import BotDeps, create_app
 from bot.web import serve, wsgi_app
 from harness.config import ConfigError, load_config
-from workers.services import QUEUE_NAME, SettingsError, redis_connection, slack_client
+from workers.services import SettingsError, make_queue, redis_connection, slack_client
 from workers.store import Store
 
 MISSING_SIGNING_SECRET = (
@@ -38,7 +37,7 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     connection = redis_connection()
-    deps = BotDeps(store=Store(connection), queue=rq.Queue(QUEUE_NAME, connection=connection), config=config)
+    deps = BotDeps(store=Store(connection), queue=make_queue(connection), config=config)
     try:
         app = create_app(deps, client=client, signing_secret=signing_secret)
     except SlackApiError as exc:
