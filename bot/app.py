@@ -25,8 +25,17 @@ from slack_sdk.errors import SlackApiError
 from bot import render, texts
 from harness.config import Config
 from harness.state import Decision, StateError, Verdict
-from workers.services import RUN_JOB_TIMEOUT
-from workers.store import BadId, DecideOutcome, RunRecord, RunStatus, Store, check_id, new_run_id
+from workers.services import enqueue_job, enqueue_run_job
+from workers.store import (
+    Accepted,
+    BadId,
+    DecideOutcome,
+    RunRecord,
+    RunStatus,
+    Store,
+    check_id,
+    new_run_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +43,7 @@ START_RUN = "workers.jobs.start_run"
 APPLY_DECISIONS = "workers.jobs.apply_decisions"
 RETRY_RUN = "workers.jobs.retry_run"
 REPLY = "ephemeral_reply"  # context key: what the background reply tells the clicker
+MAX_TASK_CHARS = 20_000
 
 
 class Background:
@@ -69,8 +79,9 @@ class BotDeps:
     config: Config
     background: Background = field(default_factory=lambda: Background())
 
-    def enqueue(self, func: str, *args: Any, pipeline: Any = None) -> None:
-        self.queue.enqueue_call(func, args=args, timeout=RUN_JOB_TIMEOUT, result_ttl=600, pipeline=pipeline)
+    def enqueue(self, func: str, run_id: str, *args: Any) -> None:
+        """Enqueue a job about `run_id` with the retry policy every job gets."""
+        enqueue_run_job(self.store, self.queue, func, run_id, *args)
 
     def may_decide(self, user: str, record: RunRecord) -> bool:
         return user in (self.config.approvals.approvers or (record.requester,))
@@ -132,44 +143,71 @@ def _then(deps: BotDeps, handler: Callable[..., None], after: Callable[..., None
 
 def _on_mention(deps: BotDeps) -> Callable[..., None]:
     def on_mention(body: dict[str, Any], event: dict[str, Any], context: BoltContext) -> None:
-        if event.get("bot_id") or event.get("subtype") or not event.get("user"):
+        if event.get("bot_id") or event.get("subtype"):
             return  # other bots' (and edited) messages never start runs: no bot loops
         try:
             team = check_id("team", body.get("team_id") or context.team_id)
             event_id = check_id("event", body.get("event_id"))
+            user = check_id("user", event.get("user"))
             channel = check_id("channel", event.get("channel"))
             ts = check_id("ts", event.get("ts"))
             thread_ts = check_id("ts", event.get("thread_ts") or ts)
         except BadId as exc:
             log.warning("ignoring a malformed app_mention: %s", exc)
             return
+        text = event.get("text")
+        if not isinstance(text, str):
+            log.warning("ignoring an app_mention whose text is not a string")
+            return
         record = RunRecord(
             run_id=new_run_id(),
             team=team,
             channel=channel,
             thread_ts=thread_ts,
-            requester=str(event["user"]),
-            task=str(event.get("text") or "")[:20_000],
+            requester=user,
+            task=text[:MAX_TASK_CHARS],
         )
+        limits = deps.config.limits
         accepted = deps.store.accept_event(
-            team, event_id, record, lambda pipe: deps.enqueue(START_RUN, record.run_id, pipeline=pipe)
+            team,
+            event_id,
+            record,
+            lambda pipe: _enqueue_start(deps, record.run_id, pipe),
+            max_per_user=getattr(limits, "max_runs_per_user", 5),
+            max_per_channel=getattr(limits, "max_runs_per_channel", 20),
         )
         context["accepted"] = accepted
-        log.info(
-            "app_mention %s in %s: %s", event_id, channel, "run " + record.run_id if accepted else "duplicate"
-        )
+        busy = {
+            Accepted.USER_BUSY: getattr(limits, "max_runs_per_user", 5),
+            Accepted.CHANNEL_BUSY: getattr(limits, "max_runs_per_channel", 20),
+        }
+        if accepted in busy and deps.store.first_busy_notice(team, user):
+            text = texts.BUSY_USER if accepted is Accepted.USER_BUSY else texts.BUSY_CHANNEL
+            context["busy_notice"] = (channel, thread_ts, text.format(limit=busy[accepted]))
+        log.info("app_mention %s in %s: %s", event_id, channel, accepted.value)
 
     return on_mention
 
 
+def _enqueue_start(deps: BotDeps, run_id: str, pipe: Any) -> None:
+    deps.store.mark_pending(run_id, pipeline=pipe)
+    enqueue_job(deps.queue, START_RUN, run_id, pipeline=pipe)
+
+
 def _acknowledge_visibly(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:
-    """Something visible within a second: an :eyes: reaction on the mention."""
+    """Something visible within a second: an :eyes: reaction, or why the mention was not started."""
     event = body.get("event") or {}
-    if context.get("accepted"):
-        try:
+    try:
+        if context.get("accepted") is Accepted.NEW:
             client.reactions_add(channel=event["channel"], timestamp=event["ts"], name="eyes")
-        except SlackApiError as exc:
-            log.info("could not react to the mention: %s", exc.response.get("error"))
+        elif context.get("busy_notice"):
+            channel, thread_ts, text = context["busy_notice"]
+            msg = render.notice(text)
+            client.chat_postMessage(
+                channel=channel, thread_ts=thread_ts, text=msg.text, blocks=msg.blocks, unfurl_links=False
+            )
+    except SlackApiError as exc:
+        log.info("could not acknowledge the mention: %s", exc.response.get("error"))
 
 
 def _ignore() -> None:
@@ -185,9 +223,10 @@ def _parse_value(value: Any) -> tuple[str, str]:
 
 
 def _open_record(
-    deps: BotDeps, value: Any, user: str, channel: str | None, context: BoltContext
+    deps: BotDeps, value: Any, clicker: Clicker, channel: str | None, context: BoltContext
 ) -> tuple[RunRecord, str] | None:
     """The run and call a button names, if the clicker may decide it; else a reply is set."""
+    user = clicker.user
     try:
         run_id, call_id = _parse_value(value)
     except BadId:
@@ -200,6 +239,9 @@ def _open_record(
         return None
     if record is None or record.status is not RunStatus.AWAITING_APPROVAL:
         context[REPLY] = texts.UNKNOWN_APPROVAL
+        return None
+    if clicker.team != record.team:
+        context[REPLY] = texts.WRONG_TEAM
         return None
     if channel is not None and channel != record.channel:
         context[REPLY] = texts.WRONG_CHANNEL
@@ -216,10 +258,14 @@ def _decide(deps: BotDeps, record: RunRecord, call_id: str, decision: Decision, 
     except StateError:
         context[REPLY] = texts.UNREADABLE_RUN  # fail closed: no decision on what we cannot read
         return
-    result = deps.store.decide(record.run_id, call_id, decision, audit=record.audit_fields(call))
-    if result.outcome is DecideOutcome.RECORDED:
+    result = deps.store.decide(
+        record.run_id, record.park_id, call_id, decision, audit=record.audit_fields(call)
+    )
+    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED):
         deps.enqueue(APPLY_DECISIONS, record.run_id)
-    elif result.outcome is DecideOutcome.UNKNOWN:
+    if result.outcome is DecideOutcome.RECORDED:
+        return
+    if result.outcome is DecideOutcome.UNKNOWN:
         context[REPLY] = texts.UNKNOWN_APPROVAL
     elif result.decision is not None and result.decision.verdict is Verdict.EXPIRED:
         context[REPLY] = texts.ALREADY_EXPIRED
@@ -234,22 +280,38 @@ def _decide(deps: BotDeps, record: RunRecord, call_id: str, decision: Decision, 
             context[REPLY] = texts.ALREADY_DECIDED
 
 
-def _clicker(body: dict[str, Any]) -> tuple[str, str | None]:
-    user = str((body.get("user") or {}).get("id") or "")
-    channel = (body.get("channel") or {}).get("id")
-    context_channel = channel or (body.get("container") or {}).get("channel_id")
-    return user, context_channel
+@dataclass(frozen=True)
+class Clicker:
+    """Who clicked, from which workspace (an org-wide install sends `team: null`: the user's team)."""
+
+    user: str
+    team: str | None
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> Clicker:
+        user = _dict(body.get("user"))
+        team = _dict(body.get("team")).get("id") or user.get("team_id")
+        return cls(str(user.get("id") or ""), team if isinstance(team, str) else None)
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _clicker(body: dict[str, Any]) -> tuple[Clicker, str | None]:
+    channel = _dict(body.get("channel")).get("id") or _dict(body.get("container")).get("channel_id")
+    return Clicker.of(body), channel if isinstance(channel, str) else None
 
 
 def _on_decision(deps: BotDeps, verdict: Verdict) -> Callable[..., None]:
     def on_decision(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
         ack()
-        user, channel = _clicker(body)
-        context["reply_channel"], context["reply_user"] = channel, user
-        opened = _open_record(deps, action.get("value"), user, channel, context)
+        clicker, channel = _clicker(body)
+        context["reply_channel"], context["reply_user"] = channel, clicker.user
+        opened = _open_record(deps, action.get("value"), clicker, channel, context)
         if opened:
             record, call_id = opened
-            _decide(deps, record, call_id, Decision(verdict, by=user), context)
+            _decide(deps, record, call_id, Decision(verdict, by=clicker.user), context)
 
     return on_decision
 
@@ -259,9 +321,9 @@ def _on_decline_with_reason(deps: BotDeps) -> Callable[..., None]:
         ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext, client: WebClient
     ) -> None:
         ack()
-        user, channel = _clicker(body)
-        context["reply_channel"], context["reply_user"] = channel, user
-        opened = _open_record(deps, action.get("value"), user, channel, context)
+        clicker, channel = _clicker(body)
+        context["reply_channel"], context["reply_user"] = channel, clicker.user
+        opened = _open_record(deps, action.get("value"), clicker, channel, context)
         if not opened:
             return
         record, call_id = opened
@@ -278,10 +340,12 @@ def _on_decline_with_reason(deps: BotDeps) -> Callable[..., None]:
 def _on_decline_reason(deps: BotDeps) -> Callable[..., None]:
     def on_decline_reason(ack: Ack, body: dict[str, Any], view: dict[str, Any], context: BoltContext) -> None:
         ack()
-        user = str((body.get("user") or {}).get("id") or "")
-        values = (view.get("state") or {}).get("values") or {}
-        reason = str(((values.get("reason") or {}).get("reason") or {}).get("value") or "").strip()
-        opened = _open_record(deps, view.get("private_metadata"), user, None, context)
+        clicker = Clicker.of(body)
+        user = clicker.user
+        values = _dict(_dict(view.get("state")).get("values"))
+        raw_reason = _dict(_dict(values.get("reason")).get("reason")).get("value")
+        reason = (raw_reason if isinstance(raw_reason, str) else "").strip()
+        opened = _open_record(deps, view.get("private_metadata"), clicker, None, context)
         context["reply_user"] = user
         if not opened:
             return
@@ -297,7 +361,8 @@ def _on_decline_reason(deps: BotDeps) -> Callable[..., None]:
 def _on_retry(deps: BotDeps) -> Callable[..., None]:
     def on_retry(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
         ack()
-        user, channel = _clicker(body)
+        clicker, channel = _clicker(body)
+        user = clicker.user
         context["reply_channel"], context["reply_user"] = channel, user
         try:
             record = deps.store.load_run(check_id("run", action.get("value")))
@@ -306,13 +371,16 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
         if record is None or record.status is not RunStatus.FAILED or not record.failure_ts:
             context[REPLY] = texts.RETRY_TAKEN
             return
+        if clicker.team != record.team:
+            context[REPLY] = texts.WRONG_TEAM
+            return
         if channel != record.channel:
             context[REPLY] = texts.WRONG_CHANNEL
             return
         if not deps.may_decide(user, record):
             context[REPLY] = (texts.NOT_ALLOWED_RETRY, {"who": deps.deciders(record)})
             return
-        if not deps.store.claim_retry(record.run_id, record.failure_ts):
+        if not deps.store.claim_retry(record.run_id, record.failure_ts, user):
             context[REPLY] = texts.RETRY_TAKEN
             return
         deps.enqueue(RETRY_RUN, record.run_id, user)
@@ -326,7 +394,7 @@ def _tell_clicker(body: dict[str, Any], context: BoltContext, client: WebClient)
     if not (reply and channel and user):
         return
     text, users = reply if isinstance(reply, tuple | list) else (reply, {})
-    thread_ts = ((body.get("message") or {}).get("thread_ts")) or None
+    thread_ts = _dict(body.get("message")).get("thread_ts") or None
     msg = render.notice(text, **users)
     try:
         client.chat_postEphemeral(

@@ -24,3 +24,17 @@ DECISIONS_DO_NOT_MATCH = (
 UNREADABLE_RUN = (
     "This run's saved state cannot be read safely (it may come from an older version). Nothing was changed."
 )
+UNRENDERABLE = "(Turn {turn} happened, but its summary could not be shown.)"
+TOO_MANY_RECOVERIES = (
+    "Stopped: this run's worker died {times} times while running it, so it was not tried again. "
+    "Nothing more was run."
+)
+BUSY_USER = (
+    "You already have {limit} requests going (running or waiting for approval). "
+    "This one was not started: mention me again once one of them is done."
+)
+BUSY_CHANNEL = (
+    "This channel already has {limit} requests going (running or waiting for approval). "
+    "This one was not started: mention me again once one of them is done."
+)
+WRONG_TEAM = "This button does not belong to this workspace. Nothing was changed."

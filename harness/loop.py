@@ -10,6 +10,7 @@ between any two steps.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -173,7 +174,10 @@ def _query(state: RunState, agent: Agent) -> StepResult:
         return _failed(state, exc, exc.status_code)
     except anthropic.APIError as exc:
         return _failed(state, exc, None)
-    content = [block.model_dump(mode="json", exclude_none=True) for block in message.content]
+    # Sanitised on arrival: a lone surrogate would make the reply unstorable, and a crash before the
+    # checkpoint would lose its usage (and let the token budget be overspent on every re-drive).
+    content = [scrub(block.model_dump(mode="json", exclude_none=True)) for block in message.content]
+    content = _unique_ids(content)
     state = replace(
         state,
         status=Status.RUNNING,
@@ -211,11 +215,53 @@ def _append_assistant(
 
 def _calls(content: list[dict[str, Any]], agent: Agent) -> tuple[PendingCall, ...]:
     # A tool that does not exist is answered at once as unknown: nobody is asked to approve it.
-    return tuple(
-        PendingCall(b["id"], b["name"], b["input"], _tier(agent, b["name"]))
-        for b in content
-        if b["type"] == "tool_use"
-    )
+    calls = []
+    for block in content:
+        if block["type"] != "tool_use":
+            continue
+        call = PendingCall(block["id"], block["name"], block["input"], _tier(agent, block["name"]))
+        if DUPLICATE_ID_MARK in block["id"]:
+            original = block["id"].split(DUPLICATE_ID_MARK)[0]
+            call = replace(call, result=ToolResult(texts.RESULT_DUPLICATE_ID.format(id=original), True))
+        calls.append(call)
+    return tuple(calls)
+
+
+DUPLICATE_ID_MARK = "__dup"
+
+
+def _unique_ids(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A reply whose `tool_use` blocks share an id: every one of them is refused, none merged.
+
+    The blocks get distinct ids (`<id>__dupN`) so that each gets its own `tool_result` and the
+    conversation stays valid for the API; `_calls` answers all of them `is_error`.
+    """
+    ids = [b["id"] for b in content if b.get("type") == "tool_use"]
+    shared = {i for i in ids if ids.count(i) > 1}
+    if not shared:
+        return content
+    seen: dict[str, int] = {}
+    out = []
+    for block in content:
+        if block.get("type") == "tool_use" and block["id"] in shared:
+            seen[block["id"]] = seen.get(block["id"], 0) + 1
+            block = {**block, "id": f"{block['id']}{DUPLICATE_ID_MARK}{seen[block['id']]}"}
+        out.append(block)
+    return out
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def scrub(value: Any) -> Any:
+    """`value` with every lone surrogate replaced by U+FFFD: it can then always be stored as UTF-8."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    if isinstance(value, dict):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    return value
 
 
 def _tier(agent: Agent, name: str) -> Tier:
@@ -295,6 +341,11 @@ def _answer(agent: Agent, call: PendingCall) -> ToolResult:
                 return ToolResult(texts.RESULT_DECLINED_REASON.format(reason=call.decision.reason), True)
             return ToolResult(texts.RESULT_DECLINED, True)
     return agent.tools.run(call.name, call.input, agent.context)
+
+
+def stop_run(state: RunState, valve: Valve, reason: str) -> RunState:
+    """`state` ended by `valve` from outside the loop: open calls answered as not run."""
+    return _stop(state, Stop(valve, reason)).state
 
 
 def _stop(state: RunState, stop: Stop) -> StepResult:

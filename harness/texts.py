@@ -50,6 +50,10 @@ RESULT_OUTCOME_UNKNOWN = (
     "Outcome unknown: {name} was started, but the worker running it stopped before its result "
     "was recorded. It was NOT run again; check its effect before trying again."
 )
+RESULT_DUPLICATE_ID = (
+    "Not executed: this reply had more than one tool_use block with the id {id!r}; none of them was "
+    "run. Give every tool call its own id."
+)
 RESULT_NOT_RUN_STOPPED = "Not executed: the run was stopped before this call ran ({valve})."
 RESULT_CUT = "\n[… cut: the tool returned {total:,} characters; only the first {kept:,} are shown]"
 

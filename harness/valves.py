@@ -20,6 +20,7 @@ class Valve(StrEnum):
     REFUSAL = "refusal"
     CONTEXT_WINDOW = "model_context_window_exceeded"
     UNKNOWN_STOP = "unknown_stop_reason"
+    CRASHES = "crashes"  # the run took its worker down too often (set by the Slack driver)
 
 
 @dataclass(frozen=True)

@@ -16,26 +16,56 @@ from datetime import UTC, datetime
 
 import redis
 from rq import SimpleWorker, Worker
+from rq.serializers import JSONSerializer
 
 from harness.client import warm_up
 from harness.config import ConfigError
 from workers import jobs
-from workers.services import QUEUE_NAME, Services, SettingsError, redis_connection
+from workers.driver import lease_seconds
+from workers.services import Services, SettingsError, enqueue_run_job, make_queue, redis_connection
 from workers.store import Store
 
 log = logging.getLogger("workers.watchdog")
 
 
-def watchdog(store: Store, queue_services: Services, stop: threading.Event) -> None:
-    """Hand runs whose driver died (lease expired) to any worker, well inside two minutes."""
-    seconds = jobs.lease_seconds()
-    while not stop.wait(max(seconds / 2, 0.5)):
+def watchdog(store: Store, stop: threading.Event) -> None:
+    """Expire parks whose time has come, and hand runs with no driver to any worker.
+
+    A run needs a driver when it is marked active (queued, running, ending, or parked with every
+    decision in) and nobody holds its lease: its driver died. It is continued within about one
+    and a half lease periods, whatever step the driver died at.
+    """
+    seconds = lease_seconds()
+    queue = make_queue(store.redis)
+    while not stop.wait(min(max(seconds / 2, 0.5), 5.0)):
         try:
-            for run_id in store.orphans(older_than=time.time() - seconds):
-                log.warning("run %s lost its driver; continuing it on another worker", run_id)
-                jobs.enqueue(queue_services, jobs.continue_run, run_id)
+            now = time.time()
+            jobs.expire_due(store, queue, now)
+            for run_id in store.orphans(older_than=now - seconds):
+                log.warning("run %s has no driver; continuing it on another worker", run_id)
+                enqueue_run_job(store, queue, jobs.recover_run, run_id)
         except redis.RedisError as exc:
             log.warning("watchdog cannot reach Redis (%s); trying again", exc)
+        except Exception:  # the watchdog must outlive any one bad run
+            log.exception("watchdog pass failed; trying again")
+
+
+class _StopAware:
+    """Tells a warm shutdown (SIGTERM, SIGINT) apart from RQ quitting its loop on an error."""
+
+    stop_requested = False
+
+    def handle_warm_shutdown_request(self) -> None:
+        self.stop_requested = True
+        super().handle_warm_shutdown_request()  # type: ignore[misc]
+
+
+class HarnessWorker(_StopAware, Worker):
+    """RQ's forking worker: every job in a fresh work horse."""
+
+
+class HarnessSimpleWorker(_StopAware, SimpleWorker):
+    """RQ's worker that runs jobs in its own process."""
 
 
 def work() -> int:
@@ -53,20 +83,30 @@ def work() -> int:
     warm_up()
     stop = threading.Event()
     watch_store = Store(redis_connection())  # its own connection: never shared with a fork
-    threading.Thread(target=watchdog, args=(watch_store, svc, stop), name="watchdog", daemon=True).start()
+    threading.Thread(target=watchdog, args=(watch_store, stop), name="watchdog", daemon=True).start()
     # fork (default): each job in a fresh work horse, isolated from the others' crashes and leaks.
     # simple: jobs in this process, no fork per job (faster; one bad job can take the worker down).
     kind = os.environ.get("HARNESS_WORKER_CLASS", "fork")
-    worker_class = SimpleWorker if kind == "simple" else Worker
+    worker_class = HarnessSimpleWorker if kind == "simple" else HarnessWorker
     try:
-        worker_class([QUEUE_NAME], connection=svc.store.redis).work(with_scheduler=True, logging_level="INFO")
+        backoff = 1.0
+        while True:
+            worker = worker_class([svc.queue], connection=svc.store.redis, serializer=JSONSerializer)
+            worker.work(with_scheduler=True, logging_level="INFO")
+            if worker.stop_requested:
+                break
+            # RQ quits its loop on any unexpected error (a Redis restart during its heartbeat,
+            # say): a worker process must outlive that, so start a new loop.
+            log.warning("the RQ worker loop stopped on an error; starting it again in %.0f s", backoff)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
     finally:
         stop.set()
     return 0
 
 
 def audit(limit: int) -> int:
-    """Print the newest `limit` decisions: when, who, outcome, tool and input, where."""
+    """Print the newest `limit` decisions: when, who, outcome, tool, input preview and hash, where."""
     try:
         entries = Store(redis_connection()).audit_entries(limit)
     except redis.RedisError as exc:
@@ -75,11 +115,13 @@ def audit(limit: int) -> int:
     for entry in entries:
         when = datetime.fromtimestamp(entry["at"], UTC).isoformat(timespec="seconds")
         who = entry.get("by") or "(nobody: expired)"
-        args = json.dumps(entry.get("input"), ensure_ascii=False, separators=(",", ":"))
+        args = entry.get("input_preview") or json.dumps(entry.get("input"), ensure_ascii=False)
         reason = f" reason={json.dumps(entry['reason'])}" if entry.get("reason") else ""
+        digest = f" input_sha256={entry['input_sha256']}" if entry.get("input_sha256") else ""
         print(
             f"{when} {entry['verdict']:<8} by {who} {entry.get('tool')}({args}) "
-            f"run={entry['run_id']} channel={entry.get('channel')} asked_by={entry.get('requester')}{reason}"
+            f"run={entry['run_id']} channel={entry.get('channel')} asked_by={entry.get('requester')}"
+            f"{reason}{digest}"
         )
     return 0
 

@@ -1,10 +1,11 @@
 """`python -m workers.dev`: the web process, one worker and, if needed, a private Redis on this machine.
 
 `make run` calls this. It checks the settings first, picks a Redis (``REDIS_URL``, else one answering
-on localhost:6379, else a private ``redis-server`` keeping its data in ``./.redis-data/``), starts
-``python -m bot`` and ``python -m workers`` with ``REDIS_URL`` set, and prefixes their output per
-line. Ctrl-C or SIGTERM stops everything in order (web, worker, then Redis) and exits 0; a child
-that dies on its own stops the others and exits 1.
+on localhost:6379, else a private ``redis-server`` keeping its data in ``./.redis-data/``, with a
+fresh password per start), gives the bot a workspace folder of its own (``HARNESS_WORKSPACE``, else
+``./workspace/``, created), starts ``python -m bot`` and ``python -m workers`` with ``REDIS_URL`` and
+``HARNESS_WORKSPACE`` set, and prefixes their output per line. Ctrl-C or SIGTERM stops everything in
+order (web, worker, then Redis) and exits 0; a child that dies on its own stops the others and exits 1.
 
 For tests, ``HARNESS_DEV_WEB_CMD`` / ``HARNESS_DEV_WORKER_CMD`` (shell-split strings) replace the
 child commands, ``HARNESS_DEV_REDIS_PROBE`` (``host:port``) replaces localhost:6379 as the Redis
@@ -17,6 +18,7 @@ import argparse
 import contextlib
 import fcntl
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -33,6 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_PROBE = ("localhost", 6379)
 DEFAULT_DATA_DIR = Path(".redis-data")
+DEFAULT_WORKSPACE = Path("workspace")
 STOP_TIMEOUT = 10.0
 REDIS_START_TIMEOUT = 10.0
 POLL_INTERVAL = 0.1
@@ -114,14 +117,28 @@ def check_settings(env: Mapping[str, str]) -> list[str]:
     return missing
 
 
-def redis_answers(host: str, port: int, timeout: float = 0.5) -> bool:
-    """True when a Redis on host:port replies PONG to PING (a protected one's -NOAUTH is not enough)."""
+def redis_answers(host: str, port: int, password: str | None = None, timeout: float = 0.5) -> bool:
+    """True when a Redis on host:port replies PONG to PING, after AUTH with `password` when one is given.
+
+    Without a password, a protected server's -NOAUTH is not an answer.
+    """
+    request = resp_command("PING")
+    if password is not None:
+        request = resp_command("AUTH", password) + request
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
+        with socket.create_connection((host, port), timeout=timeout) as sock, sock.makefile("rb") as replies:
+            sock.sendall(request)
+            if password is not None and replies.readline() != b"+OK\r\n":
+                return False
+            return replies.readline().startswith(b"+PONG")
     except OSError:
         return False
+
+
+def resp_command(*args: str) -> bytes:
+    """One command in RESP, the protocol Redis speaks."""
+    encoded = [arg.encode() for arg in args]
+    return f"*{len(args)}\r\n".encode() + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in encoded)
 
 
 def parse_probe(value: str | None) -> tuple[str, int]:
@@ -151,22 +168,32 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def spawn(name: str, cmd: Sequence[str], env: Mapping[str, str], output: PrefixedOutput | None) -> Child:
+def spawn(
+    name: str,
+    cmd: Sequence[str],
+    env: Mapping[str, str],
+    output: PrefixedOutput | None,
+    stdin: bytes | None = None,
+) -> Child:
     """Start one child in its own process group, its output (stdout and stderr) behind its prefix.
 
     Its own process group, so that Ctrl-C in the terminal reaches only us and we stop the
-    children in order, rather than all of them at once.
+    children in order, rather than all of them at once. `stdin`, when given, is written to the
+    child's standard input, which is then closed.
     """
     proc = subprocess.Popen(
         list(cmd),
         env=dict(env),
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
         stdout=subprocess.PIPE if output else None,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     if output and proc.stdout is not None:
         output.follow(name, proc.stdout)
+    if stdin is not None and proc.stdin is not None:
+        with contextlib.suppress(BrokenPipeError), proc.stdin:  # a child that died early: seen by the caller
+            proc.stdin.write(stdin)
     return Child(name, proc)
 
 
@@ -175,28 +202,31 @@ def start_private_redis(
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start redis-server on 127.0.0.1 and a free port, its data in `data_dir`; wait until it answers.
 
-    Returns the process and its ``redis://127.0.0.1:PORT/0`` URL. Retries on another port when
-    the chosen one was taken in the meantime.
+    It gets a fresh random password, which it reads from its standard input (``redis-server -``)
+    so that it never shows in its command line (``ps``). Returns the process and the
+    ``redis://:PASSWORD@127.0.0.1:PORT/0`` URL for the children; print it only through `redact`.
+    Retries on another port when the chosen one was taken in the meantime.
     """
     server = shutil.which("redis-server")
     if server is None:
         raise DevError(MISSING_REDIS_SERVER.format(probe="localhost:6379"))
     data_dir.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_urlsafe(32)  # URL-safe, so it needs no quoting in the URL or the config
     for _ in range(attempts):
         port = free_port()
-        cmd = [server, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data_dir.resolve())]
+        cmd = [server, "-", "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data_dir.resolve())]
         cmd += ["--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no"]
-        child = spawn("redis", cmd, os.environ, output)
-        if _wait_until_answering(child.proc, port):
-            return child.proc, f"redis://127.0.0.1:{port}/0"
+        child = spawn("redis", cmd, os.environ, output, stdin=f"requirepass {password}\n".encode())
+        if _wait_until_answering(child.proc, port, password):
+            return child.proc, f"redis://:{password}@127.0.0.1:{port}/0"
         stop_children([child], 2.0)
     raise DevError(f"redis-server did not start (tried {attempts} ports); see its output above")
 
 
-def _wait_until_answering(proc: subprocess.Popen[bytes], port: int) -> bool:
+def _wait_until_answering(proc: subprocess.Popen[bytes], port: int, password: str) -> bool:
     deadline = time.monotonic() + REDIS_START_TIMEOUT
     while time.monotonic() < deadline and proc.poll() is None:
-        if redis_answers("127.0.0.1", port):
+        if redis_answers("127.0.0.1", port, password):
             return True
         time.sleep(POLL_INTERVAL)
     return False
@@ -248,6 +278,19 @@ def lock_data_dir(data_dir: Path) -> IO[str]:
     return handle
 
 
+def prepare_workspace(env: Mapping[str, str], default: Path) -> tuple[str, str]:
+    """The folder for the bot's file tools and where it came from: a set HARNESS_WORKSPACE as is,
+    else `default`, created (private to this user) and made absolute.
+
+    Never the current directory by default: there the model could read ``.env`` or ``.git/config``.
+    """
+    given = env.get("HARNESS_WORKSPACE", "")
+    if given.strip():
+        return given, "HARNESS_WORKSPACE"
+    default.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return str(default.resolve()), "set HARNESS_WORKSPACE or --workspace to change it"
+
+
 def redact(url: str) -> str:
     """The URL without its password, for printing."""
     parts = urlsplit(url)
@@ -275,6 +318,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=Path,
         default=DEFAULT_DATA_DIR,
         help="where a private redis-server keeps its data (default: ./.redis-data)",
+    )
+    parser.add_argument(
+        "--workspace",
+        type=Path,
+        default=DEFAULT_WORKSPACE,
+        help="the only folder the bot's file tools may touch, created if missing, unless HARNESS_WORKSPACE"
+        " is set (default: ./workspace)",
     )
     return parser.parse_args(argv)
 
@@ -337,7 +387,11 @@ def supervise(children: Sequence[Child], stop: threading.Event) -> Child | None:
 
 
 def run(
-    settings: Settings, commands: Mapping[str, Sequence[str]], data_dir: Path, output: PrefixedOutput
+    settings: Settings,
+    commands: Mapping[str, Sequence[str]],
+    data_dir: Path,
+    output: PrefixedOutput,
+    workspace: Path = DEFAULT_WORKSPACE,
 ) -> int:
     """Start Redis if needed, then web and worker; supervise; stop them all in order; return the exit code."""
     env = dict(settings.env)
@@ -345,12 +399,15 @@ def run(
     children: list[Child] = []
     with stop_signals() as (stop, again), contextlib.ExitStack() as cleanup:
         try:
+            env["HARNESS_WORKSPACE"], why = prepare_workspace(env, workspace)
+            output.say("dev", f"the bot's file tools work in {env['HARNESS_WORKSPACE']} ({why})")
             url = settings.redis_url
             if url is None:
                 cleanup.enter_context(lock_data_dir(data_dir))
                 proc, url = start_private_redis(data_dir, output=output)
                 redis.append(Child("redis", proc))
-                output.say("dev", f"started redis (pid {proc.pid}) at {url}, data in {data_dir}/")
+                where = f"at {redact(url)} (password-protected), data in {data_dir}/"
+                output.say("dev", f"started redis (pid {proc.pid}) {where}")
             else:
                 output.say("dev", f"using Redis at {redact(url)}")
             env["REDIS_URL"] = url
@@ -394,7 +451,7 @@ def main(argv: Sequence[str] | None = None, *, commands: Mapping[str, Sequence[s
         print("\n".join(problems), file=sys.stderr)
         return 2
     commands = {**child_commands(settings.env), **(commands or {})}
-    return run(settings, commands, args.data_dir, PrefixedOutput(sys.stdout))
+    return run(settings, commands, args.data_dir, PrefixedOutput(sys.stdout), args.workspace)
 
 
 if __name__ == "__main__":

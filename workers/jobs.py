@@ -1,45 +1,37 @@
-"""The RQ jobs: start or continue a run, apply decisions (and resume), expire approvals, retry.
+"""The RQ jobs: start, continue, resume, retry and recover runs; show decisions on their cards.
 
-Each job drives the harness step by step and leaves the run somewhere durable: finished,
-stopped, failed (with a Retry button) or parked awaiting decisions. No job ever waits for a
-human. Exactly one driver holds a run's lease; every write of the run is fenced by it, the state
-is checkpointed after every step, and a side-effecting call is checkpointed as started before it
-runs. A driver that dies leaves the lease to expire; the watchdog then enqueues `continue_run`,
-which picks the run up from its last checkpoint on any worker.
+Every job that drives a run does one thing: take the run's lease and do what the run needs next
+(`drive`). A queued run starts; a running one continues from its last checkpoint; a parked one
+resumes once every decision is in; a failed one with a Retry click retries; an ended one pays
+what it still owes Slack and lets its thread go. So a job may die anywhere: the run stays in
+`harness:active` with no lease, the watchdog enqueues `recover_run`, and the next driver carries
+on from the last write. No job ever waits for a human.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
-import threading
-import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import rq
-from rq import Retry
 
 from bot import render, texts
-from harness.loop import Agent, AwaitingApproval, Failed, Finished, Outcome, Stopped, TurnDone, step
+from harness.loop import Agent, AwaitingApproval, Event, Failed, Finished, Outcome, TurnDone, step, stop_run
 from harness.state import Decision, PendingCall, RunState, StateError, Verdict, new_run, record_decisions
-from workers.services import RUN_JOB_TIMEOUT, Services
-from workers.store import DAY, FINISHED_RUN_TTL, RunRecord, RunStatus
+from harness.valves import Valve
+from workers import outbox
+from workers.driver import Driver, park_ttl
+from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
+from workers.store import RunRecord, RunStatus, Store
 
 log = logging.getLogger(__name__)
 
+MAX_RECOVERIES = 3  # re-drives after a crash before the run is stopped (a reply that kills workers)
+
 _services: Services | None = None
-
-
-class LostLease(Exception):
-    """Another driver took this run over (this one stalled past its lease); stop at once."""
-
-
-def lease_seconds() -> float:
-    """How long a silent driver keeps its run before another worker takes it over."""
-    return float(os.environ.get("HARNESS_LEASE_SECONDS") or 30)
 
 
 def use_services(services: Services | None) -> None:
@@ -56,318 +48,296 @@ def services() -> Services:
     return _services
 
 
-def enqueue(svc: Services, func: Any, *args: Any, **kwargs: Any) -> rq.job.Job:
-    """Enqueue a job with the timeout of a whole run and RQ retries for crashed attempts."""
-    return svc.queue.enqueue(
-        func,
-        *args,
-        job_timeout=RUN_JOB_TIMEOUT,
-        result_ttl=600,
-        retry=Retry(max=3, interval=[1, 5, 15]),
-        **kwargs,
-    )
+def enqueue(svc: Services, func: Any, run_id: str, *args: Any) -> None:
+    """Enqueue a job about `run_id` with the retry policy every job gets."""
+    enqueue_run_job(svc.store, svc.queue, func, run_id, *args)
 
 
 # --- jobs ------------------------------------------------------------------------------------------
 
 
 def start_run(run_id: str) -> None:
-    """Start a queued run (or continue one whose driver died): take its thread and drive it."""
-    continue_run(run_id)
+    """Start a queued run (the bot enqueues this for every mention)."""
+    drive(run_id)
 
 
 def continue_run(run_id: str) -> None:
-    """Drive `run_id` from its last checkpoint, if nobody else is driving it."""
-    svc = services()
-    with Driver(svc, run_id) as driver:
-        if driver is None or driver.record.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
-            return  # someone else drives it, or it is parked or over
-        if driver.record.status is RunStatus.QUEUED:
-            state = _first_state(svc, driver)
-        else:
-            state = _checkpointed_state(svc, driver)
-        if state is not None:
-            driver.advance(state)
+    """Do what `run_id` needs next, if nobody else is driving it."""
+    drive(run_id)
+
+
+def recover_run(run_id: str) -> None:
+    """Continue a run whose driver died (the watchdog enqueues this); counts as a recovery."""
+    drive(run_id, recovering=True)
+
+
+def retry_run(run_id: str, by: str | None = None) -> None:
+    """Retry a failed run from its last state (the Retry button; who clicked is in the claim)."""
+    drive(run_id)
 
 
 def apply_decisions(run_id: str) -> None:
-    """Show every new decision on its card; once all of a park's calls are decided, resume."""
+    """Show new decisions on their cards; once every call of the park is decided, resume."""
     svc = services()
-    record = _load(svc, run_id)
+    svc.store.job_started(run_id)
+    record = _load(svc.store, run_id)
     if record is None or record.status is not RunStatus.AWAITING_APPROVAL:
         return
-    decisions = svc.store.decisions(run_id)
+    decisions = svc.store.decisions(run_id, record.park_id)
+    if decisions and all(d is not None for d in decisions.values()):
+        drive(run_id)  # the resume updates every card
+        return
     calls = _pending_by_id(record)
     for call_id, decision in decisions.items():
         card = record.cards.get(call_id)
-        if decision and card and call_id in calls and svc.store.first_card_update(run_id, call_id):
-            msg = render.decided_card(
-                call=calls[call_id],
-                requester=record.requester,
-                verdict=decision.verdict,
-                by=decision.by,
-                at=datetime.now(UTC),
-                reason=decision.reason,
-            )
+        first = decision and card and call_id in calls
+        if first and svc.store.first_card_update(run_id, record.park_id, call_id):
+            assert decision is not None and card is not None
+            msg = _decided_card(record, calls[call_id], decision)
             svc.update(record.channel, card, msg.text, msg.blocks)
-    if not decisions or any(d is None for d in decisions.values()):
-        return
-    with Driver(svc, run_id) as driver:
-        if driver is None:  # the run is still being parked by its driver: look again shortly
-            svc.queue.enqueue_in(timedelta(seconds=1), apply_decisions, run_id, job_timeout=RUN_JOB_TIMEOUT)
-            return
-        if driver.record.status is not RunStatus.AWAITING_APPROVAL:
-            return
-        job = rq.get_current_job()
-        if svc.store.claim_resume(run_id, driver.record.park_id, job.id if job else uuid.uuid4().hex):
-            driver.resume(svc.store.decisions(run_id))
 
 
-def expire_approvals(run_id: str, park_id: int) -> None:
-    """Answer every call of park `park_id` still undecided as expired, then apply decisions."""
+def drive(run_id: str, *, recovering: bool = False) -> None:
+    """Take the run's lease and do what it needs next; hand its thread on when it ends."""
     svc = services()
-    record = _load(svc, run_id)
-    if record is None or record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park_id:
-        return
-    pending = _pending_by_id(record)
-    for call_id, decision in svc.store.decisions(run_id).items():
-        if decision is None:
-            audit = record.audit_fields(pending.get(call_id))
-            svc.store.decide(run_id, call_id, Decision(Verdict.EXPIRED), audit=audit)
-    apply_decisions(run_id)
-
-
-def retry_run(run_id: str, by: str) -> None:
-    """Resume a failed run from its last state (the Retry button)."""
-    svc = services()
+    svc.store.job_started(run_id)
+    following = None
     with Driver(svc, run_id) as driver:
-        if driver is None or driver.record.status is not RunStatus.FAILED or driver.record.state is None:
-            return
-        record = driver.record
-        if not svc.store.take_thread(record, RUN_JOB_TIMEOUT):
-            driver.notify(texts.RETRY_BUSY)
-            svc.store.unclaim_retry(run_id, record.failure_ts or "")
-            svc.store.forget_active(run_id)
-            return
-        if record.failure_ts:
-            msg = render.retried_card(error=record.error or "", by=by, at=datetime.now(UTC))
-            svc.update(record.channel, record.failure_ts, msg.text, msg.blocks)
-        state = _checkpointed_state(svc, driver)
-        if state is not None:
-            driver.record = replace(record, failure_ts=None, error=None)
-            driver.advance(state)
+        if driver is None:
+            return  # someone else drives it, or there is no such run
+        following = _next_move(svc, driver, recovering)
+    if following:
+        enqueue(svc, start_run, following)
 
 
-# --- the driver ------------------------------------------------------------------------------------
+def expire_due(store: Store, queue: rq.Queue, now: float) -> int:
+    """Answer every undecided call of every park past its expiry as expired; returns how many parks."""
+    done = 0
+    for run_id, park_id in store.due_expiries(now):
+        record = _load(store, run_id)
+        if record is not None and record.status is RunStatus.AWAITING_APPROVAL and record.park_id == park_id:
+            calls = _pending_by_id(record)
+            for call_id, decision in store.decisions(run_id, park_id).items():
+                if decision is None:
+                    audit = record.audit_fields(calls.get(call_id))
+                    store.decide(run_id, park_id, call_id, Decision(Verdict.EXPIRED), audit=audit, now=now)
+            enqueue_run_job(store, queue, apply_decisions, run_id)
+            done += 1
+        store.forget_expiry(run_id, park_id)
+    return done
 
 
-class Driver:
-    """Holds a run's lease while a job drives it; every write of the run goes through it."""
+# --- what a run needs next ------------------------------------------------------------------------
 
-    def __init__(self, svc: Services, run_id: str) -> None:
-        self.svc = svc
-        self.run_id = run_id
-        self.record: RunRecord
-        self.token = uuid.uuid4().hex
-        self.seconds = lease_seconds()
-        self._stop = threading.Event()
-        self._lost = threading.Event()
-        self._beat: threading.Thread | None = None
 
-    def __enter__(self) -> Driver | None:
-        if not self.svc.store.acquire_lease(self.run_id, self.token, self.seconds):
-            return None
-        record = _load(self.svc, self.run_id)  # read under the lease: nobody else writes it now
-        if record is None:
-            self.svc.store.release_lease(self.run_id, self.token)
-            self.svc.store.forget_active(self.run_id)
-            return None
-        self.record = record
-        self._beat = threading.Thread(target=self._heartbeat, name="lease", daemon=True)
-        self._beat.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
-        self._stop.set()
-        if self._beat is not None:
-            self._beat.join(5)
-        # On a crash the run stays marked active, so the watchdog hands it to another worker.
-        self.svc.store.release_lease(self.run_id, self.token)
-        if exc_type is None and self.record.status not in (RunStatus.RUNNING,):
-            self.svc.store.forget_active(self.run_id)
-
-    def _heartbeat(self) -> None:
-        # Renews the lease while a long model request or tool runs between checkpoints.
-        while not self._stop.wait(self.seconds / 3):
-            if not self.svc.store.renew_lease(self.record.run_id, self.token, self.seconds):
-                self._lost.set()
-                return
-
-    def save(self, *, ttl: int = FINISHED_RUN_TTL, finish: bool = False, **changes: Any) -> None:
-        """Write the run (fenced by the lease); `finish` lets the lease go with the write."""
-        record = replace(self.record, **changes)
-        if self._lost.is_set() or not self.svc.store.checkpoint(
-            record, self.token, self.seconds, ttl=ttl, finish=finish
-        ):
-            raise LostLease(self.record.run_id)
-        self.record = record
-
-    def notify(self, text: str) -> None:
-        msg = render.notice(text)
-        self.svc.post(self.record.channel, self.record.thread_ts, msg.text, msg.blocks)
-
-    def refuse(self, reason: str) -> None:
-        """Fail closed: say so in the thread, stop the run, run nothing."""
-        log.error("run %s refused: %s", self.record.run_id, reason)
-        self.notify(texts.REFUSED_TO_CONTINUE.format(reason=reason))
-        self.save(status=RunStatus.STOPPED, finish=True)
-        _release_thread(self.svc, self.record)
-
-    def resume(self, decisions: dict[str, Decision | None]) -> None:
+def _next_move(svc: Services, driver: Driver, recovering: bool) -> str | None:
+    if recovering:
+        driver.save(recoveries=driver.record.recoveries + 1)
+        if driver.record.recoveries > MAX_RECOVERIES:
+            return _give_up(driver)
+    driver.deliver()  # whatever an earlier driver still owed Slack
+    status = driver.record.status
+    if status is RunStatus.QUEUED:
+        return _start(svc, driver)
+    if status is RunStatus.RUNNING:
         try:
-            state = self.record.run_state()
+            state = _checkpointed_state(driver.record)
         except StateError as exc:
-            self.refuse(str(exc))
-            return
-        awaiting = {c.id for c in state.awaiting}
-        decided = {k: v for k, v in decisions.items() if v is not None and k in awaiting}
-        if set(decided) != awaiting or set(decisions) != awaiting:
-            self.refuse(texts.DECISIONS_DO_NOT_MATCH)
-            return
-        self.svc.store.clear_approvals(self.record.run_id)
-        self.svc.store.take_thread(self.record, RUN_JOB_TIMEOUT)
-        self.advance(record_decisions(state, decided))
+            return _refuse(driver, str(exc))
+        return _advance(svc, driver, state)
+    if status is RunStatus.AWAITING_APPROVAL:
+        return _resume_if_decided(svc, driver)
+    if status is RunStatus.FAILED:
+        return _retry_if_clicked(svc, driver)
+    return driver.finish()
 
-    def advance(self, state: RunState) -> None:
-        """Step the run until it leaves the loop: checkpoint, then post, after every step."""
-        agent = Agent.from_config(self.svc.config, client=self.svc.model, before_tool=self._write_ahead)
-        self.save(status=RunStatus.RUNNING, state=state.to_json(), expires_at=None)
-        while True:
-            result = step(state, agent)
-            state = result.state
-            if result.outcome is None:
-                self.save(state=state.to_json())
-            for event in result.events:
-                if isinstance(event, TurnDone):
-                    msg = render.turn_summary(
-                        event.turn, event.calls, event.tokens, agent.limits.token_budget
-                    )
-                    self.svc.post(self.record.channel, self.record.thread_ts, msg.text, msg.blocks)
-            if result.outcome is not None:
-                self._leave_loop(state, agent, result.outcome)
-                return
 
-    def _write_ahead(self, state: RunState, call: PendingCall) -> None:
-        self.save(state=state.to_json())  # raises LostLease before the call could run twice
+def _start(svc: Services, driver: Driver) -> str | None:
+    record = driver.record
+    task = _task_text(record.task)
+    if not task:
+        driver.notify(texts.EMPTY_TASK)
+        return _end(driver, RunStatus.FINISHED)
+    if not svc.store.take_thread(record, RUN_JOB_TIMEOUT):
+        if record.posted == 0:
+            driver.notify(texts.QUEUED_IN_THREAD)
+        driver.save()
+        driver.deliver()
+        driver.leave()
+        return None
+    try:
+        history, seq = svc.store.load_history(*record.thread)
+    except StateError as exc:
+        return _refuse(driver, str(exc))
+    state = new_run(task, history)
+    driver.save(status=RunStatus.RUNNING, state=state.to_json(), history_seq=seq)
+    return _advance(svc, driver, state)
 
-    def _leave_loop(self, state: RunState, agent: Agent, outcome: Outcome) -> None:
-        record, svc = self.record, self.svc
-        if isinstance(outcome, AwaitingApproval):
-            self._park(state, agent, outcome)
-            return
-        if isinstance(outcome, Failed):
-            msg = render.failed(run_id=record.run_id, error=outcome.error)
-            ts = svc.post(record.channel, record.thread_ts, msg.text, msg.blocks)
-            self.save(
-                status=RunStatus.FAILED,
-                state=state.to_json(),
-                failure_ts=ts,
-                error=outcome.error,
-                finish=True,
-            )
-            _release_thread(svc, record)
-            return
-        if isinstance(outcome, Finished):
-            msg = render.final_answer(outcome.answer, state.turns, state.requests)
-            status, reaction = RunStatus.FINISHED, "white_check_mark"
-        else:
-            assert isinstance(outcome, Stopped)
-            msg = render.stopped(outcome.reason, state.turns, state.requests)
-            status, reaction = RunStatus.STOPPED, "octagonal_sign"
-        svc.store.save_history(*record.thread, state.messages)
-        self.save(status=status, state=state.to_json(), finish=True)
-        svc.post(record.channel, record.thread_ts, msg.text, msg.blocks)
-        svc.react(record.channel, record.thread_ts, reaction, remove="eyes")
-        _release_thread(svc, record)
 
-    def _park(self, state: RunState, agent: Agent, outcome: AwaitingApproval) -> None:
-        svc, approvals = self.svc, self.svc.config.approvals
-        minutes = approvals.expire_after_minutes
-        expires_at = datetime.now(UTC) + timedelta(minutes=minutes)
-        ttl = int(minutes * 60) + DAY
-        park_id = self.record.park_id + 1
-        svc.store.open_approvals(self.record.run_id, [c.id for c in outcome.calls], ttl)
-        self.save(
-            status=RunStatus.AWAITING_APPROVAL,
-            state=state.to_json(),
-            park_id=park_id,
-            expires_at=expires_at.timestamp(),
-            cards={},
-            ttl=ttl,
+def _advance(svc: Services, driver: Driver, state: RunState) -> str | None:
+    """Step the run until it leaves the loop: after every step, save (with what it owes Slack), then pay."""
+
+    def write_ahead(marked: RunState, call: PendingCall) -> None:
+        driver.save(state=marked.to_json())  # raises LostLease before the call could run twice
+
+    agent = Agent.from_config(svc.config, client=svc.model, before_tool=write_ahead)
+    while True:
+        result = step(state, agent)
+        state = result.state
+        _owe_summaries(driver, result.events, agent)
+        if result.outcome is not None:
+            return _leave_loop(svc, driver, state, agent, result.outcome)
+        driver.save(state=state.to_json())
+        driver.deliver()
+
+
+def _owe_summaries(driver: Driver, events: tuple[Event, ...], agent: Agent) -> None:
+    for event in events:
+        if isinstance(event, TurnDone):
+            try:
+                msg = render.turn_summary(event.turn, event.calls, event.tokens, agent.limits.token_budget)
+            except Exception:  # never lose the step (and its usage) to a rendering bug
+                log.exception("run %s: turn %s could not be rendered", driver.run_id, event.turn)
+                msg = render.notice(texts.UNRENDERABLE.format(turn=event.turn))
+            driver.owe(msg)
+
+
+def _leave_loop(svc: Services, driver: Driver, state: RunState, agent: Agent, outcome: Outcome) -> str | None:
+    if isinstance(outcome, AwaitingApproval):
+        return _park(svc, driver, state, agent, outcome)
+    if isinstance(outcome, Failed):
+        driver.owe(render.failed(run_id=driver.run_id, error=outcome.error), role=outbox.FAILURE)
+        driver.record = replace(driver.record, state=state.to_json(), error=outcome.error, failure_ts=None)
+        return _end(driver, RunStatus.FAILED)
+    if isinstance(outcome, Finished):
+        driver.owe(render.final_answer(outcome.answer, state.turns, state.requests))
+        status, reaction = RunStatus.FINISHED, "white_check_mark"
+    else:
+        driver.owe(render.stopped(outcome.reason, state.turns, state.requests))
+        status, reaction = RunStatus.STOPPED, "octagonal_sign"
+    driver.record = outbox.owe_reaction(
+        replace(driver.record, state=state.to_json()), reaction, remove="eyes"
+    )
+    return _end(driver, status)
+
+
+def _end(driver: Driver, status: RunStatus) -> str | None:
+    """Save the run ended with what it owes, pay it, then let the thread go."""
+    driver.save(status=status)
+    driver.deliver()
+    return driver.finish()
+
+
+def _park(
+    svc: Services, driver: Driver, state: RunState, agent: Agent, outcome: AwaitingApproval
+) -> str | None:
+    approvals = svc.config.approvals
+    minutes = approvals.expire_after_minutes
+    expires_at = datetime.now(UTC) + timedelta(minutes=minutes)
+    for call in outcome.calls:
+        card = render.approval_card(
+            run_id=driver.run_id,
+            call=call,
+            requester=driver.record.requester,
+            tier_source=agent.policy.source(call.name),
+            approvers=list(approvals.approvers),
+            expires_at=expires_at,
         )
-        svc.store.take_thread(self.record, ttl)  # the parked run keeps its thread
-        cards = {}
-        for call in outcome.calls:
-            msg = render.approval_card(
-                run_id=self.record.run_id,
-                call=call,
-                requester=self.record.requester,
-                tier_source=agent.policy.source(call.name),
-                approvers=list(approvals.approvers),
-                expires_at=expires_at,
+        driver.owe(card, role=outbox.CARD, call=call.id)
+    driver.park(state, outcome.calls, park_ttl(minutes), expires_at.timestamp())
+    driver.deliver()
+    return _resume_if_decided(svc, driver)
+
+
+def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
+    """Resume a parked run once every call is decided; else let it go (it stays parked)."""
+    while True:
+        record = driver.record
+        decisions = svc.store.decisions(record.run_id, record.park_id)
+        if decisions and all(d is not None for d in decisions.values()):
+            break
+        if not driver.settle():
+            return None
+    try:
+        state = record.run_state()
+    except StateError as exc:
+        return _refuse(driver, str(exc))
+    if set(decisions) != {c.id for c in state.awaiting}:
+        return _refuse(driver, texts.DECISIONS_DO_NOT_MATCH)
+    state = record_decisions(state, {k: v for k, v in decisions.items() if v is not None})
+    shown = svc.store.cards_updated(record.run_id, record.park_id)
+    for call in state.pending:
+        if call.decision is not None and call.id in record.cards and call.id not in shown:
+            driver.record = outbox.owe_update(
+                driver.record, record.cards[call.id], _decided_card(record, call, call.decision)
             )
-            ts = svc.post(self.record.channel, self.record.thread_ts, msg.text, msg.blocks)
-            if ts:
-                cards[call.id] = ts
-        self.save(status=RunStatus.AWAITING_APPROVAL, cards=cards, ttl=ttl, finish=True)
-        svc.queue.enqueue_in(
-            timedelta(minutes=minutes),
-            expire_approvals,
-            self.record.run_id,
-            park_id,
-            job_timeout=RUN_JOB_TIMEOUT,
-            result_ttl=600,
-            retry=Retry(max=3, interval=[1, 5, 15]),
-        )
+    # Durably running before anything else: the decisions stay in Redis until the park's TTL.
+    driver.save(status=RunStatus.RUNNING, state=state.to_json(), expires_at=None)
+    svc.store.forget_expiry(record.run_id, record.park_id)
+    svc.store.take_thread(driver.record, RUN_JOB_TIMEOUT)
+    driver.deliver()
+    return _advance(svc, driver, state)
+
+
+def _retry_if_clicked(svc: Services, driver: Driver) -> str | None:
+    record = driver.record
+    by = svc.store.retry_claimed_by(record.run_id, record.failure_ts) if record.failure_ts else None
+    if by is None or record.failure_ts is None:
+        return driver.finish()  # no Retry click: the failure stays as posted
+    if not svc.store.take_thread(record, RUN_JOB_TIMEOUT, queue=False):
+        svc.store.unclaim_retry(record.run_id, record.failure_ts)
+        driver.notify(texts.RETRY_BUSY)
+        return _end(driver, RunStatus.FAILED)
+    try:
+        state = record.run_state()
+    except StateError as exc:
+        return _refuse(driver, str(exc))
+    retried = render.retried_card(error=record.error or "", by=by, at=datetime.now(UTC))
+    driver.record = outbox.owe_update(record, record.failure_ts, retried)
+    driver.save(status=RunStatus.RUNNING, failure_ts=None, error=None)
+    driver.deliver()
+    return _advance(svc, driver, state)
+
+
+def _refuse(driver: Driver, reason: str) -> str | None:
+    """Fail closed: say so in the thread, stop the run, run nothing."""
+    driver.notify(driver.refuse_text(reason))
+    return _end(driver, RunStatus.STOPPED)
+
+
+def _give_up(driver: Driver) -> str | None:
+    """A run whose driver died too often (a reply or tool that kills workers) is stopped."""
+    record = driver.record
+    log.error("run %s: driver died %d times; stopping it", record.run_id, record.recoveries)
+    text = texts.TOO_MANY_RECOVERIES.format(times=record.recoveries)
+    state = None
+    if record.state is not None:
+        try:
+            state = stop_run(record.run_state(), Valve.CRASHES, text).to_json()
+        except StateError:
+            state = None
+    # What it still owed may be what kills the worker: past the limit it is dropped.
+    driver.record = replace(record, outbox=[], state=state)
+    if record.recoveries <= MAX_RECOVERIES + 2:
+        driver.notify(text)
+    return _end(driver, RunStatus.STOPPED)
 
 
 # --- helpers ---------------------------------------------------------------------------------------
 
 
-def _load(svc: Services, run_id: str) -> RunRecord | None:
+def _load(store: Store, run_id: str) -> RunRecord | None:
     try:
-        return svc.store.load_run(run_id)
+        return store.load_run(run_id)
     except StateError as exc:
         log.error("run %s cannot be read: %s", run_id, exc)  # nowhere to post: refuse quietly
         return None
 
 
-def _first_state(svc: Services, driver: Driver) -> RunState | None:
-    record = driver.record
-    task = _task_text(record.task)
-    if not task:
-        driver.notify(texts.EMPTY_TASK)
-        driver.save(status=RunStatus.FINISHED, finish=True)
-        return None
-    if not svc.store.take_thread(record, RUN_JOB_TIMEOUT):
-        driver.notify(texts.QUEUED_IN_THREAD)
-        return None
-    try:
-        return new_run(task, svc.store.load_history(*record.thread))
-    except StateError as exc:
-        driver.refuse(str(exc))
-        return None
-
-
-def _checkpointed_state(svc: Services, driver: Driver) -> RunState | None:
-    record = driver.record
-    if record.state is None:  # died before its first checkpoint: start over
-        return new_run(_task_text(record.task) or "(empty)", svc.store.load_history(*record.thread))
-    try:
-        return record.run_state()
-    except StateError as exc:
-        driver.refuse(str(exc))
-        return None
+def _checkpointed_state(record: RunRecord) -> RunState:
+    if record.state is None:  # no state yet: start over
+        return new_run(_task_text(record.task) or "(empty)")
+    return record.run_state()
 
 
 def _pending_by_id(record: RunRecord) -> dict[str, PendingCall]:
@@ -377,10 +347,15 @@ def _pending_by_id(record: RunRecord) -> dict[str, PendingCall]:
         return {}
 
 
-def _release_thread(svc: Services, record: RunRecord) -> None:
-    following = svc.store.release_thread(record)
-    if following:
-        enqueue(svc, start_run, following)
+def _decided_card(record: RunRecord, call: PendingCall, decision: Decision) -> render.Message:
+    return render.decided_card(
+        call=call,
+        requester=record.requester,
+        verdict=decision.verdict,
+        by=decision.by,
+        at=datetime.now(UTC),
+        reason=decision.reason,
+    )
 
 
 def _task_text(raw: str) -> str:

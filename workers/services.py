@@ -12,6 +12,8 @@ from typing import Any
 import anthropic
 import redis
 import rq
+from rq import Retry
+from rq.serializers import JSONSerializer
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_handlers import (
@@ -22,7 +24,7 @@ from slack_sdk.http_retry.builtin_handlers import (
 
 from harness.client import make_client
 from harness.config import Config, load_config
-from workers.store import Store
+from workers.store import DAY, Store
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,37 @@ QUEUE_NAME = "harness"
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 DEFAULT_SLACK_API_URL = "https://slack.com/api/"
 RUN_JOB_TIMEOUT = 3600  # a whole run between two parks: (max_turns + 1) requests with retries
+MESSAGE_EVENT_TYPE = "harness_message"  # Slack message metadata that names a run's post
+RETRY_INTERVALS = [1, 5, 15]
+
+
+def make_queue(connection: redis.Redis) -> rq.Queue:
+    """The bot's queue. JSON, never pickle: whoever can write to Redis must not get code execution."""
+    return rq.Queue(QUEUE_NAME, connection=connection, serializer=JSONSerializer)
+
+
+def enqueue_job(queue: rq.Queue, func: str | Any, *args: Any, pipeline: Any = None) -> rq.job.Job:
+    """Enqueue a job with the timeout of a whole run and RQ retries, whoever enqueues it."""
+    if queue.serializer is not JSONSerializer:
+        raise ValueError("the bot's queue must use RQ's JSONSerializer (see make_queue), never pickle")
+    return queue.enqueue_call(
+        func,
+        args=args,
+        timeout=RUN_JOB_TIMEOUT,
+        result_ttl=600,
+        failure_ttl=DAY,
+        retry=Retry(max=len(RETRY_INTERVALS), interval=list(RETRY_INTERVALS)),
+        pipeline=pipeline,
+    )
+
+
+def enqueue_run_job(store: Store, queue: rq.Queue, func: str | Any, run_id: str, *args: Any) -> None:
+    """Enqueue a job about `run_id`, marked pending in the same step so the watchdog sends no other."""
+    with store.redis.pipeline() as pipe:
+        pipe.multi()
+        store.mark_pending(run_id, pipeline=pipe)
+        enqueue_job(queue, func, run_id, *args, pipeline=pipe)
+        pipe.execute()
 
 
 class SettingsError(ValueError):
@@ -85,17 +118,36 @@ class Services:
         connection = connection or redis_connection(env)
         return cls(
             store=Store(connection),
-            queue=rq.Queue(QUEUE_NAME, connection=connection),
+            queue=make_queue(connection),
             slack=slack_client(env),
             config=load_config(env=env),
             model=make_client(),
         )
 
-    def post(self, channel: str, thread_ts: str, text: str, blocks: list[dict[str, Any]]) -> str | None:
-        """Post in a thread; a failure after the client's retries is logged, never raised."""
+    def post(
+        self,
+        channel: str,
+        thread_ts: str,
+        text: str,
+        blocks: list[dict[str, Any]],
+        *,
+        tag: dict[str, str] | None = None,
+    ) -> str | None:
+        """Post in a thread; a failure after the client's retries is logged, never raised.
+
+        Unfurling is off: a link in model or tool text must not make Slack fetch it (a way to
+        exfiltrate data). `tag` goes into the message's metadata, so a post can be found again.
+        """
+        metadata = {"event_type": MESSAGE_EVENT_TYPE, "event_payload": tag} if tag else None
         try:
             reply = self.slack.chat_postMessage(
-                channel=channel, thread_ts=thread_ts, text=text, blocks=blocks
+                channel=channel,
+                thread_ts=thread_ts,
+                text=text,
+                blocks=blocks,
+                unfurl_links=False,
+                unfurl_media=False,
+                metadata=metadata,
             )
             return str(reply["ts"])
         except (SlackApiError, OSError) as exc:
@@ -110,6 +162,34 @@ class Services:
         except (SlackApiError, OSError) as exc:
             log.error("could not update %s/%s: %s", channel, ts, _slack_error(exc))
             return False
+
+    def find_posted(self, channel: str, thread_ts: str, run_id: str) -> dict[str, str] | None:
+        """The posts of `run_id` already in the thread, by the key they were tagged with.
+
+        None when the thread cannot be read (say, the app lacks the history scopes): the caller
+        then posts without knowing, at least once rather than exactly once.
+        """
+        found: dict[str, str] = {}
+        cursor = None
+        try:
+            for _ in range(50):  # 50 pages of 200: a thread far longer than any run's
+                reply = self.slack.conversations_replies(
+                    channel=channel, ts=thread_ts, include_all_metadata=True, limit=200, cursor=cursor
+                )
+                for message in reply.get("messages") or []:
+                    meta = message.get("metadata") or {}
+                    payload = meta.get("event_payload") or {}
+                    if meta.get("event_type") == MESSAGE_EVENT_TYPE and payload.get("run") == run_id:
+                        found[str(payload.get("key"))] = str(message["ts"])
+                cursor = (reply.get("response_metadata") or {}).get("next_cursor")
+                if not cursor:
+                    break
+        except (SlackApiError, OSError) as exc:
+            log.warning(
+                "cannot read thread %s/%s to find earlier posts: %s", channel, thread_ts, _slack_error(exc)
+            )
+            return None
+        return found
 
     def react(self, channel: str, ts: str, name: str, *, remove: str | None = None) -> None:
         """Best effort: a reaction is a courtesy, never a reason to fail a run."""

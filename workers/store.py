@@ -7,27 +7,35 @@ scripts that are safe to run twice (redis-py may retry a command whose reply was
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
 import uuid
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
 import redis
 from redis.client import Pipeline
 
-from harness.state import Decision, RunState, StateError
+from harness.state import Decision, RunState, StateError, Verdict
 
 PREFIX = "harness:"
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: per-park approvals, the outbox
+HISTORY_VERSION = 1
 DAY = 24 * 3600
 EVENT_TTL = DAY  # Slack retries for about 5 minutes; a day is plenty
 THREAD_TTL = 30 * DAY
 FINISHED_RUN_TTL = 7 * DAY
+PENDING_TTL = 3600  # a queued job normally starts in well under this; past it the watchdog looks again
+RUN_COUNT_HORIZON = 3 * DAY  # a run older than this no longer counts against its requester's bound
+AUDIT_MAX_ENTRIES = 100_000
+AUDIT_MAX_AGE = 90 * DAY
+AUDIT_PREVIEW_CHARS = 500
+EXPIRES_FIELD = "~expires"  # never a call id: those are [A-Za-z0-9_-]
 
 _ID = {
     "run": re.compile(r"^[0-9a-f]{32}$"),
@@ -36,6 +44,7 @@ _ID = {
     "ts": re.compile(r"^\d{1,12}\.\d{1,9}$"),
     "event": re.compile(r"^[A-Za-z0-9_-]{1,64}$"),
     "call": re.compile(r"^[A-Za-z0-9_-]{1,128}$"),
+    "user": re.compile(r"^[A-Z][A-Z0-9]{1,31}$"),
 }
 
 
@@ -88,16 +97,13 @@ class Keys:
         return f"{PREFIX}run:{check_id('run', run_id)}"
 
     @staticmethod
-    def approvals(run_id: str) -> str:
-        return f"{PREFIX}approvals:{check_id('run', run_id)}"
+    def approvals(run_id: str, park_id: int) -> str:
+        """One hash per park: a new park never touches (or wipes) an older park's decisions."""
+        return f"{PREFIX}approvals:{check_id('run', run_id)}:{int(park_id)}"
 
     @staticmethod
-    def resume_claim(run_id: str, park_id: int) -> str:
-        return f"{PREFIX}resume:{check_id('run', run_id)}:{int(park_id)}"
-
-    @staticmethod
-    def cards_done(run_id: str) -> str:
-        return f"{PREFIX}cards:{check_id('run', run_id)}"
+    def cards_done(run_id: str, park_id: int) -> str:
+        return f"{PREFIX}cards:{check_id('run', run_id)}:{int(park_id)}"
 
     @staticmethod
     def retry_claim(run_id: str, failure_ts: str) -> str:
@@ -108,8 +114,9 @@ class Keys:
         return f"{PREFIX}event:{check_id('team', team)}:{check_id('event', event_id)}"
 
     @staticmethod
-    def thread(team: str, channel: str, thread_ts: str) -> str:
-        return f"{PREFIX}thread:{_thread_id(team, channel, thread_ts)}"
+    def history(team: str, channel: str, thread_ts: str) -> str:
+        """The thread's conversation (a hash: `data`, and `seq`, the count of runs that saved it)."""
+        return f"{PREFIX}history:{_thread_id(team, channel, thread_ts)}"
 
     @staticmethod
     def thread_lock(team: str, channel: str, thread_ts: str) -> str:
@@ -120,6 +127,18 @@ class Keys:
         return f"{PREFIX}waiting:{_thread_id(team, channel, thread_ts)}"
 
     @staticmethod
+    def user_runs(team: str, user: str) -> str:
+        return f"{PREFIX}runs:user:{check_id('team', team)}:{check_id('user', user)}"
+
+    @staticmethod
+    def channel_runs(team: str, channel: str) -> str:
+        return f"{PREFIX}runs:channel:{check_id('team', team)}:{check_id('channel', channel)}"
+
+    @staticmethod
+    def busy_notice(team: str, user: str) -> str:
+        return f"{PREFIX}busy:{check_id('team', team)}:{check_id('user', user)}"
+
+    @staticmethod
     def audit() -> str:
         return f"{PREFIX}audit"
 
@@ -128,8 +147,19 @@ class Keys:
         return f"{PREFIX}lease:{check_id('run', run_id)}"
 
     @staticmethod
+    def pending(run_id: str) -> str:
+        """Set while a job for the run waits in the queue: the watchdog leaves such a run alone."""
+        return f"{PREFIX}pending:{check_id('run', run_id)}"
+
+    @staticmethod
     def active() -> str:
+        """Runs that need a driver now (score: when one was last heard from)."""
         return f"{PREFIX}active"
+
+    @staticmethod
+    def expiries() -> str:
+        """Parks awaiting decisions (member `run:park`, score: when they expire)."""
+        return f"{PREFIX}expiries"
 
 
 def _thread_id(team: str, channel: str, thread_ts: str) -> str:
@@ -145,9 +175,12 @@ class RunStatus(StrEnum):
     FAILED = "failed"
 
 
+ENDED = (RunStatus.FINISHED, RunStatus.STOPPED, RunStatus.FAILED)
+
+
 @dataclass
 class RunRecord:
-    """A run as the Slack side knows it: where it talks, who asked, and its harness state."""
+    """A run as the Slack side knows it: where it talks, who asked, its harness state, what it owes Slack."""
 
     run_id: str
     team: str
@@ -158,25 +191,36 @@ class RunRecord:
     status: RunStatus = RunStatus.QUEUED
     state: dict[str, Any] | None = None  # RunState.to_json(); None until the run starts
     cards: dict[str, str] = field(default_factory=dict)  # tool_use_id -> ts of its approval card
-    park_id: int = 0  # increases every time the run parks; keys the resume claim
+    park_id: int = 0  # increases every time the run parks; keys the park's approvals
     expires_at: float | None = None
     failure_ts: str | None = None
     error: str | None = None
     created_at: float = field(default_factory=time.time)
+    # The transactional outbox: messages the run owes Slack, saved in the same write as the state
+    # that owes them, removed once delivered (see workers.delivery).
+    outbox: list[dict[str, Any]] = field(default_factory=list)
+    posted: int = 0  # how many posts the run has queued so far: keys its messages for reconciliation
+    recoveries: int = 0  # how often the watchdog re-drove it after its driver died
+    history_seq: int = 0  # the thread history's `seq` this run continued; its save is refused if it moved on
 
     @property
     def thread(self) -> tuple[str, str, str]:
         return (self.team, self.channel, self.thread_ts)
 
     def audit_fields(self, call: Any = None) -> dict[str, Any]:
-        """What the audit log keeps besides who decided and how: where, what, with which input."""
+        """What the audit log keeps besides who decided and how: where, what, the input's hash and preview."""
+        raw_input = getattr(call, "input", None)
+        text = json.dumps(raw_input, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        preview = text if len(text) <= AUDIT_PREVIEW_CHARS else text[:AUDIT_PREVIEW_CHARS] + "…"
         return {
             "team": self.team,
             "channel": self.channel,
             "thread_ts": self.thread_ts,
             "requester": self.requester,
             "tool": getattr(call, "name", None),
-            "input": getattr(call, "input", None),
+            "input_sha256": hashlib.sha256(text.encode("utf-8", "replace")).hexdigest(),
+            "input_chars": len(text),
+            "input_preview": preview,
         }
 
     def run_state(self) -> RunState:
@@ -204,10 +248,20 @@ class RunRecord:
             raise StateError(f"stored run record is malformed ({exc!r}); refusing to use it") from None
 
 
+class Accepted(StrEnum):
+    """What became of a mention delivered to the bot."""
+
+    NEW = "new"  # a run was recorded and its job enqueued
+    DUPLICATE = "duplicate"  # Slack delivered it before
+    USER_BUSY = "user_busy"  # the requester already has their share of runs going
+    CHANNEL_BUSY = "channel_busy"  # the channel already has its share of runs going
+
+
 class DecideOutcome(StrEnum):
     RECORDED = "recorded"  # this click decided the call
     TAKEN = "taken"  # someone (or the clock) decided it already
-    UNKNOWN = "unknown"  # no such call awaits a decision in this run
+    EXPIRED = "expired"  # the click came after the park expired: the call is now expired
+    UNKNOWN = "unknown"  # no such call awaits a decision in this park
 
 
 @dataclass(frozen=True)
@@ -216,61 +270,152 @@ class DecideResult:
     decision: Decision | None = None  # the decision that stands
 
 
-# KEYS[1] approvals hash, KEYS[2] audit stream. ARGV[1] call id, ARGV[2] decision JSON,
-# ARGV[3] audit entry JSON. A field holds "" while the call awaits a decision. The decision and
-# its audit entry are written together; running the script twice gives the same answer.
-_DECIDE = """
+@dataclass(frozen=True)
+class FinishResult:
+    next_run: str | None  # the run queued next in the thread, now marked active
+    history_saved: bool
+
+
+# Lua helper: true when every call field of a park's approvals hash holds a decision.
+_ALL_DECIDED = """
+local function all_decided(key)
+  local flat = redis.call('HGETALL', key)
+  if #flat == 0 then return false end
+  for i = 1, #flat, 2 do
+    if string.sub(flat[i], 1, 1) ~= '~' and flat[i + 1] == '' then return false end
+  end
+  return true
+end
+"""
+
+# KEYS[1] approvals hash, KEYS[2] audit stream, KEYS[3] active set. ARGV[1] call id, ARGV[2]
+# decision JSON, ARGV[3] audit entry JSON, ARGV[4] now, ARGV[5] expired decision JSON, ARGV[6]
+# expired audit entry JSON, ARGV[7] run id, ARGV[8] audit max length, ARGV[9] oldest audit id kept.
+# A field holds "" while the call awaits a decision. A click at or after the park's expiry records
+# the expiry instead. The decision and its audit entry are written together, and the park that
+# this decision completes is marked active in the same step, so whatever recovers orphaned runs
+# finds it even if the resume job dies. Running the script twice gives the same answer.
+_DECIDE = (
+    _ALL_DECIDED
+    + """
 local current = redis.call('HGET', KEYS[1], ARGV[1])
 if not current then return {'unknown', ''} end
 if current == '' then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', '1000000', '*', 'entry', ARGV[3])
-  return {'recorded', ARGV[2]}
+  local expires = tonumber(redis.call('HGET', KEYS[1], '~expires') or '0')
+  local decision, entry, outcome = ARGV[2], ARGV[3], 'recorded'
+  if expires > 0 and tonumber(ARGV[4]) >= expires then
+    decision, entry, outcome = ARGV[5], ARGV[6], 'expired'
+  end
+  redis.call('HSET', KEYS[1], ARGV[1], decision)
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'entry', entry)
+  redis.call('XTRIM', KEYS[2], 'MINID', '~', ARGV[9])
+  if all_decided(KEYS[1]) then redis.call('ZADD', KEYS[3], ARGV[4], ARGV[7]) end
+  return {outcome, decision}
 end
 if current == ARGV[2] then return {'recorded', current} end
 return {'taken', current}
 """
+)
 
-# KEYS[1] approvals hash, KEYS[2] resume claim. ARGV[1] claim TTL, ARGV[2] claimer.
-# Claims the resume once every call is decided; the same claimer asking again gets it again.
-_CLAIM = """
-local values = redis.call('HVALS', KEYS[1])
-if #values == 0 then return 0 end
-for _, v in ipairs(values) do if v == '' then return 0 end end
-if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'EX', ARGV[1]) then return 1 end
-if redis.call('GET', KEYS[2]) == ARGV[2] then return 1 end
-return 0
-"""
-
-# KEYS[1] thread lock, KEYS[2] waiting list. ARGV[1] run id, ARGV[2] lock TTL, ARGV[3] list TTL.
+# KEYS[1] thread lock, KEYS[2] waiting list. ARGV[1] run id, ARGV[2] lock TTL, ARGV[3] list TTL,
+# ARGV[4] "1" to queue behind the holder when the thread is taken.
 _TAKE_THREAD = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 1 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('EXPIRE', KEYS[1], ARGV[2]) return 1 end
+if ARGV[4] ~= '1' then return 0 end
 if redis.call('LPOS', KEYS[2], ARGV[1]) == false then redis.call('RPUSH', KEYS[2], ARGV[1]) end
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 return 0
 """
 
-# KEYS[1] thread lock, KEYS[2] waiting list. ARGV[1] run id.
-_RELEASE_THREAD = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
-redis.call('DEL', KEYS[1])
-return redis.call('LPOP', KEYS[2])
-"""
-
 # KEYS[1] lease, KEYS[2] run record, KEYS[3] active set. ARGV[1] token, ARGV[2] lease ms,
-# ARGV[3] record JSON, ARGV[4] record TTL s, ARGV[5] now, ARGV[6] run id, ARGV[7] "1" to finish.
+# ARGV[3] record, ARGV[4] record TTL s, ARGV[5] now, ARGV[6] run id.
 # A fenced write: only the lease holder may write the run (a driver that lost its lease stops).
-_CHECKPOINT = """
+_SAVE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
-if ARGV[7] == '1' then
-  redis.call('DEL', KEYS[1])
-  redis.call('ZREM', KEYS[3], ARGV[6])
-else
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('ZADD', KEYS[3], ARGV[5], ARGV[6])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[5], ARGV[6])
+return 1
+"""
+
+# KEYS[1] lease, KEYS[2] run record, KEYS[3] active set, KEYS[4] approvals hash, KEYS[5] expiries,
+# KEYS[6] thread lock. ARGV[1] token, ARGV[2] lease ms, ARGV[3] record, ARGV[4] TTL s, ARGV[5] now,
+# ARGV[6] run id, ARGV[7] expires at, ARGV[8] expiry member, ARGV[9..] call ids.
+# Parking is one fenced step: the record awaiting decisions (with the cards it owes in its outbox),
+# one empty field per call, the expiry scheduled, the thread kept. HSETNX: replayed, it never wipes
+# a decision recorded in between.
+_PARK = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
+for i = 9, #ARGV do redis.call('HSETNX', KEYS[4], ARGV[i], '') end
+redis.call('HSETNX', KEYS[4], '~expires', ARGV[7])
+redis.call('EXPIRE', KEYS[4], ARGV[4])
+redis.call('ZADD', KEYS[5], ARGV[7], ARGV[8])
+if redis.call('GET', KEYS[6]) == ARGV[6] then redis.call('EXPIRE', KEYS[6], ARGV[4]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[5], ARGV[6])
+return 1
+"""
+
+# KEYS[1] lease, KEYS[2] run record, KEYS[3] active set, KEYS[4] approvals hash. ARGV[1] token,
+# ARGV[2] record, ARGV[3] TTL s, ARGV[4] run id, ARGV[5] lease ms.
+# After its cards are posted, a parked run lets go of its driver, unless every decision is already
+# in (a quick click): then the driver keeps the lease and resumes at once. Atomic with the decide
+# script, so a decision lands either before (ready) or after (it marks the run active itself).
+_SETTLE = (
+    _ALL_DECIDED
+    + """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 'lost' end
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+if all_decided(KEYS[4]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  return 'ready'
 end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[3], ARGV[4])
+return 'parked'
+"""
+)
+
+# KEYS[1] lease, KEYS[2] run record, KEYS[3] active set, KEYS[4] thread lock, KEYS[5] waiting list,
+# KEYS[6] requester's runs, KEYS[7] channel's runs, KEYS[8] thread history. ARGV[1] token,
+# ARGV[2] record, ARGV[3] TTL s, ARGV[4] run id, ARGV[5] now, ARGV[6] history ('' for none),
+# ARGV[7] the history seq the run continued, ARGV[8] history TTL s.
+# The end of a run, in one fenced step: its record, the thread's history (only if no newer run saved
+# one since this run began), the thread handed to the next run (marked active, so it is started even
+# if the enqueue is lost), and the run no longer counted or driven.
+_FINISH = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, '', 0} end
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+local saved = 0
+if ARGV[6] ~= '' then
+  local seq = tonumber(redis.call('HGET', KEYS[8], 'seq') or '0')
+  if seq == tonumber(ARGV[7]) then
+    redis.call('HSET', KEYS[8], 'data', ARGV[6], 'seq', seq + 1)
+    redis.call('EXPIRE', KEYS[8], ARGV[8])
+    saved = 1
+  end
+end
+local nxt = ''
+if redis.call('GET', KEYS[4]) == ARGV[4] then
+  redis.call('DEL', KEYS[4])
+  nxt = redis.call('LPOP', KEYS[5]) or ''
+  if nxt ~= '' then redis.call('ZADD', KEYS[3], ARGV[5], nxt) end
+end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[3], ARGV[4])
+redis.call('ZREM', KEYS[6], ARGV[4])
+redis.call('ZREM', KEYS[7], ARGV[4])
+return {1, nxt, saved}
+"""
+
+# KEYS[1] lease, KEYS[2] active set, KEYS[3] waiting list. ARGV[1] token, ARGV[2] run id.
+# A run queued behind another in its thread lets go: no driver until the thread is handed to it
+# (unless that already happened, in which case it stays active).
+_LEAVE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+if redis.call('LPOS', KEYS[3], ARGV[2]) ~= false then redis.call('ZREM', KEYS[2], ARGV[2]) end
 return 1
 """
 
@@ -282,6 +427,9 @@ redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 return 1
 """
 
+# KEYS[1] lease. ARGV[1] token.
+_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 0"
+
 
 class Store:
     """Runs, threads, decisions and dedup marks in Redis."""
@@ -289,36 +437,71 @@ class Store:
     def __init__(self, connection: redis.Redis) -> None:
         self.redis = connection
         self._decide = connection.register_script(_DECIDE)
-        self._claim = connection.register_script(_CLAIM)
         self._take = connection.register_script(_TAKE_THREAD)
-        self._release = connection.register_script(_RELEASE_THREAD)
-        self._checkpoint = connection.register_script(_CHECKPOINT)
+        self._save = connection.register_script(_SAVE)
+        self._park = connection.register_script(_PARK)
+        self._settle = connection.register_script(_SETTLE)
+        self._finish = connection.register_script(_FINISH)
+        self._leave = connection.register_script(_LEAVE)
         self._renew = connection.register_script(_RENEW)
+        self._release = connection.register_script(_RELEASE)
 
     # --- mentions -------------------------------------------------------------------------------
 
     def accept_event(
-        self, team: str, event_id: str, record: RunRecord, enqueue: Callable[[Pipeline], Any]
-    ) -> bool:
-        """Record a mention once: dedup mark, run record and job in one transaction.
+        self,
+        team: str,
+        event_id: str,
+        record: RunRecord,
+        enqueue: Callable[[Pipeline], Any],
+        *,
+        max_per_user: int,
+        max_per_channel: int,
+    ) -> Accepted:
+        """Record a mention once: dedup mark, run record, its counts and its job in one transaction.
 
-        Returns False for a delivery seen before. Either all three are written or none is, so a
-        crash in between leaves nothing behind that would swallow Slack's retry.
+        Either all of them are written or none is, so a crash in between leaves nothing behind that
+        would swallow Slack's retry. A requester or channel at its bound of runs gets no run (the
+        dedup mark is still set, so Slack's retries are answered the same way).
         """
         key = Keys.event(team, event_id)
+        user_key, channel_key = (
+            Keys.user_runs(team, record.requester),
+            Keys.channel_runs(team, record.channel),
+        )
+        horizon = time.time() - RUN_COUNT_HORIZON
         with self.redis.pipeline() as pipe:
             try:
-                pipe.watch(key)
+                pipe.watch(key, user_key, channel_key)
                 if pipe.exists(key):
-                    return False
+                    return Accepted.DUPLICATE
+                busy = None
+                if pipe.zcount(user_key, horizon, "+inf") >= max_per_user:
+                    busy = Accepted.USER_BUSY
+                elif pipe.zcount(channel_key, horizon, "+inf") >= max_per_channel:
+                    busy = Accepted.CHANNEL_BUSY
                 pipe.multi()
-                pipe.set(key, record.run_id, ex=EVENT_TTL)
+                pipe.set(key, record.run_id if busy is None else busy.value, ex=EVENT_TTL)
+                if busy is not None:
+                    pipe.execute()
+                    return busy
+                for count_key in (user_key, channel_key):
+                    pipe.zremrangebyscore(count_key, "-inf", horizon)
+                    pipe.zadd(count_key, {record.run_id: record.created_at})
+                    pipe.expire(count_key, RUN_COUNT_HORIZON)
                 self.save_run(record, pipeline=pipe)
+                # Active from the start: a job that dies before its driver takes the lease is
+                # still noticed by the watchdog.
+                pipe.zadd(Keys.active(), {record.run_id: time.time()})
                 enqueue(pipe)
                 pipe.execute()
             except redis.WatchError:
-                return False  # a concurrent delivery of the same event won
-        return True
+                return Accepted.DUPLICATE  # a concurrent delivery of the same event won
+        return Accepted.NEW
+
+    def first_busy_notice(self, team: str, user: str, seconds: int = 60) -> bool:
+        """True at most once a minute per requester: whether to tell them a mention was refused."""
+        return bool(self.redis.set(Keys.busy_notice(team, user), "1", nx=True, ex=seconds))
 
     # --- runs -----------------------------------------------------------------------------------
 
@@ -329,136 +512,162 @@ class Store:
     def save_run(
         self, record: RunRecord, *, ttl: int = FINISHED_RUN_TTL, pipeline: Pipeline | None = None
     ) -> None:
+        """Unfenced write of a record: only for a run nobody drives yet (a new mention)."""
         (pipeline or self.redis).set(Keys.run(record.run_id), pack(record.to_json()), ex=ttl)
 
-    def open_approvals(self, run_id: str, call_ids: list[str], ttl: int) -> None:
-        """A fresh approvals hash: one empty field per call awaiting a decision."""
-        key = Keys.approvals(run_id)
-        with self.redis.pipeline() as pipe:
-            pipe.delete(key, Keys.cards_done(run_id))
-            pipe.hset(key, mapping={check_id("call", c): "" for c in call_ids})
-            pipe.expire(key, ttl)
-            pipe.execute()
+    def mark_pending(self, run_id: str, pipeline: Pipeline | None = None) -> None:
+        """A job for `run_id` is on its way: the watchdog does not send another."""
+        (pipeline or self.redis).set(Keys.pending(run_id), "1", ex=PENDING_TTL)
 
-    def park(self, record: RunRecord, call_ids: list[str], ttl: int) -> RunRecord:
-        """Save a run awaiting decisions on `call_ids` (unfenced; drivers use their lease)."""
-        record = replace(record, status=RunStatus.AWAITING_APPROVAL, park_id=record.park_id + 1)
-        self.open_approvals(record.run_id, call_ids, ttl)
-        self.save_run(record, ttl=ttl)
-        return record
+    def job_started(self, run_id: str) -> None:
+        self.redis.delete(Keys.pending(run_id))
+
+    # --- decisions ------------------------------------------------------------------------------
 
     def decide(
-        self, run_id: str, call_id: str, decision: Decision, audit: dict[str, Any] | None = None
+        self,
+        run_id: str,
+        park_id: int,
+        call_id: str,
+        decision: Decision,
+        audit: dict[str, Any] | None = None,
+        *,
+        now: float | None = None,
     ) -> DecideResult:
-        """Record `decision` for a call unless it is unknown or already decided; atomic.
+        """Record `decision` for a call of park `park_id`, unless unknown, already decided or expired; atomic.
 
-        The first recording also appends `audit` (who, what, arguments, when, outcome) to the
-        append-only audit stream, in the same step.
+        The first recording also appends `audit` (who, what, the input's hash and preview, when,
+        outcome) to the audit stream, in the same step.
         """
+        now = time.time() if now is None else now
         payload = json.dumps(decision.to_json(), sort_keys=True)
-        entry = {
-            "at": time.time(),
-            "run_id": run_id,
-            "call_id": call_id,
-            **decision.to_json(),
-            **(audit or {}),
-        }
-        keys = [Keys.approvals(run_id), Keys.audit()]
-        args = [check_id("call", call_id), payload, json.dumps(entry, ensure_ascii=False)]
+        expired = json.dumps(Decision(Verdict.EXPIRED).to_json(), sort_keys=True)
+        base = {"at": now, "run_id": run_id, "park_id": int(park_id), "call_id": call_id, **(audit or {})}
+        entry = {**base, **decision.to_json()}
+        expired_entry = {**base, **Decision(Verdict.EXPIRED).to_json(), "late_click_by": decision.by}
+        oldest = f"{int((now - AUDIT_MAX_AGE) * 1000)}-0"
+        keys = [Keys.approvals(run_id, park_id), Keys.audit(), Keys.active()]
+        args: list[Any] = [
+            check_id("call", call_id),
+            payload,
+            json.dumps(entry, ensure_ascii=False),
+            repr(now),
+            expired,
+            json.dumps(expired_entry, ensure_ascii=False),
+            run_id,
+            AUDIT_MAX_ENTRIES,
+            oldest,
+        ]
         outcome, stored = self._decide(keys=keys, args=args)
-        outcome = DecideOutcome(outcome.decode() if isinstance(outcome, bytes) else outcome)
+        result = DecideOutcome(_text(outcome))
         standing = Decision.from_json(json.loads(stored)) if stored else None
-        return DecideResult(outcome, standing)
+        return DecideResult(result, standing)
 
-    def decisions(self, run_id: str) -> dict[str, Decision | None]:
-        """Every call of the current park: its decision, or None while it still awaits one."""
-        raw = self.redis.hgetall(Keys.approvals(run_id))
-        return {_text(k): (Decision.from_json(json.loads(v)) if v else None) for k, v in raw.items()}
+    def decisions(self, run_id: str, park_id: int) -> dict[str, Decision | None]:
+        """Every call of park `park_id`: its decision, or None while it still awaits one."""
+        raw = self.redis.hgetall(Keys.approvals(run_id, park_id))
+        return {
+            _text(k): (Decision.from_json(json.loads(v)) if v else None)
+            for k, v in raw.items()
+            if not _text(k).startswith("~")
+        }
 
-    def claim_resume(self, run_id: str, park_id: int, claimer: str, ttl: int = DAY) -> bool:
-        """True for exactly one claimer once every call of park `park_id` is decided."""
-        keys = [Keys.approvals(run_id), Keys.resume_claim(run_id, park_id)]
-        return bool(self._claim(keys=keys, args=[ttl, claimer]))
-
-    def clear_approvals(self, run_id: str, pipeline: Pipeline | None = None) -> None:
-        (pipeline or self.redis).delete(Keys.approvals(run_id), Keys.cards_done(run_id))
-
-    def first_card_update(self, run_id: str, call_id: str, ttl: int = DAY) -> bool:
+    def first_card_update(self, run_id: str, park_id: int, call_id: str, ttl: int = DAY) -> bool:
         """True once per call: whoever gets it updates the call's card after its decision."""
-        key = Keys.cards_done(run_id)
+        key = Keys.cards_done(run_id, park_id)
         with self.redis.pipeline() as pipe:
             pipe.sadd(key, check_id("call", call_id))
             pipe.expire(key, ttl)
             added, _ = pipe.execute()
         return bool(added)
 
+    def cards_updated(self, run_id: str, park_id: int) -> set[str]:
+        return {_text(m) for m in self.redis.smembers(Keys.cards_done(run_id, park_id))}
+
+    def due_expiries(self, now: float, limit: int = 100) -> list[tuple[str, int]]:
+        """Parks whose expiry time has come: (run id, park id)."""
+        members = self.redis.zrangebyscore(Keys.expiries(), "-inf", now, start=0, num=limit)
+        due = []
+        for member in members:
+            run_id, _, park = _text(member).partition(":")
+            due.append((run_id, int(park or 0)))
+        return due
+
+    def forget_expiry(self, run_id: str, park_id: int) -> None:
+        self.redis.zrem(Keys.expiries(), f"{check_id('run', run_id)}:{int(park_id)}")
+
+    # --- retries --------------------------------------------------------------------------------
+
+    def claim_retry(self, run_id: str, failure_ts: str, by: str) -> bool:
+        """True for exactly one Retry click of one failure; the run is then marked active."""
+        with self.redis.pipeline() as pipe:
+            pipe.set(Keys.retry_claim(run_id, failure_ts), by, nx=True, ex=DAY)
+            pipe.zadd(Keys.active(), {run_id: time.time()})
+            claimed, _ = pipe.execute()
+        return bool(claimed)
+
+    def retry_claimed_by(self, run_id: str, failure_ts: str) -> str | None:
+        raw = self.redis.get(Keys.retry_claim(run_id, failure_ts))
+        return _text(raw) if raw else None
+
     def unclaim_retry(self, run_id: str, failure_ts: str) -> None:
         if failure_ts:
             self.redis.delete(Keys.retry_claim(run_id, failure_ts))
 
-    def claim_retry(self, run_id: str, failure_ts: str) -> bool:
-        """True for exactly one Retry click of one failure."""
-        return bool(self.redis.set(Keys.retry_claim(run_id, failure_ts), "1", nx=True, ex=DAY))
-
     # --- threads --------------------------------------------------------------------------------
 
-    def load_history(self, team: str, channel: str, thread_ts: str) -> tuple[dict[str, Any], ...]:
-        raw = self.redis.get(Keys.thread(team, channel, thread_ts))
-        if raw is None:
-            return ()
+    def load_history(self, team: str, channel: str, thread_ts: str) -> tuple[tuple[dict[str, Any], ...], int]:
+        """The thread's conversation so far and its `seq` (0 for a new thread)."""
+        data, seq = self.redis.hmget(Keys.history(team, channel, thread_ts), ["data", "seq"])
+        if data is None:
+            return (), int(seq or 0)
         try:
-            data = json.loads(unpack(raw))
+            parsed = json.loads(unpack(data))
         except ValueError as exc:
             raise StateError(f"stored thread is unreadable ({exc}); refusing to use it") from None
-        if not isinstance(data, dict) or data.get("version") != RECORD_VERSION:
+        if not isinstance(parsed, dict) or parsed.get("version") != HISTORY_VERSION:
             raise StateError("stored thread has an unknown format version; refusing to use it")
-        return tuple(data["messages"])
+        return tuple(parsed["messages"]), int(seq or 0)
 
-    def save_history(
-        self, team: str, channel: str, thread_ts: str, messages: tuple[dict[str, Any], ...]
-    ) -> None:
-        payload = json.dumps({"version": RECORD_VERSION, "messages": list(messages)}, ensure_ascii=False)
-        self.redis.set(Keys.thread(team, channel, thread_ts), pack(payload), ex=THREAD_TTL)
-
-    def take_thread(self, record: RunRecord, ttl: int) -> bool:
-        """Make `record` the active run of its thread, or queue it behind the one that is; atomic."""
+    def take_thread(self, record: RunRecord, ttl: int, *, queue: bool = True) -> bool:
+        """Make `record` the active run of its thread, or (`queue`) queue it behind the one that is."""
         keys = [Keys.thread_lock(*record.thread), Keys.thread_waiting(*record.thread)]
-        return bool(self._take(keys=keys, args=[record.run_id, ttl, THREAD_TTL]))
-
-    def release_thread(self, record: RunRecord) -> str | None:
-        """Free the thread if `record` holds it; returns the next queued run id, if any."""
-        keys = [Keys.thread_lock(*record.thread), Keys.thread_waiting(*record.thread)]
-        nxt = self._release(keys=keys, args=[record.run_id])
-        return _text(nxt) if nxt else None
+        return bool(self._take(keys=keys, args=[record.run_id, ttl, THREAD_TTL, "1" if queue else "0"]))
 
     def thread_holder(self, record: RunRecord) -> str | None:
         raw = self.redis.get(Keys.thread_lock(*record.thread))
         return _text(raw) if raw else None
 
-    # --- leases: exactly one driver per run, and orphans noticed -------------------------------
+    # --- leases: exactly one driver per run, every write fenced ------------------------------
 
     def acquire_lease(self, run_id: str, token: str, seconds: float) -> bool:
-        """Become the one driver of `run_id` for `seconds` (renewed by checkpoints and heartbeats)."""
-        if not self.redis.set(Keys.lease(run_id), token, nx=True, px=int(seconds * 1000)):
-            return False
-        self.redis.zadd(Keys.active(), {run_id: time.time()})
-        return True
+        """Become the one driver of `run_id` for `seconds` (renewed by saves and heartbeats)."""
+        return bool(self.redis.set(Keys.lease(run_id), token, nx=True, px=int(seconds * 1000)))
 
     def renew_lease(self, run_id: str, token: str, seconds: float) -> bool:
         keys = [Keys.lease(run_id), Keys.active()]
         return bool(self._renew(keys=keys, args=[token, int(seconds * 1000), time.time(), run_id]))
 
-    def checkpoint(
-        self,
-        record: RunRecord,
-        token: str,
-        seconds: float,
-        *,
-        ttl: int = FINISHED_RUN_TTL,
-        finish: bool = False,
-    ) -> bool:
-        """Save `record` if `token` still holds its lease (renewing it); `finish` also lets go."""
+    def release_lease(self, run_id: str, token: str) -> None:
+        self._release(keys=[Keys.lease(run_id)], args=[token])
+
+    def save(self, record: RunRecord, token: str, seconds: float, *, ttl: int = FINISHED_RUN_TTL) -> bool:
+        """Save `record` if `token` still holds its lease (renewing it)."""
         keys = [Keys.lease(record.run_id), Keys.run(record.run_id), Keys.active()]
+        args: list[Any] = [token, int(seconds * 1000), pack(record.to_json()), ttl, time.time(), record.run_id]
+        return bool(self._save(keys=keys, args=args))
+
+    def park(self, record: RunRecord, token: str, seconds: float, call_ids: list[str], *, ttl: int) -> bool:
+        """Save a run awaiting decisions on `call_ids` (park `record.park_id`), fenced and atomic."""
+        assert record.expires_at is not None
+        keys = [
+            Keys.lease(record.run_id),
+            Keys.run(record.run_id),
+            Keys.active(),
+            Keys.approvals(record.run_id, record.park_id),
+            Keys.expiries(),
+            Keys.thread_lock(*record.thread),
+        ]
         args: list[Any] = [
             token,
             int(seconds * 1000),
@@ -466,20 +675,77 @@ class Store:
             ttl,
             time.time(),
             record.run_id,
-            "1" if finish else "0",
+            repr(record.expires_at),
+            f"{record.run_id}:{record.park_id}",
+            *(check_id("call", c) for c in call_ids),
         ]
-        return bool(self._checkpoint(keys=keys, args=args))
+        return bool(self._park(keys=keys, args=args))
 
-    def release_lease(self, run_id: str, token: str) -> None:
-        script = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 0"
-        self.redis.eval(script, 1, Keys.lease(run_id), token)
+    def settle_park(self, record: RunRecord, token: str, seconds: float, *, ttl: int) -> str:
+        """'ready' (every decision is in: keep driving), 'parked' (let go) or 'lost' (not ours)."""
+        keys = [
+            Keys.lease(record.run_id),
+            Keys.run(record.run_id),
+            Keys.active(),
+            Keys.approvals(record.run_id, record.park_id),
+        ]
+        args: list[Any] = [token, pack(record.to_json()), ttl, record.run_id, int(seconds * 1000)]
+        return _text(self._settle(keys=keys, args=args))
+
+    def finish(
+        self,
+        record: RunRecord,
+        token: str,
+        *,
+        history: tuple[dict[str, Any], ...] | None,
+        ttl: int = FINISHED_RUN_TTL,
+    ) -> FinishResult | None:
+        """End the run (see `_FINISH`); None when `token` no longer holds its lease."""
+        payload = b""
+        if history is not None:
+            text = json.dumps({"version": HISTORY_VERSION, "messages": list(history)}, ensure_ascii=False)
+            payload = pack(text)
+        keys = [
+            Keys.lease(record.run_id),
+            Keys.run(record.run_id),
+            Keys.active(),
+            Keys.thread_lock(*record.thread),
+            Keys.thread_waiting(*record.thread),
+            Keys.user_runs(record.team, record.requester),
+            Keys.channel_runs(record.team, record.channel),
+            Keys.history(*record.thread),
+        ]
+        args: list[Any] = [
+            token,
+            pack(record.to_json()),
+            ttl,
+            record.run_id,
+            time.time(),
+            payload,
+            record.history_seq,
+            THREAD_TTL,
+        ]
+        ok, nxt, saved = self._finish(keys=keys, args=args)
+        if not ok:
+            return None
+        return FinishResult(_text(nxt) or None, bool(saved))
+
+    def leave(self, record: RunRecord, token: str) -> None:
+        """A run queued behind another in its thread lets go of its driver (see `_LEAVE`)."""
+        keys = [Keys.lease(record.run_id), Keys.active(), Keys.thread_waiting(*record.thread)]
+        self._leave(keys=keys, args=[token, record.run_id])
 
     def orphans(self, older_than: float) -> list[str]:
-        """Runs marked active whose driver has not been heard from since `older_than` and holds no lease."""
+        """Runs that need a driver, have none (no lease) since `older_than`, and no job on its way."""
         stale = [_text(r) for r in self.redis.zrangebyscore(Keys.active(), "-inf", older_than)]
         found = []
         for run_id in stale:
-            if not self.redis.exists(Keys.lease(run_id)):
+            try:
+                keys = (Keys.lease(run_id), Keys.pending(run_id))
+            except BadId:
+                self.redis.zrem(Keys.active(), run_id)  # not ours to drive: never written by us
+                continue
+            if not self.redis.exists(*keys):
                 found.append(run_id)
             self.redis.zadd(Keys.active(), {run_id: time.time()}, xx=True)  # don't report it again at once
         return found

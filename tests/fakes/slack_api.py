@@ -739,6 +739,7 @@ class FakeSlackAPI:
         blocks: list[dict[str, Any]],
         thread_ts: str | None,
         user: str,
+        metadata: dict[str, Any] | None = None,
     ) -> str:
         if thread_ts is not None:
             # Replying to a reply threads under the reply's parent, as in Slack.
@@ -754,11 +755,14 @@ class FakeSlackAPI:
                 "text": text,
                 "blocks": copy.deepcopy(blocks),
                 "user": user,
+                "metadata": copy.deepcopy(metadata),
             }
         )
         return ts
 
-    def _slack_message(self, msg: dict[str, Any], *, has_replies: bool = False) -> dict[str, Any]:
+    def _slack_message(
+        self, msg: dict[str, Any], *, has_replies: bool = False, with_metadata: bool = False
+    ) -> dict[str, Any]:
         """Render a stored message the way Slack returns it in API responses."""
         out: dict[str, Any] = {
             "type": "message",
@@ -775,6 +779,8 @@ class FakeSlackAPI:
             out["thread_ts"] = msg["thread_ts"]
         elif has_replies:
             out["thread_ts"] = msg["ts"]
+        if with_metadata and msg.get("metadata"):
+            out["metadata"] = copy.deepcopy(msg["metadata"])
         return out
 
     @staticmethod
@@ -871,12 +877,25 @@ class FakeSlackAPI:
         channel = self._require_str(params, "channel", "channel_not_found")
         text, blocks = self._validated_content(params)
         thread_ts = params.get("thread_ts") or None
+        metadata = params.get("metadata")
+        if isinstance(metadata, str):
+            try:
+                metadata = json.loads(metadata)
+            except ValueError:
+                raise _ApiError("invalid_metadata_format") from None
+        if metadata is not None and not (
+            isinstance(metadata, dict)
+            and isinstance(metadata.get("event_type"), str)
+            and isinstance(metadata.get("event_payload"), dict)
+        ):
+            raise _ApiError("invalid_metadata_schema")
         ts = self._store_message(
             channel,
             text or "",
             blocks or [],
             str(thread_ts) if thread_ts else None,
             self.bot_user_id,
+            metadata,
         )
         self._record_texts(text, blocks)
         msg = self._find_message(channel, ts)
@@ -1000,8 +1019,11 @@ class FakeSlackAPI:
         root = parent["thread_ts"] or parent["ts"]
         thread = [m for m in self._messages.get(channel, []) if m["ts"] == root or m["thread_ts"] == root]
         has_replies = len(thread) > 1
+        with_metadata = str(params.get("include_all_metadata")).lower() in ("1", "true")
         return {
-            "messages": [self._slack_message(m, has_replies=has_replies) for m in thread],
+            "messages": [
+                self._slack_message(m, has_replies=has_replies, with_metadata=with_metadata) for m in thread
+            ],
             "has_more": False,
             "response_metadata": {"next_cursor": ""},
         }

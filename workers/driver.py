@@ -1,0 +1,179 @@
+"""The driver of one run: it holds the run's lease, and every write of the run goes through it.
+
+Exactly one driver holds a run's lease at a time. Every write is fenced by the lease (a driver
+that stalled past it can never overwrite the run), the lease is renewed by every write and by a
+heartbeat while a model request or a tool runs, and a driver that dies lets it expire: the run
+stays in `harness:active`, where the watchdog finds it and hands it to another worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import replace
+from typing import Any
+
+from bot import render, texts
+from harness.state import PendingCall, RunState, StateError
+from workers import outbox
+from workers.services import Services
+from workers.store import DAY, FINISHED_RUN_TTL, RunRecord, RunStatus
+
+log = logging.getLogger(__name__)
+
+
+class LostLease(Exception):
+    """Another driver took this run over (this one stalled past its lease); stop at once."""
+
+
+def lease_seconds() -> float:
+    """How long a silent driver keeps its run before another worker takes it over."""
+    return float(os.environ.get("HARNESS_LEASE_SECONDS") or 30)
+
+
+def park_ttl(minutes: float) -> int:
+    """How long a parked run and its approvals are kept: its expiry plus a day."""
+    return int(minutes * 60) + DAY
+
+
+class Driver:
+    """Holds a run's lease while a job drives it (a context manager: None when someone else drives)."""
+
+    def __init__(self, svc: Services, run_id: str) -> None:
+        self.svc = svc
+        self.run_id = run_id
+        self.record: RunRecord
+        self.token = uuid.uuid4().hex
+        self.seconds = lease_seconds()
+        self.released = False
+        self._reconcile = False
+        self._stop = threading.Event()
+        self._lost = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def __enter__(self) -> Driver | None:
+        if not self.svc.store.acquire_lease(self.run_id, self.token, self.seconds):
+            return None
+        try:
+            record = self.svc.store.load_run(self.run_id)  # read under the lease: nobody else writes it now
+        except StateError as exc:
+            log.error("run %s cannot be read: %s", self.run_id, exc)  # nowhere to post: refuse quietly
+            record = None
+        if record is None:
+            self.svc.store.release_lease(self.run_id, self.token)
+            self.svc.store.forget_active(self.run_id)
+            return None
+        self.record = record
+        # Debts found at the start may have been paid by a driver that died before saving so.
+        self._reconcile = bool(record.outbox)
+        self._beat = threading.Thread(target=self._heartbeat, name="lease", daemon=True)
+        self._beat.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join(5)
+        if not self.released:
+            # Whatever happened, the run stays active: the watchdog hands it to another worker.
+            self.svc.store.release_lease(self.run_id, self.token)
+
+    def _heartbeat(self) -> None:
+        """Renews the lease while a long model request or tool runs between saves.
+
+        A Redis error is retried on the next beat; once the lease may have expired without a
+        renewal, the lease counts as lost, so the next save stops the driver.
+        """
+        renewed = time.monotonic()
+        while not self._stop.wait(self.seconds / 3):
+            try:
+                if not self.svc.store.renew_lease(self.run_id, self.token, self.seconds):
+                    break
+                renewed = time.monotonic()
+            except Exception as exc:  # a dead heartbeat must never go unnoticed
+                log.warning("run %s: cannot renew its lease (%s)", self.run_id, exc)
+                if time.monotonic() - renewed >= self.seconds:
+                    break
+        else:
+            return
+        self._lost.set()
+
+    @property
+    def lost(self) -> bool:
+        return self._lost.is_set()
+
+    # --- writes ---------------------------------------------------------------------------------
+
+    def save(self, *, ttl: int = FINISHED_RUN_TTL, **changes: Any) -> None:
+        """Write the run with `changes` (fenced by the lease), outbox included."""
+        record = replace(self.record, **changes)
+        if self.lost or not self.svc.store.save(record, self.token, self.seconds, ttl=ttl):
+            raise LostLease(self.run_id)
+        self.record = record
+
+    def owe(self, msg: render.Message, role: str = outbox.MESSAGE, call: str | None = None) -> None:
+        """Owe Slack a post in the thread; the next save stores the debt, `deliver` pays it."""
+        self.record = outbox.owe_post(self.record, msg, role, call)
+
+    def deliver(self) -> None:
+        """Pay what the run owes Slack. Not saved here: the next write drops the paid debts."""
+        self.record = outbox.deliver(self.svc, self.record, reconcile=self._reconcile)
+        self._reconcile = False
+
+    def park(self, state: RunState, calls: tuple[PendingCall, ...], ttl: int, expires_at: float) -> None:
+        """Save the run awaiting decisions on `calls`, its cards owed and its expiry scheduled."""
+        record = replace(
+            self.record,
+            status=RunStatus.AWAITING_APPROVAL,
+            state=state.to_json(),
+            park_id=self.record.park_id + 1,
+            expires_at=expires_at,
+            cards={},
+        )
+        if self.lost or not self.svc.store.park(
+            record, self.token, self.seconds, [c.id for c in calls], ttl=ttl
+        ):
+            raise LostLease(self.run_id)
+        self.record = record
+
+    def settle(self) -> bool:
+        """Let go of a parked run; True when every decision is already in (keep driving it)."""
+        ttl = park_ttl(self.svc.config.approvals.expire_after_minutes)
+        outcome = self.svc.store.settle_park(self.record, self.token, self.seconds, ttl=ttl)
+        if outcome == "lost":
+            raise LostLease(self.run_id)
+        self.released = outcome == "parked"
+        return outcome == "ready"
+
+    def finish(self) -> str | None:
+        """End the run: its history saved (if no newer run saved one), its thread handed on.
+
+        Returns the run queued next in the thread, if any.
+        """
+        record = self.record
+        history = None
+        if record.status in (RunStatus.FINISHED, RunStatus.STOPPED) and record.state is not None:
+            history = tuple(record.state["messages"])
+        result = self.svc.store.finish(record, self.token, history=history)
+        if result is None:
+            raise LostLease(self.run_id)
+        self.released = True
+        if history is not None and not result.history_saved:
+            log.warning("run %s: a newer run saved this thread's history; it was kept", record.run_id)
+        return result.next_run
+
+    def leave(self) -> None:
+        """Let go of a run queued behind another in its thread."""
+        self.svc.store.leave(self.record, self.token)
+        self.released = True
+
+    def notify(self, text: str) -> None:
+        """Owe a plain notice in the thread."""
+        self.owe(render.notice(text))
+
+    def refuse_text(self, reason: str) -> str:
+        log.error("run %s refused: %s", self.run_id, reason)
+        return texts.REFUSED_TO_CONTINUE.format(reason=reason)

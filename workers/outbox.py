@@ -1,0 +1,86 @@
+"""The transactional outbox: the Slack messages a run owes, stored in the same write as its state.
+
+A step that owes Slack something (a turn summary, approval cards, the answer, a reaction) puts it
+in `RunRecord.outbox`, and the checkpoint that saves the step saves the debt with it. Delivery
+posts what is owed, then the next checkpoint drops it. A driver that dies in between leaves the
+debt in Redis; whoever drives the run next pays it. Posts are tagged with the run and a key in
+their Slack message metadata, so a driver that finds an unpaid post first looks for it in the
+thread: a post that reached Slack before the crash is not posted again.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from bot.render import Message
+from workers.services import Services
+from workers.store import RunRecord
+
+log = logging.getLogger(__name__)
+
+# What a post is, for what delivery does with its ts.
+CARD = "card"  # an approval card: its ts is kept in RunRecord.cards under the call's id
+FAILURE = "failure"  # a failure with a Retry button: its ts is RunRecord.failure_ts
+MESSAGE = "message"  # anything else
+
+
+def owe_post(record: RunRecord, msg: Message, role: str = MESSAGE, call: str | None = None) -> RunRecord:
+    """`record` owing one more post in its thread."""
+    key = str(record.posted + 1)
+    entry = {"op": "post", "key": key, "role": role, "call": call, "text": msg.text, "blocks": msg.blocks}
+    return replace(record, outbox=[*record.outbox, entry], posted=record.posted + 1)
+
+
+def owe_update(record: RunRecord, ts: str, msg: Message) -> RunRecord:
+    """`record` owing a replacement of its message `ts` (text and blocks: buttons go)."""
+    entry = {"op": "update", "ts": ts, "text": msg.text, "blocks": msg.blocks}
+    return replace(record, outbox=[*record.outbox, entry])
+
+
+def owe_reaction(record: RunRecord, name: str, *, remove: str | None = None) -> RunRecord:
+    """`record` owing a reaction on the mention that started it."""
+    entry = {"op": "react", "ts": record.thread_ts, "name": name, "remove": remove}
+    return replace(record, outbox=[*record.outbox, entry])
+
+
+def deliver(svc: Services, record: RunRecord, *, reconcile: bool) -> RunRecord:
+    """Pay every debt of `record` in order; returns it with the outbox empty and the posts' ts kept.
+
+    `reconcile`: an earlier driver may have posted some of these before it died, so look for
+    them in the thread first. A post that fails for good (after the client's retries) is logged
+    and dropped: the run goes on.
+    """
+    if not record.outbox:
+        return record
+    posted: dict[str, str] = {}
+    if reconcile and any(e["op"] == "post" for e in record.outbox):
+        found = svc.find_posted(record.channel, record.thread_ts, record.run_id)
+        posted = found or {}
+    cards = dict(record.cards)
+    failure_ts = record.failure_ts
+    for entry in record.outbox:
+        ts = _pay(svc, record, entry, posted)
+        if ts and entry.get("role") == CARD and entry.get("call"):
+            cards[entry["call"]] = ts
+        elif ts and entry.get("role") == FAILURE:
+            failure_ts = ts
+    return replace(record, outbox=[], cards=cards, failure_ts=failure_ts)
+
+
+def _pay(svc: Services, record: RunRecord, entry: dict[str, Any], posted: dict[str, str]) -> str | None:
+    op = entry["op"]
+    if op == "post":
+        if entry["key"] in posted:
+            return posted[entry["key"]]
+        tag = {"run": record.run_id, "key": entry["key"]}
+        return svc.post(record.channel, record.thread_ts, entry["text"], entry["blocks"], tag=tag)
+    if op == "update":
+        svc.update(record.channel, entry["ts"], entry["text"], entry["blocks"])
+        return None
+    if op == "react":
+        svc.react(record.channel, entry["ts"], entry["name"], remove=entry.get("remove"))
+        return None
+    log.error("run %s owes Slack something unknown (%r); dropped", record.run_id, op)
+    return None
