@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,18 +15,27 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+import redis
 
-from workers.dev import check_settings, find_redis, start_private_redis
+from tests.stack import RedisServer
+from workers.dev import check_settings, find_redis, redis_answers, start_private_redis
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {"SLACK_BOT_TOKEN": "xoxb-test", "SLACK_SIGNING_SECRET": "secret", "ANTHROPIC_API_KEY": "sk-test"}
-# A fake child: says it is up (with the Redis it was given and its pid), says bye on SIGTERM.
+# A fake child: writes its environment as JSON to the file named by its argument (if any), says it
+# is up (with the Redis it was given, less any password, and its pid), says bye on SIGTERM.
 FAKE_CHILD = (
-    "import os, signal, sys, time\n"
+    "import json, os, signal, sys, time\n"
+    "from urllib.parse import urlsplit\n"
     "signal.signal(signal.SIGTERM, lambda *_: (print('bye', flush=True), sys.exit(0)))\n"
-    "print('up', os.environ['REDIS_URL'], os.getpid(), flush=True)\n"
+    "if len(sys.argv) > 1:\n"
+    "    with open(sys.argv[1] + '.part', 'w') as f: json.dump(dict(os.environ), f)\n"
+    "    os.replace(sys.argv[1] + '.part', sys.argv[1])\n"
+    "url = urlsplit(os.environ['REDIS_URL'])\n"
+    "print('up', url._replace(netloc=f'{url.hostname}:{url.port}').geturl(), os.getpid(), flush=True)\n"
     "time.sleep(60)\n"
 )
 STUBBORN_CHILD = (
@@ -35,9 +46,14 @@ STUBBORN_CHILD = (
 )
 
 
-def python_cmd(code: str) -> str:
-    """A shell-split string running `code` in this interpreter."""
-    return shlex.join([sys.executable, "-c", code])
+def python_cmd(code: str, *args: str) -> str:
+    """A shell-split string running `code` in this interpreter, with `args` in its sys.argv[1:]."""
+    return shlex.join([sys.executable, "-c", code, *args])
+
+
+def child_env(tmp_path: Path, name: str) -> dict[str, str]:
+    """The environment the fake child `name` (web or worker) of the `dev_env` fixture was started with."""
+    return json.loads((tmp_path / f"{name}.env.json").read_text())  # type: ignore[no-any-return]
 
 
 def unused_port() -> int:
@@ -83,10 +99,10 @@ def eventually(condition: Callable[[], object], timeout: float = 10.0) -> object
 class Dev:
     """A running `python -m workers.dev`, its output collected line by line."""
 
-    def __init__(self, env: dict[str, str], *args: str) -> None:
+    def __init__(self, env: dict[str, str], *args: str, cwd: Path = ROOT) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "workers.dev", *args],
-            cwd=ROOT,
+            cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -126,6 +142,10 @@ class Dev:
     def index(self, pattern: str) -> int:
         return next(i for i, line in enumerate(self.lines) if re.match(pattern, line))
 
+    def output(self) -> str:
+        """Everything it printed so far, stdout and stderr."""
+        return "\n".join(self.lines) + "\n" + self.stderr
+
     def finish(self, timeout: float = 15.0) -> int:
         """Exit status, once the process has exited and its output is read."""
         code = self.proc.wait(timeout)
@@ -136,26 +156,27 @@ class Dev:
 
 @pytest.fixture
 def dev_env(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """An environment with the settings, fake children, and no Redis on the probed port."""
+    """An environment with the settings, fake children (see `child_env`), and no Redis on the probed port."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("SLACK_", "ANTHROPIC_", "REDIS_", "HARNESS_"))
     }
     env.update(SETTINGS)
+    env["PYTHONPATH"] = str(ROOT)  # `workers.dev` runs in tmp_path
     env["HARNESS_DEV_REDIS_PROBE"] = f"127.0.0.1:{unused_port()}"
-    env["HARNESS_DEV_WEB_CMD"] = python_cmd(FAKE_CHILD)
-    env["HARNESS_DEV_WORKER_CMD"] = python_cmd(FAKE_CHILD)
+    env["HARNESS_DEV_WEB_CMD"] = python_cmd(FAKE_CHILD, str(tmp_path / "web.env.json"))
+    env["HARNESS_DEV_WORKER_CMD"] = python_cmd(FAKE_CHILD, str(tmp_path / "worker.env.json"))
     yield env
 
 
 @pytest.fixture
-def run_dev() -> Iterator[Callable[..., Dev]]:
-    """Starts `workers.dev`; afterwards kills whatever of it (and of the pids it reported) is left."""
+def run_dev(tmp_path: Path) -> Iterator[Callable[..., Dev]]:
+    """Starts `workers.dev` in tmp_path; afterwards kills what is left of it and of the pids it reported."""
     started: list[Dev] = []
 
     def start(env: dict[str, str], *args: str) -> Dev:
-        started.append(Dev(env, *args))
+        started.append(Dev(env, *args, cwd=tmp_path))
         return started[-1]
 
     yield start
@@ -190,7 +211,7 @@ def test_missing_settings_print_one_line_each_and_start_nothing(
     assert "Basic Information" in lines[1]
     assert "https://console.anthropic.com/settings/keys" in lines[2]
     assert dev.lines == []
-    assert not marker.exists() and not (tmp_path / "data").exists()
+    assert not marker.exists() and not (tmp_path / "data").exists() and not (tmp_path / "workspace").exists()
 
 
 def test_an_app_token_replaces_the_signing_secret() -> None:
@@ -220,11 +241,11 @@ def test_private_redis_serves_the_children_and_ctrl_c_stops_everything_in_order(
     data_dir = tmp_path / "redis-data"
     dev = run_dev(dev_env, "--data-dir", str(data_dir))
 
-    started = dev.line(r"dev  \| started redis \(pid (\d+)\) at redis://127\.0\.0\.1:(\d+)/0")
+    started = dev.line(r"dev  \| started redis \(pid (\d+)\) at redis://:\*\*\*@127\.0\.0\.1:(\d+)/0")
     redis_pid, port = int(started.group(1)), int(started.group(2))
     web_pid = int(dev.line(rf"web  \| up redis://127\.0\.0\.1:{port}/0 (\d+)$").group(1))
     worker_pid = int(dev.line(rf"worker \| up redis://127\.0\.0\.1:{port}/0 (\d+)$").group(1))
-    assert redis_ping(port).startswith(b"+PONG")
+    assert redis.Redis.from_url(child_env(tmp_path, "web")["REDIS_URL"]).ping()
     assert (data_dir / "appendonlydir").is_dir()
 
     dev.proc.send_signal(signal.SIGINT)
@@ -309,49 +330,150 @@ def test_manifest_lists_exactly_the_scopes_and_events_without_yaml() -> None:
     assert re.search(r"^\s*socket_mode_enabled: false$", text, re.MULTILINE)
 
 
-def test_redis_url_wins_then_an_answering_redis_then_a_private_one(tmp_path: Path) -> None:
+def test_redis_url_wins_then_an_unprotected_answering_redis_then_a_private_one() -> None:
     assert (
         find_redis({"REDIS_URL": "redis://example:1/2"}, ("127.0.0.1", unused_port()))
         == "redis://example:1/2"
     )
     assert find_redis({}, ("127.0.0.1", unused_port())) is None
-    proc, url = start_private_redis(tmp_path / "data")
+    machines_own = RedisServer().start()  # no password: the machine's own Redis, used as is
     try:
-        port = int(url.rsplit(":", 1)[1].split("/")[0])
-        assert url == f"redis://127.0.0.1:{port}/0"
-        assert find_redis({}, ("127.0.0.1", port)) == url
+        assert find_redis({}, ("127.0.0.1", machines_own.port)) == f"redis://127.0.0.1:{machines_own.port}/0"
     finally:
-        proc.terminate()
-        proc.wait(10)
+        machines_own.stop()
+
+
+def test_the_private_redis_has_a_fresh_password_that_the_readiness_probe_uses(tmp_path: Path) -> None:
+    urls = []
+    for _ in range(2):
+        proc, url = start_private_redis(tmp_path / "data")
+        try:
+            parts = urlsplit(url)
+            assert url == f"redis://:{parts.password}@127.0.0.1:{parts.port}/0"
+            assert parts.port and parts.password and len(parts.password) >= 32
+            assert redis_answers("127.0.0.1", parts.port, parts.password)
+            assert not redis_answers("127.0.0.1", parts.port)  # -NOAUTH is no answer
+            assert not redis_answers("127.0.0.1", parts.port, parts.password + "x")
+            assert find_redis({}, ("127.0.0.1", parts.port)) is None  # not mistaken for the machine's own
+            urls.append(url)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    assert urlsplit(urls[0]).password != urlsplit(urls[1]).password
+
+
+def test_the_private_redis_refuses_strangers_and_its_password_shows_nowhere(
+    dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
+) -> None:
+    # redis-server rewrites its /proc/PID/cmdline once started, so a wrapper records the arguments it
+    # was started with (which `ps` shows until then) before it execs the real one.
+    (tmp_path / "bin").mkdir()
+    wrapper = tmp_path / "bin" / "redis-server"
+    argv_file = tmp_path / "redis-argv"
+    real = shutil.which("redis-server")
+    wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {shlex.quote(str(argv_file))}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    dev_env["PATH"] = f"{tmp_path / 'bin'}{os.pathsep}{dev_env['PATH']}"
+    dev = run_dev(dev_env, "--data-dir", str(tmp_path / "redis-data"))
+    redis_pid = int(dev.line(r"dev  \| started redis \(pid (\d+)\)").group(1))
+    dev.line(r"web  \| up ")
+    dev.line(r"worker \| up ")
+    url = child_env(tmp_path, "web")["REDIS_URL"]
+    password, port = urlsplit(url).password, urlsplit(url).port
+    assert password and port
+
+    assert redis_ping(port).startswith(b"-NOAUTH")
+    assert redis.Redis.from_url(url).ping()
+    assert child_env(tmp_path, "worker")["REDIS_URL"] == url
+    assert f"{port}\n" in argv_file.read_text() and password not in argv_file.read_text()
+    for part in ("cmdline", "environ"):
+        assert password.encode() not in Path(f"/proc/{redis_pid}/{part}").read_bytes()
+
+    dev.proc.send_signal(signal.SIGINT)
+    assert dev.finish() == 0
+    assert "redis://:***@127.0.0.1" in dev.output()
+    assert password not in dev.output()
+    assert not any(
+        password in path.read_text(errors="replace")
+        for path in (tmp_path / "redis-data").rglob("*")
+        if path.is_file()
+    )
+
+
+def test_the_bot_gets_a_workspace_folder_of_its_own_next_to_the_redis_data(
+    dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
+) -> None:
+    dev = run_dev(dev_env)  # in tmp_path, with the defaults: ./.redis-data and ./workspace
+    dev.line(r"web  \| up ")
+    dev.line(r"worker \| up ")
+
+    workspace = tmp_path / "workspace"
+    assert workspace.is_dir() and (tmp_path / ".redis-data").is_dir()
+    assert workspace.stat().st_mode & 0o077 == 0
+    for name in ("web", "worker"):
+        assert child_env(tmp_path, name)["HARNESS_WORKSPACE"] == str(workspace.resolve())
+    assert sum(str(workspace.resolve()) in line for line in dev.lines if line.startswith("dev  |")) == 1
+    dev.proc.send_signal(signal.SIGINT)
+    assert dev.finish() == 0
+
+
+def test_the_workspace_option_and_a_set_harness_workspace(
+    dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
+) -> None:
+    dev_env["REDIS_URL"] = "redis://127.0.0.1:1/0"  # given, so no Redis is started
+    elsewhere = tmp_path / "else" / "where"
+    dev = run_dev(dev_env, "--workspace", str(elsewhere))
+    dev.line(r"worker \| up ")
+    assert elsewhere.is_dir()
+    assert child_env(tmp_path, "worker")["HARNESS_WORKSPACE"] == str(elsewhere.resolve())
+    dev.proc.send_signal(signal.SIGINT)
+    assert dev.finish() == 0
+
+    (tmp_path / "worker.env.json").unlink()
+    dev_env["HARNESS_WORKSPACE"] = "given/as/is"  # passed through unchanged, not created
+    dev = run_dev(dev_env, "--workspace", str(tmp_path / "ignored"))
+    dev.line(r"worker \| up ")
+    assert child_env(tmp_path, "worker")["HARNESS_WORKSPACE"] == "given/as/is"
+    assert dev.line(r"dev  \| .*given/as/is \(HARNESS_WORKSPACE\)")
+    assert not (tmp_path / "ignored").exists() and not (tmp_path / "given").exists()
+    dev.proc.send_signal(signal.SIGINT)
+    assert dev.finish() == 0
 
 
 @pytest.mark.e2e
-def test_make_run_brings_up_a_working_bot_with_a_private_redis(tmp_path: Path) -> None:
-    """The README's run command for real: dev runner, private Redis, web and worker, a full run."""
-    from tests.fakes.messages_api import FakeMessagesAPI, reply, text
+def test_make_run_brings_up_a_working_bot_with_a_private_redis(
+    tmp_path: Path, run_dev: Callable[..., Dev]
+) -> None:
+    """The README's run command for real: dev runner, private Redis, web and worker, a full run.
+
+    Its file tool reads the bot's own workspace, not the folder `make run` was started in, and the
+    password of the private Redis shows nowhere in what the real bot and worker print.
+    """
+    from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
     from tests.fakes.slack_api import FakeSlackAPI
     from tests.stack import Stack, free_port, wait_until
 
     with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
-        stack = Stack("redis://unused", slack, model, tmp_path)
+        stack = Stack("redis://unused", slack, model, tmp_path)  # ./workspace/README.md: "# My project"
+        (tmp_path / "README.md").write_text("# the repository\n")
         env = stack.env(HARNESS_DEV_REDIS_PROBE=f"127.0.0.1:{free_port()}", HARNESS_DEV_STOP_TIMEOUT="5")
-        del env["REDIS_URL"]
-        model.script(reply(text("hello from make run")))
-        dev = subprocess.Popen(
-            [sys.executable, "-m", "workers.dev", "--data-dir", str(tmp_path / "redis-data")],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        del env["REDIS_URL"], env["HARNESS_WORKSPACE"]
+        model.script(reply(tool_use("read_file", {"path": "README.md"})), reply(text("hello from make run")))
+        dev = run_dev(env, "--data-dir", str(tmp_path / "redis-data"))
         try:
-            wait_until(lambda: stack.healthz() == 200 or dev.poll() is not None, timeout=60)
-            assert dev.poll() is None
+            web_pid = int(dev.line(r"dev  \| started web \(pid (\d+)\)", 30).group(1))
+            environ = Path(f"/proc/{web_pid}/environ").read_bytes().split(b"\0")
+            url = next(v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"REDIS_URL="))
+            wait_until(lambda: stack.healthz() == 200 or dev.proc.poll() is not None, timeout=60)
+            assert dev.proc.poll() is None
             _, ts, _ = stack.mention("say hello", channel="C1")
             wait_until(lambda: any("hello from make run" in m["text"] for m in slack.messages("C1", ts)), 60)
         finally:
-            dev.send_signal(signal.SIGINT)
-            out, _ = dev.communicate(timeout=30)
-        assert dev.returncode == 0, out.decode(errors="replace")[-2000:]
+            dev.proc.send_signal(signal.SIGINT)
+            code = dev.finish(timeout=30)
+        assert code == 0, dev.output()[-2000:]
         assert (tmp_path / "redis-data").is_dir()
+        password = urlsplit(url).password
+        assert password and password not in dev.output()
+        sent = json.dumps(model.requests)
+        assert "# My project" in sent and "# the repository" not in sent
