@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 import redis
-import rq
 
 from harness.state import Decision, StateError, Verdict
-from workers.store import BadId, DecideOutcome, Keys, RunRecord, RunStatus, Store, new_run_id
+from workers.services import enqueue_job, make_queue
+from workers.store import Accepted, BadId, DecideOutcome, Keys, RunRecord, RunStatus, Store, new_run_id
 
 
 @pytest.fixture
@@ -33,15 +35,28 @@ def record(**overrides: object) -> RunRecord:
     return RunRecord(**fields)  # type: ignore[arg-type]
 
 
+def parked(store: Store, call_ids: list[str], *, expires_in: float = 60, **overrides: object) -> RunRecord:
+    """A run parked the way a driver parks it: under its lease, in one fenced step."""
+    run = record(state={"x": 1}, **overrides)
+    token = "driver-token"
+    assert store.acquire_lease(run.run_id, token, 30)
+    run = replace(
+        run, status=RunStatus.AWAITING_APPROVAL, park_id=run.park_id + 1, expires_at=time.time() + expires_in
+    )
+    assert store.park(run, token, 30, call_ids, ttl=120)
+    assert store.settle_park(run, token, 30, ttl=120) == "parked"
+    return run
+
+
 def test_concurrent_decisions_on_one_call_yield_exactly_one(store: Store) -> None:
-    run = store.park(record(), ["toolu_1"], ttl=60)
+    run = parked(store, ["toolu_1"])
     results = []
     barrier = threading.Barrier(10)
 
     def click(i: int) -> None:
         barrier.wait()
         verdict = Verdict.APPROVED if i % 2 else Verdict.DECLINED
-        results.append(store.decide(run.run_id, "toolu_1", Decision(verdict, by=f"U{i}")))
+        results.append(store.decide(run.run_id, run.park_id, "toolu_1", Decision(verdict, by=f"U{i}")))
 
     threads = [threading.Thread(target=click, args=(i,)) for i in range(10)]
     for t in threads:
@@ -51,30 +66,88 @@ def test_concurrent_decisions_on_one_call_yield_exactly_one(store: Store) -> Non
     recorded = [r for r in results if r.outcome is DecideOutcome.RECORDED]
     assert len(recorded) == 1
     assert all(r.decision == recorded[0].decision for r in results)
-    assert store.decisions(run.run_id) == {"toolu_1": recorded[0].decision}
+    assert store.decisions(run.run_id, run.park_id) == {"toolu_1": recorded[0].decision}
 
 
 def test_the_same_decision_twice_is_idempotent_and_unknown_calls_are_refused(store: Store) -> None:
-    run = store.park(record(), ["toolu_1"], ttl=60)
+    run = parked(store, ["toolu_1"])
     decision = Decision(Verdict.APPROVED, by="UA")
-    assert store.decide(run.run_id, "toolu_1", decision).outcome is DecideOutcome.RECORDED
-    assert store.decide(run.run_id, "toolu_1", decision).outcome is DecideOutcome.RECORDED
-    assert store.decide(run.run_id, "toolu_2", decision).outcome is DecideOutcome.UNKNOWN
-    assert store.decide(new_run_id(), "toolu_1", decision).outcome is DecideOutcome.UNKNOWN
+    assert store.decide(run.run_id, run.park_id, "toolu_1", decision).outcome is DecideOutcome.RECORDED
+    assert store.decide(run.run_id, run.park_id, "toolu_1", decision).outcome is DecideOutcome.RECORDED
+    assert store.decide(run.run_id, run.park_id, "toolu_2", decision).outcome is DecideOutcome.UNKNOWN
+    assert store.decide(run.run_id, run.park_id + 1, "toolu_1", decision).outcome is DecideOutcome.UNKNOWN
+    assert store.decide(new_run_id(), 1, "toolu_1", decision).outcome is DecideOutcome.UNKNOWN
 
 
-def test_resume_is_claimed_once_and_only_when_every_call_is_decided(store: Store) -> None:
-    run = store.park(record(), ["toolu_1", "toolu_2"], ttl=60)
-    store.decide(run.run_id, "toolu_1", Decision(Verdict.APPROVED, by="UA"))
-    assert not store.claim_resume(run.run_id, run.park_id, "job-a")
-    store.decide(run.run_id, "toolu_2", Decision(Verdict.DECLINED, by="UA"))
-    assert store.claim_resume(run.run_id, run.park_id, "job-a")
-    assert store.claim_resume(run.run_id, run.park_id, "job-a")  # the same claimer, retried
-    assert not store.claim_resume(run.run_id, run.park_id, "job-b")
+def test_a_click_after_the_expiry_time_records_the_expiry_not_the_click(store: Store) -> None:
+    run = parked(store, ["toolu_1"], expires_in=5)
+    late = time.time() + 6  # after expires_at, before any expiry job could have run
+    result = store.decide(run.run_id, run.park_id, "toolu_1", Decision(Verdict.APPROVED, by="UA"), now=late)
+    assert result.outcome is DecideOutcome.EXPIRED
+    assert store.decisions(run.run_id, run.park_id) == {"toolu_1": Decision(Verdict.EXPIRED)}
+    [entry] = store.audit_entries()
+    assert entry["verdict"] == "expired" and entry["late_click_by"] == "UA"
+
+
+def test_the_decision_completing_a_park_marks_the_run_active_for_recovery(
+    store: Store, conn: redis.Redis
+) -> None:
+    run = parked(store, ["toolu_1", "toolu_2"])
+    assert conn.zscore(Keys.active(), run.run_id) is None  # parked, undecided: nobody needs to drive it
+    store.decide(run.run_id, run.park_id, "toolu_1", Decision(Verdict.APPROVED, by="UA"))
+    assert conn.zscore(Keys.active(), run.run_id) is None
+    store.decide(run.run_id, run.park_id, "toolu_2", Decision(Verdict.DECLINED, by="UA"))
+    assert conn.zscore(Keys.active(), run.run_id) is not None
+    assert store.orphans(older_than=time.time() + 1) == [run.run_id]  # no lease, no job on its way
+
+
+def test_a_settle_racing_the_last_decision_keeps_the_driver(store: Store, conn: redis.Redis) -> None:
+    run = record(state={"x": 1})
+    assert store.acquire_lease(run.run_id, "tok", 30)
+    run = replace(run, status=RunStatus.AWAITING_APPROVAL, park_id=1, expires_at=time.time() + 60)
+    assert store.park(run, "tok", 30, ["toolu_1"], ttl=120)
+    store.decide(run.run_id, 1, "toolu_1", Decision(Verdict.APPROVED, by="UA"))  # a click while cards post
+    assert store.settle_park(run, "tok", 30, ttl=120) == "ready"
+    assert conn.get(Keys.lease(run.run_id)) == b"tok"  # still driven: it resumes at once
+
+
+def test_a_new_park_never_touches_an_older_parks_decisions(store: Store) -> None:
+    run = parked(store, ["toolu_1"])
+    store.decide(run.run_id, run.park_id, "toolu_1", Decision(Verdict.APPROVED, by="UA"))
+    token = "second-driver"
+    assert store.acquire_lease(run.run_id, token, 30)
+    second = replace(run, park_id=run.park_id + 1)
+    assert store.park(second, token, 30, ["toolu_9"], ttl=120)
+    assert store.decisions(run.run_id, run.park_id) == {"toolu_1": Decision(Verdict.APPROVED, by="UA")}
+    assert store.decisions(run.run_id, second.park_id) == {"toolu_9": None}
+
+
+def test_writes_without_the_lease_change_nothing(store: Store, conn: redis.Redis) -> None:
+    run = record(state={"x": 1})
+    store.save_run(run)
+    assert store.acquire_lease(run.run_id, "holder", 30)
+    stale = replace(run, status=RunStatus.AWAITING_APPROVAL, park_id=1, expires_at=time.time() + 60)
+    assert not store.save(stale, "stale-driver", 30)
+    assert not store.park(stale, "stale-driver", 30, ["toolu_1"], ttl=120)
+    assert store.settle_park(stale, "stale-driver", 30, ttl=120) == "lost"
+    assert store.finish(stale, "stale-driver", history=({"role": "user", "content": "x"},)) is None
+    assert store.load_run(run.run_id) == run
+    assert not conn.exists(Keys.approvals(run.run_id, 1), Keys.history(*run.thread))
+
+
+def test_an_older_run_never_overwrites_the_history_a_newer_run_saved(store: Store) -> None:
+    old, new = record(state={"x": 1}), record(state={"x": 2})
+    for run in (old, new):
+        assert store.acquire_lease(run.run_id, "t", 30)
+    # Both began on an empty thread; the newer one finishes first.
+    assert store.finish(replace(new, status=RunStatus.FINISHED), "t", history=("newer",)).history_saved  # type: ignore[arg-type]
+    result = store.finish(replace(old, status=RunStatus.FINISHED), "t", history=("older",))  # type: ignore[arg-type]
+    assert result is not None and not result.history_saved
+    assert store.load_history(*old.thread) == (("newer",), 1)
 
 
 def test_an_event_is_accepted_once_even_when_delivered_concurrently(store: Store, conn: redis.Redis) -> None:
-    queue = rq.Queue("harness-test", connection=conn)
+    queue = make_queue(conn)
     accepted = []
     barrier = threading.Barrier(5)
 
@@ -85,7 +158,9 @@ def test_an_event_is_accepted_once_even_when_delivered_concurrently(store: Store
             "T1",
             "Ev1",
             run,
-            lambda pipe: queue.enqueue_call("workers.jobs.start_run", args=(run.run_id,), pipeline=pipe),
+            lambda pipe: enqueue_job(queue, "workers.jobs.start_run", run.run_id, pipeline=pipe),
+            max_per_user=10,
+            max_per_channel=10,
         )
         accepted.append(ok)
 
@@ -94,29 +169,55 @@ def test_an_event_is_accepted_once_even_when_delivered_concurrently(store: Store
         t.start()
     for t in threads:
         t.join()
-    assert accepted.count(True) == 1
+    assert accepted.count(Accepted.NEW) == 1 and accepted.count(Accepted.DUPLICATE) == 4
     assert queue.count == 1
     assert len(conn.keys("harness:run:*")) == 1
+    [job] = queue.get_jobs()
+    assert job.retries_left == 3  # every job, whoever enqueues it, is retried
+    [run_id] = [k.decode().rsplit(":", 1)[1] for k in conn.keys("harness:run:*")]
+    assert conn.zscore(Keys.active(), run_id) is not None  # a job that dies before its lease is noticed
+
+
+def test_a_requester_and_a_channel_have_a_bound_of_runs(store: Store, conn: redis.Redis) -> None:
+    queue = make_queue(conn)
+
+    def mention(event: str, user: str, channel: str) -> Accepted:
+        run = record(requester=user, channel=channel)
+        enqueue = lambda pipe: enqueue_job(queue, "workers.jobs.start_run", run.run_id, pipeline=pipe)  # noqa: E731
+        return store.accept_event("T1", event, run, enqueue, max_per_user=2, max_per_channel=3)
+
+    assert [mention(f"Ev{i}", "UA", "C1") for i in range(3)] == [
+        Accepted.NEW,
+        Accepted.NEW,
+        Accepted.USER_BUSY,
+    ]
+    assert mention("Ev3", "UB", "C1") is Accepted.NEW
+    assert mention("Ev4", "UC", "C1") is Accepted.CHANNEL_BUSY
+    assert mention("Ev5", "UC", "C2") is Accepted.NEW
+    assert mention("Ev0", "UA", "C1") is Accepted.DUPLICATE  # the retry of a refused event stays refused
+    assert queue.count == 4 and len(conn.keys("harness:run:*")) == 4
 
 
 def test_a_thread_has_one_active_run_and_queues_the_rest(store: Store) -> None:
-    first, second = record(), record()
+    first, second = record(state={"x": 1}), record(state={"x": 2})
     assert store.take_thread(first, 60)
     assert not store.take_thread(second, 60)
     assert not store.take_thread(second, 60)  # queued once, not twice
-    assert store.release_thread(second) is None  # not the holder: nothing changes
     assert store.thread_holder(first) == first.run_id
-    assert store.release_thread(first) == second.run_id
+    assert store.acquire_lease(first.run_id, "t", 30)
+    result = store.finish(replace(first, status=RunStatus.FINISHED), "t", history=None)
+    assert result is not None and result.next_run == second.run_id
     assert store.take_thread(second, 60)
 
 
 def test_parked_runs_carry_a_ttl_and_every_key_is_under_the_prefix(store: Store, conn: redis.Redis) -> None:
-    run = store.park(record(state={"x": 1}), ["toolu_1"], ttl=120)
+    run = parked(store, ["toolu_1"])
     store.take_thread(run, 60)
-    store.save_history("T1", "C1", "1.000100", ({"role": "user", "content": "hi"},))
+    store.decide(run.run_id, run.park_id, "toolu_1", Decision(Verdict.APPROVED, by="UA"))
     for key in conn.keys("*"):
         assert key.startswith(b"harness:"), key
-        assert 0 < conn.ttl(key) <= 30 * 24 * 3600
+        if key not in (Keys.active().encode(), Keys.expiries().encode(), Keys.audit().encode()):
+            assert 0 < conn.ttl(key) <= 30 * 24 * 3600, key
     assert 0 < conn.ttl(Keys.run(run.run_id)) <= 120
     loaded = store.load_run(run.run_id)
     assert loaded is not None and loaded.status is RunStatus.AWAITING_APPROVAL and loaded.park_id == 1
@@ -136,9 +237,9 @@ def test_parked_runs_carry_a_ttl_and_every_key_is_under_the_prefix(store: Store,
 def test_ids_from_outside_are_validated_before_they_become_keys(kind: str, value: object) -> None:
     builders = {
         "run": lambda v: Keys.run(v),
-        "call": lambda v: Keys.cards_done(new_run_id()) + Keys.retry_claim(new_run_id(), v),
-        "ts": lambda v: Keys.thread("T1", "C1", v),
-        "channel": lambda v: Keys.thread("T1", v, "1.1"),
+        "call": lambda v: Store(redis.Redis()).first_card_update(new_run_id(), 1, v),
+        "ts": lambda v: Keys.retry_claim(new_run_id(), v),
+        "channel": lambda v: Keys.history("T1", v, "1.1"),
         "team": lambda v: Keys.event(v, "Ev1"),
     }
     with pytest.raises(BadId):
