@@ -492,3 +492,37 @@ def test_a_prompt_injection_in_a_tool_result_cannot_bypass_the_policy(
     assert "IGNORE YOUR INSTRUCTIONS" in str(
         model.requests[1]["messages"][-1]
     )  # it reached the model as data
+
+
+# --- replies that are not what they should be ------------------------------------------------------
+
+
+def test_tool_use_blocks_sharing_an_id_are_each_refused_and_none_runs(
+    model: FakeMessagesAPI, workspace: Path
+) -> None:
+    model.script(
+        reply(
+            tool_use("write_file", {"path": "one.txt", "content": "1"}, id="toolu_same"),
+            tool_use("write_file", {"path": "two.txt", "content": "2"}, id="toolu_same"),
+            verbatim_ids=True,
+        ),
+        reply(text("ok")),
+    )
+    state, outcome, _ = run(make_agent(model, workspace, policy={"write_file": "allow"}))
+
+    assert isinstance(outcome, Finished) and model.errors == []
+    assert not (workspace / "one.txt").exists() and not (workspace / "two.txt").exists()
+    results = results_of(state.messages[2])
+    assert len(results) == 2 and all(r.get("is_error") for r in results)
+    assert all("none of them was run" in r["content"] for r in results)
+    ids = [b["id"] for b in state.messages[1]["content"] if b["type"] == "tool_use"]
+    assert len(set(ids)) == 2  # each block got its own result: the conversation stays valid
+
+
+def test_a_reply_with_a_lone_surrogate_is_stored_and_counted(model: FakeMessagesAPI, workspace: Path) -> None:
+    model.script(reply(text("broken \ud800 text"), usage={"input_tokens": 70, "output_tokens": 30}))
+    state, outcome, _ = run(make_agent(model, workspace))
+
+    assert isinstance(outcome, Finished) and outcome.answer == "broken \ufffd text"
+    assert state.usage.total == 100
+    assert RunState.loads(state.dumps().encode("utf-8")) == state  # storable as UTF-8

@@ -35,14 +35,17 @@ STOPS = st.sampled_from(["end_turn", "stop_sequence", "pause_turn", "max_tokens"
 def replies(draw: st.DrawFn) -> Reply:
     calls = draw(st.lists(CALLS, max_size=3))
     words = draw(st.lists(st.text(min_size=1, max_size=20).filter(str.strip), max_size=2))
-    blocks = [text(w) for w in words] + [tool_use(name, args) for name, args in calls]
+    uses = [tool_use(name, args) for name, args in calls]
+    if len(uses) > 1 and draw(st.integers(0, 4)) == 0:  # a buggy or hostile endpoint: two blocks, one id
+        uses[-1] = {**uses[-1], "id": uses[0]["id"]}
+    blocks = [text(w) for w in words] + uses
     if calls:
         stop = draw(st.sampled_from(["tool_use", "tool_use", "tool_use", "max_tokens"]))
     else:
         blocks = blocks or [text("answer")]
         stop = draw(STOPS)
     usage = {"input_tokens": draw(st.integers(0, 300)), "output_tokens": draw(st.integers(0, 100))}
-    return reply(*blocks, stop_reason=stop, usage=usage)
+    return reply(*blocks, stop_reason=stop, usage=usage, verbatim_ids=True)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +100,18 @@ def test_every_request_is_valid_and_no_unapproved_call_runs(
                 assert event.call.result is not None
                 if event.call.tier is Tier.DENY or decided.get(event.call.id) is not Verdict.APPROVED:
                     assert event.call.result.is_error
-        if decided and Verdict.APPROVED not in decided.values():
-            assert (ws / "README.md").exists() and not (ws / "w.txt").exists()
+        # A file changed exactly when a call that may change it ran and succeeded: no more, no less.
+        done = [e.call for e in ran if isinstance(e, ToolReturned) and e.call.result is not None]
+        permitted = [c for c in done if c.tier is Tier.ALLOW or decided.get(c.id) is Verdict.APPROVED]
+        succeeded = {c.name for c in permitted if not c.result.is_error}  # type: ignore[union-attr]
+        assert (ws / "w.txt").exists() == ("write_file" in succeeded)
+        assert (ws / "README.md").exists() == ("delete_file" not in succeeded)
+        for call in done:  # a block that shared its id with another never ran
+            if "__dup" in call.id:
+                assert (
+                    call.result is not None
+                    and call.result.is_error
+                    and "none of them was run" in call.result.content
+                )
         follow_up = build_request(new_run("and then?", state.messages), agent)
         assert validate_request(follow_up) == []

@@ -64,6 +64,8 @@ class Reply:
     error_type: str | None = None
     message: str = ""
     headers: tuple[tuple[str, str], ...] = ()
+    # Serve the blocks' ids as scripted even when they repeat: a buggy or compromised endpoint.
+    verbatim_ids: bool = False
 
     @property
     def is_error(self) -> bool:
@@ -81,14 +83,22 @@ def tool_use(name: str, input: Mapping[str, Any], id: str | None = None) -> dict
 
 
 def reply(
-    *blocks: Mapping[str, Any], stop_reason: str | None = None, usage: Mapping[str, int] | None = None
+    *blocks: Mapping[str, Any],
+    stop_reason: str | None = None,
+    usage: Mapping[str, int] | None = None,
+    verbatim_ids: bool = False,
 ) -> Reply:
     """A successful message reply; ``stop_reason`` defaults from the blocks."""
     if stop_reason is None:
         has_tool = any(b.get("type") == "tool_use" for b in blocks)
         stop_reason = "tool_use" if has_tool else "end_turn"
     content = tuple(copy.deepcopy(dict(b)) for b in blocks)
-    return Reply(content=content, stop_reason=stop_reason, usage=dict(usage) if usage else None)
+    return Reply(
+        content=content,
+        stop_reason=stop_reason,
+        usage=dict(usage) if usage else None,
+        verbatim_ids=verbatim_ids,
+    )
 
 
 def http_error(
@@ -579,7 +589,7 @@ class FakeMessagesAPI:
         content = copy.deepcopy(list(chosen.content))
         with self._cond:  # tool_use ids are unique across the fake's lifetime
             for block in content:
-                if block.get("type") == "tool_use":
+                if block.get("type") == "tool_use" and not chosen.verbatim_ids:
                     if block.get("id") in self._served_ids:
                         block["id"] = _fresh_id("toolu")
                     self._served_ids.add(block["id"])
