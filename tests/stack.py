@@ -24,6 +24,7 @@ import redis
 from tests.fakes.messages_api import FakeMessagesAPI
 from tests.fakes.signing import action_body, event_body, signed_headers
 from tests.fakes.slack_api import FakeSlackAPI
+from workers.services import make_queue
 
 ROOT = Path(__file__).resolve().parents[1]
 SIGNING_SECRET = "test-signing-secret"
@@ -219,6 +220,28 @@ class Stack:
     def stop(self) -> None:
         for process in reversed(self.processes):
             process.stop()
+
+    def settled(self, timeout: float = 30.0) -> None:
+        """Wait until nothing more can happen without a new event: the condition that shows a
+        "never" (no extra model request, no second run) is final, instead of a fixed window.
+
+        Settled means: no job queued, scheduled (retries) or running, no run marked active (so
+        the watchdog has nothing to hand out), and no run holding a lease.
+        """
+        client = redis.Redis.from_url(self.redis_url)
+
+        def quiet() -> bool:
+            queue = make_queue(client)
+            busy = (
+                queue.count
+                + queue.started_job_registry.count
+                + queue.scheduled_job_registry.count
+                + client.zcard("harness:active")
+                + len(client.keys("harness:lease:*"))
+            )
+            return busy == 0
+
+        wait_until(quiet, timeout=timeout)
 
     # --- HTTP as Slack sends it ------------------------------------------------------------
 
