@@ -25,7 +25,7 @@ from slack_sdk.errors import SlackApiError
 from bot import render, texts
 from harness.config import Config
 from harness.state import Decision, StateError, Verdict
-from workers.services import enqueue_job, enqueue_run_job
+from workers.services import enqueue_run_job
 from workers.store import (
     Accepted,
     BadId,
@@ -190,8 +190,7 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
 
 
 def _enqueue_start(deps: BotDeps, run_id: str, pipe: Any) -> None:
-    deps.store.mark_pending(run_id, pipeline=pipe)
-    enqueue_job(deps.queue, START_RUN, run_id, pipeline=pipe)
+    enqueue_run_job(deps.store, deps.queue, START_RUN, run_id, pipeline=pipe)
 
 
 def _acknowledge_visibly(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:

@@ -98,7 +98,7 @@ def test_the_decision_completing_a_park_marks_the_run_active_for_recovery(
     assert conn.zscore(Keys.active(), run.run_id) is None
     store.decide(run.run_id, run.park_id, "toolu_2", Decision(Verdict.DECLINED, by="UA"))
     assert conn.zscore(Keys.active(), run.run_id) is not None
-    assert store.orphans(older_than=time.time() + 1) == [run.run_id]  # no lease, no job on its way
+    assert store.orphans(time.time() + 1, lambda job_id: False) == [run.run_id]  # no lease, no job on its way
 
 
 def test_a_settle_racing_the_last_decision_keeps_the_driver(store: Store, conn: redis.Redis) -> None:

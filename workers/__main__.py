@@ -22,7 +22,14 @@ from harness.client import warm_up
 from harness.config import ConfigError
 from workers import jobs
 from workers.driver import lease_seconds
-from workers.services import Services, SettingsError, enqueue_run_job, make_queue, redis_connection
+from workers.services import (
+    Services,
+    SettingsError,
+    enqueue_run_job,
+    job_waiting,
+    make_queue,
+    redis_connection,
+)
 from workers.store import Store
 
 log = logging.getLogger("workers.watchdog")
@@ -41,7 +48,7 @@ def watchdog(store: Store, stop: threading.Event) -> None:
         try:
             now = time.time()
             jobs.expire_due(store, queue, now)
-            for run_id in store.orphans(older_than=now - seconds):
+            for run_id in store.orphans(now - seconds, lambda job_id: job_waiting(queue, job_id)):
                 log.warning("run %s has no driver; continuing it on another worker", run_id)
                 enqueue_run_job(store, queue, jobs.recover_run, run_id)
         except redis.RedisError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ import anthropic
 import redis
 import rq
 from rq import Retry
+from rq.job import JobStatus
 from rq.serializers import JSONSerializer
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
@@ -41,7 +43,9 @@ def make_queue(connection: redis.Redis) -> rq.Queue:
     return rq.Queue(QUEUE_NAME, connection=connection, serializer=JSONSerializer)
 
 
-def enqueue_job(queue: rq.Queue, func: str | Any, *args: Any, pipeline: Any = None) -> rq.job.Job:
+def enqueue_job(
+    queue: rq.Queue, func: str | Any, *args: Any, pipeline: Any = None, job_id: str | None = None
+) -> rq.job.Job:
     """Enqueue a job with the timeout of a whole run and RQ retries, whoever enqueues it."""
     if queue.serializer is not JSONSerializer:
         raise ValueError("the bot's queue must use RQ's JSONSerializer (see make_queue), never pickle")
@@ -53,16 +57,32 @@ def enqueue_job(queue: rq.Queue, func: str | Any, *args: Any, pipeline: Any = No
         failure_ttl=DAY,
         retry=Retry(max=len(RETRY_INTERVALS), interval=list(RETRY_INTERVALS)),
         pipeline=pipeline,
+        job_id=job_id,
     )
 
 
-def enqueue_run_job(store: Store, queue: rq.Queue, func: str | Any, run_id: str, *args: Any) -> None:
+def enqueue_run_job(
+    store: Store, queue: rq.Queue, func: str | Any, run_id: str, *args: Any, pipeline: Any = None
+) -> None:
     """Enqueue a job about `run_id`, marked pending in the same step so the watchdog sends no other."""
+    job_id = uuid.uuid4().hex
+    if pipeline is not None:
+        store.mark_pending(run_id, job_id, pipeline=pipeline)
+        enqueue_job(queue, func, run_id, *args, pipeline=pipeline, job_id=job_id)
+        return
     with store.redis.pipeline() as pipe:
         pipe.multi()
-        store.mark_pending(run_id, pipeline=pipe)
-        enqueue_job(queue, func, run_id, *args, pipeline=pipe)
+        store.mark_pending(run_id, job_id, pipeline=pipe)
+        enqueue_job(queue, func, run_id, *args, pipeline=pipe, job_id=job_id)
         pipe.execute()
+
+
+def job_waiting(queue: rq.Queue, job_id: str) -> bool:
+    """Whether job `job_id` still waits to start (queued, scheduled for a retry, or deferred)."""
+    status = rq.job.Job(job_id, connection=queue.connection, serializer=queue.serializer).get_status(
+        refresh=True
+    )
+    return status in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED)
 
 
 class SettingsError(ValueError):

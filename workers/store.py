@@ -515,9 +515,9 @@ class Store:
         """Unfenced write of a record: only for a run nobody drives yet (a new mention)."""
         (pipeline or self.redis).set(Keys.run(record.run_id), pack(record.to_json()), ex=ttl)
 
-    def mark_pending(self, run_id: str, pipeline: Pipeline | None = None) -> None:
-        """A job for `run_id` is on its way: the watchdog does not send another."""
-        (pipeline or self.redis).set(Keys.pending(run_id), "1", ex=PENDING_TTL)
+    def mark_pending(self, run_id: str, job_id: str, pipeline: Pipeline | None = None) -> None:
+        """Job `job_id` for `run_id` is on its way: while it waits, the watchdog sends no other."""
+        (pipeline or self.redis).set(Keys.pending(run_id), job_id, ex=PENDING_TTL)
 
     def job_started(self, run_id: str) -> None:
         self.redis.delete(Keys.pending(run_id))
@@ -654,7 +654,14 @@ class Store:
     def save(self, record: RunRecord, token: str, seconds: float, *, ttl: int = FINISHED_RUN_TTL) -> bool:
         """Save `record` if `token` still holds its lease (renewing it)."""
         keys = [Keys.lease(record.run_id), Keys.run(record.run_id), Keys.active()]
-        args: list[Any] = [token, int(seconds * 1000), pack(record.to_json()), ttl, time.time(), record.run_id]
+        args: list[Any] = [
+            token,
+            int(seconds * 1000),
+            pack(record.to_json()),
+            ttl,
+            time.time(),
+            record.run_id,
+        ]
         return bool(self._save(keys=keys, args=args))
 
     def park(self, record: RunRecord, token: str, seconds: float, call_ids: list[str], *, ttl: int) -> bool:
@@ -735,17 +742,23 @@ class Store:
         keys = [Keys.lease(record.run_id), Keys.active(), Keys.thread_waiting(*record.thread)]
         self._leave(keys=keys, args=[token, record.run_id])
 
-    def orphans(self, older_than: float) -> list[str]:
-        """Runs that need a driver, have none (no lease) since `older_than`, and no job on its way."""
+    def orphans(self, older_than: float, queued: Callable[[str], bool]) -> list[str]:
+        """Runs that need a driver and have had none (no lease) since `older_than`.
+
+        A run whose job still waits in the queue (`queued(job_id)`) is left alone: under a
+        backlog the watchdog must not pile up jobs. A job that started and died, or vanished,
+        does not count: that is exactly the run to recover.
+        """
         stale = [_text(r) for r in self.redis.zrangebyscore(Keys.active(), "-inf", older_than)]
         found = []
         for run_id in stale:
             try:
-                keys = (Keys.lease(run_id), Keys.pending(run_id))
+                lease, pending = Keys.lease(run_id), Keys.pending(run_id)
             except BadId:
                 self.redis.zrem(Keys.active(), run_id)  # not ours to drive: never written by us
                 continue
-            if not self.redis.exists(*keys):
+            job_id = self.redis.get(pending)
+            if not self.redis.exists(lease) and not (job_id and queued(_text(job_id))):
                 found.append(run_id)
             self.redis.zadd(Keys.active(), {run_id: time.time()}, xx=True)  # don't report it again at once
         return found
