@@ -33,6 +33,9 @@ class Limits:
     max_tokens: int = 1024
     no_progress_window: int = 4
     tool_timeout_seconds: float = 30.0
+    # How many runs one requester / one channel may have queued, running or parked at once.
+    max_runs_per_user: int = 5
+    max_runs_per_channel: int = 20
 
 
 @dataclass(frozen=True)
@@ -44,12 +47,21 @@ class Approvals:
 
 
 @dataclass(frozen=True)
+class ToolsConfig:
+    """The `[tools]` table: what the tools offered may do."""
+
+    # Off by default: .env and .git/config would otherwise be one file-tool call away.
+    allow_hidden: bool = False
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything read from `HARNESS_CONFIG` plus the environment's model and workspace."""
 
     limits: Limits = field(default_factory=Limits)
     policy: Policy = field(default_factory=Policy)
     approvals: Approvals = field(default_factory=Approvals)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
     model: str = DEFAULT_MODEL
     workspace: Path = field(default_factory=Path.cwd)
 
@@ -62,6 +74,11 @@ _LIMITS: dict[str, _Spec] = {
     "max_tokens": ((int,), lambda v: 1 <= v <= 64_000, "a whole number from 1 to 64000"),
     "no_progress_window": ((int,), lambda v: 2 <= v <= 20, "a whole number from 2 to 20"),
     "tool_timeout_seconds": ((int, float), lambda v: 0 < v <= 3600, "a number of seconds > 0"),
+    "max_runs_per_user": ((int,), lambda v: v >= 1, "a whole number >= 1"),
+    "max_runs_per_channel": ((int,), lambda v: v >= 1, "a whole number >= 1"),
+}
+_TOOLS: dict[str, _Spec] = {
+    "allow_hidden": ((bool,), None, "true or false"),
 }
 _APPROVALS: dict[str, _Spec] = {
     "approvers": ((list,), None, "a list of Slack user IDs"),
@@ -89,8 +106,9 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
 
 
 def _parse(data: dict[str, Any], where: str, env: Mapping[str, str]) -> Config:
-    _only_keys(data, {"limits", "policy", "approvals"}, "", where)
+    _only_keys(data, {"limits", "policy", "approvals", "tools"}, "", where)
     limits = Limits(**_section(data, "limits", _LIMITS, where))
+    tools = ToolsConfig(**_section(data, "tools", _TOOLS, where))
     approvals_raw = _section(data, "approvals", _APPROVALS, where)
     approvers = approvals_raw.pop("approvers", [])
     for i, user in enumerate(approvers):
@@ -103,6 +121,7 @@ def _parse(data: dict[str, Any], where: str, env: Mapping[str, str]) -> Config:
         limits=limits,
         policy=_policy(data.get("policy"), where),
         approvals=approvals,
+        tools=tools,
         model=env.get("HARNESS_MODEL") or DEFAULT_MODEL,
         workspace=_workspace(env),
     )
@@ -117,7 +136,8 @@ def _section(data: dict[str, Any], name: str, spec: dict[str, _Spec], where: str
     for key, value in raw.items():
         types, valid, expected = spec[key]
         # bool is an int subclass in Python; TOML's true/false is never a number here.
-        if isinstance(value, bool) or not isinstance(value, types) or (valid and not valid(value)):
+        wrong_bool = isinstance(value, bool) and bool not in types
+        if wrong_bool or not isinstance(value, types) or (valid and not valid(value)):
             raise ConfigError(f"{where}: {name}.{key} must be {expected}, got {value!r}")
         out[key] = float(value) if float in types else value  # type: ignore[arg-type]
     return out
