@@ -56,6 +56,36 @@ RESULT_DUPLICATE_ID = (
 )
 RESULT_NOT_RUN_STOPPED = "Not executed: the run was stopped before this call ran ({valve})."
 RESULT_CUT = "\n[… cut: the tool returned {total:,} characters; only the first {kept:,} are shown]"
+RESULT_TIMED_OUT = "Error: {name} did not finish within {seconds:g} seconds"
+RESULT_TIMED_OUT_OUTCOME_UNKNOWN = (
+    "Outcome unknown — it may still complete: {name} did not finish within {seconds:g} seconds and "
+    "was left running. It was NOT run again; check its effect before trying again."
+)
+
+# The file tools' refusals (the model reads them). Paths are always relative to the workspace.
+FILE_BAD_PATH = "a path must be a non-empty relative path inside the workspace"
+FILE_ABSOLUTE = "{path!r} is an absolute path; use a path relative to the workspace"
+FILE_GOES_UP = "{path!r} goes up with '..'; paths must stay inside the workspace"
+FILE_HIDDEN = (
+    "{path} is hidden (a name on its path starts with '.'); the file tools do not touch hidden "
+    "files or directories"
+)
+FILE_SYMLINK = (
+    "{path} is a symbolic link; the file tools do not follow links, since one could lead outside "
+    "the workspace"
+)
+FILE_HARD_LINK = "{path} has other hard links; the file tools do not touch a file that also lives elsewhere"
+FILE_NOT_FOUND = "no such file or directory: {path}"
+FILE_IS_DIRECTORY = "{path} is a directory"
+FILE_NOT_REGULAR = "{path} is not a regular file"
+FILE_NOT_DIRECTORY = "{path} is not a directory"
+FILE_BINARY = "{path} is a binary file; only text files can be read"
+FILE_OS_ERROR = "{path}: {reason}"
+FILE_NO_WORKSPACE = "the workspace directory cannot be opened: {reason}"
+FILE_WROTE = "Wrote {chars} characters to {path}"
+FILE_DELETED = "Deleted {path}"
+FILE_EMPTY_DIRECTORY = "(empty directory)"
+FILE_MORE_ENTRIES = "… and {more} more"
 
 # Terminal front end.
 CLI_REQUESTS_TOOL = "[turn {turn}] model requests tool: {name}({args})"
