@@ -329,3 +329,25 @@ def test_a_write_is_flushed_to_disk_file_first_then_its_directory(
     assert not tools.run("write_file", {"path": "sub/new.txt", "content": "hi"}, ctx).is_error
     written, parent = (ctx.workspace / "sub/new.txt").stat(), (ctx.workspace / "sub").stat()
     assert flushed == [(False, written.st_ino), (True, parent.st_ino)]
+
+
+def test_no_call_leaves_a_file_descriptor_open(tools: ToolRegistry, ctx: ToolContext) -> None:
+    (ctx.workspace / "docs").mkdir()
+    (ctx.workspace / "alias").symlink_to(ctx.workspace / "docs")
+    calls = [
+        ("read_file", {"path": "README.md"}),
+        ("read_file", {"path": "docs/missing.txt"}),
+        ("read_file", {"path": "alias/x.txt"}),
+        ("list_files", {"path": "docs"}),
+        ("list_files", {"path": "README.md"}),
+        ("write_file", {"path": "docs/deep/a.txt", "content": "a"}),
+        ("write_file", {"path": "README.md/a.txt", "content": "a"}),
+        ("delete_file", {"path": "docs/deep/a.txt"}),
+        ("delete_file", {"path": "docs"}),
+    ]
+    tools.run("get_time", {}, ctx)  # the lane's thread exists before counting
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        for name, args in calls:
+            tools.run(name, args, ctx)
+    assert len(os.listdir("/proc/self/fd")) == before
