@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
+import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+import redis
 
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import ROOT, RedisServer, Stack, free_port, wait_until
+from workers.services import make_queue
 
 pytestmark = pytest.mark.e2e
 
@@ -78,18 +87,46 @@ def test_the_token_is_checked_at_startup_not_in_slacks_3_second_window(
         stack.stop()
 
 
-def test_a_redis_outage_answers_slack_with_an_error_and_healthz_says_so(
+def run_ids(client: redis.Redis) -> list[str]:
+    """The ids of every run record in Redis (what a mention that started a run leaves behind)."""
+    return [key.decode().rsplit(":", 1)[1] for key in client.scan_iter(match="harness:run:*")]
+
+
+def test_a_redis_outage_answers_slack_with_an_error_and_its_retry_makes_exactly_one_run(
     fakes: tuple[FakeSlackAPI, FakeMessagesAPI], tmp_path: Path
 ) -> None:
-    server = RedisServer().start()
-    stack = Stack(server.url, *fakes, tmp_path)
+    slack, model = fakes
+    model.script_for("outage", reply(text("outage answered")))
+    server = RedisServer(appendonly=True).start()  # what Redis held before the outage survives it
+    stack = Stack(server.url, slack, model, tmp_path)
     try:
         stack.start_bot()
+        redis.Redis.from_url(server.url).set("test:before-the-outage", "kept")
         server.stop()
         assert wait_until(lambda: stack.healthz() == 503)
-        status, _, _ = stack.mention("outage: anything")
+        status, ts, event_id = stack.mention("outage: anything")
         assert status == 500  # Slack retries a 5xx delivery
-        assert fakes[1].requests == []
+
+        server.start()
+        wait_until(lambda: stack.healthz() == 200)
+        client = redis.Redis.from_url(server.url)
+        assert client.get("test:before-the-outage") == b"kept"  # so an empty store below is not a wipe
+        # The refused delivery left nothing that would run, nor a dedup mark that would swallow the retry.
+        assert run_ids(client) == []
+        assert list(client.scan_iter(match="harness:event:*")) == []
+        assert client.zcard("harness:active") == 0
+        queue = make_queue(client)
+        assert queue.count == 0 and queue.scheduled_job_registry.count == 0
+        stack.start_worker()
+        stack.settled()
+        assert model.requests == []
+
+        status, _, _ = stack.mention("outage: anything", ts=ts, event_id=event_id)  # Slack's retry
+        assert status == 200
+        wait_until(lambda: any("outage answered" in m["text"] for m in slack.messages("C1", ts)))
+        stack.settled()
+        assert len(model.requests) == 1 and len(run_ids(client)) == 1
+        assert len([m for m in slack.messages("C1", ts) if "outage answered" in m["text"]]) == 1
     finally:
         stack.stop()
         server.cleanup()
@@ -116,9 +153,12 @@ def test_a_mention_while_the_thread_is_parked_waits_and_then_runs(
         wait_until(
             lambda: any("still on the previous request" in m["text"] for m in slack.messages("C7", root))
         )
+        stack.settled()  # the queued mention has done all it will do until the thread is free
         assert len(model.requests) == 1
         stack.click(card, "approve")
         wait_until(lambda: any("second done" in m["text"] for m in slack.messages("C7", root)))
+        stack.settled()
+        assert len(model.requests) == 3  # the approved run's answer and the queued mention, once each
         last = model.requests[-1]["messages"]
         assert "and then say hi" in str(last[-1]) and "first done" in str(last)
     finally:
@@ -136,22 +176,103 @@ def test_port_is_taken_from_the_environment(
         stack.stop()
 
 
+APP_TOKEN = "xapp-test"
+
+
+class WebSocketEndpoint:
+    """A loopback endpoint that completes the WebSocket handshake and keeps every session open."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.handshakes: list[str] = []
+        self.sessions: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.listener.getsockname()[1]}/link/?ticket=t1"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            self.sessions.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):  # the bot going away resets the session: that is fine
+            request = b""
+            while b"\r\n\r\n" not in request:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                request += chunk
+            head = request.decode("latin-1")
+            key = next(
+                line.split(":", 1)[1].strip()
+                for line in head.split("\r\n")
+                if line.lower().startswith("sec-websocket-key:")
+            )
+            digest = hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()
+            accept = base64.b64encode(digest).decode()
+            conn.sendall(
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                + f"Sec-WebSocket-Accept: {accept}\r\n\r\n".encode()
+            )
+            self.handshakes.append(head)
+            while conn.recv(4096):  # pings and whatever else: read and drop, the session stays up
+                pass
+
+    def close(self) -> None:
+        self.listener.close()
+        for conn in self.sessions:
+            conn.close()
+
+
+class SocketModeSlack(FakeSlackAPI):
+    """The fake Web API, plus `apps.connections.open` for the app token: a link to `endpoint`."""
+
+    def __init__(self, endpoint: WebSocketEndpoint) -> None:
+        super().__init__(bot_token="xoxb-test")
+        self.endpoint = endpoint
+        self.links_opened = 0
+
+    def _dispatch(
+        self, path: str, raw: bytes, headers: Mapping[str, str]
+    ) -> tuple[int, dict[str, str], dict[str, Any]]:
+        if urlsplit(path).path.rstrip("/") != "/api/apps.connections.open":
+            return super()._dispatch(path, raw, headers)
+        if (headers.get("Authorization") or "") != f"Bearer {APP_TOKEN}":
+            return 200, {}, {"ok": False, "error": "invalid_auth"}
+        self.links_opened += 1
+        return 200, {}, {"ok": True, "url": self.endpoint.url}
+
+
 def test_an_app_token_switches_to_socket_mode_without_a_signing_secret(
     fakes: tuple[FakeSlackAPI, FakeMessagesAPI], redis_url: str, tmp_path: Path
 ) -> None:
-    slack, _ = fakes
-    stack = Stack(redis_url, *fakes, tmp_path)
-    env = stack.env(SLACK_APP_TOKEN="xapp-test")
-    del env["SLACK_SIGNING_SECRET"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bot"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        wait_until(
-            lambda: any(c.method == "apps.connections.open" for c in slack.calls) or proc.poll() is not None
+    _, model = fakes
+    endpoint = WebSocketEndpoint()
+    with SocketModeSlack(endpoint) as slack:
+        stack = Stack(redis_url, slack, model, tmp_path)
+        env = stack.env(SLACK_APP_TOKEN=APP_TOKEN)
+        del env["SLACK_SIGNING_SECRET"]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bot"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
-        assert any(c.method == "apps.connections.open" for c in slack.calls)
-        assert stack.healthz() == 0  # no HTTP server in Socket Mode
-    finally:
-        proc.kill()
-        proc.wait(10)
+        try:
+            # The session is the last step of a Socket Mode start: an HTTP server would be up by now.
+            wait_until(lambda: endpoint.handshakes or proc.poll() is not None, timeout=30)
+            assert proc.poll() is None, "the bot exited instead of holding its Socket Mode session"
+            assert slack.links_opened >= 1 and "Upgrade: websocket" in endpoint.handshakes[0]
+            assert stack.healthz() == 0  # no HTTP server in Socket Mode
+        finally:
+            proc.kill()
+            proc.wait(10)
+            endpoint.close()

@@ -17,9 +17,10 @@ import pytest
 import redis
 
 from tests.fakes.messages_api import FakeMessagesAPI, http_error, reply, text, tool_use
-from tests.fakes.signing import signed_headers
+from tests.fakes.signing import event_body, signed_headers
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import SIGNING_SECRET, RedisServer, Stack, wait_until
+from workers.store import RunRecord, Store
 
 pytestmark = pytest.mark.e2e
 _channels = itertools.count(100)
@@ -71,6 +72,25 @@ def has_actions(message: dict[str, Any]) -> bool:
 
 def footer(turns: int, requests: int) -> str:
     return f"That took {turns} turns of tool calls across {requests} model requests."
+
+
+def asked(stack: Stack, marker: str) -> list[dict[str, Any]]:
+    """The model requests whose conversation mentions `marker`."""
+    return [r for r in stack.model.requests if marker in str(r["messages"])]
+
+
+def runs_in(stack: Stack, channel: str) -> list[RunRecord]:
+    """Every run record Redis holds for `channel`: what a mention that started a run leaves behind."""
+    client = redis.Redis.from_url(stack.redis_url)
+    store = Store(client)
+    records = (store.load_run(key.decode().rsplit(":", 1)[1]) for key in client.scan_iter("harness:run:*"))
+    return [r for r in records if r is not None and r.channel == channel]
+
+
+def bot_traces(stack: Stack, channel: str) -> list[Any]:
+    """Whatever the bot posted or reacted in `channel`."""
+    posts = [m for m in stack.slack.messages(channel) if m["user"] == "UBOT"]
+    return posts + [r for r in stack.slack.reactions if r[0] == channel]
 
 
 # --- the whole flow ------------------------------------------------------------------------------------
@@ -179,6 +199,7 @@ def test_two_approvals_in_one_turn_resume_only_when_both_are_decided(stack: Stac
             not has_actions(next(m for m in stack.slack.messages(channel, ts) if m["ts"] == cards[0]["ts"]))
         )
     )
+    stack.settled()  # the first decision has done all it will do
     assert len(stack.model.requests) == requests_before
     assert not (stack.workspace / "one.txt").exists()  # nothing runs ahead of the undecided second call
 
@@ -192,9 +213,11 @@ def test_a_non_approver_click_changes_nothing_and_gets_an_ephemeral_reply(stack:
     assert stack.click(card, "approve", user="UMALLORY") == 200
     wait_until(lambda: any(e["user"] == "UMALLORY" for e in stack.slack.ephemerals))
     assert "Only <@UALICE>" in str([e for e in stack.slack.ephemerals if e["user"] == "UMALLORY"][-1])
+    stack.settled()  # a click that had been taken as a decision would have resumed the run by now
     current = next(m for m in stack.slack.messages(channel, ts) if m["ts"] == card["ts"])
     assert has_actions(current)
     assert not (stack.workspace / "notyours.txt").exists()
+    assert len(asked(stack, "notyours")) == 1
     stack.click(card, "decline")  # the requester can still decide
     wait_post(stack, channel, ts, lambda m: "notyours done" in m["text"])
 
@@ -206,6 +229,7 @@ def test_a_double_click_yields_one_decision(stack: Stack) -> None:
     wait_post(stack, channel, ts, lambda m: "doubleclick done" in m["text"])
     assert (stack.workspace / "double.txt").exists()
     wait_until(lambda: any("already approved" in e["text"] for e in stack.slack.ephemerals))
+    stack.settled()
     requests = [r for r in stack.model.requests if "doubleclick" in str(r["messages"][0])]
     assert len(requests) == 2
 
@@ -238,6 +262,7 @@ def test_concurrent_clicks_by_two_approvers_yield_one_decision(team_stack: Stack
     approved = "Approved" in str(updated["blocks"])
     assert approved != ("Declined" in str(updated["blocks"]))
     assert (stack.workspace / "race.txt").exists() == approved
+    stack.settled()
     assert len([r for r in stack.model.requests if "raceclick" in str(r["messages"][0])]) == 2
 
 
@@ -260,6 +285,11 @@ def test_an_unanswered_approval_expires_and_the_run_goes_on(team_stack: Stack) -
     assert (stack.workspace / "README.md").exists()
     stack.click(card, "approve", user="UANN")  # a late click changes nothing
     wait_until(lambda: any(e["user"] == "UANN" for e in stack.slack.ephemerals))
+    stack.settled()
+    assert (stack.workspace / "README.md").exists()
+    assert len([r for r in stack.model.requests if "expireme" in str(r["messages"][0])]) == 2
+    late = next(m for m in stack.slack.messages(channel, ts) if m["ts"] == card["ts"])
+    assert late["blocks"] == updated["blocks"]
 
 
 def test_a_parked_run_does_not_occupy_the_worker(stack: Stack) -> None:
@@ -283,59 +313,70 @@ def test_a_retried_delivery_makes_one_run(stack: Stack) -> None:
         again, _, _ = stack.mention("dedup: hello", channel=channel, ts=ts, event_id=event_id)
         assert again == 200
     wait_post(stack, channel, ts, lambda m: "dedup done" in m["text"])
+    stack.settled()  # a second run, had a retry made one, has made its request by now
     assert not any("AGAIN" in m["text"] for m in thread(stack, channel, ts))
+    assert len(runs_in(stack, channel)) == 1
     assert len([r for r in stack.model.requests if "dedup" in str(r["messages"][0])]) == 1
 
 
 @pytest.mark.parametrize("kind", ["forged", "stale", "missing"])
 def test_bad_signatures_are_rejected_and_start_nothing(stack: Stack, kind: str) -> None:
     channel = new_channel()
-    body_marker = f"badsig{kind}"
+    marker = f"badsig{kind}"
+    stack.model.script_for(marker, reply(text(f"{marker} answered")))
+    ts = stack.slack.add_message(channel, f"<@UBOT> {marker}", user="UALICE")
+    event = {
+        "type": "app_mention",
+        "user": "UALICE",
+        "text": f"<@UBOT> {marker}",
+        "ts": ts,
+        "channel": channel,
+    }
+    body = event_body(event, event_id=f"Ev{marker}{channel}")
     headers = {
-        "forged": signed_headers("not-the-secret", "x"),
-        "stale": None,
+        "forged": signed_headers("not-the-secret", body),
+        "stale": signed_headers(SIGNING_SECRET, body, int(time.time()) - 600),
         "missing": {"X-Unrelated": "1"},
     }[kind]
-    if kind == "stale":
-        from tests.fakes.signing import event_body
-
-        event = {
-            "type": "app_mention",
-            "user": "UALICE",
-            "text": body_marker,
-            "ts": "1.000001",
-            "channel": channel,
-        }
-        body = event_body(event, event_id=f"Ev{kind}")
-        status, _ = stack.post(
-            body, "application/json", headers=signed_headers(SIGNING_SECRET, body, int(time.time()) - 600)
-        )
-    else:
-        status, _, _ = stack.mention(body_marker, channel=channel, headers=headers)
+    status, _ = stack.post(body, "application/json", headers=headers)
     assert status == 401
-    assert not any(body_marker in str(r["messages"]) for r in stack.model.requests)
-    assert stack.slack.messages(channel) == [] or all(
-        m["user"] != "UBOT" for m in stack.slack.messages(channel)
-    )
+    stack.settled()  # a run the delivery had started would have asked the model by now
+    assert asked(stack, marker) == [] and runs_in(stack, channel) == [] and bot_traces(stack, channel) == []
+
+    # The same delivery, signed: the worker is live, and the rejected one used up nothing (its event_id).
+    status, _ = stack.post(body, "application/json")
+    assert status == 200
+    wait_post(stack, channel, ts, lambda m: f"{marker} answered" in m["text"])
+    stack.settled()
+    assert len(asked(stack, marker)) == 1 and len(runs_in(stack, channel)) == 1
 
 
 def test_other_bots_and_edits_never_start_a_run(stack: Stack) -> None:
-    from tests.fakes.signing import event_body
-
     channel = new_channel()
+    stack.model.script_for("botloop", reply(text("botloop answered")))
     for i, extra in enumerate([{"bot_id": "BOTHER"}, {"subtype": "message_changed"}]):
+        ts = stack.slack.add_message(channel, "<@UBOT> botloop", user="UALICE")
         event = {
             "type": "app_mention",
             "user": "UALICE",
             "text": "<@UBOT> botloop",
-            "ts": f"5.00000{i}",
+            "ts": ts,
             "channel": channel,
         }
         status, _ = stack.post(
             event_body({**event, **extra}, event_id=f"EvBot{i}{channel}"), "application/json"
         )
         assert status == 200
-    assert not any("botloop" in str(r["messages"]) for r in stack.model.requests)
+    stack.settled()  # a run either delivery had started would have asked the model by now
+    assert (
+        asked(stack, "botloop") == [] and runs_in(stack, channel) == [] and bot_traces(stack, channel) == []
+    )
+
+    # The same mention from a person does reach the model: the worker was live all along.
+    _, ts, _ = stack.mention("botloop", channel=channel)
+    wait_post(stack, channel, ts, lambda m: "botloop answered" in m["text"])
+    stack.settled()
+    assert len(asked(stack, "botloop")) == 1 and len(runs_in(stack, channel)) == 1
 
 
 def test_healthz_answers_when_redis_answers(stack: Stack) -> None:
