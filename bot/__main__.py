@@ -48,12 +48,18 @@ def main() -> int:
 
         SocketModeHandler(app, app_token).start()
         return 0
+    assert signing_secret  # checked above: HTTP mode needs it
     try:
         connection.ping()
     except redis.RedisError as exc:
         logging.getLogger(__name__).warning("Redis does not answer yet (%s); /healthz says so", exc)
     workers = int(env.get("WEB_CONCURRENCY") or 2 * (os.cpu_count() or 1))
-    serve(wsgi_app(app, connection), int(env.get("PORT") or 3000), workers=workers, threads=4)
+    serve(
+        wsgi_app(app, connection, signing_secret=signing_secret),
+        int(env.get("PORT") or 3000),
+        workers=workers,
+        threads=4,
+    )
     return 0
 
 

@@ -1,96 +1,299 @@
-"""The WSGI front: `/slack/events` to Bolt, `/healthz`, a body-size cap, and gunicorn to serve it."""
+"""The WSGI front: `/slack/events` to Bolt behind an input gate, `/healthz`, and gunicorn to serve it.
+
+The gate answers every request Slack could not have sent with a 4xx before Bolt sees it: an
+unsigned body 401, a signed body whose shape is not one Slack sends 400. Bolt reads many fields
+without checking their type (`slack_bolt/request/internals.py` builds the context from `team`,
+`user`, `channel`, `enterprise`, `authorizations[0]`, `event`... before the signature is even
+checked; its matchers index `actions[0]["action_id"]` and `view["type"]`), so the gate checks the
+type of every field Bolt or our listeners read, accepting each type Slack documents for it (null
+included: `team` of an org-wide install, `enterprise` outside Enterprise Grid). Fields nobody
+reads are not checked: Slack adds fields over time. A 5xx is kept for the one case where Slack's
+retry can help: Redis is unavailable (see `bolt_error_handler`).
+"""
 
 from __future__ import annotations
 
-import io
+import logging
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
 from gunicorn.app.base import BaseApplication
-from slack_bolt import App
-from slack_bolt.adapter.wsgi import SlackRequestHandler
+from slack_bolt import App, BoltRequest, BoltResponse
+from slack_bolt.adapter.wsgi.http_request import WsgiHttpRequest
+from slack_bolt.adapter.wsgi.http_response import WsgiHttpResponse
 from slack_bolt.request.internals import parse_body
+from slack_sdk.signature import SignatureVerifier
+
+log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1_000_000  # Slack's payloads are far smaller; bigger ones are not Slack
+MAX_DEPTH = 32  # Slack's deepest payloads (rich text in a message echoed in a click) nest about 12 levels
 
 StartResponse = Callable[..., Any]
+WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+# Redis unavailable: the one failure a retry by Slack can cure, so the one answered with a 5xx.
+RETRYABLE_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ReadOnlyError,
+)
 
 
-def wsgi_app(app: App, connection: redis.Redis) -> Callable[[dict[str, Any], StartResponse], Iterable[bytes]]:
+def wsgi_app(app: App, connection: redis.Redis, *, signing_secret: str) -> WsgiApp:
     """The whole HTTP surface of the bot as one WSGI callable."""
-    slack = SlackRequestHandler(app, path="/slack/events")
+    verifier = SignatureVerifier(signing_secret)
 
     def application(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path == "/healthz" and environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
             return _healthz(connection, start_response)
-        if path == "/slack/events":
-            try:
-                length = int(environ.get("CONTENT_LENGTH") or 0)
-            except ValueError:
-                length = -1
-            if length < 0 or length > MAX_BODY_BYTES:
-                return _plain(start_response, "413 Request Entity Too Large", "body too large\n")
-            if environ.get("REQUEST_METHOD") != "POST":
-                return _plain(start_response, "405 Method Not Allowed", "POST only\n")
-            body = environ["wsgi.input"].read(length) if length else b""
-            problem = body_problem(body, environ.get("CONTENT_TYPE", ""))
-            if problem:
-                return _plain(start_response, "400 Bad Request", problem + "\n")
-            environ["wsgi.input"] = io.BytesIO(body)
-        return slack(environ, start_response)
+        if path != "/slack/events":
+            return _plain(start_response, "404 Not Found", "not found\n")
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = -1
+        if length < 0 or length > MAX_BODY_BYTES:
+            return _plain(start_response, "413 Request Entity Too Large", "body too large\n")
+        if environ.get("REQUEST_METHOD") != "POST":
+            return _plain(start_response, "405 Method Not Allowed", "POST only\n")
+        body = environ["wsgi.input"].read(length) if length else b""
+        if not is_signed(verifier, body, environ):
+            return _plain(start_response, "401 Unauthorized", "invalid signature\n")
+        problem = body_problem(body, environ.get("CONTENT_TYPE", ""))
+        if problem:
+            log.info("refused a signed request: %s", problem)
+            return _plain(start_response, "400 Bad Request", problem + "\n")
+        return _dispatch(app, environ, body.decode("utf-8"), start_response)
 
     return application
 
 
+def is_signed(verifier: SignatureVerifier, body: bytes, environ: dict[str, Any]) -> bool:
+    """Whether Slack signed `body` in the last five minutes; never raises on odd headers.
+
+    Bolt checks again, but its check raises on a non-numeric timestamp or a non-ASCII signature
+    (a 500), and runs only after Bolt has parsed the body: here nothing unsigned is parsed at all.
+    """
+    timestamp = environ.get("HTTP_X_SLACK_REQUEST_TIMESTAMP")
+    signature = environ.get("HTTP_X_SLACK_SIGNATURE")
+    try:
+        return verifier.is_valid(body, timestamp, signature)
+    except (ValueError, TypeError, OverflowError):
+        return False
+
+
+def _dispatch(app: App, environ: dict[str, Any], text: str, start_response: StartResponse) -> Iterable[bytes]:
+    """Bolt's WSGI adapter, except that a failure to build or run the request is a 400, not a 500."""
+    request = WsgiHttpRequest(environ)
+    try:
+        bolt_request = BoltRequest(body=text, query=request.query_string, headers=request.get_headers())
+        response = app.dispatch(bolt_request)
+    except Exception:  # the gate let through a shape Bolt cannot take: the body's fault, not ours
+        log.exception("Bolt failed on a signed request that passed the gate")
+        return _plain(start_response, "400 Bad Request", "bad request\n")
+    answer = WsgiHttpResponse(status=response.status, headers=response.headers, body=response.body)
+    start_response(answer.status, answer.get_headers())
+    return answer.get_body()
+
+
+def bolt_error_handler(error: Exception, body: dict[str, Any], logger: logging.Logger) -> BoltResponse:
+    """Bolt's global error handler (`app.error`): 500 only when Slack's retry can succeed.
+
+    Redis unavailable: 500, and Slack retries the event. Anything else a listener raises would
+    raise again on every retry: 400, logged with its traceback.
+    """
+    kind = body.get("type") if isinstance(body, dict) else None
+    if isinstance(error, RETRYABLE_ERRORS):
+        logger.error("Redis is unavailable (%s): answering %s with 500 so Slack retries", error, kind)
+        return BoltResponse(status=500, body="")
+    logger.error("a listener failed on a %s request: answering 400", kind, exc_info=error)
+    return BoltResponse(status=400, body="")
+
+
+# --- the shapes Slack sends --------------------------------------------------------------------------
+
+
 def body_problem(body: bytes, content_type: str) -> str | None:
-    """Why `body` cannot be a Slack request (Bolt would answer such bodies with a 500), or None."""
+    """Why `body` cannot be a request from Slack, or None."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         return "body is not UTF-8"
-    try:
-        parsed = parse_body(text, content_type or None)  # exactly as Bolt will parse it
-    except ValueError:
+    try:  # exactly as Bolt will parse it (BoltRequest drops the content type's parameters)
+        parsed = parse_body(text, content_type.split(";")[0] or None)
+    except (ValueError, RecursionError):
         return "body is not valid JSON or form data"
-    return _shape_problem(parsed)
+    return payload_problem(parsed)
 
 
-# The shapes Slack sends: fields Bolt reads without checking must have the type it expects.
-_DICT_FIELDS = ("event", "user", "channel", "team", "container", "message", "view", "authorizations_info")
-_STR_FIELDS = ("type", "event_id", "team_id", "api_app_id", "trigger_id", "token", "challenge")
-
-
-def _shape_problem(body: Any) -> str | None:
-    if not isinstance(body, dict):
+def payload_problem(payload: Any) -> str | None:
+    """Why a parsed payload is not one Slack sends (in a field Bolt or our listeners read), or None."""
+    if not isinstance(payload, dict):
         return "body is not a JSON object"
-    for name in _DICT_FIELDS:
-        if name in body and not isinstance(body[name], dict):
-            return f"{name} is not an object"
-    for name in _STR_FIELDS:
+    return _text_problem(payload) or _context_problem(payload, "") or _kind_problem(payload)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text_problem(payload: dict[str, Any]) -> str | None:
+    """Slack sends Unicode text: no lone surrogate (JSON can escape one; UTF-8 cannot hold it)."""
+    stack: list[tuple[Any, int]] = [(payload, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return "a string holds a lone surrogate"
+        elif depth > MAX_DEPTH:
+            return "body nests deeper than Slack's payloads"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if _SURROGATE.search(key):
+                    return "a key holds a lone surrogate"
+                stack.append((item, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+    return None
+
+
+# Read by Bolt's context building at every level it searches (the body, `authorizations[0]`,
+# `event` and the objects below it), and copied into the context and its Web API client.
+_ID_FIELDS = ("enterprise_id", "team_id", "user_id", "channel_id", "thread_ts", "function_execution_id")
+_REF_FIELDS = ("enterprise", "team", "user", "channel")  # an id, an object with one, or null
+_NESTED = ("event", "message", "previous_message", "item", "assistant_thread")
+
+
+def _context_problem(obj: dict[str, Any], where: str) -> str | None:
+    for name in _ID_FIELDS + ("bot_access_token",):
+        if obj.get(name) is not None and not isinstance(obj[name], str):
+            return f"{where}{name} is not a string"
+    for name in _REF_FIELDS:
+        ref = obj.get(name)
+        if ref is None or isinstance(ref, str):
+            continue
+        if not isinstance(ref, dict):
+            return f"{where}{name} is not an object, an id or null"
+        for key in ("id", "team_id", "enterprise_id"):
+            if ref.get(key) is not None and not isinstance(ref[key], str):
+                return f"{where}{name}.{key} is not a string"
+    authorizations = obj.get("authorizations")
+    if authorizations is not None:
+        if not _objects(authorizations):
+            return f"{where}authorizations is not a list of objects"
+        if authorizations and (problem := _context_problem(authorizations[0], f"{where}authorizations[0].")):
+            return problem
+    if "event" in obj and not isinstance(obj["event"], dict):
+        return f"{where}event is not an object"
+    for name in ("assistant_thread", "function_data"):
+        if obj.get(name) is not None and not isinstance(obj[name], dict):
+            return f"{where}{name} is not an object"
+    for name in _NESTED:
+        if isinstance(obj.get(name), dict) and (problem := _context_problem(obj[name], f"{where}{name}.")):
+            return problem
+    return None
+
+
+_TOP_STRINGS = (
+    "type",
+    "token",
+    "api_app_id",
+    "event_id",
+    "trigger_id",
+    "callback_id",
+    "response_url",
+    "challenge",
+    "action_id",
+    "block_id",
+    "value",
+    "command",
+)
+_OBJECTS = ("container", "message", "view", "workflow_step")
+
+
+def _kind_problem(body: dict[str, Any]) -> str | None:
+    for name in _TOP_STRINGS:
         if name in body and not isinstance(body[name], str):
             return f"{name} is not a string"
-    if "event" in body and not isinstance(body["event"].get("type", ""), str):
+    for name in _OBJECTS:
+        if name in body and not isinstance(body[name], dict):
+            return f"{name} is not an object"
+    kind = body.get("type")
+    if kind == "event_callback":
+        return _event_problem(body.get("event"))
+    if kind in ("block_actions", "interactive_message"):
+        problem = _actions_problem(body.get("actions"), block_kit=kind == "block_actions")
+        if problem:
+            return problem
+        if kind == "block_actions" and not isinstance(body.get("trigger_id"), str):
+            return "block_actions without a trigger_id"
+    if kind in ("view_submission", "view_closed") and "view" not in body:
+        return f"{kind} without a view"
+    if kind == "workflow_step_edit" and "workflow_step" not in body:
+        return "workflow_step_edit without a workflow_step"
+    message = body.get("message") or {}
+    if message.get("thread_ts") is not None and not isinstance(message["thread_ts"], str):
+        return "message.thread_ts is not a string"
+    if "response_urls" in body and not _objects(body["response_urls"]):
+        return "response_urls is not a list of objects"
+    return _view_problem(body.get("view"), kind, "workflow_step" in body)
+
+
+def _event_problem(event: Any) -> str | None:
+    if not isinstance(event, dict):
+        return "event_callback without an event"
+    if not isinstance(event.get("type"), str):
         return "event.type is not a string"
-    actions = body.get("actions")
-    if actions is not None and not (isinstance(actions, list) and all(isinstance(a, dict) for a in actions)):
-        return "actions is not a list of objects"
-    if body.get("type") == "block_actions" and not actions:
-        return "block_actions without actions"
-    for action in actions or ():
-        if not all(isinstance(action.get(k, ""), str) for k in ("action_id", "block_id", "value", "type")):
-            return "an action field is not a string"
-        if "action_id" not in action:
-            return "an action without action_id"
-    view = body.get("view", {})
-    if not all(isinstance(view.get(k, ""), str) for k in ("callback_id", "private_metadata", "type", "id")):
-        return "a view field is not a string"
-    if not isinstance(view.get("state", {}), dict) or not isinstance(
-        view.get("state", {}).get("values", {}), dict
-    ):
-        return "view.state is not an object"
+    for name in ("text", "ts", "event_ts", "subtype", "bot_id", "channel_type"):
+        if event.get(name) is not None and not isinstance(event[name], str):
+            return f"event.{name} is not a string"
+    if "function" in event and not isinstance(event["function"], dict):
+        return "event.function is not an object"
+    if event["type"] in ("app_mention", "message") and not isinstance(event.get("channel"), str):
+        return f"{event['type']} without a channel"
     return None
+
+
+def _actions_problem(actions: Any, *, block_kit: bool) -> str | None:
+    if not actions or not _objects(actions):
+        return "actions is not a non-empty list of objects"
+    for action in actions if block_kit else ():
+        if not isinstance(action.get("action_id"), str):
+            return "an action without a string action_id"
+        for key in ("block_id", "value", "type", "action_ts"):
+            if key in action and not isinstance(action[key], str):
+                return f"an action's {key} is not a string"
+    return None
+
+
+def _view_problem(view: dict[str, Any] | None, kind: Any, has_step: bool) -> str | None:
+    if view is None:
+        return None
+    for key in ("id", "type", "callback_id", "private_metadata", "hash", "root_view_id"):
+        if key in view and not isinstance(view[key], str):
+            return f"view.{key} is not a string"
+    for key in ("team_id", "app_installed_team_id"):
+        if view.get(key) is not None and not isinstance(view[key], str):
+            return f"view.{key} is not a string"
+    if kind in ("view_submission", "view_closed") and not all(k in view for k in ("type", "callback_id")):
+        return f"{kind} with a view without a type or callback_id"
+    if kind == "view_submission" and view.get("type") == "workflow_step" and not has_step:
+        return "a workflow_step view without a workflow_step"
+    state = view.get("state", {})
+    values = state.get("values", {}) if isinstance(state, dict) else None
+    if not isinstance(values, dict) or not all(
+        isinstance(block, dict) and all(isinstance(element, dict) for element in block.values())
+        for block in values.values()
+    ):
+        return "view.state.values is not an object of blocks of elements"
+    return None
+
+
+def _objects(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, dict) for item in value)
 
 
 def _healthz(connection: redis.Redis, start_response: StartResponse) -> Iterable[bytes]:
