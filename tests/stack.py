@@ -225,8 +225,9 @@ class Stack:
         """Wait until nothing more can happen without a new event: the condition that shows a
         "never" (no extra model request, no second run) is final, instead of a fixed window.
 
-        Settled means: no job queued, scheduled (retries) or running, no run marked active (so
-        the watchdog has nothing to hand out), and no run holding a lease.
+        Settled means: no job queued or scheduled (retries), no run marked active (so the
+        watchdog has nothing to hand out), and no run holding a lease (so no job is driving one).
+        RQ's started registry is not asked: a SIGKILLed worker's job stays there for minutes.
         """
         client = redis.Redis.from_url(self.redis_url)
 
@@ -234,7 +235,6 @@ class Stack:
             queue = make_queue(client)
             busy = (
                 queue.count
-                + queue.started_job_registry.count
                 + queue.scheduled_job_registry.count
                 + client.zcard("harness:active")
                 + len(client.keys("harness:lease:*"))
@@ -284,8 +284,10 @@ class Stack:
         status, _ = self.post(body, "application/json", headers=headers and {**headers})
         return status, ts, event_id
 
-    def click(self, message: dict[str, Any], action_id: str, *, user: str = "UALICE") -> int:
-        """Click the button `action_id` of a posted message as `user`."""
+    def click(
+        self, message: dict[str, Any], action_id: str, *, user: str = "UALICE", team: str = "T1"
+    ) -> int:
+        """Click the button `action_id` of a posted message as `user` of workspace `team`."""
         button = next(
             e
             for b in message["blocks"]
@@ -294,7 +296,7 @@ class Stack:
             if e.get("action_id") == action_id
         )
         payload = {
-            **interaction("block_actions", user),
+            **interaction("block_actions", user, team),
             "container": {"type": "message", "message_ts": message["ts"], "channel_id": message["channel"]},
             "channel": {"id": message["channel"], "name": "general"},
             "message": {"ts": message["ts"], "thread_ts": message.get("thread_ts"), "text": message["text"]},
@@ -325,12 +327,12 @@ class Stack:
         return status
 
 
-def interaction(kind: str, user: str) -> dict[str, Any]:
+def interaction(kind: str, user: str, team: str = "T1") -> dict[str, Any]:
     """The fields every interactivity payload Slack sends carries."""
     return {
         "type": kind,
-        "team": {"id": "T1", "domain": "test"},
-        "user": {"id": user, "username": user.lower(), "team_id": "T1"},
+        "team": {"id": team, "domain": "test"},
+        "user": {"id": user, "username": user.lower(), "team_id": team},
         "api_app_id": "A1",
         "token": "fake-verification-token",
         "trigger_id": f"trigger-{time.time_ns()}",

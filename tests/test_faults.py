@@ -21,10 +21,15 @@ from harness.state import Decision, PendingCall, RunState, Verdict, new_run
 from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import RedisServer, Stack, wait_until
+from workers.jobs import MAX_RECOVERIES
+from workers.services import enqueue_run_job, make_queue
 from workers.store import Keys, RunRecord, RunStatus, Store, new_run_id, pack, unpack
 
 pytestmark = pytest.mark.e2e
 FAST_LEASE = {"HARNESS_LEASE_SECONDS": "2"}
+# With 2 s leases: a dead driver is noticed within about 3 s (lease + one watchdog tick); the
+# rest is starting a worker process and running the recovered run.
+RECOVERY_BOUND = 30.0
 FIGURES: dict[str, int] = {}
 
 
@@ -59,10 +64,26 @@ def wait_text(stack: Stack, channel: str, ts: str, needle: str, timeout: float =
     )
 
 
+def cards(stack: Stack, channel: str, ts: str) -> list[dict[str, Any]]:
+    return [m for m in posts(stack, channel, ts) if "approve" in str(m["blocks"])]
+
+
 def card_of(stack: Stack, channel: str, ts: str) -> dict[str, Any]:
     return wait_until(
         lambda: next((m for m in posts(stack, channel, ts) if "approve" in str(m["blocks"])), None)
     )
+
+
+def value_of(card: dict[str, Any]) -> str:
+    """The `run:call` value of a card's buttons."""
+    actions = next(b for b in card["blocks"] if b["type"] == "actions")
+    return str(actions["elements"][0]["value"])
+
+
+def runs(stack: Stack) -> list[RunRecord]:
+    """Every run record in the stack's Redis."""
+    conn = redis.Redis.from_url(stack.redis_url)
+    return [RunRecord.from_json(unpack(conn.get(key))) for key in conn.keys("harness:run:*")]
 
 
 def park_on_write(
@@ -171,6 +192,196 @@ def test_a_side_effecting_call_whose_worker_died_is_never_run_again(stack: Stack
     count("side-effecting calls not re-run after a crash")
 
 
+def started_jobs(conn: redis.Redis) -> list[str]:
+    """The functions of the jobs RQ has marked started (its started registry)."""
+    queue = make_queue(conn)
+    names = []
+    for job_id in queue.started_job_registry.get_job_ids():
+        job = queue.fetch_job(job_id)
+        if job is not None:
+            names.append(job.func_name)
+    return names
+
+
+def kill_when_started(stack: Stack, worker: Any, func_name: str) -> None:
+    """SIGKILL the worker tree at the first sign of a job: it entering RQ's started registry."""
+    conn = redis.Redis.from_url(stack.redis_url)
+    wait_until(lambda: func_name in started_jobs(conn), timeout=30, interval=0.001)
+    worker.kill_group()
+    count("workers SIGKILLed mid-run")
+
+
+def test_a_worker_killed_as_the_resume_starts_loses_no_decision(stack: Stack) -> None:
+    stack.model.script(reply(tool_use("write_file", {"path": "rk.txt", "content": "r"})))
+    gate = Gate(reply(text("held")))
+    stack.model.responder = gate  # past the script: the resumed run cannot finish before the kill
+    stack.start_bot()
+    doomed = stack.start_worker()
+    _, ts, _ = stack.mention("resumekill: write", channel="C20", user="UANN")
+    card = card_of(stack, "C20", ts)
+    stack.settled()  # parked and let go: the click's job will be what resumes it
+    run_id, call_id = value_of(card).split(":")
+    assert stack.click(card, "approve", user="UANN") == 200
+    kill_when_started(stack, doomed, "workers.jobs.apply_decisions")
+
+    # Whatever step it died at, the decision was not consumed before the run was durably running.
+    store = Store(redis.Redis.from_url(stack.redis_url))
+    record = store.load_run(run_id)
+    assert record is not None
+    approved = store.decisions(run_id, 1).get(call_id)
+    assert record.status is RunStatus.RUNNING or (approved and approved.verdict is Verdict.APPROVED)
+    stack.model.responder = None
+    stack.model.script(reply(text("resumed after the crash")))
+    gate.open.set()
+    started = time.monotonic()
+    stack.start_worker()
+    wait_text(stack, "C20", ts, "resumed after the crash", timeout=60)
+    assert time.monotonic() - started < RECOVERY_BOUND
+    last = stack.model.requests[-1]["messages"][-1]["content"]
+    assert [b["tool_use_id"] for b in last if b["type"] == "tool_result"] == [call_id]  # the model heard
+    stack.settled()
+    assert [m["text"] for m in posts(stack, "C20", ts)].count("resumed after the crash") <= 1
+
+
+def test_a_worker_killed_while_parking_posts_every_card_once_and_stays_clickable(stack: Stack) -> None:
+    stack.model.script(
+        reply(
+            tool_use("write_file", {"path": "p1.txt", "content": "1"}),
+            tool_use("delete_file", {"path": "README.md"}),
+        ),
+        reply(text("parked and recovered")),
+    )
+    held = stack.slack.hold_next("chat.postMessage")  # the first approval card
+    stack.start_bot()
+    doomed = stack.start_worker()
+    _, ts, _ = stack.mention("parkkill: write and delete", channel="C21", user="UANN")
+    assert held.arrived.wait(30)
+    doomed.kill_group()  # after the park was saved, while its first card is on the wire
+    count("workers SIGKILLed mid-run")
+    held.release.set()  # the card reaches Slack after all: the next driver must not post it again
+    wait_until(lambda: len(cards(stack, "C21", ts)) == 1)
+    started = time.monotonic()
+    stack.start_worker()
+    wait_until(lambda: len(cards(stack, "C21", ts)) == 2, timeout=RECOVERY_BOUND)
+    assert time.monotonic() - started < RECOVERY_BOUND
+    [record] = runs(stack)
+    wait_until(lambda: len(runs(stack)[0].cards) == 2 and not runs(stack)[0].outbox)
+    stack.settled()
+    assert len(cards(stack, "C21", ts)) == 2  # every card exactly once
+    conn = redis.Redis.from_url(stack.redis_url)
+    assert conn.zscore(Keys.expiries(), f"{record.run_id}:1") is not None  # its expiry is scheduled
+    for card in cards(stack, "C21", ts):
+        assert stack.click(card, "approve", user="UANN") == 200
+    wait_text(stack, "C21", ts, "parked and recovered")
+    assert (stack.workspace / "p1.txt").read_text() == "1" and not (stack.workspace / "README.md").exists()
+
+
+def test_a_start_job_lost_before_its_driver_took_the_lease_is_recovered(stack: Stack) -> None:
+    stack.model.script(reply(text("started after all")))
+    stack.start_bot()
+    conn = redis.Redis.from_url(stack.redis_url)
+    _, ts, _ = stack.mention("lostjob: hi", channel="C22", user="UANN")
+    queue = make_queue(conn)
+    [job] = queue.get_jobs()
+    assert job.retries_left == 3  # the bot's jobs carry the same retry policy as the workers'
+    job.delete()  # the job is gone, as with a worker that died after dequeuing it, before the lease
+    started = time.monotonic()
+    stack.start_worker()
+    wait_text(stack, "C22", ts, "started after all", timeout=RECOVERY_BOUND)
+    assert time.monotonic() - started < RECOVERY_BOUND
+    count("jobs lost before their lease, recovered")
+
+
+def test_a_worker_killed_as_a_run_starts_loses_no_run(stack: Stack) -> None:
+    gate = Gate(reply(text("unused")))
+    stack.model.responder = gate
+    stack.start_bot()
+    doomed = stack.start_worker()
+    _, ts, _ = stack.mention("startkill: hi", channel="C23", user="UANN")
+    kill_when_started(stack, doomed, "workers.jobs.start_run")
+    stack.model.responder = None
+    stack.model.script(reply(text("started on another worker")))
+    gate.open.set()
+    stack.start_worker()
+    wait_text(stack, "C23", ts, "started on another worker", timeout=RECOVERY_BOUND)
+    stack.settled()
+    assert [m["text"] for m in posts(stack, "C23", ts)].count(posts(stack, "C23", ts)[-1]["text"]) == 1
+
+
+def test_the_answer_reaches_the_thread_exactly_once_across_a_crash(stack: Stack) -> None:
+    stack.model.script(reply(text("the answer, exactly once")))
+    held = stack.slack.hold_next("chat.postMessage")  # the answer (a run with no tool calls)
+    stack.start_bot()
+    doomed = stack.start_worker()
+    _, ts, _ = stack.mention("answerkill: hi", channel="C24", user="UANN")
+    assert held.arrived.wait(30)
+    doomed.kill_group()  # the run is saved finished; its answer is on the wire
+    count("workers SIGKILLed mid-run")
+    held.release.set()
+    wait_text(stack, "C24", ts, "the answer, exactly once")
+    stack.start_worker()
+    wait_until(lambda: runs(stack)[0].outbox == [] and runs(stack)[0].status is RunStatus.FINISHED)
+    stack.settled()
+    answers = [m for m in posts(stack, "C24", ts) if "the answer, exactly once" in m["text"]]
+    assert len(answers) == 1
+    assert len(stack.model.requests) == 1
+    assert ("C24", ts, "white_check_mark") in stack.slack.reactions  # what it still owed was paid
+
+
+def test_an_answer_lost_with_its_worker_is_posted_by_the_next(stack: Stack) -> None:
+    stack.model.script(reply(text("posted by the next worker")))
+    held = stack.slack.hold_next("chat.postMessage")
+    stack.start_bot()
+    doomed = stack.start_worker()
+    _, ts, _ = stack.mention("answerlost: hi", channel="C25", user="UANN")
+    assert held.arrived.wait(30)
+    stack.slack.fail_next("chat.postMessage", error="fatal_error")  # the held post never lands
+    doomed.kill_group()
+    count("workers SIGKILLed mid-run")
+    held.release.set()
+    stack.start_worker()
+    wait_text(stack, "C25", ts, "posted by the next worker", timeout=RECOVERY_BOUND)
+    stack.settled()
+    assert len([m for m in posts(stack, "C25", ts) if "posted by the next worker" in m["text"]]) == 1
+
+
+def test_a_run_that_keeps_killing_its_workers_is_stopped_with_a_message(stack: Stack) -> None:
+    """The state after the driver of a run died MAX_RECOVERIES times: the next one stops it."""
+    conn = redis.Redis.from_url(stack.redis_url)
+    task = new_run("crashloop: hi")
+    record = RunRecord(
+        new_run_id(), "T1", "C26", "1700000000.000026", "UANN", "crashloop: hi",
+        status=RunStatus.RUNNING, state=task.to_json(), recoveries=MAX_RECOVERIES,
+    )  # fmt: skip
+    Store(conn).save_run(record)
+    conn.zadd(Keys.active(), {record.run_id: time.time() - 60})
+    stack.start_worker()
+    notice = wait_text(stack, "C26", record.thread_ts, "worker died", timeout=RECOVERY_BOUND)
+    assert "Nothing more was run" in notice["text"]
+    stack.settled()
+    assert stack.model.requests == []
+    [stopped] = runs(stack)
+    assert stopped.status is RunStatus.STOPPED
+    count("runs stopped after killing their worker too often")
+
+
+def test_one_requester_cannot_flood_the_queue(stack: Stack) -> None:
+    gate = Gate(reply(text("done")))
+    stack.model.responder = gate
+    stack.start_bot()
+    stack.start_worker()
+    mentions = [stack.mention(f"flood {i}", channel=f"C3{i}", user="UFLOOD") for i in range(7)]
+    assert all(status == 200 for status, _, _ in mentions)
+    assert len(runs(stack)) == 5  # the default bound per requester
+    _, refused_ts, _ = mentions[5]
+    notice = wait_text(stack, "C35", refused_ts, "You already have 5 requests going")
+    assert "not started" in notice["text"]
+    assert posts(stack, "C36", mentions[6][1]) == []  # told once a minute, not once a mention
+    gate.open.set()
+    stack.settled()
+    count("mentions refused over the per-requester bound", 2)
+
+
 # --- the bot dying, Redis restarting -------------------------------------------------------------------
 
 
@@ -178,6 +389,7 @@ def test_a_bot_killed_mid_delivery_and_slacks_retry_make_exactly_one_run(stack: 
     stack.model.script(reply(text("one and only")), reply(text("SECOND RUN")))
     bot = stack.start_bot()
     stack.start_worker()
+    conn = redis.Redis.from_url(stack.redis_url)
     ts = stack.slack.add_message("C4", "<@UBOT> botkill: hi", user="UANN")
     results: list[object] = []
 
@@ -189,18 +401,27 @@ def test_a_bot_killed_mid_delivery_and_slacks_retry_make_exactly_one_run(stack: 
         except OSError as exc:  # the bot died with the request open: Slack sees no answer
             results.append(exc)
 
-    sender = threading.Thread(target=deliver)
-    sender.start()
-    bot.kill_group()
+    # Writes wait while the bot reads: it is killed between its checks and its transaction.
+    conn.execute_command("CLIENT", "PAUSE", 20000, "WRITE")
+    try:
+        sender = threading.Thread(target=deliver)
+        sender.start()
+        wait_until(lambda: b"cmd=zcount" in conn.execute_command("CLIENT", "LIST"))
+        bot.kill_group()
+    finally:
+        conn.execute_command("CLIENT", "UNPAUSE")
     sender.join(15)
     count("bots SIGKILLed mid-delivery")
+    assert results and not isinstance(results[0], int)  # Slack got no answer: it will retry
+    assert conn.keys("harness:run:*") == [] and conn.keys("harness:event:*") == []
     stack.start_bot()
     status, _, _ = stack.mention(
         "botkill: hi", channel="C4", user="UANN", ts=ts, event_id="EvKill"
     )  # Slack retries
     assert status == 200
     wait_text(stack, "C4", ts, "one and only")
-    assert not stack.model.wait_for_requests(2, timeout=3)
+    stack.settled()
+    assert len(stack.model.requests) == 1
     assert not any("SECOND RUN" in m["text"] for m in posts(stack, "C4", ts))
 
 
@@ -256,7 +477,8 @@ def test_the_same_event_five_times_at_once_is_one_run(stack: Stack) -> None:
     assert statuses == [200] * 5
     count("duplicate deliveries absorbed", 4)
     wait_text(stack, "C6", ts, "just once")
-    assert not stack.model.wait_for_requests(2, timeout=2)
+    stack.settled()
+    assert len(stack.model.requests) == 1
 
 
 def test_ten_concurrent_clicks_by_two_approvers_are_one_decision_and_one_execution(stack: Stack) -> None:
@@ -275,10 +497,7 @@ def test_ten_concurrent_clicks_by_two_approvers_are_one_decision_and_one_executi
     count("duplicate clicks absorbed", 9)
     wait_text(stack, "C7", ts, "ten done")
     entries = Store(redis.Redis.from_url(stack.redis_url)).audit_entries()
-    assert (
-        len([e for e in entries if e["call_id"] == card["blocks"][-1]["elements"][0]["value"].split(":")[1]])
-        == 1
-    )
+    assert len([e for e in entries if e["call_id"] == value_of(card).split(":")[1]]) == 1
     assert len(stack.model.requests) == 2
 
 
@@ -293,18 +512,16 @@ def test_the_same_resume_job_enqueued_twice_runs_once(stack: Stack) -> None:
     _, ts, _ = stack.mention("resume2: write", channel="C8", user="UANN")
     card = card_of(stack, "C8", ts)
     store = Store(redis.Redis.from_url(stack.redis_url))
-    run_id, call_id = card["blocks"][-1]["elements"][0]["value"].split(":")
-    store.decide(run_id, call_id, Decision(Verdict.APPROVED, by="UANN"))
-    from workers.services import Services
-
-    svc = Services.from_env(store.redis, stack.env())
-    from workers import jobs
-
-    jobs.enqueue(svc, "workers.jobs.apply_decisions", run_id)
-    jobs.enqueue(svc, "workers.jobs.apply_decisions", run_id)
+    run_id, call_id = value_of(card).split(":")
+    store.decide(run_id, 1, call_id, Decision(Verdict.APPROVED, by="UANN"))
+    queue = make_queue(store.redis)
+    enqueue_run_job(store, queue, "workers.jobs.apply_decisions", run_id)
+    enqueue_run_job(store, queue, "workers.jobs.apply_decisions", run_id)
     count("duplicate resume jobs absorbed")
     wait_text(stack, "C8", ts, "resumed once")
-    assert not stack.model.wait_for_requests(3, timeout=2)
+    stack.settled()
+    assert len(stack.model.requests) == 2
+    assert (stack.workspace / "r.txt").read_text() == "r"
 
 
 # --- failing closed, failing Slack --------------------------------------------------------------------
@@ -313,13 +530,14 @@ def test_the_same_resume_job_enqueued_twice_runs_once(stack: Stack) -> None:
 def test_an_unreadable_parked_state_never_executes_anything(stack: Stack) -> None:
     ts, card = park_on_write(stack, "oldformat: write", "never.txt", then="SHOULD NOT", channel="C9")
     conn = redis.Redis.from_url(stack.redis_url)
-    run_id = card["blocks"][-1]["elements"][0]["value"].split(":")[0]
+    run_id = value_of(card).split(":")[0]
     raw = json.loads(unpack(conn.get(Keys.run(run_id))))
     raw["state"]["version"] = 0  # written by an older harness
     conn.set(Keys.run(run_id), pack(json.dumps(raw)))
     assert stack.click(card, "approve", user="UANN") == 200
     wait_until(lambda: any("cannot be read safely" in e["text"] for e in stack.slack.ephemerals))
-    assert not stack.model.wait_for_requests(2, timeout=2)
+    stack.settled()
+    assert len(stack.model.requests) == 1
     assert not (stack.workspace / "never.txt").exists()
     count("unreadable states refused")
 
@@ -328,9 +546,15 @@ def test_a_post_that_still_fails_does_not_kill_the_run(stack: Stack) -> None:
     stack.model.script(reply(tool_use("get_time", {})), reply(text("finished anyway")))
     stack.slack.fail_next("chat.postMessage", error="channel_not_found")
     stack.start_bot()
-    stack.start_worker()
+    worker = stack.start_worker()
     _, ts, _ = stack.mention("postfail: time", channel="C10", user="UANN")
     wait_text(stack, "C10", ts, "finished anyway")
+    # Survived, not recovered: the same driver went on (a crash would have needed the watchdog).
+    [record] = runs(stack)
+    assert record.status is RunStatus.FINISHED and record.recoveries == 0
+    assert "has no driver" not in worker.output()
+    failed = [c for c in stack.slack.calls if c.method == "chat.postMessage" and not c.ok]
+    assert [c.error for c in failed] == ["channel_not_found"]
     count("Slack failures survived")
 
 
@@ -424,9 +648,14 @@ def test_a_click_replayed_into_another_channel_or_naming_no_run_changes_nothing(
                 element["value"] = "0" * 32 + ":toolu_nothing"
     assert stack.click(forged, "approve", user="UANN") == 200
     wait_until(lambda: any("no longer open" in e["text"] for e in stack.slack.ephemerals))
-    assert not stack.model.wait_for_requests(2, timeout=1)
+    assert stack.click(card, "approve", user="UANN", team="TOTHER") == 200
+    wait_until(lambda: any("does not belong to this workspace" in e["text"] for e in stack.slack.ephemerals))
+    stack.settled()
+    assert len(stack.model.requests) == 1
     assert not (stack.workspace / "x.txt").exists()
-    count("forged clicks refused", 2)
+    run_id, call_id = value_of(card).split(":")
+    assert Store(redis.Redis.from_url(stack.redis_url)).decisions(run_id, 1) == {call_id: None}
+    count("forged clicks refused", 3)
 
 
 def test_a_huge_body_is_refused_before_it_is_read(stack: Stack) -> None:
@@ -438,10 +667,10 @@ def test_a_huge_body_is_refused_before_it_is_read(stack: Stack) -> None:
 
 def test_decisions_that_do_not_match_the_parked_calls_run_nothing_and_say_so(stack: Stack) -> None:
     ts, card = park_on_write(stack, "mismatch: write", "m.txt", then="SHOULD NOT", channel="C17")
-    run_id, call_id = card["blocks"][-1]["elements"][0]["value"].split(":")
+    run_id, call_id = value_of(card).split(":")
     conn = redis.Redis.from_url(stack.redis_url)
     conn.hset(
-        Keys.approvals(run_id), "toolu_smuggled", json.dumps(Decision(Verdict.APPROVED, "UANN").to_json())
+        Keys.approvals(run_id, 1), "toolu_smuggled", json.dumps(Decision(Verdict.APPROVED, "UANN").to_json())
     )
     assert stack.click(card, "approve", user="UANN") == 200
     wait_text(stack, "C17", ts, "stopped this run without running anything")

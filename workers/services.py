@@ -78,11 +78,16 @@ def enqueue_run_job(
 
 
 def job_waiting(queue: rq.Queue, job_id: str) -> bool:
-    """Whether job `job_id` still waits to start (queued, scheduled for a retry, or deferred)."""
-    status = rq.job.Job(job_id, connection=queue.connection, serializer=queue.serializer).get_status(
-        refresh=True
-    )
-    return status in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED)
+    """Whether job `job_id` still waits to start: in the queue, or scheduled for a retry.
+
+    A job a worker took off the queue but never ran (it died in between) still reads "queued":
+    only its place in the queue's list tells it apart.
+    """
+    job = rq.job.Job(job_id, connection=queue.connection, serializer=queue.serializer)
+    status = job.get_status(refresh=True)
+    if status == JobStatus.QUEUED:
+        return queue.get_job_position(job_id) is not None
+    return status in (JobStatus.SCHEDULED, JobStatus.DEFERRED)
 
 
 class SettingsError(ValueError):
