@@ -9,6 +9,7 @@ import sys
 import redis
 from slack_sdk.errors import SlackApiError
 
+from bot import socket_mode
 from bot.app import BotDeps, create_app
 from bot.web import serve, wsgi_app
 from harness.config import ConfigError, load_config
@@ -44,9 +45,11 @@ def main() -> int:
         print(f"error: Slack refused SLACK_BOT_TOKEN ({exc.response.get('error')})", file=sys.stderr)
         return 2
     if app_token:
-        from slack_bolt.adapter.socket_mode import SocketModeHandler
-
-        SocketModeHandler(app, app_token).start()
+        try:
+            socket_mode.serve(app, app_token)
+        except SlackApiError as exc:
+            print(f"error: Slack refused SLACK_APP_TOKEN ({exc.response.get('error')})", file=sys.stderr)
+            return 2
         return 0
     assert signing_secret  # checked above: HTTP mode needs it
     try:
