@@ -63,11 +63,12 @@ class Case:
     how: str
     delivery: payloads.Delivery
     payload: Any
+    retry_headers: dict[str, str] | None = None  # None: the delivery's own
 
     def post(self, stack: Stack) -> int:
         body, content_type = payloads.http_body(self.delivery.kind, self.payload)
-        headers = {**signed_headers(SIGNING_SECRET, body), **self.delivery.retry_headers()}
-        status, _ = stack.post(body, content_type, headers=headers)
+        retry = self.delivery.retry_headers() if self.retry_headers is None else self.retry_headers
+        status, _ = stack.post(body, content_type, headers={**signed_headers(SIGNING_SECRET, body), **retry})
         return status
 
 
@@ -218,6 +219,12 @@ def test_every_corruption_of_every_slack_request_is_answered_2xx_or_4xx_and_star
     assert "<@UBOT> still there?" in run_tasks(connection)
 
 
+RETRY_HEADERS = ["X-Slack-Retry-Num", "X-Slack-Retry-Reason"]
+HEADER_VALUES = st.text(
+    st.characters(min_codepoint=0x20, max_codepoint=0xFF, exclude_characters="\x7f"), max_size=60
+)
+
+
 @settings(
     max_examples=200,
     deadline=None,
@@ -236,7 +243,10 @@ def test_several_corruptions_at_once_are_answered_2xx_or_4xx_and_start_no_run(
         path, what = data.draw(st.sampled_from(payloads.corruptions(payload)))
         mutant = payloads.corrupt(payload, path, what)
         payload, hows = mutant.payload, [*hows, mutant.how]
-    case = Case("; ".join(hows), delivery, FRESH(delivery.payload, payload))
+    retry = data.draw(
+        st.none() | st.dictionaries(st.sampled_from(RETRY_HEADERS), HEADER_VALUES), label="retry"
+    )
+    case = Case("; ".join(hows), delivery, FRESH(delivery.payload, payload), retry)
     before = run_keys(connection)
     status = case.post(stack)
     count("malformed payloads tried")
