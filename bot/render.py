@@ -6,20 +6,37 @@ never ping (`<!channel>`, `<@U…>`, `<!subteam^…>`) or smuggle a labelled lin
 hold ourselves (`^[UW][A-Z0-9]+$`) are rendered as real mentions, and only dates we format
 ourselves use `<!date^…>`.
 
-Every builder keeps within Slack's limits: 50 blocks, section text 3000 characters, button
-text 75 and value 2000, context element text 2000, and a whole `blocks` payload well under the
-~12k characters at which Slack answers `msg_blocks_too_long`. The `text` fallback stays
-within 3000 characters.
+Untrusted text also goes through `visible` first: a character a reader cannot see, or one that
+changes the direction of the text around it (bidi controls, zero-width and other format
+characters, controls, lone surrogates …), is shown as its code point, `[U+202E]`, so that
+`evil[U+202E]txt.sh` cannot pass for `evilhs.txt`. Final answers keep the joiners and variation
+selectors that emoji and some scripts are made of; arguments, results and everything else keep
+nothing hidden (a spoofed path matters more than a pretty emoji).
+
+An approval card shows each top-level argument on its own, in an order that does not depend on
+the model's: first the arguments that name what the call acts on (`TARGET_WORDS`: a path, a URL,
+a recipient, a command …), shortest first, then the others, shortest first. A target is shown
+whole whenever it fits on the card. Whatever is cut says exactly how many characters are not
+shown, and the card then offers "View all arguments" (`arguments_modal`), which shows every
+character unless even a modal cannot hold them (`fully_reviewable`), which the card then says.
+
+Every builder keeps within Slack's limits: 50 blocks (100 in a modal), section text 3000
+characters, button text 75 and value 2000, context element text 2000, and a whole `blocks`
+payload, measured as slack_sdk sends it (ASCII JSON), well under the ~13k characters at which
+Slack answers `msg_blocks_too_long`. The `text` fallback stays within 3000 characters.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import re
-from collections.abc import Callable, Sequence
+import unicodedata
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from slack_sdk.models.blocks import (
     ActionsBlock,
@@ -43,17 +60,37 @@ BUTTON_VALUE_MAX = 2000
 TEXT_MAX = 3000  # our own cap on the `text` fallback (Slack allows 40000)
 BLOCKS_JSON_MAX = 11500  # Slack refuses blocks of ~13k characters; stay clear of 12k
 PRIVATE_METADATA_MAX = 3000
+MODAL_BLOCKS_MAX = 100
 
 ARG_LIMIT = 300  # per call in a turn summary
 RESULT_LIMIT = 300
 ANSWER_LIMIT = 10500  # total escaped characters of a final answer across its sections
+CARD_ARGS_BUDGET = 8000  # escaped characters of arguments on a card, before shrinking to fit
+INLINE_MAX = 200  # a one-line value up to this long sits on its argument's line in `code`
+CARD_NAME_MAX = 150  # escaped characters of an argument's name on a card
+MODAL_NAME_MAX = 2000
 
 ELLIPSIS = "…"
 FENCE = "```"
 FENCE_SAFE = "ˋˋˋ"  # modifier-letter grave accents: look like a fence, do not close one
+TICK_SAFE = "ˋ"  # the same for the single backtick that would close `inline code`
+MARK = "[U+{:04X}]"  # how `visible` shows a character nobody could see
+
+# An argument whose name is one of these words, or has one among its words (`file_path`,
+# `toAddress`, `dest_url`), names what the call acts on: it is shown first and whole.
+TARGET_WORDS = frozenset(
+    {
+        *("path", "paths", "file", "files", "filename", "filepath", "dir", "directory", "folder"),
+        *("url", "urls", "uri", "href", "link", "endpoint", "host", "hostname", "domain", "server"),
+        *("to", "cc", "bcc", "recipient", "recipients", "email", "emails", "address", "channel"),
+        *("target", "destination", "dest", "repo", "repository", "branch", "ref", "bucket"),
+        *("table", "database", "db", "command", "cmd", "script", "query", "sql", "id", "ids"),
+    }
+)
 
 _USER_ID = re.compile(r"[UW][A-Z0-9]{1,30}")
 _ESCAPED_WEIGHT = {"&": 5, "<": 4, ">": 4}  # len("&amp;"), len("&lt;"), len("&gt;")
+_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -62,6 +99,121 @@ class Message:
 
     text: str
     blocks: list[dict[str, Any]]
+
+
+# --- characters nobody can see --------------------------------------------------------------------
+
+# "block": what a ``` block or a message shows (line breaks and tabs are kept as they are);
+# "inline": one line of `inline code`, where a line break or tab would hide in plain sight;
+# "answer": a final answer, which keeps the joiners and selectors that emoji are built from.
+Mode = Literal["block", "inline", "answer"]
+
+# Not format characters, yet they render as nothing or as a blank: fillers, invisible vowels,
+# the combining grapheme joiner, Mongolian selectors, the blank braille pattern.
+_BLANK_LOOKING = (
+    0x034F,
+    0x115F,
+    0x1160,
+    0x17B4,
+    0x17B5,
+    0x180B,
+    0x180C,
+    0x180D,
+    0x180F,
+    0x2800,
+    0x3164,
+    0xFFA0,
+)
+_KEPT_IN_ANSWERS = frozenset({0x200C, 0x200D, *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)})
+# Unassigned and private-use code points are shown in arguments (a newer Unicode may make one a
+# format character Slack's clients honour); answers keep them, as they may be newer emoji.
+_HIDDEN_CATEGORIES = {
+    "block": frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}),
+    "inline": frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}),
+    "answer": frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"}),
+}
+
+
+@functools.cache
+def _bmp_runs() -> tuple[tuple[int, int, str], ...]:
+    """(first, last, category) runs of the BMP code points in a category that may hide (once, lazily)."""
+    wanted = _HIDDEN_CATEGORIES["block"]
+    runs = []
+    first = 0
+    for category, run in itertools.groupby(map(unicodedata.category, map(chr, range(0x10000)))):
+        last = first + sum(1 for _ in run) - 1
+        if category in wanted:
+            runs.append((first, last, category))
+        first = last + 1
+    return tuple(runs)
+
+
+def _without(first: int, last: int, keep: Iterable[int]) -> list[tuple[int, int]]:
+    """The range first..last with the code points in `keep` taken out."""
+    out = []
+    for cp in sorted(k for k in keep if first <= k <= last):
+        if first < cp:
+            out.append((first, cp - 1))
+        first = cp + 1
+    return [*out, (first, last)] if first <= last else out
+
+
+@functools.cache
+def _unseen_bmp(mode: Mode) -> re.Pattern[str]:
+    """A BMP character that `visible` shows as its code point.
+
+    Only the BMP goes in a class: re looks a BMP class up in one table, but walks astral ranges
+    one by one (hundreds of them), which made ordinary text many times slower.
+    """
+    ranges = [(a, b) for a, b, cat in _bmp_runs() if cat in _HIDDEN_CATEGORIES[mode]]
+    ranges += [(cp, cp) for cp in _BLANK_LOOKING]
+    if mode != "answer":
+        ranges.append((0xFE00, 0xFE0F))
+    keep = set() if mode == "inline" else {ord("\n"), ord("\t")}
+    if mode == "answer":
+        keep |= _KEPT_IN_ANSWERS
+    pieces = sorted(piece for first, last in ranges for piece in _without(first, last, keep))
+    return re.compile("[" + "".join(f"\\u{a:04x}-\\u{b:04x}" for a, b in pieces) + "]")
+
+
+_ASTRAL = re.compile("[\\U00010000-\\U0010ffff]")
+
+
+@functools.lru_cache(maxsize=8192)
+def _astral_unseen(ch: str, mode: Mode) -> bool:
+    """Whether `visible` shows this character outside the BMP as its code point."""
+    if 0xE0100 <= ord(ch) <= 0xE01EF:  # variation selectors (of ideographs, and for smuggling)
+        return mode != "answer"
+    return unicodedata.category(ch) in _HIDDEN_CATEGORIES[mode]
+
+
+def _unseen(text: str, mode: Mode) -> set[str]:
+    """The distinct characters of `text` that `visible` shows as code points."""
+    found = set(_unseen_bmp(mode).findall(text))
+    found.update(ch for ch in set(_ASTRAL.findall(text)) if _astral_unseen(ch, mode))
+    return found
+
+
+def _mark(ch: str) -> str:
+    return MARK.format(ord(ch))
+
+
+def _visible(text: str, mode: Mode = "block") -> str:
+    found = _unseen(text, mode)
+    return text.translate({ord(ch): _mark(ch) for ch in found}) if found else text
+
+
+def visible(text: str, *, answer: bool = False) -> str:
+    """`text` with each character a reader cannot see, or that turns text around, as `[U+XXXX]`.
+
+    Shown so: format characters (bidi controls and isolates, zero-width spaces and joiners, the
+    BOM, soft hyphen, tags …), controls other than line break and tab, line and paragraph
+    separators, lone surrogates, variation selectors, unassigned and private-use code points,
+    and characters that render blank (Hangul fillers, U+034F, U+2800 …). With `answer=True` the
+    zero-width (non-)joiner, variation selectors and unassigned or private-use code points stay,
+    as emoji and some scripts are made of them; bidi controls are shown even then.
+    """
+    return _visible(text, "answer" if answer else "block")
 
 
 # --- text primitives ------------------------------------------------------------------------------
@@ -74,7 +226,7 @@ def escape(text: str) -> str:
 
 def _units(text: str) -> int:
     """Length in UTF-16 code units: an emoji counts twice, in case Slack counts that way."""
-    return len(text.encode("utf-16-le")) // 2
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 def _escaped_len(text: str) -> int:
@@ -91,6 +243,25 @@ def _take(text: str, room: int) -> int:
     return len(text)
 
 
+def _prefix(text: str, room: int, mode: Mode = "block") -> int:
+    """How many leading characters of `text` fit in `room` once made visible and escaped."""
+    if room <= 0:
+        return 0
+    head = text[: room + 1]  # every character shows as one or more: no more than `room` can fit
+    if len(head) <= room and _escaped_len(_visible(head, mode)) <= room:
+        return len(text)
+    unseen = _unseen(head, mode)
+    used = 0
+    for n, ch in enumerate(head):
+        if ch in unseen:
+            used += len(_mark(ch))
+        else:
+            used += _ESCAPED_WEIGHT.get(ch, 1) if ch < "\U00010000" else 2
+        if used > room:
+            return n
+    return len(head)
+
+
 def cut(text: str, limit: int) -> str:
     """`text` shortened with a trailing "…" so that even `escape(result)` fits in `limit` characters.
 
@@ -104,28 +275,33 @@ def cut(text: str, limit: int) -> str:
     return text[: _take(text, limit - len(ELLIPSIS))] + ELLIPSIS
 
 
-def _esc(text: str, limit: int) -> str:
-    """Untrusted text, cut and escaped: the result is at most `limit` characters."""
-    return escape(cut(text, limit))
+def _esc(text: str, limit: int, mode: Mode = "block") -> str:
+    """Untrusted text, made visible, cut and escaped: the result is at most `limit` characters."""
+    return escape(cut(_visible(text, mode), limit))
 
 
 def code(text: str, limit: int) -> str:
     """Escaped `text` in a ``` block of at most `limit` characters; a ``` inside cannot close it."""
-    body = text.replace(FENCE, FENCE_SAFE)
-    inner = _esc(body, max(limit - 8, 1)) or " "  # "```\n" + inner + "\n```"
+    body = _visible(text).replace(FENCE, FENCE_SAFE)
+    inner = escape(cut(body, max(limit - 8, 1))) or " "  # "```\n" + inner + "\n```"
     return f"{FENCE}\n{inner}\n{FENCE}"
 
 
 def _inline(text: str, limit: int) -> str:
     """Untrusted text on one line in `inline code`, at most `limit` characters."""
-    flat = " ".join(text.split()).replace("`", "ˋ") or " "
+    flat = " ".join(_visible(text).split()).replace("`", TICK_SAFE) or " "
     return f"`{_esc(flat, limit - 2)}`"
 
 
 def _quoted(text: str, limit: int) -> str:
     """Untrusted text on one line in double quotes, at most `limit` characters."""
-    flat = " ".join(text.split())
+    flat = " ".join(_visible(text).split())
     return f'"{_esc(flat, limit - 2)}"'
+
+
+def _code_span(text: str) -> str:
+    """All of `text` in `inline code`, exactly: nothing flattened, nothing hidden, nothing cut."""
+    return f"`{escape(_visible(text, 'inline').replace('`', TICK_SAFE))}`"
 
 
 def mention(user_id: str | None) -> str:
@@ -147,11 +323,15 @@ def _footer(turns: int, requests: int) -> str:
     return FOOTER.format(turns=turns, requests=requests)
 
 
-def _with_tail(body: str, tail: str, sep: str = "\n\n") -> str:
+def _with_tail(body: str, tail: str, sep: str = "\n\n", mode: Mode = "block") -> str:
     """Escaped untrusted `body` then trusted `tail`, within TEXT_MAX, always ending with `tail`."""
     room = TEXT_MAX - len(tail) - len(sep)
-    head = _esc(body, room).strip()
+    head = _esc(body, room, mode).strip()
     return f"{head}{sep}{tail}" if head else tail
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 # --- blocks ---------------------------------------------------------------------------------------
@@ -166,15 +346,19 @@ def _context(*mrkdwn: str) -> dict[str, Any]:
 
 
 def blocks_size(blocks: list[dict[str, Any]]) -> int:
-    """Size of the blocks as JSON (UTF-16 units): what Slack's `msg_blocks_too_long` limit counts."""
-    return _units(json.dumps(blocks, ensure_ascii=False))
+    """Size of the blocks as slack_sdk sends them (ASCII JSON): what `msg_blocks_too_long` counts.
+
+    Non-ASCII characters travel as `\\uXXXX` (an emoji as two of them), so a message of accents
+    or emoji is up to twelve times longer on the wire than it looks.
+    """
+    return len(json.dumps(blocks))
 
 
 def _fit(build: Callable[[float], list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """`build(scale)` at the largest scale (1, shrinking) whose blocks fit BLOCKS_JSON_MAX.
 
-    JSON escaping (quotes, backslashes, newlines) can make text longer than its characters,
-    so the byte budget is checked on the real JSON and the untrusted parts shrunk to fit.
+    JSON escaping (quotes, backslashes, newlines, non-ASCII) can make text longer than its
+    characters, so the budget is checked on the real JSON and the untrusted parts shrunk to fit.
     """
     scale = 1.0
     for _ in range(12):
@@ -190,11 +374,258 @@ def _n(limit: int, scale: float, floor: int = 20) -> int:
     return max(floor, int(limit * scale))
 
 
+# --- arguments ------------------------------------------------------------------------------------
+
+_Segment = tuple[bool, str]  # (is the body of a ``` block, text): the unit `_pack` lays out
+_CONTINUES = "_(continues below, with no line break here)_"
+_ENTRY_OVERHEAD = 70  # per argument: bullet, labels, its size, a "not shown" note (roughly)
+_MIN_SHOWN = 60  # a value is given at least this much room, or listed among those not shown
+_MIN_CODE_PIECE = 200  # a ``` block is not started in less room than this (one is closed early)
+_MODAL_SECTIONS = MODAL_BLOCKS_MAX - 2  # leaves room for the opening line and a warning
+
+
+def is_target(name: str) -> bool:
+    """Whether an argument called `name` names what the call acts on (see `TARGET_WORDS`)."""
+    joined = re.sub(r"[^a-z0-9]", "", name.lower())
+    return joined in TARGET_WORDS or any(word.lower() in TARGET_WORDS for word in _WORDS.findall(name))
+
+
+@dataclass(frozen=True)
+class _Arg:
+    """One top-level argument as shown: a string as itself, anything else as compact JSON."""
+
+    name: str
+    text: str
+    is_text: bool
+    target: bool
+
+    @property
+    def size(self) -> int:
+        """Characters of its name and value: the unit of every "not shown" count."""
+        return len(self.name) + len(self.text)
+
+    @functools.cached_property
+    def need(self) -> int:
+        """Escaped characters its value takes when shown whole (in a ``` block)."""
+        return _escaped_len(_visible(self.text))
+
+    @functools.cached_property
+    def name_need(self) -> int:
+        """Escaped characters its name takes when shown whole."""
+        return _escaped_len(_visible(self.name, "inline"))
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _arguments(call: PendingCall) -> list[_Arg]:
+    """The call's arguments, targets first, each group shortest first: never the model's order."""
+    items = call.input.items() if isinstance(call.input, dict) else [("input", call.input)]
+    args = [
+        _Arg(str(k), v if isinstance(v, str) else _compact(v), isinstance(v, str), is_target(str(k)))
+        for k, v in items
+    ]
+    return sorted(args, key=lambda a: (not a.target, len(a.text), a.name))
+
+
+@dataclass(frozen=True)
+class _Shown:
+    """Arguments laid out for a card or the modal, and how many of their characters are not shown."""
+
+    segments: tuple[_Segment, ...]
+    hidden: int
+
+
+def _entry(arg: _Arg, room: int, name_max: int, hint: str) -> tuple[list[_Segment], int]:
+    """One argument: its name, then its value in at most `room` characters; and what is not shown."""
+    n_name = _prefix(arg.name, name_max, "inline")
+    name = _code_span(arg.name[:n_name] + (ELLIPSIS if n_name < len(arg.name) else ""))
+    label = (" _(target)_" if arg.target else "") + ("" if arg.is_text else " _(JSON)_")
+    name_cut = len(arg.name) - n_name
+    notes: list[_Segment] = []
+    if name_cut:
+        notes.append((False, f"_↳ name cut: {_plural(name_cut, 'more character')} not shown{hint}_"))
+    if arg.is_text and not arg.text:
+        return [(False, f"• {name}{label}: _(empty)_"), *notes], name_cut
+    n = _prefix(arg.text, room)
+    cut_chars = len(arg.text) - n
+    one_line = (
+        len(arg.text) <= INLINE_MAX
+        and "\n" not in arg.text
+        and _escaped_len(_visible(arg.text, "inline")) <= INLINE_MAX
+    )
+    if not cut_chars and one_line:
+        return [(False, f"• {name}{label}: {_code_span(arg.text)}"), *notes], name_cut
+    lines: list[_Segment] = [(False, f"• {name}{label} — {_plural(len(arg.text), 'character')}:")]
+    if n:
+        lines.append((True, escape(_visible(arg.text[:n]).replace(FENCE, FENCE_SAFE))))
+    if cut_chars:
+        lines.append((False, f"_↳ {_plural(cut_chars, 'more character')} not shown{hint}_"))
+    return [*lines, *notes], name_cut + cut_chars
+
+
+def _present(args: Sequence[_Arg], budget: int, *, name_max: int, hint: str) -> _Shown:
+    """`args` in about `budget` characters: each target whole if it fits, the rest sharing what is left.
+
+    Sharing is water-filling: short values are shown whole, the long ones cut to equal shares.
+    When not even a glimpse of the next argument fits, it and all after it are counted as not shown.
+    """
+    segments: list[_Segment] = []
+    hidden = 0
+    left = budget
+    for i, arg in enumerate(args):
+        over = _ENTRY_OVERHEAD + min(arg.name_need, name_max)
+        need = arg.need
+        share = left // (len(args) - i)
+        if arg.target or over + need <= share:
+            room = min(need, left - over)
+        elif share - over >= _MIN_SHOWN:
+            room = share - over
+        else:
+            room = min(need, left - over)
+        if room < min(need, _MIN_SHOWN):
+            rest = args[i:]
+            chars = sum(a.size for a in rest)
+            not_shown = f"{_plural(len(rest), 'more argument')} not shown ({_plural(chars, 'character')})"
+            segments.append((False, f"_…and {not_shown}{hint}_"))
+            return _Shown(tuple(segments), hidden + chars)
+        entry, cut_chars = _entry(arg, room, name_max, hint)
+        segments += entry
+        hidden += cut_chars
+        left -= over + room
+    return _Shown(tuple(segments), hidden)
+
+
+def _split(body: str, room: int) -> tuple[int, bool]:
+    """Where to end the piece of a ``` block body that fits `room`; True if it ends mid-line."""
+    if _units(body) <= room:
+        return len(body), False
+    n = min(len(body), room)
+    while (excess := _units(body[:n]) - room) > 0:
+        n -= (excess + 1) // 2  # an astral character is two units: never overshoot to nothing
+    newline = body.rfind("\n", 0, n + 1)
+    if newline > n // 2:
+        return newline, False
+    entity = body.rfind("&", max(0, n - 4), n)
+    if entity >= 0 and ";" not in body[entity:n]:
+        n = entity  # never split `&amp;` in two
+    mark = body.rfind("[U+", max(0, n - 9), n)
+    if mark > 0 and "]" not in body[mark:n]:
+        n = mark  # nor a `[U+202E]`
+    return n, True
+
+
+def _pack(segments: Iterable[_Segment]) -> list[str]:
+    """Segments laid out in section texts of at most SECTION_MAX characters.
+
+    A ``` block too long for one section is closed and reopened in the next, where possible at a
+    line break; where not, a note outside the block (which its text cannot forge) says that the
+    line goes on, so a break between sections is never read as a line break of the value.
+    """
+    sections: list[str] = []
+    lines: list[str] = []
+    size = 0
+
+    def put(text: str) -> None:
+        nonlocal size
+        size += _units(text) + (1 if lines else 0)
+        lines.append(text)
+
+    def flush() -> None:
+        nonlocal size
+        if lines:
+            sections.append("\n".join(lines))
+        lines.clear()
+        size = 0
+
+    for is_code, text in segments:
+        if not is_code:
+            text = text[:SECTION_MAX]  # never triggers: names are cut to 2000, inline values to 200
+            if size + 1 + _units(text) > SECTION_MAX:
+                flush()
+            put(text)
+            continue
+        body = text
+        while body:
+            room = SECTION_MAX - size - 1 - len(FENCE) * 2 - 2 - len(_CONTINUES) - 1
+            if room < _MIN_CODE_PIECE and lines:
+                flush()
+                continue
+            n, mid_line = _split(body, room)
+            put(f"{FENCE}\n{body[:n]}\n{FENCE}")
+            if mid_line:
+                put(_CONTINUES)
+                body = body[n:]
+            else:
+                body = body[n + 1 :]
+    flush()
+    return sections
+
+
+def _modal_layout(args: Sequence[_Arg]) -> tuple[list[str], _Shown]:
+    """The modal's argument sections: everything, or as much as 98 sections hold."""
+    budget = _MODAL_SECTIONS * SECTION_MAX
+    while True:
+        shown = _present(args, budget, name_max=MODAL_NAME_MAX, hint="")
+        packed = _pack(shown.segments)
+        if len(packed) <= _MODAL_SECTIONS or budget <= 0:
+            return packed, shown
+        budget = int(budget * _MODAL_SECTIONS / len(packed) * 0.97)
+
+
+def fully_reviewable(call: PendingCall) -> bool:
+    """Whether "View all arguments" can show every character of the call's input.
+
+    When it cannot, nobody can review the call in Slack, and it must not be approved there.
+    """
+    return _reviewable(_arguments(call))
+
+
+def _reviewable(args: Sequence[_Arg]) -> bool:
+    if sum(a.need + a.name_need for a in args) > _MODAL_SECTIONS * SECTION_MAX:
+        return False  # more than the sections could hold even if every one were full
+    return _modal_layout(args)[1].hidden == 0
+
+
+def arguments_modal(*, call: PendingCall) -> dict[str, Any]:
+    """The modal behind "View all arguments": every argument of `call` in full, nothing to submit."""
+    args = _arguments(call)
+    packed, shown = _modal_layout(args)
+    count = len(args)
+    intro = (
+        f"{_inline(call.name, 200)} with {_plural(count, 'argument')}, each in full, those naming what "
+        "the call acts on first. Characters nobody could see, or that turn text around, are shown "
+        "as `[U+XXXX]`."
+    )
+    blocks = [_section(intro), *(_section(s) for s in packed)]
+    if shown.hidden:
+        blocks.append(
+            _section(
+                "⛔ *These arguments are too large to review in Slack:* "
+                f"{_plural(shown.hidden, 'character')} of them cannot be shown here, so this call "
+                "cannot be approved in Slack."
+            )
+        )
+    view = View(
+        type="modal",
+        callback_id="view_args",
+        title=PlainTextObject(text="All arguments"),
+        close=PlainTextObject(text="Close"),
+        blocks=blocks,
+    )
+    return view.to_dict()
+
+
 # --- turn summary ---------------------------------------------------------------------------------
 
 
-def _args_json(call: PendingCall, *, indent: int | None = None) -> str:
-    return json.dumps(call.input, ensure_ascii=False, indent=indent, default=str)
+def _args_json(call: PendingCall) -> str:
+    """The input as JSON, its keys in the card's order (targets first) rather than the model's."""
+    if not isinstance(call.input, dict):
+        return json.dumps(call.input, ensure_ascii=False, default=str)
+    ordered = {a.name: call.input[a.name] for a in _arguments(call)}
+    return json.dumps(ordered, ensure_ascii=False, default=str)
 
 
 def _outcome(call: PendingCall, limit: int) -> str:
@@ -277,14 +708,23 @@ def _button_value(run_id: str, call: PendingCall) -> str:
     return value
 
 
-def _what_will_run(call: PendingCall, heading: str, requester: str, scale: float) -> list[dict[str, Any]]:
-    """The tool and its arguments (pretty JSON, cut to fit), and who the run is for."""
-    args = code(_args_json(call, indent=2), _n(SECTION_MAX - 100, scale, 200))
-    return [
-        _section(f"{heading} {_inline(call.name, 120)} with these arguments:"),
-        _section(args),
+def _what_will_run(
+    call: PendingCall, args: Sequence[_Arg], heading: str, requester: str, scale: float, hint: str
+) -> tuple[list[dict[str, Any]], _Shown]:
+    """The tool, each argument on its own (cut to fit, saying so), and who the run is for."""
+    shown = _present(args, _n(CARD_ARGS_BUDGET, scale, 0), name_max=CARD_NAME_MAX, hint=hint)
+    what = "with these arguments:" if args else "with no arguments."
+    blocks = [
+        _section(f"{heading} {_inline(call.name, 120)} {what}"),
+        *(_section(s) for s in _pack(shown.segments)),
         _context(f"Asked for by {mention(requester)}"),
     ]
+    return blocks, shown
+
+
+def _target_text(args: Sequence[_Arg]) -> str:
+    """The " on TARGET" of the `text` fallback: what the call acts on (raw, escaped later)."""
+    return f" on {args[0].text}" if args and args[0].target else ""
 
 
 def _who_decides(requester: str, approvers: Sequence[str]) -> str:
@@ -314,21 +754,44 @@ def approval_card(
             f"*Expires:* {expires} (the call will not run if nobody decides by then)",
         ]
     )
-    actions = ActionsBlock(
-        block_id="approval",
-        elements=[
-            ButtonElement(text="Approve", action_id="approve", value=value, style="primary"),
-            ButtonElement(text="Decline", action_id="decline", value=value, style="danger"),
-            ButtonElement(text="Decline with reason…", action_id="decline_with_reason", value=value),
-        ],
-    ).to_dict()
+    buttons = [
+        ButtonElement(text="Approve", action_id="approve", value=value, style="primary"),
+        ButtonElement(text="Decline", action_id="decline", value=value, style="danger"),
+        ButtonElement(text="Decline with reason…", action_id="decline_with_reason", value=value),
+    ]
+    view_all = ButtonElement(text="View all arguments", action_id="view_args", value=value)
+    args = _arguments(call)
+    reviewable = _reviewable(args)
+    total = sum(a.size for a in args)
+
+    def warning(shown: _Shown) -> list[dict[str, Any]]:
+        if not reviewable:
+            return [
+                _section(
+                    f"⛔ *These arguments are too large to review in Slack* ({_plural(total, 'character')}): "
+                    "not even *View all arguments* can show them all, so this call cannot be approved "
+                    "here. Decline it, and ask for something smaller."
+                )
+            ]
+        if shown.hidden:
+            return [
+                _section(
+                    f"⚠️ *Not everything fits on this card:* {_plural(shown.hidden, 'character')} of the "
+                    "arguments are not shown. Press *View all arguments* to read every one in full "
+                    "before you decide."
+                )
+            ]
+        return []
 
     def build(scale: float) -> list[dict[str, Any]]:
         heading = ":raised_hand: *Approval needed:* the agent wants to run"
-        return [*_what_will_run(call, heading, requester, scale), _section(details), actions]
+        blocks, shown = _what_will_run(call, args, heading, requester, scale, " (see View all arguments)")
+        more = [view_all] if shown.hidden or not reviewable else []
+        actions = ActionsBlock(block_id="approval", elements=[*buttons, *more]).to_dict()
+        return [*blocks, *warning(shown), _section(details), actions]
 
     text = _with_tail(
-        f"Approval needed: the agent wants to run {call.name}",
+        f"Approval needed: the agent wants to run {call.name}{_target_text(args)}",
         f"(asked for by {mention(requester)}; expires {expires})",
         " ",
     )
@@ -347,6 +810,7 @@ def decided_card(
     """The approval card once decided: no buttons left, the outcome and who decided shown."""
     when = slack_date(at)
     who = f" by {mention(by)}" if by else ""
+    args = _arguments(call)
 
     def outcome(scale: float) -> str:
         if verdict is Verdict.APPROVED:
@@ -357,9 +821,14 @@ def decided_card(
         return f"❌ Declined{who} at {when}{said}"
 
     def build(scale: float) -> list[dict[str, Any]]:
-        return [*_what_will_run(call, "The agent asked to run", requester, scale), _section(outcome(scale))]
+        blocks, shown = _what_will_run(call, args, "The agent asked to run", requester, scale, "")
+        if shown.hidden:
+            blocks.append(
+                _context(f"_{_plural(shown.hidden, 'character')} of the arguments not shown here._")
+            )
+        return [*blocks, _section(outcome(scale))]
 
-    text = _with_tail(call.name, outcome(0.5), ": ")
+    text = _with_tail(f"{call.name}{_target_text(args)}", outcome(0.5), ": ")
     return Message(text=text, blocks=_fit(build))
 
 
@@ -372,7 +841,7 @@ def _split_answer(answer: str, total: int) -> list[str]:
     Splits prefer line breaks, never fall inside an escaped entity, and a ``` block that spans a
     split is closed at the end of one section and reopened at the start of the next.
     """
-    rest = cut(answer.strip(), total)
+    rest = cut(_visible(answer.strip(), "answer"), total)
     chunks: list[str] = []
     in_fence = False
     while rest:
@@ -405,7 +874,7 @@ def final_answer(answer: str, turns: int, requests: int) -> Message:
         chunks = _split_answer(answer, _n(ANSWER_LIMIT, scale, 500)) or ["_(the model gave no answer)_"]
         return [*(_section(chunk) for chunk in chunks), _context(footer)]
 
-    return Message(text=_with_tail(answer, footer), blocks=_fit(build))
+    return Message(text=_with_tail(answer, footer, mode="answer"), blocks=_fit(build))
 
 
 def stopped(reason: str, turns: int, requests: int) -> Message:
@@ -499,8 +968,10 @@ def decline_reason_modal(*, run_id: str, call: PendingCall) -> dict[str, Any]:
 
 
 __all__ = [
+    "TARGET_WORDS",
     "Message",
     "approval_card",
+    "arguments_modal",
     "blocks_size",
     "code",
     "cut",
@@ -509,10 +980,13 @@ __all__ = [
     "escape",
     "failed",
     "final_answer",
+    "fully_reviewable",
+    "is_target",
     "mention",
     "notice",
     "retried_card",
     "slack_date",
     "stopped",
     "turn_summary",
+    "visible",
 ]

@@ -18,7 +18,7 @@ from bot.render import Message
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, Verdict
 from harness.tools import ToolResult
-from tests.fakes.slack_api import validate_blocks
+from tests.fakes.slack_api import MAX_BLOCKS_JSON_CHARS, validate_blocks
 
 REQ, APP = "U0REQ", "U0APP"
 AT = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
@@ -78,6 +78,7 @@ def assert_valid(msg: Message) -> Message:
     assert validate_blocks(msg.blocks) == []
     assert 0 < len(msg.blocks) <= 50
     assert len(json.dumps(msg.blocks, ensure_ascii=False)) <= 12_000
+    assert len(json.dumps(msg.blocks)) <= MAX_BLOCKS_JSON_CHARS  # as slack_sdk sends it: \uXXXX
     for block in msg.blocks:
         assert Block.parse(copy.deepcopy(block)) is not None
         if block["type"] == "section":
@@ -310,7 +311,8 @@ def test_approval_card_says_what_who_why_and_when() -> None:
     msg = make_card([APP, "U0TWO"])
     text = all_text(msg)
     assert "`write_file`" in text
-    assert '"path": "notes.txt"' in text
+    assert "• `path` _(target)_: `notes.txt`" in text and "• `content`: `hello`" in text
+    assert "write_file on notes.txt" in make_card([]).text
     assert f"<@{REQ}>" in text
     assert 'policy.tools.write_file = "ask"' in text
     assert f"only <@{APP}>, <@U0TWO>" in text
