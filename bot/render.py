@@ -203,6 +203,14 @@ def _visible(text: str, mode: Mode = "block") -> str:
     return text.translate({ord(ch): _mark(ch) for ch in found}) if found else text
 
 
+def _shown_len(text: str, mode: Mode = "block") -> int:
+    """`_escaped_len(_visible(text, mode))`, without building the (possibly huge) visible text."""
+    size = _escaped_len(text)
+    for ch in _unseen(text, mode):
+        size += text.count(ch) * (len(_mark(ch)) - _units(ch))
+    return size
+
+
 def visible(text: str, *, answer: bool = False) -> str:
     """`text` with each character a reader cannot see, or that turns text around, as `[U+XXXX]`.
 
@@ -248,7 +256,7 @@ def _prefix(text: str, room: int, mode: Mode = "block") -> int:
     if room <= 0:
         return 0
     head = text[: room + 1]  # every character shows as one or more: no more than `room` can fit
-    if len(head) <= room and _escaped_len(_visible(head, mode)) <= room:
+    if len(head) <= room and _shown_len(head, mode) <= room:
         return len(text)
     unseen = _unseen(head, mode)
     used = 0
@@ -407,12 +415,12 @@ class _Arg:
     @functools.cached_property
     def need(self) -> int:
         """Escaped characters its value takes when shown whole (in a ``` block)."""
-        return _escaped_len(_visible(self.text))
+        return _shown_len(self.text)
 
     @functools.cached_property
     def name_need(self) -> int:
         """Escaped characters its name takes when shown whole."""
-        return _escaped_len(_visible(self.name, "inline"))
+        return _shown_len(self.name, "inline")
 
 
 def _compact(value: Any) -> str:
@@ -451,9 +459,7 @@ def _entry(arg: _Arg, room: int, name_max: int, hint: str) -> tuple[list[_Segmen
     n = _prefix(arg.text, room)
     cut_chars = len(arg.text) - n
     one_line = (
-        len(arg.text) <= INLINE_MAX
-        and "\n" not in arg.text
-        and _escaped_len(_visible(arg.text, "inline")) <= INLINE_MAX
+        len(arg.text) <= INLINE_MAX and "\n" not in arg.text and _shown_len(arg.text, "inline") <= INLINE_MAX
     )
     if not cut_chars and one_line:
         return [(False, f"• {name}{label}: {_code_span(arg.text)}"), *notes], name_cut

@@ -113,6 +113,8 @@ def assert_inert(texts: list[str], *, kept: str = "") -> None:
     for s in texts:
         rest = "".join(ch for ch in TRUSTED.sub("", s) if ch not in kept)
         assert "<" not in rest and ">" not in rest, s
+        if rest.isascii():
+            continue  # (every character checked below is outside ASCII)
         assert not any(ch in rest for ch in UNSEEN), ascii(s)
         assert not any(unicodedata.category(ch) in ("Cf", "Cs") for ch in rest), ascii(s)
 
@@ -259,6 +261,39 @@ def test_every_named_target_comes_before_the_other_arguments() -> None:
     assert all(shows_whole(shown[n], args[n]) for n in order)
 
 
+@pytest.mark.parametrize(
+    ("name", "target"),
+    [
+        *((n, True) for n in ("path", "file_path", "filePath", "URL", "dest_url", "to", "toAddress")),
+        *((n, True) for n in ("recipients", "channel", "repo", "branch", "command", "sql", "ticket_id")),
+        *((n, False) for n in ("content", "body", "subject", "text", "photo", "total", "message", "")),
+    ],
+)
+def test_which_names_are_targets(name: str, target: bool) -> None:
+    assert render.is_target(name) is target
+
+
+def test_the_turn_summary_shows_the_target_first_too() -> None:
+    call = pending({"content": NOTES, "path": ".git/config\u202e"}, result=ToolResult("ok"))
+    line = render.turn_summary(1, [call], 1, 2).blocks[0]["text"]["text"]
+    assert '{"path": ".git/config[U+202E]", "content": "Meeting notes' in line
+
+
+def test_a_long_name_is_cut_and_counted() -> None:
+    name = "n" * 1500  # cut on the card, whole in the modal (which shows names up to 2,000)
+    msg = card(pending({name: "v", "path": "a"}))
+    assert_slack_accepts(msg)
+    match = re.search(r"_↳ name cut: ([\d,]+) more characters not shown", all_text(msg))
+    shown_name = re.search(r"• `(n+)…`", all_text(msg))
+    assert match and shown_name
+    assert len(shown_name[1]) + int(match[1].replace(",", "")) == 1500
+    assert "view_args" in [b["action_id"] for b in buttons(msg)]
+    _, in_modal = modal_arguments(render.arguments_modal(call=pending({name: "v", "path": "a"})))
+    assert in_modal[name].value == "v"
+    assert render.fully_reviewable(pending({name: "v"}))
+    assert not render.fully_reviewable(pending({"n" * 2500: "v"}))
+
+
 def test_a_long_value_is_cut_with_the_exact_number_of_characters_not_shown() -> None:
     content = "".join(f"line {i} <&> ```\n" for i in range(2000))  # 36,890 characters
     msg = card(pending({"path": "a.txt", "content": content}))
@@ -312,9 +347,8 @@ def test_many_arguments_are_all_accounted_for() -> None:
     more = re.search(r"_…and (\d+) more arguments not shown \(([\d,]+) characters\)", all_text(msg))
     assert more is not None and len(order) + int(more[1]) == len(args)
     listed = sum(len(n) + len(args[n]) for n in order)
-    cut = sum(e.not_shown for e in shown.values())
     assert int(more[2].replace(",", "")) == sum(len(k) + len(v) for k, v in args.items()) - listed
-    assert cut == 0 or "view_args" in [b["action_id"] for b in buttons(msg)]
+    assert all(shows_whole(shown[n], args[n]) for n in order)  # short ones whole, not 400 slivers
     assert "view_args" in [b["action_id"] for b in buttons(msg)]
 
 
