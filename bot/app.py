@@ -23,6 +23,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from bot import render, texts
+from bot.web import bolt_error_handler
 from harness.config import Config
 from harness.state import Decision, StateError, Verdict
 from workers.services import enqueue_run_job
@@ -101,6 +102,7 @@ def create_app(
         token_verification_enabled=token_verification,
         logger=logging.getLogger("slack_bolt.App"),
     )
+    app.error(bolt_error_handler)  # 400 for what a retry cannot cure; 500 only when Redis is down
     app.event("app_mention")(_then(deps, _on_mention(deps), _acknowledge_visibly))
     app.event("message")(_ignore)  # subscribed by some manifests; answered, never retried
     for action_id, verdict in (("approve", Verdict.APPROVED), ("decline", Verdict.DECLINED)):
@@ -108,6 +110,7 @@ def create_app(
     app.action("decline_with_reason")(_then(deps, _on_decline_with_reason(deps), _tell_clicker))
     app.view("decline_reason")(_then(deps, _on_decline_reason(deps), _tell_clicker))
     app.action("retry")(_then(deps, _on_retry(deps), _tell_clicker))
+    app.action("view_args")(_then(deps, _on_view_args(deps), _tell_clicker))
     return app
 
 
@@ -173,13 +176,13 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
             event_id,
             record,
             lambda pipe: _enqueue_start(deps, record.run_id, pipe),
-            max_per_user=getattr(limits, "max_runs_per_user", 5),
-            max_per_channel=getattr(limits, "max_runs_per_channel", 20),
+            max_per_user=limits.max_runs_per_user,
+            max_per_channel=limits.max_runs_per_channel,
         )
         context["accepted"] = accepted
         busy = {
-            Accepted.USER_BUSY: getattr(limits, "max_runs_per_user", 5),
-            Accepted.CHANNEL_BUSY: getattr(limits, "max_runs_per_channel", 20),
+            Accepted.USER_BUSY: limits.max_runs_per_user,
+            Accepted.CHANNEL_BUSY: limits.max_runs_per_channel,
         }
         if accepted in busy and deps.store.first_busy_notice(team, user):
             text = texts.BUSY_USER if accepted is Accepted.USER_BUSY else texts.BUSY_CHANNEL
@@ -222,7 +225,13 @@ def _parse_value(value: Any) -> tuple[str, str]:
 
 
 def _open_record(
-    deps: BotDeps, value: Any, clicker: Clicker, channel: str | None, context: BoltContext
+    deps: BotDeps,
+    value: Any,
+    clicker: Clicker,
+    channel: str | None,
+    context: BoltContext,
+    *,
+    viewing: bool = False,
 ) -> tuple[RunRecord, str] | None:
     """The run and call a button names, if the clicker may decide it; else a reply is set."""
     user = clicker.user
@@ -245,7 +254,7 @@ def _open_record(
     if channel is not None and channel != record.channel:
         context[REPLY] = texts.WRONG_CHANNEL
         return None
-    if not deps.may_decide(user, record):
+    if not (deps.may_decide(user, record) or (viewing and user == record.requester)):
         context[REPLY] = (texts.NOT_ALLOWED, {"who": deps.deciders(record)})
         return None
     return record, call_id
@@ -290,7 +299,8 @@ class Clicker:
     def of(cls, body: dict[str, Any]) -> Clicker:
         user = _dict(body.get("user"))
         team = _dict(body.get("team")).get("id") or user.get("team_id")
-        return cls(str(user.get("id") or ""), team if isinstance(team, str) else None)
+        uid = user.get("id")
+        return cls(uid if isinstance(uid, str) else "", team if isinstance(team, str) else None)
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -308,11 +318,44 @@ def _on_decision(deps: BotDeps, verdict: Verdict) -> Callable[..., None]:
         clicker, channel = _clicker(body)
         context["reply_channel"], context["reply_user"] = channel, clicker.user
         opened = _open_record(deps, action.get("value"), clicker, channel, context)
-        if opened:
-            record, call_id = opened
-            _decide(deps, record, call_id, Decision(verdict, by=clicker.user), context)
+        if not opened:
+            return
+        record, call_id = opened
+        if verdict is Verdict.APPROVED and not _reviewable(record, call_id):
+            context[REPLY] = texts.NOT_REVIEWABLE  # nobody approves bytes they could not have read
+            return
+        _decide(deps, record, call_id, Decision(verdict, by=clicker.user), context)
 
     return on_decision
+
+
+def _reviewable(record: RunRecord, call_id: str) -> bool:
+    try:
+        call = next((c for c in record.run_state().pending if c.id == call_id), None)
+    except StateError:
+        return True  # _decide refuses an unreadable state itself, with its own reply
+    return call is None or render.fully_reviewable(call)
+
+
+def _on_view_args(deps: BotDeps) -> Callable[..., None]:
+    def on_view_args(
+        ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext, client: WebClient
+    ) -> None:
+        ack()
+        clicker, channel = _clicker(body)
+        context["reply_channel"], context["reply_user"] = channel, clicker.user
+        opened = _open_record(deps, action.get("value"), clicker, channel, context, viewing=True)
+        if not opened:
+            return
+        record, call_id = opened
+        call = next((c for c in record.run_state().pending if c.id == call_id), None)
+        trigger_id = body.get("trigger_id")
+        if call is None or not isinstance(trigger_id, str):
+            context[REPLY] = texts.UNKNOWN_APPROVAL
+            return
+        client.views_open(trigger_id=trigger_id, view=render.arguments_modal(call=call))  # within 3 s
+
+    return on_view_args
 
 
 def _on_decline_with_reason(deps: BotDeps) -> Callable[..., None]:
@@ -330,8 +373,12 @@ def _on_decline_with_reason(deps: BotDeps) -> Callable[..., None]:
         if call is None:
             context[REPLY] = texts.UNKNOWN_APPROVAL
             return
+        trigger_id = body.get("trigger_id")
+        if not isinstance(trigger_id, str):
+            context[REPLY] = texts.UNKNOWN_APPROVAL
+            return
         view = render.decline_reason_modal(run_id=record.run_id, call=call)
-        client.views_open(trigger_id=body["trigger_id"], view=view)  # trigger_id expires in 3 s
+        client.views_open(trigger_id=trigger_id, view=view)  # trigger_id expires in 3 s
 
     return on_decline_with_reason
 

@@ -38,3 +38,7 @@ BUSY_CHANNEL = (
     "This one was not started: mention me again once one of them is done."
 )
 WRONG_TEAM = "This button does not belong to this workspace. Nothing was changed."
+NOT_REVIEWABLE = (
+    "These arguments are too large to review in Slack, so this call cannot be approved here. "
+    "Decline it, or ask for a smaller change. Nothing was changed."
+)

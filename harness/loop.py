@@ -134,7 +134,7 @@ class Agent:
         fields: dict[str, Any] = {
             "client": overrides.get("client") or make_client(),
             "tools": ToolRegistry(BUILTIN_TOOLS, timeout_seconds=config.limits.tool_timeout_seconds),
-            "context": ToolContext(workspace=config.workspace),
+            "context": ToolContext(workspace=config.workspace, allow_hidden=config.tools.allow_hidden),
             "policy": config.policy,
             "limits": config.limits,
             "model": config.model,

@@ -14,6 +14,7 @@ import anthropic
 import redis
 import rq
 from rq import Retry
+from rq.exceptions import InvalidJobOperation
 from rq.job import JobStatus
 from rq.serializers import JSONSerializer
 from slack_sdk import WebClient
@@ -84,7 +85,10 @@ def job_waiting(queue: rq.Queue, job_id: str) -> bool:
     only its place in the queue's list tells it apart.
     """
     job = rq.job.Job(job_id, connection=queue.connection, serializer=queue.serializer)
-    status = job.get_status(refresh=True)
+    try:
+        status = job.get_status(refresh=True)
+    except InvalidJobOperation:  # the job is gone: nothing is on its way
+        return False
     if status == JobStatus.QUEUED:
         return queue.get_job_position(job_id) is not None
     return status in (JobStatus.SCHEDULED, JobStatus.DEFERRED)

@@ -41,7 +41,7 @@ _ID = {
     "run": re.compile(r"^[0-9a-f]{32}$"),
     "team": re.compile(r"^[A-Z0-9_-]{1,32}$"),
     "channel": re.compile(r"^[A-Z0-9]{1,32}$"),
-    "ts": re.compile(r"^\d{1,12}\.\d{1,9}$"),
+    "ts": re.compile(r"^[0-9]{1,12}\.[0-9]{1,9}$"),
     "event": re.compile(r"^[A-Za-z0-9_-]{1,64}$"),
     "call": re.compile(r"^[A-Za-z0-9_-]{1,128}$"),
     "user": re.compile(r"^[A-Z][A-Z0-9]{1,31}$"),
@@ -54,7 +54,7 @@ class BadId(ValueError):
 
 def check_id(kind: str, value: Any) -> str:
     """`value` if it is a well-formed id of `kind`, else `BadId`."""
-    if not isinstance(value, str) or not _ID[kind].match(value):
+    if not isinstance(value, str) or not _ID[kind].fullmatch(value):
         raise BadId(f"not a valid {kind} id: {value!r}"[:200])
     return value
 
