@@ -300,7 +300,9 @@ def test_manifest_asks_for_exactly_what_the_bot_needs() -> None:
     assert manifest["features"]["bot_user"] == {"display_name": "harness", "always_online": True}
     assert sorted(manifest["oauth_config"]["scopes"]["bot"]) == [
         "app_mentions:read",
+        "channels:history",
         "chat:write",
+        "groups:history",
         "reactions:write",
     ]
     assert "user" not in manifest["oauth_config"]["scopes"]
@@ -322,9 +324,15 @@ def test_manifest_lists_exactly_the_scopes_and_events_without_yaml() -> None:
     def items_under(key: str) -> list[str]:
         block = re.search(rf"^(\s*){re.escape(key)}:\n((?:\1\s+- .*\n)+)", text, re.MULTILINE)
         assert block, f"no list under {key}"
-        return [line.strip()[2:] for line in block.group(2).splitlines()]
+        return [line.strip()[2:].split("#")[0].strip() for line in block.group(2).splitlines()]
 
-    assert items_under("bot") == ["app_mentions:read", "chat:write", "reactions:write"]
+    assert items_under("bot") == [
+        "app_mentions:read",
+        "channels:history",
+        "chat:write",
+        "groups:history",
+        "reactions:write",
+    ]
     assert items_under("bot_events") == ["app_mention"]
     assert text.count("request_url: https://YOUR-HOST/slack/events") == 2
     assert re.search(r"^\s*socket_mode_enabled: false$", text, re.MULTILINE)

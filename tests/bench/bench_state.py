@@ -17,7 +17,7 @@ from tests.bench.common import table
 from tests.conftest import make_agent
 from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_use
 from tests.stack import RedisServer
-from workers.store import Keys, RunRecord, Store, new_run_id
+from workers.store import Keys, RunRecord, RunStatus, Store, new_run_id
 
 PARKED = 10_000
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,27 @@ def parked_state(turns: int, workspace: Path) -> RunState:
 
 
 def record_of(state: RunState) -> RunRecord:
-    return RunRecord(new_run_id(), "T1", "C1", "1700000000.000100", "UALICE", "task", state=state.to_json())
+    return RunRecord(
+        new_run_id(),
+        "T1",
+        "C1",
+        "1700000000.000100",
+        "UALICE",
+        "task",
+        state=state.to_json(),
+        status=RunStatus.AWAITING_APPROVAL,
+        park_id=1,
+        expires_at=time.time() + 3600,
+    )
+
+
+def park(store: Store, state: RunState) -> RunRecord:
+    """Park a run the way a driver does: under its lease, in one fenced step."""
+    record = record_of(state)
+    assert store.acquire_lease(record.run_id, "bench", 30)
+    assert store.park(record, "bench", 30, [c.id for c in state.awaiting], ttl=3600)
+    assert store.settle_park(record, "bench", 30, ttl=3600) == "parked"
+    return record
 
 
 def run() -> str:
@@ -56,10 +76,10 @@ def run() -> str:
         with tempfile.TemporaryDirectory() as tmp:
             states = {n: parked_state(n, Path(tmp)) for n in (1, 10, 50)}
         for turns, state in states.items():
-            record = store.park(record_of(state), [c.id for c in state.awaiting], ttl=3600)
+            record = park(store, state)
             raw = record.to_json().encode()
             in_redis = conn.memory_usage(Keys.run(record.run_id)) + conn.memory_usage(
-                Keys.approvals(record.run_id)
+                Keys.approvals(record.run_id, 1)
             )
             packed = len(zlib.compress(raw, 1))
             rows.append([turns, len(raw), in_redis, packed, f"{len(raw) / packed:.1f}x"])
@@ -76,8 +96,8 @@ def run() -> str:
                     run_ids.append(record.run_id)
                     store.save_run(record, ttl=3600, pipeline=pipe)
                     call_id = template.awaiting[0].id
-                    pipe.hset(Keys.approvals(record.run_id), call_id, "")
-                    pipe.expire(Keys.approvals(record.run_id), 3600)
+                    pipe.hset(Keys.approvals(record.run_id, 1), call_id, "")
+                    pipe.expire(Keys.approvals(record.run_id, 1), 3600)
                 pipe.execute()
         write_s = time.perf_counter() - started
         used = int(conn.info("memory")["used_memory"]) - before
@@ -86,8 +106,8 @@ def run() -> str:
         decide = []
         for run_id in run_ids[:200]:
             t0 = time.perf_counter()
-            store.decide(run_id, call_id, Decision(Verdict.APPROVED, by="UALICE"))
-            store.claim_resume(run_id, 0, "bench")
+            store.decide(run_id, 1, call_id, Decision(Verdict.APPROVED, by="UALICE"))
+            store.decisions(run_id, 1)
             decide.append(time.perf_counter() - t0)
         load = []
         for run_id in run_ids[200:400]:
