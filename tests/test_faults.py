@@ -7,6 +7,7 @@ mid-request, a bot killed mid-delivery, Redis stopped and started again on its A
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -401,12 +402,16 @@ def test_a_bot_killed_mid_delivery_and_slacks_retry_make_exactly_one_run(stack: 
         except OSError as exc:  # the bot died with the request open: Slack sees no answer
             results.append(exc)
 
-    # Writes wait while the bot reads: it is killed between its checks and its transaction.
+    # Writes wait: the bot is killed with its transaction sent and not applied.
     conn.execute_command("CLIENT", "PAUSE", 20000, "WRITE")
     try:
         sender = threading.Thread(target=deliver)
         sender.start()
-        wait_until(lambda: b"cmd=zcount" in conn.execute_command("CLIENT", "LIST"))
+        # The bot's transaction, blocked at its first write: in MULTI (x), paused (b), on the dedup SET.
+        blocked = re.compile(rb"flags=xb .* cmd=set ")
+        wait_until(
+            lambda: any(blocked.search(c) for c in conn.execute_command("CLIENT", "LIST").splitlines())
+        )
         bot.kill_group()
     finally:
         conn.execute_command("CLIENT", "UNPAUSE")

@@ -22,7 +22,7 @@ from slack_bolt import App
 from slack_sdk import WebClient
 
 from bot.app import BotDeps, create_app
-from bot.web import bolt_error_handler, wsgi_app
+from bot.web import wsgi_app
 from harness.config import load_config
 from tests.fakes import payloads
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
@@ -254,33 +254,27 @@ def slack() -> Iterator[FakeSlackAPI]:
         yield fake
 
 
-def bot_app(connection: redis.Redis, slack: FakeSlackAPI, *, handler: bool) -> App:
-    """The real app of `bot/app.py`; `handler`: with `bolt_error_handler` registered."""
+def bot_app(connection: redis.Redis, slack: FakeSlackAPI) -> App:
+    """The real app of `bot/app.py` (it registers `bolt_error_handler` itself)."""
     deps = BotDeps(store=Store(connection), queue=make_queue(connection), config=load_config(env={}))
-    app = create_app(
+    return create_app(
         deps, client=WebClient(token="xoxb-test", base_url=slack.base_url), signing_secret=SIGNING_SECRET
     )
-    if handler:
-        app.error(bolt_error_handler)
-    return app
 
 
 def test_with_the_error_handler_redis_down_is_still_a_500(serve: Any, slack: FakeSlackAPI) -> None:
     dead = redis.Redis(port=free_port(), socket_connect_timeout=1)
-    url = serve(wsgi_app(bot_app(dead, slack, handler=True), dead, signing_secret=SIGNING_SECRET))
+    url = serve(wsgi_app(bot_app(dead, slack), dead, signing_secret=SIGNING_SECRET))
     assert send(url, mention_body("EvDown")) == 500  # Slack retries it: Redis may be back by then
 
 
-@pytest.mark.parametrize(("handler", "status"), [(False, 500), (True, 400)], ids=["Bolt's default", "ours"])
 def test_a_listener_failure_a_retry_cannot_cure_is_a_400_with_the_error_handler(
-    serve: Any, slack: FakeSlackAPI, redis_url: str, handler: bool, status: int
+    serve: Any, slack: FakeSlackAPI, redis_url: str
 ) -> None:
     connection = redis.Redis.from_url(redis_url)
     connection.set(Keys.user_runs(payloads.TEAM, "UEVWRONGTYPE"), "not a sorted set")  # WRONGTYPE
-    url = serve(
-        wsgi_app(bot_app(connection, slack, handler=handler), connection, signing_secret=SIGNING_SECRET)
-    )
-    assert send(url, mention_body("EvWrongType")) == status
+    url = serve(wsgi_app(bot_app(connection, slack), connection, signing_secret=SIGNING_SECRET))
+    assert send(url, mention_body("EvWrongType")) == 400  # Bolt's default handler would say 500
 
 
 def test_a_failure_that_escapes_bolt_is_a_400(serve: Any, slack: FakeSlackAPI, redis_url: str) -> None:
@@ -300,10 +294,6 @@ def test_a_failure_that_escapes_bolt_is_a_400(serve: Any, slack: FakeSlackAPI, r
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs bot/app.py fix: create_app must register app.error(bolt_error_handler) from bot.web",
-)
 def test_the_bot_answers_a_failure_a_retry_cannot_cure_with_a_400(stack: Stack) -> None:
     connection = redis.Redis.from_url(stack.redis_url)
     connection.set(Keys.user_runs(payloads.TEAM, "UEVBOTWRONG"), "not a sorted set")  # WRONGTYPE
@@ -315,11 +305,6 @@ def test_the_bot_answers_a_failure_a_retry_cannot_cure_with_a_400(stack: Stack) 
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs workers/store.py fix: check_id matches `\\d` (any Unicode digit) and `$` (before a "
-    "trailing newline); use re.fullmatch with [0-9] / re.ASCII",
-)
 @pytest.mark.parametrize(
     "field",
     [{"ts": "\u0661\u0662.\u0663"}, {"channel": "CNEWLINE\n"}, {"user": "UNEWLINE\n"}],

@@ -755,7 +755,7 @@ class FakeSlackAPI:
                 "text": text,
                 "blocks": copy.deepcopy(blocks),
                 "user": user,
-                "metadata": copy.deepcopy(metadata),
+                **({"metadata": copy.deepcopy(metadata)} if metadata else {}),
             }
         )
         return ts
