@@ -46,14 +46,18 @@ def make_stack(redis_server: RedisServer, workdir: Path, config: str, db: int) -
 
 @pytest.fixture(scope="module")
 def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    yield from make_stack(redis_server, tmp_path_factory.mktemp("stack"), "", db=1)
+    # One stack for the module: its many parked, never-decided runs must not hit the requester bound.
+    yield from make_stack(redis_server, tmp_path_factory.mktemp("stack"), GENEROUS, db=1)
 
 
 @pytest.fixture(scope="module")
 def team_stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Approvers UANN and UBEN decide; approvals expire after 3 seconds."""
-    config = '[approvals]\napprovers = ["UANN", "UBEN"]\nexpire_after_minutes = 0.05\n'
+    config = '[approvals]\napprovers = ["UANN", "UBEN"]\nexpire_after_minutes = 0.05\n' + GENEROUS
     yield from make_stack(redis_server, tmp_path_factory.mktemp("team"), config, db=2)
+
+
+GENEROUS = "[limits]\nmax_runs_per_user = 1000\nmax_runs_per_channel = 1000\n"
 
 
 def thread(stack: Stack, channel: str, ts: str) -> list[dict[str, Any]]:
