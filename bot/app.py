@@ -25,7 +25,7 @@ from slack_sdk.errors import SlackApiError
 from bot import render, texts
 from bot.web import bolt_error_handler
 from harness.config import Config
-from harness.state import Decision, StateError, Verdict
+from harness.state import Decision, PendingCall, StateError, Verdict
 from workers.services import enqueue_run_job
 from workers.store import (
     Accepted,
@@ -337,50 +337,42 @@ def _reviewable(record: RunRecord, call_id: str) -> bool:
     return call is None or render.fully_reviewable(call)
 
 
-def _on_view_args(deps: BotDeps) -> Callable[..., None]:
-    def on_view_args(
+def _modal_opener(
+    deps: BotDeps, build: Callable[[RunRecord, PendingCall], dict[str, Any]], *, viewing: bool
+) -> Callable[..., None]:
+    """A listener for a card button that opens a modal about its call (at once: trigger_id lives 3 s).
+
+    `viewing`: the requester may open it too, not only those who may decide.
+    """
+
+    def open_modal(
         ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext, client: WebClient
     ) -> None:
         ack()
         clicker, channel = _clicker(body)
         context["reply_channel"], context["reply_user"] = channel, clicker.user
-        opened = _open_record(deps, action.get("value"), clicker, channel, context, viewing=True)
-        if not opened:
-            return
-        record, call_id = opened
-        call = next((c for c in record.run_state().pending if c.id == call_id), None)
-        trigger_id = body.get("trigger_id")
-        if call is None or not isinstance(trigger_id, str):
-            context[REPLY] = texts.UNKNOWN_APPROVAL
-            return
-        client.views_open(trigger_id=trigger_id, view=render.arguments_modal(call=call))  # within 3 s
-
-    return on_view_args
-
-
-def _on_decline_with_reason(deps: BotDeps) -> Callable[..., None]:
-    def on_decline_with_reason(
-        ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext, client: WebClient
-    ) -> None:
-        ack()
-        clicker, channel = _clicker(body)
-        context["reply_channel"], context["reply_user"] = channel, clicker.user
-        opened = _open_record(deps, action.get("value"), clicker, channel, context)
+        opened = _open_record(deps, action.get("value"), clicker, channel, context, viewing=viewing)
         if not opened:
             return
         record, call_id = opened
         call = next((c for c in record.run_state().awaiting if c.id == call_id), None)
-        if call is None:
-            context[REPLY] = texts.UNKNOWN_APPROVAL
-            return
         trigger_id = body.get("trigger_id")
-        if not isinstance(trigger_id, str):
+        if call is None or not isinstance(trigger_id, str):
             context[REPLY] = texts.UNKNOWN_APPROVAL
             return
-        view = render.decline_reason_modal(run_id=record.run_id, call=call)
-        client.views_open(trigger_id=trigger_id, view=view)  # trigger_id expires in 3 s
+        client.views_open(trigger_id=trigger_id, view=build(record, call))
 
-    return on_decline_with_reason
+    return open_modal
+
+
+def _on_view_args(deps: BotDeps) -> Callable[..., None]:
+    return _modal_opener(deps, lambda record, call: render.arguments_modal(call=call), viewing=True)
+
+
+def _on_decline_with_reason(deps: BotDeps) -> Callable[..., None]:
+    return _modal_opener(
+        deps, lambda record, call: render.decline_reason_modal(run_id=record.run_id, call=call), viewing=False
+    )
 
 
 def _on_decline_reason(deps: BotDeps) -> Callable[..., None]:

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import hashlib
-import socket
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import redis
 
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
+from tests.fakes.socket_mode import APP_TOKEN, SocketModeServer, SocketModeSlack
 from tests.stack import ROOT, RedisServer, Stack, free_port, wait_until
 from workers.services import make_queue
 
@@ -176,85 +170,11 @@ def test_port_is_taken_from_the_environment(
         stack.stop()
 
 
-APP_TOKEN = "xapp-test"
-
-
-class WebSocketEndpoint:
-    """A loopback endpoint that completes the WebSocket handshake and keeps every session open."""
-
-    def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.handshakes: list[str] = []
-        self.sessions: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.listener.getsockname()[1]}/link/?ticket=t1"
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            self.sessions.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with contextlib.suppress(OSError):  # the bot going away resets the session: that is fine
-            request = b""
-            while b"\r\n\r\n" not in request:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    return
-                request += chunk
-            head = request.decode("latin-1")
-            key = next(
-                line.split(":", 1)[1].strip()
-                for line in head.split("\r\n")
-                if line.lower().startswith("sec-websocket-key:")
-            )
-            digest = hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()
-            accept = base64.b64encode(digest).decode()
-            conn.sendall(
-                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                + f"Sec-WebSocket-Accept: {accept}\r\n\r\n".encode()
-            )
-            self.handshakes.append(head)
-            while conn.recv(4096):  # pings and whatever else: read and drop, the session stays up
-                pass
-
-    def close(self) -> None:
-        self.listener.close()
-        for conn in self.sessions:
-            conn.close()
-
-
-class SocketModeSlack(FakeSlackAPI):
-    """The fake Web API, plus `apps.connections.open` for the app token: a link to `endpoint`."""
-
-    def __init__(self, endpoint: WebSocketEndpoint) -> None:
-        super().__init__(bot_token="xoxb-test")
-        self.endpoint = endpoint
-        self.links_opened = 0
-
-    def _dispatch(
-        self, path: str, raw: bytes, headers: Mapping[str, str]
-    ) -> tuple[int, dict[str, str], dict[str, Any]]:
-        if urlsplit(path).path.rstrip("/") != "/api/apps.connections.open":
-            return super()._dispatch(path, raw, headers)
-        if (headers.get("Authorization") or "") != f"Bearer {APP_TOKEN}":
-            return 200, {}, {"ok": False, "error": "invalid_auth"}
-        self.links_opened += 1
-        return 200, {}, {"ok": True, "url": self.endpoint.url}
-
-
 def test_an_app_token_switches_to_socket_mode_without_a_signing_secret(
     fakes: tuple[FakeSlackAPI, FakeMessagesAPI], redis_url: str, tmp_path: Path
 ) -> None:
     _, model = fakes
-    endpoint = WebSocketEndpoint()
+    endpoint = SocketModeServer()
     with SocketModeSlack(endpoint) as slack:
         stack = Stack(redis_url, slack, model, tmp_path)
         env = stack.env(SLACK_APP_TOKEN=APP_TOKEN)
