@@ -6,6 +6,7 @@ mid-request, a bot killed mid-delivery, Redis stopped and started again on its A
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -327,6 +328,9 @@ def test_the_answer_reaches_the_thread_exactly_once_across_a_crash(stack: Stack)
     assert len(answers) == 1
     assert len(stack.model.requests) == 1
     assert ("C24", ts, "white_check_mark") in stack.slack.reactions  # what it still owed was paid
+    for call in stack.slack.calls:  # a link in model text is never fetched by Slack
+        if call.method == "chat.postMessage":
+            assert call.params.get("unfurl_links") is False and call.params.get("unfurl_media") is False
 
 
 def test_an_answer_lost_with_its_worker_is_posted_by_the_next(stack: Stack) -> None:
@@ -640,6 +644,12 @@ def test_every_decision_is_in_the_audit_log_and_the_cli_prints_it(stack: Stack) 
     line = next(line for line in done.stdout.splitlines() if "delete_file" in line)
     assert "declined" in line and "by UBEN" in line and '{"path":"README.md"}' in line
     assert "channel=C15" in line and "asked_by=UANN" in line
+    # The stream keeps a hash and a bounded preview of each input, never the input whole.
+    [entry] = [
+        e for e in Store(redis.Redis.from_url(stack.redis_url)).audit_entries() if e["tool"] == "delete_file"
+    ]
+    assert "input" not in entry and entry["input_preview"] == '{"path":"README.md"}'
+    assert entry["input_sha256"] == hashlib.sha256(b'{"path":"README.md"}').hexdigest()
 
 
 def test_a_click_replayed_into_another_channel_or_naming_no_run_changes_nothing(stack: Stack) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -174,6 +176,8 @@ def test_an_event_is_accepted_once_even_when_delivered_concurrently(store: Store
     assert len(conn.keys("harness:run:*")) == 1
     [job] = queue.get_jobs()
     assert job.retries_left == 3  # every job, whoever enqueues it, is retried
+    stored = conn.hget(job.key, "data")
+    assert json.loads(zlib.decompress(stored))[0] == "workers.jobs.start_run"  # JSON, never pickle
     [run_id] = [k.decode().rsplit(":", 1)[1] for k in conn.keys("harness:run:*")]
     assert conn.zscore(Keys.active(), run_id) is not None  # a job that dies before its lease is noticed
 
@@ -270,3 +274,11 @@ def test_a_corrupt_compressed_record_is_refused(store: Store, conn: redis.Redis)
     conn.set(Keys.run(run_id), b"z1:not zlib at all")
     with pytest.raises(StateError):
         store.load_run(run_id)
+
+
+def test_a_queue_that_would_pickle_jobs_is_refused(conn: redis.Redis) -> None:
+    import rq
+
+    with pytest.raises(ValueError, match="JSONSerializer"):
+        enqueue_job(rq.Queue("harness", connection=conn), "workers.jobs.start_run", new_run_id())
+    assert conn.keys("rq:job:*") == []
