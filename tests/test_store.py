@@ -282,3 +282,23 @@ def test_a_queue_that_would_pickle_jobs_is_refused(conn: redis.Redis) -> None:
     with pytest.raises(ValueError, match="JSONSerializer"):
         enqueue_job(rq.Queue("harness", connection=conn), "workers.jobs.start_run", new_run_id())
     assert conn.keys("rq:job:*") == []
+
+
+def test_a_mention_is_never_dropped_when_its_requesters_other_run_ends_meanwhile(
+    store: Store, conn: redis.Redis
+) -> None:
+    queue = make_queue(conn)
+    other = redis.Redis(connection_pool=redis.ConnectionPool(**conn.connection_pool.connection_kwargs))
+    run = record(requester="UA")
+    attempts = []
+
+    def enqueue(pipe: object) -> None:
+        attempts.append(1)
+        if len(attempts) == 1:  # between the checks and the write, another run of UA ends
+            other.zrem(Keys.user_runs("T1", "UA"), "an-ended-run")
+            other.zadd(Keys.user_runs("T1", "UA"), {"another-run": 1.0})
+        enqueue_job(queue, "workers.jobs.start_run", run.run_id, pipeline=pipe)
+
+    result = store.accept_event("T1", "EvRace", run, enqueue, max_per_user=5, max_per_channel=5)
+    assert result is Accepted.NEW and len(attempts) == 2
+    assert store.load_run(run.run_id) is not None and queue.count == 1

@@ -470,34 +470,37 @@ class Store:
             Keys.channel_runs(team, record.channel),
         )
         horizon = time.time() - RUN_COUNT_HORIZON
-        with self.redis.pipeline() as pipe:
-            try:
-                pipe.watch(key, user_key, channel_key)
-                if pipe.exists(key):
-                    return Accepted.DUPLICATE
-                busy = None
-                if pipe.zcount(user_key, horizon, "+inf") >= max_per_user:
-                    busy = Accepted.USER_BUSY
-                elif pipe.zcount(channel_key, horizon, "+inf") >= max_per_channel:
-                    busy = Accepted.CHANNEL_BUSY
-                pipe.multi()
-                pipe.set(key, record.run_id if busy is None else busy.value, ex=EVENT_TTL)
-                if busy is not None:
+        # Optimistic: a concurrent change of the watched keys (another delivery of this event, or
+        # a run of this requester or channel starting or ending) means look again, never drop it.
+        while True:
+            with self.redis.pipeline() as pipe:
+                try:
+                    pipe.watch(key, user_key, channel_key)
+                    if pipe.exists(key):
+                        return Accepted.DUPLICATE
+                    busy = None
+                    if pipe.zcount(user_key, horizon, "+inf") >= max_per_user:
+                        busy = Accepted.USER_BUSY
+                    elif pipe.zcount(channel_key, horizon, "+inf") >= max_per_channel:
+                        busy = Accepted.CHANNEL_BUSY
+                    pipe.multi()
+                    pipe.set(key, record.run_id if busy is None else busy.value, ex=EVENT_TTL)
+                    if busy is not None:
+                        pipe.execute()
+                        return busy
+                    for count_key in (user_key, channel_key):
+                        pipe.zremrangebyscore(count_key, "-inf", horizon)
+                        pipe.zadd(count_key, {record.run_id: record.created_at})
+                        pipe.expire(count_key, RUN_COUNT_HORIZON)
+                    self.save_run(record, pipeline=pipe)
+                    # Active from the start: a job that dies before its driver takes the lease is
+                    # still noticed by the watchdog.
+                    pipe.zadd(Keys.active(), {record.run_id: time.time()})
+                    enqueue(pipe)
                     pipe.execute()
-                    return busy
-                for count_key in (user_key, channel_key):
-                    pipe.zremrangebyscore(count_key, "-inf", horizon)
-                    pipe.zadd(count_key, {record.run_id: record.created_at})
-                    pipe.expire(count_key, RUN_COUNT_HORIZON)
-                self.save_run(record, pipeline=pipe)
-                # Active from the start: a job that dies before its driver takes the lease is
-                # still noticed by the watchdog.
-                pipe.zadd(Keys.active(), {record.run_id: time.time()})
-                enqueue(pipe)
-                pipe.execute()
-            except redis.WatchError:
-                return Accepted.DUPLICATE  # a concurrent delivery of the same event won
-        return Accepted.NEW
+                    return Accepted.NEW
+                except redis.WatchError:
+                    continue
 
     def first_busy_notice(self, team: str, user: str, seconds: int = 60) -> bool:
         """True at most once a minute per requester: whether to tell them a mention was refused."""
