@@ -392,8 +392,7 @@ def test_one_requester_cannot_flood_the_queue(stack: Stack) -> None:
 
 def test_a_bot_killed_mid_delivery_and_slacks_retry_make_exactly_one_run(stack: Stack) -> None:
     stack.model.script(reply(text("one and only")), reply(text("SECOND RUN")))
-    bot = stack.start_bot()
-    stack.start_worker()
+    bot = stack.start_bot()  # no worker yet: the only transaction in Redis is the bot's
     conn = redis.Redis.from_url(stack.redis_url)
     ts = stack.slack.add_message("C4", "<@UBOT> botkill: hi", user="UANN")
     results: list[object] = []
@@ -406,7 +405,7 @@ def test_a_bot_killed_mid_delivery_and_slacks_retry_make_exactly_one_run(stack: 
         except OSError as exc:  # the bot died with the request open: Slack sees no answer
             results.append(exc)
 
-    # Writes wait: the bot is killed with its transaction sent and not applied.
+    # Writes wait: the bot is killed with its transaction sent, before Redis applies it.
     conn.execute_command("CLIENT", "PAUSE", 20000, "WRITE")
     try:
         sender = threading.Thread(target=deliver)
@@ -422,8 +421,11 @@ def test_a_bot_killed_mid_delivery_and_slacks_retry_make_exactly_one_run(stack: 
     sender.join(15)
     count("bots SIGKILLed mid-delivery")
     assert results and not isinstance(results[0], int)  # Slack got no answer: it will retry
-    assert conn.keys("harness:run:*") == [] and conn.keys("harness:event:*") == []
+    # Redis applies a transaction whole or not at all: whether the dead bot's EXEC was read before
+    # the kill decides which, never a dedup mark without its run (that would swallow the retry).
+    assert len(conn.keys("harness:run:*")) == len(conn.keys("harness:event:*")) <= 1
     stack.start_bot()
+    stack.start_worker()
     status, _, _ = stack.mention(
         "botkill: hi", channel="C4", user="UANN", ts=ts, event_id="EvKill"
     )  # Slack retries
