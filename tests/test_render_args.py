@@ -27,6 +27,7 @@ from harness.policy import Tier
 from harness.state import Decision, PendingCall, Verdict
 from harness.tools import ToolResult
 from tests.fakes.slack_api import MAX_BLOCKS_JSON_CHARS, MAX_BLOCKS_PER_VIEW, FakeSlackAPI, validate_blocks
+from tests.test_render import strings
 
 REQ, APP = "U0REQ", "U0APP"
 AT = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
@@ -65,16 +66,6 @@ def card(call: PendingCall, run_id: str = "run") -> Message:
 
 def decided(call: PendingCall, verdict: Verdict = Verdict.APPROVED) -> Message:
     return render.decided_card(call=call, requester=REQ, verdict=verdict, by=APP, at=AT, reason="why")
-
-
-def strings(obj: Any) -> list[str]:
-    if isinstance(obj, str):
-        return [obj]
-    if isinstance(obj, dict):
-        return [s for key, value in obj.items() for s in (key, *strings(value))]
-    if isinstance(obj, list):
-        return [s for item in obj for s in strings(item)]
-    return []
 
 
 def sections(blocks: list[dict[str, Any]]) -> list[str]:

@@ -61,11 +61,6 @@ def start_run(run_id: str) -> None:
     drive(run_id)
 
 
-def continue_run(run_id: str) -> None:
-    """Do what `run_id` needs next, if nobody else is driving it."""
-    drive(run_id)
-
-
 def recover_run(run_id: str) -> None:
     """Continue a run whose driver died (the watchdog enqueues this); counts as a recovery."""
     drive(run_id, recovering=True)
