@@ -33,7 +33,7 @@ import itertools
 import json
 import re
 import unicodedata
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -647,7 +647,7 @@ def _outcome(call: PendingCall, limit: int) -> str:
     result = call.result
     if result is None:
         return "_not run_"
-    shown = _quoted(result.content, limit) if result.content.strip() else "_(empty)_"
+    shown = _quoted(result.text, limit) if result.text.strip() else "_(empty)_"
     if result.is_error:
         shown = f"✗ {shown}"
     if decision is not None and decision.verdict is Verdict.APPROVED:
@@ -657,7 +657,8 @@ def _outcome(call: PendingCall, limit: int) -> str:
 
 def _call_line(call: PendingCall, limit: int) -> str:
     name = _inline(call.name, 80)
-    return f"• {name} {_inline(_args_json(call), limit)} → {_outcome(call, limit)}"
+    why = f" _({call.tier.value}: {_inline(call.why, 200)})_" if call.why else ""
+    return f"• {name} {_inline(_args_json(call), limit)} → {_outcome(call, limit)}{why}"
 
 
 def _pack_sections(lines: Sequence[str]) -> list[dict[str, Any]]:
@@ -749,12 +750,19 @@ def approval_card(
     tier_source: str,
     approvers: Sequence[str],
     expires_at: datetime,
+    title: str | None = None,
+    annotations: Mapping[str, Any] | None = None,
 ) -> Message:
-    """The card asking a human to approve or decline one `ask`-tier call."""
+    """The card asking a human to approve or decline one `ask`-tier call.
+
+    `title` and `annotations` are what an MCP server says of its tool: hints, shown as such.
+    """
     value = _button_value(run_id, call)
     expires = slack_date(expires_at)
+    described = _tool_described(title, annotations)
     details = "\n".join(
         [
+            *described,
             f"*Why it needs approval:* {_inline(tier_source, 400)}",
             f"*Who may decide:* {_who_decides(requester, approvers)}",
             f"*Expires:* {expires} (the call will not run if nobody decides by then)",
@@ -802,6 +810,20 @@ def approval_card(
         " ",
     )
     return Message(text=text, blocks=_fit(build))
+
+
+_HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+
+
+def _tool_described(title: str | None, annotations: Mapping[str, Any] | None) -> list[str]:
+    """The tool's title and annotations as its server gives them (hints, not guarantees)."""
+    lines = []
+    if title:
+        lines.append(f"*Tool:* {_inline(title, 200)}")
+    hints = [f"{k}: {str(annotations[k]).lower()}" for k in _HINTS if annotations and k in annotations]
+    if hints:
+        lines.append(f"*The server says of it:* {_inline(', '.join(hints), 300)}")
+    return lines
 
 
 def decided_card(

@@ -55,7 +55,7 @@ class Terminal:
         elif isinstance(event, ToolReturned):
             assert event.call.result is not None
             self.say(
-                texts.CLI_TOOL_RETURNED.format(turn=event.turn, result=show_result(event.call.result.content))
+                texts.CLI_TOOL_RETURNED.format(turn=event.turn, result=show_result(event.call.result.text))
             )
         elif isinstance(event, WrappedUp):
             self.say(texts.CLI_WRAPS_UP.format(turn=event.turn, stop_reason=event.stop_reason))

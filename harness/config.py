@@ -13,11 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-from harness.policy import Policy, Tier
+from harness.policy import Policy, Rule, Tier
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
+BUILTIN_TOOL_NAMES = ("get_time", "read_file", "list_files", "write_file", "delete_file")
 _USER_ID = re.compile(r"^[UW][A-Z0-9]{2,}$")
+_SERVER_NAME = re.compile(r"[a-z0-9-]{1,32}")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 class ConfigError(ValueError):
@@ -36,6 +41,8 @@ class Limits:
     # How many runs one requester / one channel may have queued, running or parked at once.
     max_runs_per_user: int = 5
     max_runs_per_channel: int = 20
+    # A request's estimated input size is kept under this by clearing the oldest tool results.
+    max_input_tokens: int = 100_000
 
 
 @dataclass(frozen=True)
@@ -48,10 +55,64 @@ class Approvals:
 
 @dataclass(frozen=True)
 class ToolsConfig:
-    """The `[tools]` table: what the tools offered may do."""
+    """The `[tools]` table: which built-ins are offered, which modules add tools, what they may do."""
 
+    builtin: tuple[str, ...] = BUILTIN_TOOL_NAMES
+    modules: tuple[str, ...] = ()
     # Off by default: .env and .git/config would otherwise be one file-tool call away.
     allow_hidden: bool = False
+
+
+@dataclass(frozen=True)
+class McpServerConfig:
+    """One `[[mcp.servers]]` table. `env` and `headers` keep their `${VAR}` text until `resolved`.
+
+    Their expanded values are secrets: they never enter a log line, a card or the audit, so
+    this value carries only the templates, and `describe` names the server without them.
+    """
+
+    name: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    timeout_seconds: float = 60.0
+
+    @property
+    def transport(self) -> str:
+        return "stdio" if self.command is not None else "http"
+
+    def resolved(self, environ: Mapping[str, str]) -> ResolvedServer:
+        """The server with `${VAR}` filled in from `environ`; a missing variable is a `ConfigError`."""
+        key = f"mcp.servers[{self.name}]"
+        env = {k: _expand(v, environ, f"{key}.env.{k}") for k, v in self.env.items()}
+        headers = {k: _expand(v, environ, f"{key}.headers.{k}") for k, v in self.headers.items()}
+        return ResolvedServer(self, env, headers)
+
+    def describe(self) -> str:
+        """How log lines name the server: its name and what it runs or where, never a secret."""
+        if self.command is not None:
+            return f"{self.name} (stdio: {self.command})"
+        return f"{self.name} ({_url_without_secrets(self.url or '')})"
+
+
+@dataclass(frozen=True)
+class ResolvedServer:
+    """A server with its secrets filled in; its repr shows none of them."""
+
+    config: McpServerConfig
+    env: Mapping[str, str] = field(repr=False)
+    headers: Mapping[str, str] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The `[model]` table (the name is `Config.model`)."""
+
+    system: str | None = None  # None: the built-in system prompt
+    thinking_budget: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,6 +125,17 @@ class Config:
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     model: str = DEFAULT_MODEL
     workspace: Path = field(default_factory=Path.cwd)
+    model_settings: ModelConfig = field(default_factory=ModelConfig)
+    mcp_servers: tuple[McpServerConfig, ...] = ()
+
+    def resolved_servers(self, environ: Mapping[str, str] | None = None) -> tuple[ResolvedServer, ...]:
+        """Every MCP server with its `${VAR}`s filled in; the first missing variable is a `ConfigError`.
+
+        Only a process that starts the servers (a worker, the terminal agent) resolves them: the
+        bot never needs their secrets.
+        """
+        environ = os.environ if environ is None else environ
+        return tuple(server.resolved(environ) for server in self.mcp_servers)
 
 
 # key -> (python type(s) accepted, validator or None, description of the expected value)
@@ -76,9 +148,28 @@ _LIMITS: dict[str, _Spec] = {
     "tool_timeout_seconds": ((int, float), lambda v: 0 < v <= 3600, "a number of seconds > 0"),
     "max_runs_per_user": ((int,), lambda v: v >= 1, "a whole number >= 1"),
     "max_runs_per_channel": ((int,), lambda v: v >= 1, "a whole number >= 1"),
+    "max_input_tokens": ((int,), lambda v: 1_000 <= v <= 2_000_000, "a whole number from 1000 to 2000000"),
 }
 _TOOLS: dict[str, _Spec] = {
+    "builtin": ((list,), None, "a list of built-in tool names"),
+    "modules": ((list,), None, "a list of importable module names"),
     "allow_hidden": ((bool,), None, "true or false"),
+}
+_MODEL: dict[str, _Spec] = {
+    "name": ((str,), lambda v: bool(v.strip()), "a model id"),
+    "system": ((str,), lambda v: bool(v.strip()), "a non-empty system prompt"),
+    "system_file": ((str,), lambda v: bool(v.strip()), "a path to a text file"),
+    "thinking_budget": ((int,), lambda v: v == 0 or v >= 1024, "0 (off) or a whole number >= 1024"),
+}
+_SERVER: dict[str, _Spec] = {
+    "name": ((str,), lambda v: bool(_SERVER_NAME.fullmatch(v)), "1-32 characters of a-z, 0-9, -"),
+    "command": ((str,), lambda v: bool(v.strip()), "a command to run"),
+    "args": ((list,), lambda v: all(isinstance(a, str) for a in v), "a list of strings"),
+    "env": ((dict,), lambda v: all(isinstance(a, str) for a in v.values()), "a table of strings"),
+    "cwd": ((str,), lambda v: bool(v.strip()), "a directory"),
+    "url": ((str,), lambda v: v.startswith(("http://", "https://")), "an http:// or https:// URL"),
+    "headers": ((dict,), lambda v: all(isinstance(a, str) for a in v.values()), "a table of strings"),
+    "timeout_seconds": ((int, float), lambda v: 0 < v <= 3600, "a number of seconds > 0"),
 }
 _APPROVALS: dict[str, _Spec] = {
     "approvers": ((list,), None, "a list of Slack user IDs"),
@@ -102,13 +193,20 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
             raise ConfigError(f"{where}: cannot read the file: {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{where}: not valid TOML: {exc}") from None
-    return _parse(data, where, env)
+    return _parse(data, where, env, Path(path).resolve().parent if path is not None else None)
 
 
-def _parse(data: dict[str, Any], where: str, env: Mapping[str, str]) -> Config:
-    _only_keys(data, {"limits", "policy", "approvals", "tools"}, "", where)
+def _parse(data: dict[str, Any], where: str, env: Mapping[str, str], base: Path | None = None) -> Config:
+    _only_keys(data, {"model", "limits", "policy", "approvals", "tools", "mcp"}, "", where)
     limits = Limits(**_section(data, "limits", _LIMITS, where))
-    tools = ToolsConfig(**_section(data, "tools", _TOOLS, where))
+    tools = _tools(_section(data, "tools", _TOOLS, where), where)
+    model_raw = _section(data, "model", _MODEL, where)
+    model_settings = _model(model_raw, where, base)
+    if model_settings.thinking_budget and model_settings.thinking_budget >= limits.max_tokens:
+        raise ConfigError(
+            f"{where}: model.thinking_budget ({model_settings.thinking_budget}) must be less than "
+            f"limits.max_tokens ({limits.max_tokens}): the API counts thinking inside max_tokens"
+        )
     approvals_raw = _section(data, "approvals", _APPROVALS, where)
     approvers = approvals_raw.pop("approvers", [])
     for i, user in enumerate(approvers):
@@ -122,9 +220,112 @@ def _parse(data: dict[str, Any], where: str, env: Mapping[str, str]) -> Config:
         policy=_policy(data.get("policy"), where),
         approvals=approvals,
         tools=tools,
-        model=env.get("HARNESS_MODEL") or DEFAULT_MODEL,
+        model=env.get("HARNESS_MODEL") or model_raw.get("name") or DEFAULT_MODEL,
         workspace=_workspace(env),
+        model_settings=model_settings,
+        mcp_servers=_mcp(data.get("mcp"), where, tools),
     )
+
+
+def _tools(raw: dict[str, Any], where: str) -> ToolsConfig:
+    builtin = raw.pop("builtin", list(BUILTIN_TOOL_NAMES))
+    for i, name in enumerate(builtin):
+        if name not in BUILTIN_TOOL_NAMES:
+            raise ConfigError(
+                f"{where}: tools.builtin[{i}] must be one of {', '.join(BUILTIN_TOOL_NAMES)}, got {name!r}"
+            )
+    modules = raw.pop("modules", [])
+    for i, name in enumerate(modules):
+        if not isinstance(name, str) or not _MODULE_NAME.fullmatch(name):
+            raise ConfigError(
+                f"{where}: tools.modules[{i}] must be a module name like 'ops.tools', got {name!r}"
+            )
+    return ToolsConfig(builtin=tuple(dict.fromkeys(builtin)), modules=tuple(dict.fromkeys(modules)), **raw)
+
+
+def _model(raw: dict[str, Any], where: str, base: Path | None) -> ModelConfig:
+    if "system" in raw and "system_file" in raw:
+        raise ConfigError(f"{where}: model.system and model.system_file are both set; keep one")
+    system = raw.get("system")
+    if "system_file" in raw:
+        path = Path(raw["system_file"])
+        if not path.is_absolute() and base is not None:
+            path = base / path  # relative to the config file, wherever the process starts
+        try:
+            system = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{where}: model.system_file: cannot read {path}: {exc}") from None
+        if not system:
+            raise ConfigError(f"{where}: model.system_file: {path} is empty")
+    return ModelConfig(system=system, thinking_budget=int(raw.get("thinking_budget", 0)))
+
+
+def _mcp(raw: Any, where: str, tools: ToolsConfig) -> tuple[McpServerConfig, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: [mcp] must be a table")
+    _only_keys(raw, {"servers"}, "mcp.", where)
+    servers_raw = raw.get("servers", [])
+    if not isinstance(servers_raw, list) or not all(isinstance(s, dict) for s in servers_raw):
+        raise ConfigError(f"{where}: mcp.servers must be an array of tables ([[mcp.servers]])")
+    servers: list[McpServerConfig] = []
+    for i, table in enumerate(servers_raw):
+        key = f"mcp.servers[{i}]"
+        if "name" not in table:
+            raise ConfigError(f"{where}: {key}.name is missing")
+        values = _section({key: table}, key, _SERVER, where)
+        name = values["name"]
+        if any(s.name == name for s in servers):
+            raise ConfigError(f"{where}: {key}.name {name!r} is used by two servers")
+        if ("command" in values) == ("url" in values):
+            raise ConfigError(f"{where}: {key} ({name}) needs exactly one of command (stdio) or url (HTTP)")
+        stdio_only = {"args", "env", "cwd"} & set(values)
+        if "url" in values and stdio_only:
+            raise ConfigError(f"{where}: {key}.{min(stdio_only)} is for a command server, not a url one")
+        if "command" in values and "headers" in values:
+            raise ConfigError(f"{where}: {key}.headers is for a url server, not a command one")
+        for field_name in ("env", "headers"):
+            for k, v in values.get(field_name, {}).items():
+                _check_template(v, where, f"{key}.{field_name}.{k}")
+        servers.append(
+            McpServerConfig(
+                name=name,
+                command=values.get("command"),
+                args=tuple(values.get("args", ())),
+                env=dict(values.get("env", {})),
+                cwd=values.get("cwd"),
+                url=values.get("url"),
+                headers=dict(values.get("headers", {})),
+                timeout_seconds=float(values.get("timeout_seconds", 60.0)),
+            )
+        )
+    return tuple(servers)
+
+
+def _check_template(value: str, where: str, key: str) -> None:
+    leftover = _VAR.sub("", value)
+    if "${" in leftover:
+        raise ConfigError(f"{where}: {key}: a variable is written ${{NAME}} (letters, digits, _)")
+
+
+def _expand(value: str, environ: Mapping[str, str], key: str) -> str:
+    def fill(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            raise ConfigError(f"{key} uses ${{{name}}}, but the environment has no {name}")
+        return environ[name]
+
+    return _VAR.sub(fill, value)
+
+
+def _url_without_secrets(url: str) -> str:
+    """`url` without user info, query or fragment: where tokens hide."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def _section(data: dict[str, Any], name: str, spec: dict[str, _Spec], where: str) -> dict[str, Any]:
@@ -148,13 +349,35 @@ def _policy(raw: Any, where: str) -> Policy:
         return Policy()
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: [policy] must be a table")
-    _only_keys(raw, {"default", "tools"}, "policy.", where)
+    _only_keys(raw, {"default", "tools", "rules"}, "policy.", where)
     default = _tier(raw.get("default", Tier.ASK.value), "policy.default", where)
     tools_raw = raw.get("tools", {})
     if not isinstance(tools_raw, dict):
         raise ConfigError(f'{where}: [policy.tools] must be a table of tool = "tier"')
     tools = {name: _tier(value, f"policy.tools.{name}", where) for name, value in tools_raw.items()}
-    return Policy(default=default, tools=tools)
+    rules_raw = raw.get("rules", [])
+    if not isinstance(rules_raw, list) or not all(isinstance(r, dict) for r in rules_raw):
+        raise ConfigError(f"{where}: policy.rules must be an array of tables ([[policy.rules]])")
+    rules = tuple(_rule(i + 1, r, where) for i, r in enumerate(rules_raw))
+    return Policy(default=default, tools=tools, rules=rules)
+
+
+def _rule(number: int, raw: dict[str, Any], where: str) -> Rule:
+    key = f"policy.rules[{number}]"
+    _only_keys(raw, {"tool", "args", "tier"}, f"{key}.", where)
+    for needed in ("tool", "tier"):
+        if needed not in raw:
+            raise ConfigError(f"{where}: {key}.{needed} is missing")
+    tool = raw["tool"]
+    if not isinstance(tool, str) or not tool:
+        raise ConfigError(f"{where}: {key}.tool must be a tool name or glob, got {tool!r}")
+    args = raw.get("args", {})
+    if not isinstance(args, dict):
+        raise ConfigError(f'{where}: {key}.args must be a table of argument = "glob"')
+    for arg, pattern in args.items():
+        if not isinstance(pattern, str):
+            raise ConfigError(f"{where}: {key}.args.{arg} must be a glob string, got {pattern!r}")
+    return Rule(number=number, tool=tool, args=dict(args), tier=_tier(raw["tier"], f"{key}.tier", where))
 
 
 def _tier(value: Any, key: str, where: str) -> Tier:

@@ -20,9 +20,10 @@ import anthropic
 from harness import texts
 from harness.client import make_client
 from harness.config import Config, Limits
-from harness.policy import Policy, Tier
+from harness.policy import Policy, Ruling, Tier
 from harness.state import PendingCall, RunState, Status, Usage, Verdict
-from harness.tools import BUILTIN_TOOLS, ToolContext, ToolRegistry, ToolResult
+from harness.tools import ToolContext, ToolRegistry, ToolResult
+from harness.tools.catalog import Catalog
 from harness.valves import Stop, Valve, check_budget, check_turn
 
 SYSTEM_PROMPT = (
@@ -129,11 +130,13 @@ class Agent:
     before_tool: Callable[[RunState, PendingCall], None] | None = None
 
     @classmethod
-    def from_config(cls, config: Config, **overrides: Any) -> Agent:
-        """The agent a config describes: the real SDK client, the built-in tools, policy, limits."""
+    def from_config(cls, config: Config, catalog: Catalog | None = None, **overrides: Any) -> Agent:
+        """The agent a config describes: the real SDK client, its tools, policy, limits and prompt."""
+        catalog = catalog or Catalog.from_config(config)
         fields: dict[str, Any] = {
             "client": overrides.get("client") or make_client(),
-            "tools": ToolRegistry(BUILTIN_TOOLS, timeout_seconds=config.limits.tool_timeout_seconds),
+            "tools": catalog.registry(),
+            "system": config.model_settings.system or SYSTEM_PROMPT,
             "context": ToolContext(workspace=config.workspace, allow_hidden=config.tools.allow_hidden),
             "policy": config.policy,
             "limits": config.limits,
@@ -219,7 +222,8 @@ def _calls(content: list[dict[str, Any]], agent: Agent) -> tuple[PendingCall, ..
     for block in content:
         if block["type"] != "tool_use":
             continue
-        call = PendingCall(block["id"], block["name"], block["input"], _tier(agent, block["name"]))
+        ruling = _tier(agent, block["name"], block["input"])
+        call = PendingCall(block["id"], block["name"], block["input"], ruling.tier, why=ruling.why)
         if DUPLICATE_ID_MARK in block["id"]:
             original = block["id"].split(DUPLICATE_ID_MARK)[0]
             call = replace(call, result=ToolResult(texts.RESULT_DUPLICATE_ID.format(id=original), True))
@@ -264,8 +268,12 @@ def scrub(value: Any) -> Any:
     return value
 
 
-def _tier(agent: Agent, name: str) -> Tier:
-    return agent.policy.tier(name) if name in agent.tools else Tier.ALLOW
+def _tier(agent: Agent, name: str, arguments: Any) -> Ruling:
+    """The policy's ruling on a call; a name no tool has is answered as unknown, never asked about."""
+    found = agent.tools.get(name)
+    if found is None:
+        return Ruling(Tier.ALLOW, texts.WHY_UNKNOWN_TOOL)
+    return agent.policy.decide(name, arguments, found.own_tier, found.own_tier_why)
 
 
 def _start_turn(state: RunState, agent: Agent, content: list[dict[str, Any]]) -> StepResult:

@@ -1,11 +1,27 @@
-"""The per-tool policy: three tiers, decided per `tool_use` block before anything runs."""
+"""The policy: a pure function from one call to its tier and why.
+
+The tier of a call, first match wins (the contract's order):
+
+1. `[[policy.rules]]` whose `tool` and every `args` glob match the call: a matching `deny` wins
+   over any other match; otherwise the first matching rule in file order.
+2. `[policy.tools]`: the exact name, else the longest glob that matches (the first of equals).
+3. The tool's own tier (a built-in's, or an MCP tool's `readOnlyHint`).
+4. `[policy].default`.
+
+Globs: `*` matches within one path segment, `**` across segments, `?` one character of a
+segment. An argument glob matches the string value of the named top-level argument, after both
+are normalised the way the file tools resolve paths (`drafts/../x` is `x`); a missing or
+non-string argument never matches. No I/O, no clock: the `why` travels to cards and the audit.
+"""
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from types import MappingProxyType
+from typing import Any
 
 
 class Tier(StrEnum):
@@ -16,32 +32,133 @@ class Tier(StrEnum):
     DENY = "deny"
 
 
-# The policy used when the config file has no [policy] table at all. A config that has one is
-# the whole policy: its listed tools get their tiers and every other tool gets its `default`.
-BUILTIN_TIERS: Mapping[str, Tier] = MappingProxyType(
-    {
-        "get_time": Tier.ALLOW,
-        "read_file": Tier.ALLOW,
-        "list_files": Tier.ALLOW,
-        "write_file": Tier.ASK,
-        "delete_file": Tier.ASK,
-    }
-)
+@dataclass(frozen=True)
+class Rule:
+    """One `[[policy.rules]]` table: a tool name or glob, argument globs, and the tier they give."""
+
+    number: int  # 1-based, in file order: how cards and --list-tools name it
+    tool: str
+    args: Mapping[str, str]
+    tier: Tier
+
+    def matches(self, name: str, arguments: Mapping[str, Any]) -> bool:
+        """Whether a call of `name` with `arguments` is one this rule speaks of."""
+        if not glob_match(self.tool, name, paths=False):
+            return False
+        for arg, pattern in self.args.items():
+            value = arguments.get(arg)
+            if not isinstance(value, str) or not glob_match(pattern, value, paths=True):
+                return False
+        return True
+
+    def describe(self) -> str:
+        """`policy.rules[N] (tool = "…", path = "…")`."""
+        parts = [f"tool = {_quoted(self.tool)}"] + [f"{k} = {_quoted(v)}" for k, v in self.args.items()]
+        return f"policy.rules[{self.number}] ({', '.join(parts)})"
+
+
+@dataclass(frozen=True)
+class Ruling:
+    """A call's tier and the step, key or rule that decided it, in words."""
+
+    tier: Tier
+    why: str
 
 
 @dataclass(frozen=True)
 class Policy:
-    """Tier lookup: the listed tier of a tool, else `default`."""
+    """The `[policy]` table: a default tier, tiers by tool name or glob, and argument rules."""
 
     default: Tier = Tier.ASK
-    tools: Mapping[str, Tier] = field(default_factory=lambda: dict(BUILTIN_TIERS))
+    tools: Mapping[str, Tier] = field(default_factory=dict)
+    rules: tuple[Rule, ...] = ()
 
-    def tier(self, tool_name: str) -> Tier:
-        """The tier of a call to `tool_name`."""
-        return self.tools.get(tool_name, self.default)
+    def decide(self, name: str, arguments: Any, own_tier: Tier | None = None, own_why: str = "") -> Ruling:
+        """The tier of one call of `name` with `arguments`, and why."""
+        args = arguments if isinstance(arguments, Mapping) else {}
+        matched = [rule for rule in self.rules if rule.matches(name, args)]
+        if matched:
+            chosen = next((r for r in matched if r.tier is Tier.DENY), matched[0])
+            return Ruling(chosen.tier, chosen.describe())
+        return self.decide_tool(name, own_tier, own_why)
 
-    def source(self, tool_name: str) -> str:
-        """Why `tool_name` has its tier, in words (shown on approval cards)."""
-        if tool_name in self.tools:
-            return f'policy.tools.{tool_name} = "{self.tools[tool_name]}"'
-        return f'policy.default = "{self.default}"'
+    def decide_tool(self, name: str, own_tier: Tier | None = None, own_why: str = "") -> Ruling:
+        """Steps 2 to 4 only: the tier of `name` whatever its arguments."""
+        if name in self.tools:
+            return Ruling(self.tools[name], f"policy.tools.{_key(name)}")
+        globs = [(len(p), i, p) for i, p in enumerate(self.tools) if _is_glob(p) and glob_match(p, name)]
+        if globs:
+            _, _, pattern = max(globs, key=lambda g: (g[0], -g[1]))
+            return Ruling(self.tools[pattern], f"policy.tools.{_key(pattern)}")
+        if own_tier is not None:
+            return Ruling(own_tier, own_why or "tool's own tier")
+        return Ruling(self.default, "policy.default")
+
+    def rules_for(self, name: str) -> tuple[Rule, ...]:
+        """The rules whose `tool` matches `name`: they may decide a call of it by its arguments."""
+        return tuple(r for r in self.rules if glob_match(r.tool, name, paths=False))
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(c in pattern for c in "*?")
+
+
+def _key(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else _quoted(name)
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def normalise_path(value: str) -> str:
+    """`value` as the file tools resolve a path: `\\` is `/`, no empty or `.` segments, `..` applied.
+
+    A `..` with nothing left to cancel stays, so `../x` is never mistaken for `x`.
+    """
+    value = value.replace("\\", "/")
+    absolute = value.startswith("/")
+    out: list[str] = []
+    for part in value.split("/"):
+        if part in ("", "."):
+            continue
+        if part == ".." and out and out[-1] != "..":
+            out.pop()
+        elif part == ".." and absolute:
+            continue  # above the root is the root
+        else:
+            out.append(part)
+    return ("/" if absolute else "") + "/".join(out)
+
+
+def glob_match(pattern: str, value: str, *, paths: bool = False) -> bool:
+    """Whether `value` matches `pattern`; with `paths`, both are normalised as paths first."""
+    if paths:
+        pattern, value = normalise_path(pattern), normalise_path(value)
+    return _compiled(pattern).fullmatch(value) is not None
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    out = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**", i):
+            before_ok = i == 0 or pattern[i - 1] == "/"
+            after = i + 2
+            if before_ok and pattern.startswith("/", after):
+                out.append("(?:.*/)?")  # `**/`: zero or more whole segments
+                i = after + 1
+                continue
+            out.append(".*")
+            i = after
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out), re.DOTALL)

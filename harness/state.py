@@ -68,6 +68,7 @@ class PendingCall:
     decision: Decision | None = None
     result: ToolResult | None = None
     started: bool = False  # write-ahead mark: set (and persisted) before a side-effecting call runs
+    why: str = ""  # the step, key or rule of the policy that gave the tier (cards, summaries, audit)
 
     @property
     def signature(self) -> str:
@@ -88,6 +89,7 @@ class PendingCall:
             "decision": self.decision.to_json() if self.decision else None,
             "result": self.result.to_json() if self.result else None,
             "started": self.started,
+            "why": self.why,
         }
 
     @classmethod
@@ -100,6 +102,7 @@ class PendingCall:
             decision=Decision.from_json(data["decision"]) if data.get("decision") else None,
             result=ToolResult.from_json(data["result"]) if data.get("result") else None,
             started=bool(data.get("started", False)),
+            why=str(data.get("why", "")),
         )
 
 

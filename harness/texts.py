@@ -101,3 +101,28 @@ CLI_NO_API_KEY = (
 )
 CLI_USAGE = 'usage: python -m harness "TASK"'
 CLI_INTERRUPTED = "Interrupted: stopped cleanly; no tool was left running."
+
+# Why a call has its tier (cards, turn summaries, --list-tools).
+WHY_BUILTIN = "tool's own tier (built-in)"
+WHY_MCP_READ_ONLY = "tool's own tier (MCP readOnlyHint)"
+RESULT_IMAGE_PLACEHOLDER = "[{kind}]"
+WHY_UNKNOWN_TOOL = "no tool of that name is offered: answered as an error, never run"
+
+# MCP servers (tool results the model reads).
+MCP_SERVER_AWAY = (
+    "Not executed: the MCP server {server!r} is not reachable right now ({reason}), so {name} did not run. "
+    "It is being started again; try later or do without it."
+)
+MCP_LOST = (
+    "Error: the MCP server {server!r} went away during {name} (the connection broke); "
+    "it is being started again."
+)
+MCP_LOST_OUTCOME_UNKNOWN = (
+    "Outcome unknown: the MCP server {server!r} went away during {name}, after the call was sent. "
+    "It may or may not have taken effect; it was NOT run again. Check before trying again."
+)
+MCP_CALL_FAILED = "Error: {name} failed: {error}"
+MCP_IMAGE_DROPPED = "[an image was left out: {why}]"
+MCP_BLOB_RESOURCE = "(binary resource {uri}, not shown)"
+MCP_CONTENT_DROPPED = "[a {kind} block was left out: the model cannot read it]"
+MCP_EMPTY_RESULT = "(the tool returned nothing)"

@@ -298,10 +298,22 @@ def test_decisions_for_unknown_or_decided_calls_are_refused(model: FakeMessagesA
         record_decisions(decided, {"toolu_w": Decision(Verdict.APPROVED)})
 
 
-def test_an_unlisted_tool_gets_the_default_tier(model: FakeMessagesAPI, workspace: Path) -> None:
-    model.script(reply(tool_use("get_time", {})), reply(text("ok")))
-    state, _, _ = run(make_agent(model, workspace, policy={"read_file": "allow"}, default="deny"))
+def test_a_tool_with_no_tier_of_its_own_gets_the_default_tier(model: FakeMessagesAPI, workspace: Path) -> None:
+    model.script(reply(tool_use("explode", {})), reply(text("ok")))
+    agent = make_agent(
+        model, workspace, policy={"read_file": "allow"}, default="deny", tools=ToolRegistry([explode])
+    )
+    state, _, _ = run(agent)
     assert "forbidden by policy" in results_of(state.messages[2])[0]["content"]
+
+
+def test_a_policy_table_keeps_the_built_in_tiers_of_tools_it_does_not_name(
+    model: FakeMessagesAPI, workspace: Path
+) -> None:
+    # Before: a [policy] table replaced the built-in tiers, so send_email = "deny" made get_time "ask".
+    model.script(reply(tool_use("get_time", {})), reply(text("ok")))
+    state, _, _ = run(make_agent(model, workspace, policy={"send_email": "deny"}, default="deny"))
+    assert results_of(state.messages[2])[0].get("is_error") is not True
 
 
 # --- failures go back to the model ----------------------------------------------------------------

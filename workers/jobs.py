@@ -230,13 +230,16 @@ def _park(
     minutes = approvals.expire_after_minutes
     expires_at = datetime.now(UTC) + timedelta(minutes=minutes)
     for call in outcome.calls:
+        found = agent.tools.get(call.name)
         card = render.approval_card(
             run_id=driver.run_id,
             call=call,
             requester=driver.record.requester,
-            tier_source=agent.policy.source(call.name),
+            tier_source=call.why,
             approvers=list(approvals.approvers),
             expires_at=expires_at,
+            title=found.title if found else None,
+            annotations=found.annotations if found else None,
         )
         driver.owe(card, role=outbox.CARD, call=call.id)
     driver.park(state, outcome.calls, park_ttl(minutes), expires_at.timestamp())

@@ -1,219 +1,31 @@
-"""Tools the model may call: one typed, documented function each.
+"""The built-in tools: the clock and the file tools, jailed in the workspace.
 
-A tool is a plain function whose first parameter is the `ToolContext`; its other parameters
-(with `Annotated[..., Field(description=...)]`) become a pydantic model, and that model is both
-the JSON schema sent to the model and the validator of the model's input. Failures never raise
-out of `ToolRegistry.run`: they come back as an `is_error` result for the model to read.
+Every file tool walks its path one name at a time from the workspace root (see "the workspace
+jail" below): no symlink, hard link, hidden name or `..` takes it outside.
 """
 
 from __future__ import annotations
 
 import errno
-import inspect
 import os
-import queue
 import secrets
 import stat
-import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path, PurePosixPath
-from typing import Annotated, Any
+from dataclasses import dataclass, replace
+from datetime import UTC
+from pathlib import PurePosixPath
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import Field
 
 from harness import texts
+from harness.policy import Tier
+from harness.tools.base import Tool, ToolContext, ToolError, tool
 
 READ_LIMIT_CHARS = 2000
 LIST_LIMIT_ENTRIES = 200
 WRITE_LIMIT_CHARS = 1_000_000
-RESULT_LIMIT_CHARS = 20_000
-
-
-class ToolError(Exception):
-    """A tool's expected failure; its message goes to the model as an `is_error` result."""
-
-
-class _TimedOut(Exception):
-    """A call that outlived the registry's timeout; its thread may still be running it."""
-
-
-@dataclass(frozen=True)
-class ToolContext:
-    """What a tool may touch: the workspace root, whether hidden paths in it are allowed, a clock."""
-
-    workspace: Path
-    now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
-    # `[tools] allow_hidden`: off, .env and .git are not one read or write away from the model.
-    allow_hidden: bool = False
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    """What a tool call answers: the `tool_result` content and whether it is an error."""
-
-    content: str
-    is_error: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {"content": self.content, "is_error": self.is_error}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ToolResult:
-        return cls(content=str(data["content"]), is_error=bool(data["is_error"]))
-
-
-@dataclass(frozen=True)
-class Tool:
-    """A tool definition: its name, description, input model and implementation."""
-
-    name: str
-    description: str
-    params: type[BaseModel]
-    fn: Callable[..., str]
-    # Whether running it changes the world; such a call is never re-run after a crash (issue 4).
-    side_effects: bool = False
-
-    def schema(self) -> dict[str, Any]:
-        """The entry for the Messages API `tools` list."""
-        schema = self.params.model_json_schema()
-        schema.pop("title", None)
-        for prop in schema.get("properties", {}).values():
-            prop.pop("title", None)
-        return {"name": self.name, "description": self.description, "input_schema": schema}
-
-
-def tool(*, side_effects: bool = False) -> Callable[[Callable[..., str]], Tool]:
-    """Make a `Tool` of `fn(ctx, **params) -> str`; the docstring is the description."""
-
-    def wrap(fn: Callable[..., str]) -> Tool:
-        fields: dict[str, Any] = {}
-        for name, param in list(inspect.signature(fn).parameters.items())[1:]:
-            default = ... if param.default is inspect.Parameter.empty else param.default
-            fields[name] = (param.annotation, default)
-        params = create_model(
-            f"{fn.__name__}_input",
-            __config__=ConfigDict(extra="forbid", strict=True),
-            **fields,
-        )
-        doc = inspect.cleandoc(fn.__doc__ or fn.__name__)
-        return Tool(fn.__name__, doc, params, fn, side_effects)
-
-    return wrap
-
-
-class ToolRegistry:
-    """The tools of a run, by name; runs a call and always returns a `ToolResult`."""
-
-    def __init__(self, tools: Iterable[Tool], timeout_seconds: float = 30.0) -> None:
-        self._tools = {t.name: t for t in tools}
-        self._timeout = timeout_seconds
-        # Built once: rebuilding JSON schemas on every request was most of the loop's own cost.
-        self._schemas = [t.schema() for t in self._tools.values()]
-        self._lanes = threading.local()
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._tools
-
-    def get(self, name: str) -> Tool | None:
-        return self._tools.get(name)
-
-    def names(self) -> list[str]:
-        return list(self._tools)
-
-    def schemas(self) -> list[dict[str, Any]]:
-        return self._schemas
-
-    def run(self, name: str, raw_input: Any, ctx: ToolContext) -> ToolResult:
-        """Validate `raw_input` against the tool's schema, run it, and cut what it returns."""
-        found = self._tools.get(name)
-        if found is None:
-            names = ", ".join(self._tools) or "none"
-            return ToolResult(texts.RESULT_UNKNOWN_TOOL.format(name=name, names=names), True)
-        try:
-            args = found.params.model_validate(raw_input)
-        except ValidationError as exc:
-            return ToolResult(texts.RESULT_BAD_INPUT.format(name=name, problems=_problems(exc)), True)
-        try:
-            output = self._call_with_timeout(found, ctx, args)
-        except _TimedOut:
-            # A side effect may still land after this answer; a retry by the model could apply it twice.
-            text = texts.RESULT_TIMED_OUT_OUTCOME_UNKNOWN if found.side_effects else texts.RESULT_TIMED_OUT
-            return ToolResult(text.format(name=name, seconds=self._timeout), True)
-        except ToolError as exc:
-            return ToolResult(f"Error: {exc}", True)
-        except Exception as exc:  # a tool's bug must reach the model, not crash the run
-            error = f"{type(exc).__name__}: {exc}"
-            return ToolResult(texts.RESULT_TOOL_RAISED.format(name=name, error=error), True)
-        return ToolResult(cut(str(output), RESULT_LIMIT_CHARS))
-
-    def _call_with_timeout(self, found: Tool, ctx: ToolContext, args: BaseModel) -> str:
-        lane: _Lane | None = getattr(self._lanes, "lane", None)
-        if lane is None or not lane.usable():
-            lane = self._lanes.lane = _Lane()
-        call = _Call(found.fn, (ctx,), dict(args))
-        lane.inbox.put(call)
-        if not call.done.wait(self._timeout):
-            # A thread cannot be killed: the hung call keeps its lane, the next call gets a new one.
-            self._lanes.lane = None
-            raise _TimedOut(found.name)
-        if call.error is not None:
-            raise call.error
-        return call.value
-
-
-@dataclass
-class _Call:
-    fn: Callable[..., str]
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    done: threading.Event = field(default_factory=threading.Event)
-    value: str = ""
-    error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.value = self.fn(*self.args, **self.kwargs)
-        except BaseException as exc:  # handed back to the caller's thread
-            self.error = exc
-        finally:
-            self.done.set()
-
-
-class _Lane:
-    """A daemon thread that runs tool calls one at a time, so a call can be given a timeout.
-
-    Cheaper than a thread per call; daemon, so a hung tool never blocks the process's exit.
-    """
-
-    def __init__(self) -> None:
-        self.inbox: queue.SimpleQueue[_Call] = queue.SimpleQueue()
-        self.pid = os.getpid()
-        threading.Thread(target=self._work, name="tool-lane", daemon=True).start()
-
-    def usable(self) -> bool:
-        return self.pid == os.getpid()  # a forked child has the object but not the thread
-
-    def _work(self) -> None:
-        while True:
-            self.inbox.get().run()
-
-
-def cut(text: str, limit: int) -> str:
-    """`text` shortened to about `limit` characters, saying how much was cut."""
-    if len(text) <= limit:
-        return text
-    return text[:limit] + texts.RESULT_CUT.format(total=len(text), kept=limit)
-
-
-def _problems(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err["loc"]) or "input"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
 
 
 # --- the workspace jail ---------------------------------------------------------------------
@@ -369,13 +181,13 @@ def _replace(place: _Place, data: bytes, mode: int | None) -> None:
 PathArg = Annotated[str, Field(description="Path relative to the workspace root", max_length=1024)]
 
 
-@tool()
+@tool(side_effects=False)
 def get_time(ctx: ToolContext) -> str:
     """Get the current date and time (UTC, ISO 8601)."""
     return ctx.now().astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-@tool()
+@tool(side_effects=False)
 def read_file(ctx: ToolContext, path: PathArg) -> str:
     """Read a text file in the workspace and return its first 2000 characters."""
     with _walk(ctx, path) as place:
@@ -392,7 +204,7 @@ def read_file(ctx: ToolContext, path: PathArg) -> str:
     return text[:READ_LIMIT_CHARS]
 
 
-@tool()
+@tool(side_effects=False)
 def list_files(
     ctx: ToolContext,
     path: Annotated[str, Field(description="Directory relative to the workspace root")] = ".",
@@ -410,7 +222,7 @@ def list_files(
     return "\n".join(listing) or texts.FILE_EMPTY_DIRECTORY
 
 
-@tool(side_effects=True)
+@tool()
 def write_file(
     ctx: ToolContext,
     path: PathArg,
@@ -430,7 +242,7 @@ def write_file(
     return texts.FILE_WROTE.format(chars=len(content), path=place.rel)
 
 
-@tool(side_effects=True)
+@tool()
 def delete_file(ctx: ToolContext, path: PathArg) -> str:
     """Delete a file in the workspace."""
     with _walk(ctx, path) as place:
@@ -441,4 +253,16 @@ def delete_file(ctx: ToolContext, path: PathArg) -> str:
     return texts.FILE_DELETED.format(path=place.rel)
 
 
-BUILTIN_TOOLS: tuple[Tool, ...] = (get_time, read_file, list_files, write_file, delete_file)
+def _with_own_tier(found: Tool, tier: Tier) -> Tool:
+    return replace(found, own_tier=tier, own_tier_why=texts.WHY_BUILTIN)
+
+
+# Step 3 of the tier order: what reads is allowed, what writes asks.
+BUILTIN_TOOLS: tuple[Tool, ...] = (
+    _with_own_tier(get_time, Tier.ALLOW),
+    _with_own_tier(read_file, Tier.ALLOW),
+    _with_own_tier(list_files, Tier.ALLOW),
+    _with_own_tier(write_file, Tier.ASK),
+    _with_own_tier(delete_file, Tier.ASK),
+)
+BUILTIN_NAMES: tuple[str, ...] = tuple(t.name for t in BUILTIN_TOOLS)

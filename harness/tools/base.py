@@ -1,0 +1,183 @@
+"""What every tool is, wherever it comes from: a built-in, an operator's module or an MCP server.
+
+A `Tool` is a name, a description, a JSON schema and a way to call it, plus what the policy and
+the approval cards need to know of it (side effects, its own tier, a title, annotations). The
+registry, the policy and the cards never ask where a tool came from.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from harness import texts
+from harness.policy import Tier
+
+RESULT_LIMIT_CHARS = 20_000
+
+
+class ToolError(Exception):
+    """A tool's expected failure; its message goes to the model as an `is_error` result."""
+
+
+class BadInput(ToolError):
+    """The model's input does not fit the tool's schema; nothing ran."""
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool may touch: the workspace root, whether hidden paths in it are allowed, a clock."""
+
+    workspace: Path
+    now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    # `[tools] allow_hidden`: off, .env and .git are not one read or write away from the model.
+    allow_hidden: bool = False
+
+
+Content = str | list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a tool call answers: the `tool_result` content and whether it is an error.
+
+    `content` is text, or a list of `text` and `image` blocks (an MCP tool may return images).
+    """
+
+    content: Content
+    is_error: bool = False
+
+    @property
+    def text(self) -> str:
+        """The content as text for people: images shown as a placeholder."""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for block in self.content:
+            if block.get("type") == "text":
+                parts.append(str(block.get("text", "")))
+            else:
+                parts.append(texts.RESULT_IMAGE_PLACEHOLDER.format(kind=block.get("type", "block")))
+        return "\n".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"content": self.content, "is_error": self.is_error}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ToolResult:
+        content = data["content"]
+        if not isinstance(content, list):
+            content = str(content)
+        return cls(content=content, is_error=bool(data["is_error"]))
+
+
+Caller = Callable[[ToolContext, dict[str, Any]], "ToolResult | str"]
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One tool: how the model sees it, how it is called, and what the policy knows of it."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    # Called with validated input; returns text or a `ToolResult`; raises `ToolError` for a failure.
+    call: Caller
+    # Whether running it may change the world; such a call is never re-run after a crash.
+    side_effects: bool = True
+    # Step 3 of the tier order: the tier the tool gives itself (None: it gives none), and why.
+    own_tier: Tier | None = None
+    own_tier_why: str = ""
+    # Shown on approval cards next to the arguments (an MCP tool's title and annotations).
+    title: str | None = None
+    annotations: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # Checks and coerces the model's input; raises `BadInput`. None: the callee checks it.
+    validate: Callable[[Any], dict[str, Any]] | None = None
+    # Set when the tool bounds its own calls (an MCP call is cancelled on its server): the
+    # registry then waits this long plus a grace instead of its own timeout.
+    timeout_seconds: float | None = None
+    # The module that defined it with `@tool()` ("" for other kinds).
+    module: str = ""
+
+    def schema(self) -> dict[str, Any]:
+        """The entry for the Messages API `tools` list."""
+        return {"name": self.name, "description": self.description, "input_schema": dict(self.input_schema)}
+
+    def checked(self, raw_input: Any) -> dict[str, Any]:
+        """`raw_input` validated for this tool, or `BadInput`."""
+        if self.validate is not None:
+            return self.validate(raw_input)
+        if not isinstance(raw_input, dict):
+            raise BadInput("input: must be a JSON object")
+        return raw_input
+
+
+def tool(*, side_effects: bool = True, name: str | None = None) -> Callable[[Callable[..., str]], Tool]:
+    """Make a `Tool` of `fn(ctx, **params) -> str`; the docstring is the description.
+
+    `@tool()` means the tool has side effects: after a crash it is never run again, its outcome
+    reported unknown instead. A read-only tool says `@tool(side_effects=False)`.
+    """
+
+    def wrap(fn: Callable[..., str]) -> Tool:
+        fields: dict[str, Any] = {}
+        # Resolved in the function's own module: it may use `from __future__ import annotations`.
+        hints = typing.get_type_hints(fn, include_extras=True)
+        for param_name, param in list(inspect.signature(fn).parameters.items())[1:]:
+            default = ... if param.default is inspect.Parameter.empty else param.default
+            fields[param_name] = (hints.get(param_name, Any), default)
+        params = create_model(
+            f"{fn.__name__}_input",
+            __config__=ConfigDict(extra="forbid", strict=True),
+            **fields,
+        )
+        return Tool(
+            name=name or fn.__name__,
+            description=inspect.cleandoc(fn.__doc__ or fn.__name__),
+            input_schema=_schema_of(params),
+            call=lambda ctx, args: fn(ctx, **args),
+            side_effects=side_effects,
+            validate=lambda raw: _validated(params, raw),
+            module=getattr(fn, "__module__", "") or "",
+        )
+
+    return wrap
+
+
+def _schema_of(params: type[BaseModel]) -> dict[str, Any]:
+    schema = params.model_json_schema()
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+    return schema
+
+
+def _validated(params: type[BaseModel], raw: Any) -> dict[str, Any]:
+    try:
+        return dict(params.model_validate(raw))
+    except ValidationError as exc:
+        raise BadInput(problems(exc)) from None
+
+
+def problems(exc: ValidationError) -> str:
+    """A pydantic error as one line for the model: the first five problems, where and what."""
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "input"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def cut(text: str, limit: int) -> str:
+    """`text` shortened to about `limit` characters, saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + texts.RESULT_CUT.format(total=len(text), kept=limit)

@@ -1,0 +1,145 @@
+"""The tools of a run, by name: runs a call and always returns a `ToolResult`, never raises."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness import texts
+from harness.tools.base import RESULT_LIMIT_CHARS, BadInput, Tool, ToolContext, ToolError, ToolResult, cut
+
+# Answers a call to a name no tool has, when the name belongs to a source that is away (an MCP
+# server that is down); None when the name is simply unknown.
+Absent = Callable[[str], "ToolResult | None"]
+
+
+_GRACE_SECONDS = 5.0  # beyond a tool's own timeout, for its cancellation to come back
+
+
+class _TimedOut(Exception):
+    """A call that outlived the registry's timeout; its thread may still be running it."""
+
+
+class DuplicateTool(ValueError):
+    """Two tools of one name: the process stops at start rather than pick one."""
+
+
+class ToolRegistry:
+    """The tools of a run, by name; runs a call and always returns a `ToolResult`."""
+
+    def __init__(
+        self, tools: Iterable[Tool], timeout_seconds: float = 30.0, absent: Absent | None = None
+    ) -> None:
+        self._tools: dict[str, Tool] = {}
+        for found in tools:
+            if found.name in self._tools:
+                raise DuplicateTool(f"two tools are named {found.name!r}")
+            self._tools[found.name] = found
+        self._timeout = timeout_seconds
+        self._absent = absent
+        # Built once: rebuilding JSON schemas on every request was most of the loop's own cost.
+        self._schemas = [t.schema() for t in self._tools.values()]
+        self._lanes = threading.local()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Any:
+        return iter(self._tools.values())
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return self._schemas
+
+    @property
+    def timeout_seconds(self) -> float:
+        return self._timeout
+
+    def run(self, name: str, raw_input: Any, ctx: ToolContext) -> ToolResult:
+        """Validate `raw_input` against the tool's schema, run it, and cut what it returns."""
+        found = self._tools.get(name)
+        if found is None:
+            away = self._absent(name) if self._absent is not None else None
+            if away is not None:
+                return away
+            names = ", ".join(self._tools) or "none"
+            return ToolResult(texts.RESULT_UNKNOWN_TOOL.format(name=name, names=names), True)
+        try:
+            args = found.checked(raw_input)
+        except BadInput as exc:
+            return ToolResult(texts.RESULT_BAD_INPUT.format(name=name, problems=exc), True)
+        try:
+            output = self._call_with_timeout(found, ctx, args)
+        except _TimedOut:
+            # A side effect may still land after this answer; a retry by the model could apply it twice.
+            text = texts.RESULT_TIMED_OUT_OUTCOME_UNKNOWN if found.side_effects else texts.RESULT_TIMED_OUT
+            seconds = self._timeout if found.timeout_seconds is None else found.timeout_seconds
+            return ToolResult(text.format(name=name, seconds=seconds), True)
+        except ToolError as exc:
+            return ToolResult(f"Error: {exc}", True)
+        except Exception as exc:  # a tool's bug must reach the model, not crash the run
+            error = f"{type(exc).__name__}: {exc}"
+            return ToolResult(texts.RESULT_TOOL_RAISED.format(name=name, error=error), True)
+        if isinstance(output, ToolResult):
+            return output  # its maker cut it to fit (MCP results are cut where they are converted)
+        return ToolResult(cut(str(output), RESULT_LIMIT_CHARS))
+
+    def _call_with_timeout(self, found: Tool, ctx: ToolContext, args: dict[str, Any]) -> ToolResult | str:
+        lane: _Lane | None = getattr(self._lanes, "lane", None)
+        if lane is None or not lane.usable():
+            lane = self._lanes.lane = _Lane()
+        call = _Call(found.call, (ctx, args))
+        lane.inbox.put(call)
+        wait = self._timeout if found.timeout_seconds is None else found.timeout_seconds + _GRACE_SECONDS
+        if not call.done.wait(wait):
+            # A thread cannot be killed: the hung call keeps its lane, the next call gets a new one.
+            self._lanes.lane = None
+            raise _TimedOut(found.name)
+        if call.error is not None:
+            raise call.error
+        return call.value
+
+
+@dataclass
+class _Call:
+    fn: Callable[..., ToolResult | str]
+    args: tuple[Any, ...]
+    done: threading.Event = field(default_factory=threading.Event)
+    value: ToolResult | str = ""
+    error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.value = self.fn(*self.args)
+        except BaseException as exc:  # handed back to the caller's thread
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+class _Lane:
+    """A daemon thread that runs tool calls one at a time, so a call can be given a timeout.
+
+    Cheaper than a thread per call; daemon, so a hung tool never blocks the process's exit.
+    """
+
+    def __init__(self) -> None:
+        self.inbox: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self.pid = os.getpid()
+        threading.Thread(target=self._work, name="tool-lane", daemon=True).start()
+
+    def usable(self) -> bool:
+        return self.pid == os.getpid()  # a forked child has the object but not the thread
+
+    def _work(self) -> None:
+        while True:
+            self.inbox.get().run()

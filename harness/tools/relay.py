@@ -1,0 +1,155 @@
+"""The MCP hub across a fork: a Unix socket from RQ's work horses to the worker that owns the hub.
+
+A forked child inherits the hub's objects but not its loop thread, and the stdio pipes it
+inherits are shared with the parent, so it must not speak on them. Instead the worker serves
+its hub on a Unix socket in a private directory (mode 0700), and a job reaches it through a
+`RelayClient`, which has the hub's two methods. One JSON line per request and per answer:
+
+    {"op": "listing"}                                      -> {"listing": {...}}
+    {"op": "call", "server", "tool", "arguments", "side_effects"} -> {"result": {...}}
+
+Every session stays warm in the worker; a job never starts a server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import socketserver
+import tempfile
+import threading
+from typing import Any
+
+from harness import texts
+from harness.tools.base import ToolResult
+from harness.tools.mcp import Listing, McpHost
+
+log = logging.getLogger("harness.mcp")
+
+_MAX_LINE = 64 * 1024 * 1024
+_GRACE_SECONDS = 10.0
+
+
+class RelayServer:
+    """Serves a hub on a Unix socket that only this user can reach, from a thread per connection."""
+
+    def __init__(self, hub: McpHost) -> None:
+        self.hub = hub
+        self._dir = tempfile.mkdtemp(prefix="harness-mcp-")  # 0700: no other user can connect
+        self.path = os.path.join(self._dir, "hub.sock")
+        hub_ref = hub
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                for line in self.rfile:
+                    answer = _answer(hub_ref, line)
+                    self.wfile.write(json.dumps(answer, ensure_ascii=False).encode() + b"\n")
+                    self.wfile.flush()
+
+        class Server(socketserver.ThreadingUnixStreamServer):
+            daemon_threads = True
+
+        self._server = Server(self.path, Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="mcp-relay", daemon=True)
+
+    def start(self) -> RelayServer:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _answer(hub: McpHost, line: bytes) -> dict[str, Any]:
+    try:
+        request = json.loads(line)
+        if request.get("op") == "listing":
+            return {"listing": hub.listing().to_json()}
+        if request.get("op") == "call":
+            result = hub.call(
+                str(request["server"]),
+                str(request["tool"]),
+                request["arguments"],
+                bool(request["side_effects"]),
+            )
+            return {"result": result.to_json()}
+        return {"error": f"unknown op {request.get('op')!r}"}
+    except Exception as exc:  # noqa: BLE001 - a bad request must not end the relay
+        log.exception("MCP relay: a request failed")
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+class RelayClient:
+    """The hub as seen from a work horse: `listing()` and `call()` over the worker's socket.
+
+    Connects lazily and again in every new process (a fork must not share the parent's socket).
+    """
+
+    def __init__(self, path: str, call_timeout: float = 3600.0) -> None:
+        self.path = path
+        self._call_timeout = call_timeout
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._file: Any = None
+        self._pid = 0
+
+    def listing(self) -> Listing:
+        try:
+            return Listing.from_json(self._ask({"op": "listing"}, 30.0)["listing"])
+        except (OSError, ValueError, KeyError) as exc:
+            log.error("MCP relay at %s cannot be reached: %s", self.path, exc)
+            return Listing()
+
+    def call(self, server: str, tool: str, arguments: dict[str, Any], side_effects: bool) -> ToolResult:
+        request = {
+            "op": "call",
+            "server": server,
+            "tool": tool,
+            "arguments": arguments,
+            "side_effects": side_effects,
+        }
+        try:
+            answer = self._ask(request, self._call_timeout + _GRACE_SECONDS)
+            return ToolResult.from_json(answer["result"])
+        except (OSError, ValueError, KeyError) as exc:
+            # The call may have reached the hub: a side-effecting one's outcome is unknown.
+            text = texts.MCP_LOST_OUTCOME_UNKNOWN if side_effects else texts.MCP_LOST
+            log.error("MCP relay at %s failed during %s__%s: %s", self.path, server, tool, exc)
+            return ToolResult(text.format(server=server, name=f"{server}__{tool}"), True)
+
+    def _ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        if self._pid != os.getpid():
+            self._lock = threading.Lock()  # a fork may have copied it held by another thread
+        with self._lock:
+            if self._sock is None or self._pid != os.getpid():
+                self._connect()
+            assert self._sock is not None
+            try:
+                self._sock.settimeout(timeout)
+                self._sock.sendall(json.dumps(request, ensure_ascii=False).encode() + b"\n")
+                line = self._file.readline(_MAX_LINE)
+            except OSError:
+                self._drop()
+                raise
+            if not line:
+                self._drop()
+                raise ConnectionError("the relay closed the connection")
+            answer: dict[str, Any] = json.loads(line)
+            if "error" in answer:
+                raise ValueError(answer["error"])
+            return answer
+
+    def _connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(self.path)
+        self._sock, self._file, self._pid = sock, sock.makefile("rb"), os.getpid()
+
+    def _drop(self) -> None:
+        if self._sock is not None and self._pid == os.getpid():
+            self._sock.close()
+        self._sock = self._file = None
