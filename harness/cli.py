@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
 from typing import TextIO
 
 from harness import texts
-from harness.config import ConfigError, load_config
+from harness.config import Config, ConfigError, load_config
 from harness.loop import (
     Agent,
     AwaitingApproval,
@@ -23,7 +24,9 @@ from harness.loop import (
     WrappedUp,
     step,
 )
+from harness.policy import Policy
 from harness.state import Decision, RunState, Verdict, new_run, record_decisions
+from harness.tools.catalog import Catalog, open_catalog
 
 SHOWN_RESULT_CHARS = 200
 EXIT_FINISHED, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -90,24 +93,72 @@ def run_in_terminal(task: str, agent: Agent, terminal: Terminal) -> tuple[RunSta
             return state, outcome
 
 
+def list_tools(catalog: Catalog, policy: Policy, out: TextIO) -> int:
+    """`--list-tools`: one `NAME<TAB>TIER<TAB>WHY` line per tool offered."""
+    for found in catalog.registry():
+        ruling = policy.decide(found.name, {}, found.own_tier, found.own_tier_why)
+        others = [r for r in policy.rules_for(found.name) if r.args]
+        why = ruling.why
+        if others:
+            numbers = ", ".join(f"policy.rules[{r.number}]" for r in others)
+            why += texts.CLI_RULES_MAY_DECIDE.format(rules=numbers)
+        print(f"{found.name}\t{ruling.tier.value}\t{why}", file=out)
+    return 0
+
+
+def explain_call(catalog: Catalog, policy: Policy, name: str, raw: str, out: TextIO) -> int:
+    """`--explain-call NAME JSON`: the tier one call would get, and why."""
+    try:
+        arguments = json.loads(raw)
+    except ValueError as exc:
+        print(texts.CLI_EXPLAIN_BAD_JSON.format(error=exc), file=sys.stderr)
+        return EXIT_USAGE
+    if not isinstance(arguments, dict):
+        print(texts.CLI_EXPLAIN_BAD_JSON.format(error="the arguments must be a JSON object"), file=sys.stderr)
+        return EXIT_USAGE
+    found = catalog.registry().get(name)
+    if found is None:
+        print(f"{name}\t-\t{texts.WHY_UNKNOWN_TOOL}", file=out)
+        return EXIT_FAILED
+    ruling = policy.decide(name, arguments, found.own_tier, found.own_tier_why)
+    print(f"{name}\t{ruling.tier.value}\t{ruling.why}", file=out)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     args = sys.argv[1:] if argv is None else argv
+    inspect = args[0] if args and args[0] in ("--list-tools", "--explain-call") else None
     task = " ".join(args).strip()
-    if not task or task in ("-h", "--help"):
+    if not task or task in ("-h", "--help") or (inspect == "--explain-call" and len(args) != 3):
         print(texts.CLI_USAGE, file=sys.stderr)
         return EXIT_USAGE
+    # Warnings (an MCP server that cannot start) go to stderr, one line each; stdout stays the transcript.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         config = load_config()
+        opened = open_catalog(config)
+        catalog = opened.__enter__()
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        if inspect == "--list-tools":
+            return list_tools(catalog, config.policy, sys.stdout)
+        if inspect == "--explain-call":
+            return explain_call(catalog, config.policy, args[1], args[2], sys.stdout)
+        return _run(task, config, catalog)
+    finally:
+        opened.__exit__(None, None, None)
+
+
+def _run(task: str, config: Config, catalog: Catalog) -> int:
     if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
         print(texts.CLI_NO_API_KEY, file=sys.stderr)
         return EXIT_USAGE
     terminal = Terminal(sys.stdout, input)
     try:
-        state, outcome = run_in_terminal(task, Agent.from_config(config), terminal)
+        state, outcome = run_in_terminal(task, Agent.from_config(config, catalog), terminal)
     except KeyboardInterrupt:
         terminal.say("\n" + texts.CLI_INTERRUPTED)
         return EXIT_INTERRUPTED

@@ -99,7 +99,13 @@ CLI_NO_API_KEY = (
     "error: ANTHROPIC_API_KEY is not set. Create a key at "
     "https://console.anthropic.com/settings/keys and run: export ANTHROPIC_API_KEY=sk-ant-..."
 )
-CLI_USAGE = 'usage: python -m harness "TASK"'
+CLI_USAGE = (
+    'usage: python -m harness "TASK"\n'
+    "       python -m harness --list-tools\n"
+    "       python -m harness --explain-call NAME 'JSON-ARGUMENTS'"
+)
+CLI_RULES_MAY_DECIDE = "; {rules} may decide a call by its arguments"
+CLI_EXPLAIN_BAD_JSON = "error: --explain-call: the arguments are not a JSON object: {error}"
 CLI_INTERRUPTED = "Interrupted: stopped cleanly; no tool was left running."
 
 # Why a call has its tier (cards, turn summaries, --list-tools).

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import redis
@@ -19,7 +20,10 @@ from rq import SimpleWorker, Worker
 from rq.serializers import JSONSerializer
 
 from harness.client import warm_up
-from harness.config import ConfigError
+from harness.config import ConfigError, ResolvedServer
+from harness.tools.catalog import Catalog
+from harness.tools.mcp import McpHub
+from harness.tools.relay import RelayClient, RelayServer
 from workers import jobs
 from workers.driver import lease_seconds
 from workers.services import (
@@ -86,6 +90,14 @@ def work() -> int:
     except redis.RedisError as exc:
         print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
         return 2
+    try:
+        servers = svc.config.resolved_servers()
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    hub, relay = _start_mcp(svc, servers)
+    if relay is not None:
+        svc = replace(svc, catalog=_relayed(svc, relay))
     jobs.use_services(svc)  # forked work horses inherit it: no per-job setup
     warm_up()
     stop = threading.Event()
@@ -109,7 +121,34 @@ def work() -> int:
             backoff = min(backoff * 2, 10.0)
     finally:
         stop.set()
+        if relay is not None:
+            relay.close()
+        if hub is not None:
+            hub.close()
     return 0
+
+
+def _start_mcp(
+    svc: Services, servers: tuple[ResolvedServer, ...]
+) -> tuple[McpHub | None, RelayServer | None]:
+    """Open every MCP session here, in the worker, for its whole life, and serve them to its jobs.
+
+    RQ forks a work horse per job, and a fork gets neither the hub's loop thread nor a safe share
+    of its pipes; so the sessions stay in this process and each horse calls them over a Unix
+    socket (`harness.tools.relay`). No job ever starts a server.
+    """
+    if not servers:
+        return None, None
+    hub = McpHub(servers).start()
+    return hub, RelayServer(hub).start()
+
+
+def _relayed(svc: Services, relay: RelayServer) -> Catalog:
+    assert svc.catalog is not None
+    longest = max((s.timeout_seconds for s in svc.config.mcp_servers), default=60.0)
+    client = RelayClient(relay.path, call_timeout=longest)
+    static = svc.catalog
+    return Catalog(static.static, host=client, servers=static.servers, timeout_seconds=static.timeout_seconds)
 
 
 def audit(limit: int) -> int:

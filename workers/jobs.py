@@ -175,7 +175,7 @@ def _advance(svc: Services, driver: Driver, state: RunState) -> str | None:
     def write_ahead(marked: RunState, call: PendingCall) -> None:
         driver.save(state=marked.to_json())  # raises LostLease before the call could run twice
 
-    agent = Agent.from_config(svc.config, client=svc.model, before_tool=write_ahead)
+    agent = Agent.from_config(svc.config, svc.catalog, client=svc.model, before_tool=write_ahead)
     while True:
         result = step(state, agent)
         state = result.state

@@ -27,6 +27,7 @@ from slack_sdk.http_retry.builtin_handlers import (
 
 from harness.client import make_client
 from harness.config import Config, load_config
+from harness.tools.catalog import Catalog
 from workers.store import DAY, Store
 
 log = logging.getLogger(__name__)
@@ -139,18 +140,22 @@ class Services:
     config: Config
     # Built once per process: a new client costs 25-120 ms (an SSL context and the CA bundle).
     model: anthropic.Anthropic
+    # The tools offered: modules imported once at start; MCP tools through the worker's hub.
+    catalog: Catalog | None = None
 
     @classmethod
     def from_env(
         cls, connection: redis.Redis | None = None, env: Mapping[str, str] | None = None
     ) -> Services:
         connection = connection or redis_connection(env)
+        config = load_config(env=env)
         return cls(
             store=Store(connection),
             queue=make_queue(connection),
             slack=slack_client(env),
-            config=load_config(env=env),
+            config=config,
             model=make_client(),
+            catalog=Catalog.from_config(config),
         )
 
     def post(

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 from harness.config import Config, ConfigError
 from harness.tools.base import Tool
 from harness.tools.files import BUILTIN_TOOLS
-from harness.tools.mcp import SEPARATOR, Listing, McpHost, absent_answer, tools_of, valid_tool_name
+from harness.tools.mcp import SEPARATOR, Listing, McpHost, McpHub, absent_answer, tools_of, valid_tool_name
 from harness.tools.modules import load_module_tools
 from harness.tools.registry import ToolRegistry
 
@@ -27,7 +28,7 @@ class Catalog:
         self.static = tuple(static)
         self.host = host
         self.servers = tuple(servers)
-        self._timeout = timeout_seconds
+        self.timeout_seconds = timeout_seconds
         self._lock = threading.Lock()
         self._cached: tuple[Listing | None, ToolRegistry] = (None, ToolRegistry(self.static, timeout_seconds))
 
@@ -61,6 +62,24 @@ class Catalog:
             if listing != previous:
                 tools = [*self.static, *tools_of(self.host, listing)]
                 absent = absent_answer(self.servers, listing)
-                registry = ToolRegistry(tools, self._timeout, absent=absent)
+                registry = ToolRegistry(tools, self.timeout_seconds, absent=absent)
                 self._cached = (listing, registry)
         return registry
+
+
+@contextmanager
+def open_catalog(config: Config, environ: Mapping[str, str] | None = None) -> Iterator[Catalog]:
+    """The catalog of `config` with its MCP servers started (in this process) for the block's life.
+
+    The terminal agent's way; a worker keeps its hub for its whole life and relays it to its
+    work horses (`workers.__main__`). A server that cannot start is logged and retried, never fatal.
+    """
+    servers = config.resolved_servers(environ)
+    if not servers:
+        yield Catalog.from_config(config)
+        return
+    catalog = Catalog.from_config(config)  # modules first: a ConfigError before any server starts
+    with McpHub(servers) as hub:
+        yield Catalog(
+            catalog.static, host=hub, servers=catalog.servers, timeout_seconds=catalog.timeout_seconds
+        )

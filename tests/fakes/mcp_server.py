@@ -1,0 +1,167 @@
+"""A real MCP server for the tests, written with the `mcp` package's server API.
+
+    python tests/fakes/mcp_server.py stdio
+    python tests/fakes/mcp_server.py http PORT
+
+It keeps a ticket desk: read-only, destructive and unannotated tools, one that raises, one
+that is slow, one that kills its own process, one that returns an image and one that returns
+only structured content. Every call it receives is appended as one JSON line to the file named
+by `MCP_CALL_LOG` (when set), so a test can tell exactly what reached the server. Over HTTP,
+`MCP_REQUIRED_TOKEN` (when set) must come as `Authorization: Bearer …` or the request is refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import time
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
+
+desk = MCPServer("tickets")
+
+# A 1x1 transparent PNG.
+PIXEL = base64.b64encode(
+    bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+        "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082"
+    )
+).decode()
+
+
+def _log(tool: str, arguments: dict[str, Any]) -> None:
+    path = os.environ.get("MCP_CALL_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"tool": tool, "arguments": arguments, "pid": os.getpid()}) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+@desk.tool(title="Look up a ticket", annotations=ToolAnnotations(readOnlyHint=True))
+def get_ticket(id: Annotated[str, Field(description="Ticket id, like T-1")]) -> str:
+    """Read one ticket."""
+    _log("get_ticket", {"id": id})
+    return f"{id}: printer on fire (open)"
+
+
+@desk.tool(
+    title="Close a ticket",
+    annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True),
+)
+def close_ticket(id: str, reason: str = "") -> str:
+    """Close a ticket, with a reason."""
+    _log("close_ticket", {"id": id, "reason": reason})
+    return f"closed {id}"
+
+
+@desk.tool(annotations=ToolAnnotations(destructiveHint=True))
+def delete_ticket(id: str) -> str:
+    """Delete a ticket for good."""
+    _log("delete_ticket", {"id": id})
+    return f"deleted {id}"
+
+
+@desk.tool()
+def comment(id: str, text: str) -> str:
+    """Add a comment to a ticket (no annotations: the harness must assume side effects)."""
+    _log("comment", {"id": id, "text": text})
+    return f"commented on {id}"
+
+
+@desk.tool(annotations=ToolAnnotations(readOnlyHint=True, destructiveHint=True))
+def odd_hints() -> str:
+    """Says it is read-only AND destructive: not to be trusted as read-only."""
+    _log("odd_hints", {})
+    return "odd"
+
+
+@desk.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def explode() -> str:
+    """Always raises."""
+    _log("explode", {})
+    raise RuntimeError("the ticket desk is on fire")
+
+
+@desk.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def slow(seconds: float) -> str:
+    """Takes `seconds` to answer."""
+    _log("slow", {"seconds": seconds})
+    time.sleep(seconds)
+    return f"slept {seconds}"
+
+
+@desk.tool()
+def crash() -> str:
+    """Kills the server's own process mid-call (after logging the call)."""
+    _log("crash", {})
+    os._exit(7)
+
+
+@desk.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def picture() -> list[Any]:
+    """A caption and a one-pixel image."""
+    from mcp.types import ImageContent, TextContent
+
+    _log("picture", {})
+    return [TextContent(type="text", text="a pixel"), ImageContent(type="image", data=PIXEL, mimeType="image/png")]
+
+
+@desk.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def stats() -> Any:
+    """Only structured content, no text."""
+    from mcp.types import CallToolResult
+
+    _log("stats", {})
+    return CallToolResult(content=[], structuredContent={"open": 3, "closed": 9})
+
+
+@desk.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def flood(chars: int) -> str:
+    """Returns `chars` characters."""
+    _log("flood", {"chars": chars})
+    return "x" * chars
+
+
+@desk.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def env_seen(name: str) -> str:
+    """Whether the server's environment has `name` (never its value)."""
+    _log("env_seen", {"name": name})
+    return "set" if os.environ.get(name) else "unset"
+
+
+def _http_app(port: int) -> Any:
+    from starlette.middleware.base import BaseHTTPMiddleware
+    from starlette.responses import PlainTextResponse
+
+    app = desk.streamable_http_app()
+    token = os.environ.get("MCP_REQUIRED_TOKEN")
+
+    async def check(request: Any, call_next: Any) -> Any:
+        if token and request.headers.get("authorization") != f"Bearer {token}":
+            return PlainTextResponse("unauthorized", status_code=401)
+        return await call_next(request)
+
+    app.add_middleware(BaseHTTPMiddleware, dispatch=check)
+    return app
+
+
+def main() -> None:
+    mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
+    if mode == "stdio":
+        desk.run("stdio")
+        return
+    import uvicorn
+
+    port = int(sys.argv[2])
+    uvicorn.run(_http_app(port), host="127.0.0.1", port=port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
