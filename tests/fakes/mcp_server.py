@@ -19,10 +19,9 @@ import sys
 import time
 from typing import Annotated, Any
 
-from pydantic import Field
-
 from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
+from pydantic import Field
 
 desk = MCPServer("tickets")
 
@@ -110,7 +109,10 @@ def picture() -> list[Any]:
     from mcp.types import ImageContent, TextContent
 
     _log("picture", {})
-    return [TextContent(type="text", text="a pixel"), ImageContent(type="image", data=PIXEL, mimeType="image/png")]
+    return [
+        TextContent(type="text", text="a pixel"),
+        ImageContent(type="image", data=PIXEL, mimeType="image/png"),
+    ]
 
 
 @desk.tool(annotations=ToolAnnotations(readOnlyHint=True))
