@@ -16,7 +16,14 @@ from typing import Any
 
 import anthropic
 import pytest
-from anthropic.types import Message, TextBlock, ToolUseBlock
+from anthropic.types import (
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ThinkingConfigEnabledParam,
+    ToolUseBlock,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,8 +31,10 @@ from tests.fakes.messages_api import (
     FakeMessagesAPI,
     Reply,
     http_error,
+    redacted_thinking,
     reply,
     text,
+    thinking,
     tool_use,
     validate_request,
 )
@@ -666,3 +675,163 @@ def test_property_tool_name_pattern(name: str) -> None:
     body = base_body(tools=[{"name": name, "input_schema": {"type": "object"}}])
     ok = 1 <= len(name) <= 64 and all(c.isascii() and (c.isalnum() or c in "_-") for c in name)
     assert (validate_request(body) == []) == ok
+
+
+# --------------------------------------------------------------------------- extended thinking
+
+THINK: ThinkingConfigEnabledParam = {"type": "enabled", "budget_tokens": 1024}
+T1 = thinking("I should read x first.")
+
+
+def thinking_body(*msgs: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+    return base_body(max_tokens=2048, thinking=dict(THINK), messages=list(msgs), **overrides)
+
+
+def continued(*lead: dict[str, Any]) -> dict[str, Any]:
+    """A thinking request continuing a tool call whose assistant message starts with ``lead``."""
+    return thinking_body(U, _a(*lead, _tu("t1")), _u(_res("t1")))
+
+
+def test_thinking_reply_keeps_text_and_signature_through_the_sdk(
+    fake: FakeMessagesAPI, client: anthropic.Anthropic
+) -> None:
+    fake.script(reply(T1, redacted_thinking(), tool_use("read_file", {"path": "x"})))
+    msg = send(client, thinking_body(U))
+    first, second = msg.content[0], msg.content[1]
+    assert isinstance(first, ThinkingBlock) and isinstance(second, RedactedThinkingBlock)
+    assert first.model_dump(mode="json", exclude_none=True) == T1
+    assert second.data.startswith("fakeredacted:")
+    assert fake.valid_requests[0]["thinking"] == THINK
+
+
+def test_streamed_thinking_arrives_whole(fake: FakeMessagesAPI, client: anthropic.Anthropic) -> None:
+    fake.script(reply(T1, text("answer")))
+    with client.messages.stream(
+        model=MODEL, max_tokens=2048, thinking=THINK, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        msg = stream.get_final_message()
+    assert msg.content[0].model_dump(mode="json", exclude_none=True) == T1
+    assert msg.content[1].text == "answer"  # type: ignore[union-attr]
+
+
+def _tampered(block: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    return {**block, **changes}
+
+
+THINKING_INVALID: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "budget-below-1024",
+        base_body(max_tokens=4096, thinking={"type": "enabled", "budget_tokens": 1023}),
+        "1024",
+    ),
+    (
+        "budget-equal-max-tokens",
+        base_body(max_tokens=1024, thinking=THINK),
+        "greater than `thinking.budget_tokens`",
+    ),
+    ("budget-missing", base_body(max_tokens=4096, thinking={"type": "enabled"}), "budget_tokens"),
+    ("thinking-type", base_body(thinking={"type": "sometimes"}), "thinking"),
+    ("temperature", thinking_body(U, temperature=0.2), "`temperature`"),
+    ("top-k", thinking_body(U, top_k=5), "`top_k`"),
+    ("top-p-low", thinking_body(U, top_p=0.5), "`top_p`"),
+    ("forced-tool", thinking_body(U, tool_choice={"type": "any"}), "tool_choice forces tool use"),
+    ("dropped", continued(text("Reading.")), "Expected `thinking` or `redacted_thinking`, but found `text`"),
+    ("dropped-bare-tool-use", continued(), "but found `tool_use`"),
+    ("moved-after-text", continued(text("Reading."), T1), "Expected `thinking`"),
+    (
+        "tampered-signature",
+        continued(_tampered(T1, signature=T1["signature"][:-4] + "AAA=")),
+        "Invalid `signature`",
+    ),
+    ("tampered-thinking", continued(_tampered(T1, thinking="I should delete x.")), "Invalid `signature`"),
+    ("no-signature", continued({"type": "thinking", "thinking": "hm"}), "signature"),
+    (
+        "tampered-redacted",
+        continued(_tampered(redacted_thinking(), data="fakeredacted:eA==.bad")),
+        "Invalid `data`",
+    ),
+    ("cache-control-on-thinking", continued(dict(T1, cache_control=EPH)), "cache_control"),
+    (
+        "joined-stop-message-still-continues-the-turn",
+        thinking_body(U, _a(text("Reading."), _tu("t1")), _u(_res("t1"), text("and now?"))),
+        "Expected `thinking`",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"), [c[1:] for c in THINKING_INVALID], ids=[c[0] for c in THINKING_INVALID]
+)
+def test_thinking_rules_refused_like_the_real_api(
+    fake: FakeMessagesAPI, client: anthropic.Anthropic, body: dict[str, Any], needle: str
+) -> None:
+    fake.script(reply(text("should not be used")))
+    with pytest.raises(anthropic.BadRequestError) as info:
+        send(client, body)
+    assert info.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert needle in info.value.message, fake.errors
+    assert fake.valid_requests == []
+
+
+THINKING_VALID: list[tuple[str, dict[str, Any]]] = [
+    ("first-request", thinking_body(U)),
+    ("continued-with-its-thinking", continued(T1, text("Reading."))),
+    ("continued-with-redacted-thinking", continued(redacted_thinking(), T1)),
+    ("temperature-one-top-p-high", thinking_body(U, temperature=1, top_p=0.95, tool_choice={"type": "auto"})),
+    ("disabled-ignores-thinking-rules", base_body(thinking={"type": "disabled"}, temperature=0.1)),
+    (
+        # Without interleaved thinking only the first reply of a turn thinks.
+        "later-steps-of-the-turn-without-thinking",
+        thinking_body(U, _a(T1, _tu("t1")), _u(_res("t1")), _a(_tu("t2")), _u(_res("t2"))),
+    ),
+    (
+        # A finished turn's thinking may be left out; a new user message starts a new turn.
+        "earlier-turn-without-thinking",
+        thinking_body(U, _a(text("a"), _tu("t1")), _u(_res("t1")), _a(text("done")), U),
+    ),
+    (
+        "earlier-turn-thinking-kept",
+        thinking_body(U, _a(T1, _tu("t1")), _u(_res("t1")), _a(text("done")), U),
+    ),
+]
+
+
+@pytest.mark.parametrize("body", [c[1] for c in THINKING_VALID], ids=[c[0] for c in THINKING_VALID])
+def test_thinking_requests_the_real_api_accepts(
+    fake: FakeMessagesAPI, client: anthropic.Anthropic, body: dict[str, Any]
+) -> None:
+    assert validate_request(body) == []
+    fake.script(reply(text("fine")))
+    assert send(client, body).content[0].text == "fine"  # type: ignore[union-attr]
+    assert fake.errors == []
+
+
+def _round_trip(fake: FakeMessagesAPI, client: anthropic.Anthropic) -> tuple[list[dict[str, Any]], str]:
+    """One served reply with two thinking blocks and a tool call, as the SDK returns it."""
+    fake.script(reply(thinking("first"), thinking("second"), tool_use("read_file", {"path": "x"})))
+    msg = send(client, thinking_body(U))
+    content = [b.model_dump(mode="json", exclude_none=True) for b in msg.content]
+    return content, content[-1]["id"]
+
+
+def test_served_thinking_sent_back_verbatim_is_accepted(
+    fake: FakeMessagesAPI, client: anthropic.Anthropic
+) -> None:
+    content, tid = _round_trip(fake, client)
+    fake.script(reply(text("done")))
+    assert send(client, thinking_body(U, _a(*content), _u(_res(tid)))).content[0].text == "done"  # type: ignore[union-attr]
+    assert fake.errors == []
+
+
+@pytest.mark.parametrize("change", ["drop-second", "reorder"])
+def test_served_thinking_dropped_or_reordered_is_refused(
+    fake: FakeMessagesAPI, client: anthropic.Anthropic, change: str
+) -> None:
+    content, tid = _round_trip(fake, client)
+    first, second, call = content
+    lead = [first] if change == "drop-second" else [second, first]
+    body = thinking_body(U, _a(*lead, call), _u(_res(tid)))
+    assert validate_request(body) == []  # each block alone is genuine: only the record tells
+    with pytest.raises(anthropic.BadRequestError) as info:
+        send(client, body)
+    assert "passed back unmodified and in their original order" in info.value.message

@@ -7,11 +7,20 @@ against the rules the real API enforces (see :func:`validate_request`); invalid 
 a 400 ``invalid_request_error`` and are recorded in :attr:`FakeMessagesAPI.errors`.
 Valid ones are answered from scripted :class:`Reply` queues or a ``responder`` callback.
 Requests with ``"stream": true`` are answered as server-sent events.
+
+Extended thinking: :func:`thinking` and :func:`redacted_thinking` make blocks the fake signs
+(an HMAC of the text, so any process can check them). With ``thinking`` enabled in a request the
+fake enforces the real API's rules: ``budget_tokens`` >= 1024 and < ``max_tokens``, no
+``temperature`` (other than 1), ``top_k`` or forced tool use, and the assistant turn being
+continued with tool results must start with its thinking block(s), passed back exactly as returned.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
+import hashlib
+import hmac
 import json
 import re
 import threading
@@ -24,7 +33,17 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["FakeMessagesAPI", "Reply", "http_error", "reply", "text", "tool_use", "validate_request"]
+__all__ = [
+    "FakeMessagesAPI",
+    "Reply",
+    "http_error",
+    "redacted_thinking",
+    "reply",
+    "text",
+    "thinking",
+    "tool_use",
+    "validate_request",
+]
 
 _TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _TOOL_ID_RE = re.compile(r"[a-zA-Z0-9_-]+")
@@ -33,7 +52,12 @@ _ASSISTANT_BLOCKS = frozenset(
     {"text", "tool_use", "thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result"}
 )
 _RESULT_BLOCKS = frozenset({"text", "image", "document", "search_result"})
+_THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 _MAX_CACHE_CONTROL = 4
+_MIN_THINKING_BUDGET = 1024
+# Signs the fake's thinking blocks; fixed, so a client in another process gets checkable ones too.
+_SIGNING_KEY = b"fake-messages-api thinking"
+_REDACTED_PREFIX = "fakeredacted:"
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -82,6 +106,38 @@ def tool_use(name: str, input: Mapping[str, Any], id: str | None = None) -> dict
     return {"type": "tool_use", "id": id or _fresh_id("toolu"), "name": name, "input": dict(input)}
 
 
+def _sign(value: str) -> str:
+    digest = hmac.new(_SIGNING_KEY, value.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+    return base64.b64encode(digest).decode()
+
+
+def thinking(value: str) -> dict[str, Any]:
+    """A thinking block with a valid signature over ``value`` (any change to either breaks it)."""
+    return {"type": "thinking", "thinking": value, "signature": _sign(value)}
+
+
+def redacted_thinking(secret: str = "redacted reasoning") -> dict[str, Any]:
+    """A redacted_thinking block: opaque ``data`` that the fake can verify, as the real API does."""
+    payload = base64.b64encode(secret.encode()).decode()
+    return {"type": "redacted_thinking", "data": f"{_REDACTED_PREFIX}{payload}.{_sign(payload)}"}
+
+
+def _genuine(block: Mapping[str, Any]) -> bool:
+    """Whether a thinking or redacted_thinking block is one the fake signed, unmodified."""
+    if block.get("type") == "thinking":
+        value, signature = block.get("thinking"), block.get("signature")
+        return (
+            isinstance(value, str)
+            and isinstance(signature, str)
+            and hmac.compare_digest(_sign(value), signature)
+        )
+    data = block.get("data")
+    if not isinstance(data, str) or not data.startswith(_REDACTED_PREFIX) or "." not in data:
+        return False
+    payload, _, signature = data[len(_REDACTED_PREFIX) :].rpartition(".")
+    return hmac.compare_digest(_sign(payload), signature)
+
+
 def reply(
     *blocks: Mapping[str, Any],
     stop_reason: str | None = None,
@@ -124,8 +180,9 @@ def http_error(
 class _Validator:
     """Collects the problems of one request body; see :func:`validate_request`."""
 
-    def __init__(self, check_tool_names: bool) -> None:
+    def __init__(self, check_tool_names: bool, served: Mapping[str, tuple[dict[str, Any], ...]]) -> None:
         self.check_tool_names = check_tool_names
+        self.served = served  # tool_use id -> the thinking blocks the fake returned in the same reply
         self.problems: list[str] = []
         self.cache_controls = 0
         self.tool_names: set[str] = set()
@@ -141,15 +198,100 @@ class _Validator:
         max_tokens = body.get("max_tokens")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             self.add(f"max_tokens: must be an integer >= 1, got {max_tokens!r}")
+        thinking_on = self.thinking_config(body)
         self.tools(body.get("tools"))
         self.system(body.get("system"))
         self.messages(body.get("messages"))
+        if thinking_on and isinstance(body.get("messages"), list):
+            self.thinking_turn(body["messages"])
         if self.cache_controls > _MAX_CACHE_CONTROL:
             self.add(
                 f"A maximum of {_MAX_CACHE_CONTROL} blocks with cache_control may be provided. "
                 f"Found {self.cache_controls}."
             )
         return self.problems
+
+    def thinking_config(self, body: Mapping[str, Any]) -> bool:
+        """Check ``thinking`` and the parameters it excludes; True when thinking is enabled."""
+        config = body.get("thinking")
+        if config is None:
+            return False
+        if not isinstance(config, dict) or config.get("type") not in ("enabled", "disabled"):
+            self.add('thinking: must be {"type": "enabled", "budget_tokens": N} or {"type": "disabled"}')
+            return False
+        if config["type"] == "disabled":
+            return False
+        budget, max_tokens = config.get("budget_tokens"), body.get("max_tokens")
+        if isinstance(budget, bool) or not isinstance(budget, int):
+            self.add("thinking.enabled.budget_tokens: Field required (an integer)")
+        elif budget < _MIN_THINKING_BUDGET:
+            self.add(
+                "thinking.enabled.budget_tokens: Input should be greater than or equal to "
+                f"{_MIN_THINKING_BUDGET}"
+            )
+        elif isinstance(max_tokens, int) and budget >= max_tokens:
+            self.add("`max_tokens` must be greater than `thinking.budget_tokens`")
+        if body.get("temperature") not in (None, 1):
+            self.add("`temperature` may only be set to 1 when thinking is enabled")
+        if body.get("top_k") is not None:
+            self.add("`top_k` must be unset when thinking is enabled")
+        top_p = body.get("top_p")
+        if top_p is not None and not (isinstance(top_p, (int, float)) and 0.95 <= top_p <= 1):
+            self.add("`top_p` must be greater than or equal to 0.95 or unset when thinking is enabled")
+        choice = body.get("tool_choice")
+        if isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
+            self.add("Thinking may not be enabled when tool_choice forces tool use.")
+        return True
+
+    def thinking_turn(self, messages: list[Any]) -> None:
+        """With thinking on, the assistant turn being continued with tool results starts with its
+        thinking, every thinking block of that turn is genuine, and none the fake returned is
+        dropped or reordered. Thinking of earlier, finished turns may be left out."""
+        start = -1  # the last user message that is not (only) tool results starts the current turn
+        for i, msg in enumerate(messages):
+            if isinstance(msg, dict) and msg.get("role") == "user" and not _has_results(msg):
+                start = i
+        turn = messages[start + 1 :]
+        if not turn or not any(isinstance(m, dict) and m.get("role") == "user" for m in turn):
+            return  # no tool use being continued
+        if not isinstance(turn[0], dict) or turn[0].get("role") != "assistant":
+            return  # malformed; the structural checks already said so
+        content = turn[0].get("content")
+        first = content[0] if isinstance(content, list) and content else None
+        lead = first.get("type") if isinstance(first, dict) else "text"
+        if lead not in _THINKING_BLOCKS:
+            self.add(
+                f"messages.{start + 1}.content.0.type: Expected `thinking` or `redacted_thinking`, but "
+                f"found `{lead}`. When `thinking` is enabled, a final `assistant` message must start with a "
+                "thinking block (preceeding the lastmost set of `tool_use` and `tool_result` blocks). We "
+                "recommend you include thinking blocks from previous turns. To avoid this requirement, "
+                "disable `thinking`."
+            )
+        for offset, msg in enumerate(turn):
+            if (
+                isinstance(msg, dict)
+                and msg.get("role") == "assistant"
+                and isinstance(msg.get("content"), list)
+            ):
+                self.thinking_blocks(start + 1 + offset, msg["content"])
+
+    def thinking_blocks(self, index: int, content: list[Any]) -> None:
+        blocks = [b for b in content if isinstance(b, dict)]
+        for j, block in enumerate(content):
+            if isinstance(block, dict) and block.get("type") in _THINKING_BLOCKS and not _genuine(block):
+                field = "signature" if block["type"] == "thinking" else "data"
+                self.add(f"messages.{index}.content.{j}: Invalid `{field}` in `{block['type']}` block")
+        sent = [_thinking_fields(b) for b in blocks if b.get("type") in _THINKING_BLOCKS]
+        for block in blocks:
+            tid = block.get("id") if block.get("type") == "tool_use" else None
+            returned = self.served.get(tid) if isinstance(tid, str) else None
+            if returned and not _contains_run(sent, list(returned)):
+                self.add(
+                    f"messages.{index}: the thinking blocks returned with `tool_use` {block['id']} were "
+                    "dropped, modified or reordered; thinking blocks must be passed back unmodified and "
+                    "in their original order"
+                )
+                return
 
     def cache_control(self, where: str, obj: Mapping[str, Any]) -> None:
         cc = obj.get("cache_control")
@@ -317,7 +459,17 @@ class _Validator:
                 self.tool_use(bw, block)
             elif kind == "tool_result":
                 self.tool_result(bw, block)
+            elif kind in _THINKING_BLOCKS:
+                self.thinking_block(bw, block)
         return blocks
+
+    def thinking_block(self, where: str, block: Mapping[str, Any]) -> None:
+        fields = ("thinking", "signature") if block["type"] == "thinking" else ("data",)
+        for name in fields:
+            if not isinstance(block.get(name), str):
+                self.add(f"{where}.{name}: Field required (a string)")
+        if "cache_control" in block:
+            self.add(f"{where}.{block['type']}.cache_control: Extra inputs are not permitted")
 
     def tool_use(self, where: str, block: Mapping[str, Any]) -> None:
         tid, name = block.get("id"), block.get("name")
@@ -355,11 +507,35 @@ class _Validator:
                 self.text_block(iw, inner, allow_blank=True)
 
 
-def validate_request(body: dict[str, Any], check_tool_names: bool = True) -> list[str]:
-    """Return the problems the real Messages API would reject ``body`` for (empty if valid)."""
+def _has_results(message: Mapping[str, Any]) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+    )
+
+
+def _thinking_fields(block: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: block[k] for k in ("type", "thinking", "signature", "data") if k in block}
+
+
+def _contains_run(blocks: list[dict[str, Any]], run: list[dict[str, Any]]) -> bool:
+    """Whether ``run`` appears in ``blocks`` contiguously and in order."""
+    return any(blocks[k : k + len(run)] == run for k in range(len(blocks) - len(run) + 1))
+
+
+def validate_request(
+    body: dict[str, Any],
+    check_tool_names: bool = True,
+    served: Mapping[str, tuple[dict[str, Any], ...]] | None = None,
+) -> list[str]:
+    """Return the problems the real Messages API would reject ``body`` for (empty if valid).
+
+    ``served`` maps a tool_use id to the thinking blocks returned in the same reply; with thinking
+    enabled, those must come back unmodified and in order (the fake passes its own record).
+    """
     if not isinstance(body, dict):
         return ["request body must be a JSON object"]
-    return _Validator(check_tool_names).run(body)
+    return _Validator(check_tool_names, served or {}).run(body)
 
 
 # --------------------------------------------------------------------------- server
@@ -382,15 +558,22 @@ def _sse(message: dict[str, Any]) -> bytes:
     events: list[tuple[str, dict[str, Any]]] = [("message_start", {"message": start})]
     for i, block in enumerate(message["content"]):
         kind = block.get("type")
+        deltas: list[dict[str, Any]] = []
         if kind == "text":
-            skeleton, delta = {**block, "text": ""}, {"type": "text_delta", "text": block["text"]}
+            skeleton, deltas = {**block, "text": ""}, [{"type": "text_delta", "text": block["text"]}]
         elif kind == "tool_use":
             skeleton = {**block, "input": {}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+            deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block["input"])}]
+        elif kind == "thinking":
+            skeleton = {**block, "thinking": "", "signature": ""}
+            deltas = [
+                {"type": "thinking_delta", "thinking": block["thinking"]},
+                {"type": "signature_delta", "signature": block["signature"]},
+            ]
         else:
-            skeleton, delta = block, None
+            skeleton = block
         events.append(("content_block_start", {"index": i, "content_block": skeleton}))
-        if delta is not None:
+        for delta in deltas:
             events.append(("content_block_delta", {"index": i, "delta": delta}))
         events.append(("content_block_stop", {"index": i}))
     stop = {"stop_reason": message["stop_reason"], "stop_sequence": None}
@@ -434,7 +617,8 @@ class _Handler(BaseHTTPRequestHandler):
             problems.append("authentication: x-api-key or authorization header is required")
         if not self.headers.get("anthropic-version"):
             problems.append("anthropic-version: header is required")
-        problems += validate_request(body, self.server.fake.check_tool_names)
+        fake = self.server.fake
+        problems += validate_request(body, fake.check_tool_names, fake.served_thinking)
         record = body if isinstance(body, dict) else {"_raw": raw.decode("utf-8", "replace")}
         status, headers, payload = self.server.fake._respond(record, problems)
         self.send_response(status)
@@ -458,6 +642,7 @@ class FakeMessagesAPI:
         self._valid: list[dict[str, Any]] = []
         self._errors: list[str] = []
         self._served_ids: set[str] = set()
+        self._served_thinking: dict[str, tuple[dict[str, Any], ...]] = {}
         self.responder: Callable[[dict[str, Any]], Reply] | None = None
         self.check_tool_names = True
 
@@ -535,6 +720,12 @@ class FakeMessagesAPI:
         with self._cond:
             return list(self._errors)
 
+    @property
+    def served_thinking(self) -> dict[str, tuple[dict[str, Any], ...]]:
+        """tool_use id -> the thinking blocks returned in the same reply (replies with thinking only)."""
+        with self._cond:
+            return dict(self._served_thinking)
+
     def wait_for_requests(self, n: int, timeout: float = 10.0) -> bool:
         """Block until at least ``n`` requests were received; False on timeout."""
         with self._cond:
@@ -593,6 +784,11 @@ class FakeMessagesAPI:
                     if block.get("id") in self._served_ids:
                         block["id"] = _fresh_id("toolu")
                     self._served_ids.add(block["id"])
+            returned = tuple(_thinking_fields(b) for b in content if b.get("type") in _THINKING_BLOCKS)
+            if returned:
+                for block in content:
+                    if block.get("type") == "tool_use":
+                        self._served_thinking[block["id"]] = returned
         usage = {
             "input_tokens": len(json.dumps(body["messages"])) // 4,
             "output_tokens": 10,
