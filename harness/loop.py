@@ -126,6 +126,7 @@ class Agent:
     limits: Limits = field(default_factory=Limits)
     model: str = "claude-sonnet-5-5"
     system: str = SYSTEM_PROMPT
+    thinking_budget: int = 0  # > 0: extended thinking with this many tokens (inside max_tokens)
     # Called just before a call runs, with the state that marks it started (write-ahead).
     before_tool: Callable[[RunState, PendingCall], None] | None = None
 
@@ -141,6 +142,7 @@ class Agent:
             "policy": config.policy,
             "limits": config.limits,
             "model": config.model,
+            "thinking_budget": config.model_settings.thinking_budget,
         }
         return cls(**{**fields, **overrides})
 
@@ -412,14 +414,21 @@ def _tool_result(call_id: str, result: ToolResult | None) -> dict[str, Any]:
 
 
 def build_request(state: RunState, agent: Agent) -> dict[str, Any]:
-    """The `messages.create` arguments, with prompt-cache breakpoints on the stable prefix."""
-    return {
+    """The `messages.create` arguments, with prompt-cache breakpoints on the stable prefix.
+
+    With thinking on, the stored thinking blocks go back as they came (the API checks their
+    signatures); no temperature or top_k is ever set, as thinking forbids them.
+    """
+    request: dict[str, Any] = {
         "model": agent.model,
         "max_tokens": agent.limits.max_tokens,
         "system": [{"type": "text", "text": agent.system, "cache_control": _EPHEMERAL}],
         "tools": agent.tools.schemas(),
         "messages": cache_marked(state.messages),
     }
+    if agent.thinking_budget > 0:
+        request["thinking"] = {"type": "enabled", "budget_tokens": agent.thinking_budget}
+    return request
 
 
 def cache_marked(messages: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
