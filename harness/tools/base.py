@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from types import MappingProxyType
+from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
@@ -129,9 +129,9 @@ def tool(*, side_effects: bool = True, name: str | None = None) -> Callable[[Cal
 
     def wrap(fn: Callable[..., str]) -> Tool:
         fields: dict[str, Any] = {}
-        # Resolved in the function's own module: it may use `from __future__ import annotations`.
-        hints = typing.get_type_hints(fn, include_extras=True)
-        for param_name, param in list(inspect.signature(fn).parameters.items())[1:]:
+        params_after_ctx = list(inspect.signature(fn).parameters.items())[1:]
+        hints = _hints(fn, [param_name for param_name, _ in params_after_ctx])
+        for param_name, param in params_after_ctx:
             default = ... if param.default is inspect.Parameter.empty else param.default
             fields[param_name] = (hints.get(param_name, Any), default)
         params = create_model(
@@ -150,6 +150,17 @@ def tool(*, side_effects: bool = True, name: str | None = None) -> Callable[[Cal
         )
 
     return wrap
+
+
+def _hints(fn: Callable[..., Any], names: list[str]) -> dict[str, Any]:
+    """The type hints of `fn`'s parameters `names`, resolved in the function's own module.
+
+    So a module may use `from __future__ import annotations`; and as the context's and the return's
+    hints are never resolved, it may import `ToolContext` under `TYPE_CHECKING` only.
+    """
+    wanted = {k: v for k, v in getattr(fn, "__annotations__", {}).items() if k in names}
+    module_globals = getattr(inspect.unwrap(fn), "__globals__", {})
+    return typing.get_type_hints(SimpleNamespace(__annotations__=wanted), module_globals, include_extras=True)
 
 
 def _schema_of(params: type[BaseModel]) -> dict[str, Any]:
