@@ -164,6 +164,7 @@ def audit(limit: int) -> int:
         args = entry.get("input_preview") or json.dumps(entry.get("input"), ensure_ascii=False)
         reason = f" reason={json.dumps(entry['reason'])}" if entry.get("reason") else ""
         digest = f" input_sha256={entry['input_sha256']}" if entry.get("input_sha256") else ""
+        digest += f" why={json.dumps(entry['tier_why'])}" if entry.get("tier_why") else ""
         print(
             f"{when} {entry['verdict']:<8} by {who} {entry.get('tool')}({args}) "
             f"run={entry['run_id']} channel={entry.get('channel')} asked_by={entry.get('requester')}"

@@ -221,6 +221,7 @@ class RunRecord:
             "input_sha256": hashlib.sha256(text.encode("utf-8", "replace")).hexdigest(),
             "input_chars": len(text),
             "input_preview": preview,
+            "tier_why": getattr(call, "why", "") or "",  # the policy step, key or rule that asked
         }
 
     def run_state(self) -> RunState:
