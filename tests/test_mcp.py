@@ -73,6 +73,17 @@ def test_tools_are_offered_as_server__tool_with_the_servers_own_schema(desk: Any
     assert close.annotations["destructiveHint"] is True
 
 
+def test_a_tool_name_the_api_would_refuse_is_left_out_with_one_log_line(
+    tmp_path: Path, log: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = config_of(tmp_path, stdio_table("desk", log))
+    with caplog.at_level(logging.WARNING, logger="harness.mcp"), McpHub(config.resolved_servers({})) as hub:
+        names = [t.qualified for t in hub.listing().tools]
+        assert "desk__get_ticket" in names and not any("export" in n for n in names)
+    refused = [r.getMessage() for r in caplog.records if "tickets.export" in r.getMessage()]
+    assert len(refused) == 1 and "tool-name rule" in refused[0]
+
+
 def test_tiers_come_from_annotations_and_only_an_honest_read_only_hint_allows(desk: Any) -> None:
     catalog, _ = desk
     config_policy = load_config(env={}).policy  # default ask, nothing listed

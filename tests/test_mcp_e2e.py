@@ -54,7 +54,8 @@ def stack(
 ) -> Iterator[Stack]:
     url = redis_server.url.rsplit("/", 1)[0] + "/5"
     redis.Redis.from_url(url).flushdb()
-    config = stdio_table("desk", desk_log, DESK_TOKEN="${DESK_TOKEN}") + POLICY
+    never = '[[mcp.servers]]\nname = "gone"\ncommand = "/nonexistent/mcp-server"\n'
+    config = stdio_table("desk", desk_log, DESK_TOKEN="${DESK_TOKEN}") + never + POLICY
     with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
         stack = Stack(url, slack, model, tmp_path_factory.mktemp("mcp"), config=config)
         stack.extra_env["DESK_TOKEN"] = TOKEN
@@ -183,6 +184,23 @@ def test_a_server_that_dies_mid_run_answers_outcome_unknown_and_the_run_goes_on(
         wait_until(reached_again, timeout=60, interval=0.5)
     finally:
         stack.model.check_tool_names = True
+
+
+def test_a_server_that_never_starts_leaves_the_worker_running_and_its_calls_name_it(stack: Stack) -> None:
+    worker = next(p for p in stack.processes if p.name == "worker")
+    assert worker.proc.poll() is None
+    assert "gone (stdio: /nonexistent/mcp-server) is not reachable" in worker.output()
+    stack.model.check_tool_names = False  # its tools are not offered; the model calls one anyway
+    try:
+        stack.model.script_for("gonedesk", reply(tool_use("gone__restart", {})), reply(text("gonedesk done")))
+        _, ts, _ = stack.mention("gonedesk", channel="C907")
+        wait_post(stack, "C907", ts, "gonedesk done")
+    finally:
+        stack.model.check_tool_names = True
+    result = [r for r in stack.model.requests if "gonedesk" in str(r["messages"][0])][-1]["messages"][-1]
+    block = result["content"][0]
+    assert block["is_error"] is True and "'gone'" in block["content"] and "not reachable" in block["content"]
+    assert cards(stack, "C907", ts) == []  # never asked about
 
 
 def test_no_job_starts_a_server_and_no_secret_reaches_slack_or_the_log(stack: Stack, desk_log: Path) -> None:

@@ -138,6 +138,13 @@ def env_seen(name: str) -> str:
     return "set" if os.environ.get(name) else "unset"
 
 
+@desk.tool(name="tickets.export", annotations=ToolAnnotations(readOnlyHint=True))
+def export() -> str:
+    """A name MCP allows but the Messages API does not (the dot): never offered to the model."""
+    _log("tickets.export", {})
+    return "exported"
+
+
 def _http_app(port: int) -> Any:
     from starlette.middleware.base import BaseHTTPMiddleware
     from starlette.responses import PlainTextResponse
