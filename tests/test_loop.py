@@ -298,7 +298,9 @@ def test_decisions_for_unknown_or_decided_calls_are_refused(model: FakeMessagesA
         record_decisions(decided, {"toolu_w": Decision(Verdict.APPROVED)})
 
 
-def test_a_tool_with_no_tier_of_its_own_gets_the_default_tier(model: FakeMessagesAPI, workspace: Path) -> None:
+def test_a_tool_with_no_tier_of_its_own_gets_the_default_tier(
+    model: FakeMessagesAPI, workspace: Path
+) -> None:
     model.script(reply(tool_use("explode", {})), reply(text("ok")))
     agent = make_agent(
         model, workspace, policy={"read_file": "allow"}, default="deny", tools=ToolRegistry([explode])

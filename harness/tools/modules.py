@@ -19,7 +19,7 @@ def load_module_tools(names: Iterable[str]) -> list[Tool]:
     for name in names:
         try:
             module = importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - any import failure is the operator's to fix
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import failure is the operator's to fix
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise ConfigError(
                 f"tools.modules: cannot import {name!r}: {type(exc).__name__}: {first}"
