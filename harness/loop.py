@@ -20,6 +20,7 @@ import anthropic
 from harness import texts
 from harness.client import make_client
 from harness.config import Config, Limits
+from harness.context import within_input_limit
 from harness.policy import Policy, Ruling, Tier
 from harness.state import PendingCall, RunState, Status, Usage, Verdict
 from harness.tools import ToolContext, ToolRegistry, ToolResult
@@ -173,6 +174,8 @@ def drive(state: RunState, agent: Agent, on_event: Callable[[Event], None]) -> t
 def _query(state: RunState, agent: Agent) -> StepResult:
     if stop := check_budget(state, agent.limits):
         return _stop(state, stop)
+    # Cleared in the state, not just the request: the thread's saved history stays bounded too.
+    state = within_input_limit(state, build_request(state, agent), agent.limits.max_input_tokens)
     try:
         message = agent.client.messages.create(**build_request(state, agent))
     except anthropic.APIStatusError as exc:

@@ -132,3 +132,10 @@ MCP_IMAGE_DROPPED = "[an image was left out: {why}]"
 MCP_BLOB_RESOURCE = "(binary resource {uri}, not shown)"
 MCP_CONTENT_DROPPED = "[a {kind} block was left out: the model cannot read it]"
 MCP_EMPTY_RESULT = "(the tool returned nothing)"
+
+# What the model reads in place of an old tool result cleared to keep a request within
+# [limits] max_input_tokens (harness/context.py).
+RESULT_CLEARED = (
+    "[tool result cleared to keep the conversation within the input limit; call the tool again "
+    "if you need it]"
+)

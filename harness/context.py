@@ -1,0 +1,127 @@
+"""Keeping each model request within `[limits] max_input_tokens` by clearing old tool results.
+
+A Slack thread is continued by later mentions with its whole history, so without this its
+requests grow until they no longer fit the context window. Before each request the loop estimates
+the request's input size; over the limit, the content of the OLDEST `tool_result` blocks is
+replaced by a short note (`texts.RESULT_CLEARED`) until the estimate fits. Nothing else changes:
+every `tool_use` keeps its `tool_result` (same id, same `is_error`), thinking blocks stay as the
+API returned them (it checks their signatures), and the results of the latest user message, the
+turn being answered now, stay whole.
+
+The clearing is done on the stored conversation, not only on the request, so the history saved
+for the thread stays bounded as well; it is deterministic (oldest first, always the same choice
+for the same history). Once it has to clear, it clears down to `CLEAR_TO` of the limit rather
+than just under it: every clearing changes the conversation's prefix and so costs a full prompt
+cache write, and clearing in bulk makes that happen once every several turns, not on every one.
+
+The estimate is pure, cheap and pessimistic: JSON characters (non-ASCII escaped, so non-Latin
+text counts more) divided by 3, with an image counted as a flat `IMAGE_TOKENS`. If everything
+that may be cleared is cleared and the request still does not fit, it is sent as it is.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from harness import texts
+from harness.state import RunState
+
+CHARS_PER_TOKEN = 3  # real text runs about 3.5-4.5 characters a token: erring on the large side
+IMAGE_TOKENS = 1_600  # about what a full-size image costs
+MESSAGE_TOKENS = 4  # a message's role and framing
+CLEAR_TO = 0.75  # once over the limit, clear down to this share of it
+
+
+def within_input_limit(state: RunState, request: Mapping[str, Any], limit: int) -> RunState:
+    """`state` with its oldest tool results cleared if `request`, built from it, estimates over `limit`."""
+    messages = clear_old_results(state.messages, limit, prompt_tokens(request))
+    return state if messages is state.messages else replace(state, messages=messages)
+
+
+def clear_old_results(
+    messages: tuple[dict[str, Any], ...], limit: int, fixed: int = 0
+) -> tuple[dict[str, Any], ...]:
+    """`messages` (the very same object when they fit) with old results cleared to fit `limit`.
+
+    `fixed` is the estimate of the rest of the request (system prompt and tools).
+    """
+    total = fixed + messages_tokens(messages)
+    if total <= limit:
+        return messages
+    target, before = int(limit * CLEAR_TO), total
+    out = list(messages)
+    latest = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=len(messages))
+    for index in range(latest):
+        if total <= target:
+            break
+        message = out[index]
+        if message["role"] != "user" or not isinstance(message["content"], list):
+            continue
+        content, saved = _cleared(message["content"], total - target)
+        if saved:
+            out[index] = {**message, "content": content}
+            total -= saved
+    return tuple(out) if total < before else messages
+
+
+def _cleared(content: list[dict[str, Any]], excess: int) -> tuple[list[dict[str, Any]], int]:
+    """`content` with tool results cleared in order until `excess` tokens are saved; the tokens saved."""
+    content, saved = list(content), 0
+    for j, block in enumerate(content):
+        if saved >= excess:
+            break
+        if block.get("type") != "tool_result":
+            continue
+        cleared = {**block, "content": texts.RESULT_CLEARED}
+        gain = block_tokens(block) - block_tokens(cleared)
+        if gain > 0:  # a result shorter than the note (or already cleared) stays as it is
+            content[j] = cleared
+            saved += gain
+    return content, saved
+
+
+# --- the estimate ----------------------------------------------------------------------------
+
+
+def estimate_tokens(request: Mapping[str, Any]) -> int:
+    """A pessimistic estimate of the input tokens of a `messages.create` request."""
+    return prompt_tokens(request) + messages_tokens(request.get("messages") or ())
+
+
+def prompt_tokens(request: Mapping[str, Any]) -> int:
+    """The estimate of a request's system prompt and tool definitions."""
+    system = request.get("system") or ()
+    tokens = _tokens(json.dumps(system)) if isinstance(system, str) else sum(map(block_tokens, system))
+    return tokens + sum(block_tokens(tool) for tool in request.get("tools") or ())
+
+
+def messages_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
+    """The estimate of a conversation: a sum over blocks, so clearing one saves exactly its share."""
+    return sum(message_tokens(m) for m in messages)
+
+
+def message_tokens(message: Mapping[str, Any]) -> int:
+    """The estimate of one message."""
+    content = message["content"]
+    if isinstance(content, str):
+        return MESSAGE_TOKENS + _tokens(json.dumps(content))
+    return MESSAGE_TOKENS + sum(block_tokens(b) for b in content)
+
+
+def block_tokens(block: Mapping[str, Any]) -> int:
+    """The estimate of one content block (a cache breakpoint on it counts nothing)."""
+    kind = block.get("type")
+    if kind == "image":
+        return IMAGE_TOKENS
+    rest = {k: v for k, v in block.items() if k != "cache_control"}
+    if kind == "tool_result" and isinstance(block.get("content"), list):
+        inner = rest.pop("content")
+        return _tokens(json.dumps(rest)) + sum(block_tokens(b) for b in inner)
+    return _tokens(json.dumps(rest))
+
+
+def _tokens(text: str) -> int:
+    return -(-len(text) // CHARS_PER_TOKEN)
