@@ -19,7 +19,8 @@ from harness.policy import Policy, Rule, Tier
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
 BUILTIN_TOOL_NAMES = ("get_time", "read_file", "list_files", "write_file", "delete_file")
-_USER_ID = re.compile(r"^[UW][A-Z0-9]{2,}$")
+# An approver is a user (U…, W…) or a user group (S…), which stands for its members.
+_APPROVER_ID = re.compile(r"[UWS][A-Z0-9]{2,}")
 _SERVER_NAME = re.compile(r"[a-z0-9-]{1,32}")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -47,10 +48,20 @@ class Limits:
 
 @dataclass(frozen=True)
 class Approvals:
-    """Who may decide an `ask` call, and for how long a request stays open."""
+    """Who may decide an `ask` call, how many must agree, and for how long a request stays open."""
 
+    # User IDs (U…, W…) and user group IDs (S…); empty: the person who mentioned the bot.
     approvers: tuple[str, ...] = ()
+    # False: the requester may decline, never approve, calls of their own run.
+    self_approval: bool = True
+    # Distinct approvals a call needs; any one decline declines it.
+    required: int = 1
     expire_after_minutes: float = 1440.0
+    # > 0: a call still undecided after this long gets one reminder mentioning `escalate_to`.
+    escalate_after_minutes: float = 0.0
+    escalate_to: tuple[str, ...] = ()
+    # > 0: cards also offer "Approve for this thread", good for this many minutes.
+    grant_minutes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -172,8 +183,13 @@ _SERVER: dict[str, _Spec] = {
     "timeout_seconds": ((int, float), lambda v: 0 < v <= 3600, "a number of seconds > 0"),
 }
 _APPROVALS: dict[str, _Spec] = {
-    "approvers": ((list,), None, "a list of Slack user IDs"),
+    "approvers": ((list,), None, "a list of Slack user or user group IDs"),
+    "self_approval": ((bool,), None, "true or false"),
+    "required": ((int,), lambda v: v >= 1, "a whole number >= 1"),
     "expire_after_minutes": ((int, float), lambda v: v > 0, "a number of minutes > 0"),
+    "escalate_after_minutes": ((int, float), lambda v: v >= 0, "a number of minutes >= 0"),
+    "escalate_to": ((list,), None, "a list of Slack user or user group IDs"),
+    "grant_minutes": ((int, float), lambda v: v >= 0, "a number of minutes >= 0"),
 }
 
 
@@ -207,14 +223,7 @@ def _parse(data: dict[str, Any], where: str, env: Mapping[str, str], base: Path 
             f"{where}: model.thinking_budget ({model_settings.thinking_budget}) must be less than "
             f"limits.max_tokens ({limits.max_tokens}): the API counts thinking inside max_tokens"
         )
-    approvals_raw = _section(data, "approvals", _APPROVALS, where)
-    approvers = approvals_raw.pop("approvers", [])
-    for i, user in enumerate(approvers):
-        if not isinstance(user, str) or not _USER_ID.match(user):
-            raise ConfigError(
-                f"{where}: approvals.approvers[{i}] must be a Slack user ID like 'U012AB3CD', got {user!r}"
-            )
-    approvals = Approvals(approvers=tuple(approvers), **approvals_raw)
+    approvals = _approvals(_section(data, "approvals", _APPROVALS, where), where)
     return Config(
         limits=limits,
         policy=_policy(data.get("policy"), where),
@@ -225,6 +234,33 @@ def _parse(data: dict[str, Any], where: str, env: Mapping[str, str], base: Path 
         model_settings=model_settings,
         mcp_servers=_mcp(data.get("mcp"), where, tools),
     )
+
+
+def _approvals(raw: dict[str, Any], where: str) -> Approvals:
+    for key in ("approvers", "escalate_to"):
+        ids = raw.get(key, [])
+        for i, who in enumerate(ids):
+            if not isinstance(who, str) or not _APPROVER_ID.fullmatch(who):
+                raise ConfigError(
+                    f"{where}: approvals.{key}[{i}] must be a Slack user ID like 'U012AB3CD' "
+                    f"or user group ID like 'S012AB3CD', got {who!r}"
+                )
+        if key in raw:
+            raw[key] = tuple(dict.fromkeys(ids))
+    approvals = Approvals(**raw)
+    if approvals.escalate_after_minutes:
+        # A reminder that would come after the expiry, or that mentions nobody, would never help.
+        if approvals.escalate_after_minutes >= approvals.expire_after_minutes:
+            raise ConfigError(
+                f"{where}: approvals.escalate_after_minutes ({approvals.escalate_after_minutes:g}) must be "
+                f"less than approvals.expire_after_minutes ({approvals.expire_after_minutes:g})"
+            )
+        if not approvals.escalate_to:
+            raise ConfigError(
+                f"{where}: approvals.escalate_to must name at least one user or user group "
+                "when approvals.escalate_after_minutes > 0"
+            )
+    return approvals
 
 
 def _tools(raw: dict[str, Any], where: str) -> ToolsConfig:
