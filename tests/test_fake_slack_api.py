@@ -510,3 +510,62 @@ def test_event_and_action_bodies() -> None:
     payload = {"type": "block_actions", "actions": [{"action_id": "approve", "value": "1&2=3"}]}
     form = parse_qs(action_body(payload))
     assert list(form) == ["payload"] and json.loads(form["payload"][0]) == payload
+
+
+def test_usergroups_users_list(fake: FakeSlackAPI, client: WebClient) -> None:
+    fake.set_usergroup("S0OPS", ["UANN", "UBEN"])
+    assert client.usergroups_users_list(usergroup="S0OPS")["users"] == ["UANN", "UBEN"]
+    with pytest.raises(SlackApiError) as info:
+        client.usergroups_users_list(usergroup="S0NONE")
+    assert info.value.response["error"] == "no_such_subteam"
+    with pytest.raises(SlackApiError) as info:
+        client.api_call("usergroups.users.list", params={})
+    assert info.value.response["error"] == "invalid_arguments"
+    fake.set_usergroup("S0OPS", None)  # deleted
+    with pytest.raises(SlackApiError):
+        client.usergroups_users_list(usergroup="S0OPS")
+    fake.set_usergroup("S0OPS", [])
+    fake.fail_next("usergroups.users.list", error="missing_scope")
+    with pytest.raises(SlackApiError) as info:
+        client.usergroups_users_list(usergroup="S0OPS")
+    assert info.value.response["error"] == "missing_scope"
+    assert client.usergroups_users_list(usergroup="S0OPS")["users"] == []
+
+
+def test_views_publish_keeps_one_home_per_user(fake: FakeSlackAPI, client: WebClient) -> None:
+    home = {"type": "home", "blocks": [section("first")]}
+    first = client.views_publish(user_id="UANN", view=home)["view"]
+    assert first["type"] == "home" and fake.home("UANN") == home and fake.home("UBEN") is None
+    second = client.views_publish(user_id="UANN", view={"type": "home", "blocks": [section("second")]})
+    assert second["view"]["id"] == first["id"] and fake.home("UANN")["blocks"][0]["text"]["text"] == "second"
+    with pytest.raises(SlackApiError) as info:
+        client.views_publish(user_id="UANN", view=home, hash="stale.hash")
+    assert info.value.response["error"] == "hash_conflict"
+    for bad in (
+        {"type": "modal", "title": {"type": "plain_text", "text": "x"}, "blocks": [section("x")]},
+        {"type": "home", "blocks": [section("x" * 3001)]},
+        {"type": "home", "blocks": [section(str(i)) for i in range(101)]},
+    ):
+        with pytest.raises(SlackApiError) as info:
+            client.views_publish(user_id="UANN", view=bad)
+        assert info.value.response["error"] == "invalid_arguments"
+    with pytest.raises(SlackApiError) as info:
+        client.api_call("views.publish", json={"view": home})
+    assert info.value.response["error"] == "invalid_arguments"
+    assert fake.home("UANN")["blocks"][0]["text"]["text"] == "second"
+
+
+def test_chat_get_permalink(fake: FakeSlackAPI, client: WebClient) -> None:
+    root = client.chat_postMessage(channel=CH, text="root")["ts"]
+    reply = client.chat_postMessage(channel=CH, text="reply", thread_ts=root)["ts"]
+    link = client.chat_getPermalink(channel=CH, message_ts=root)["permalink"]
+    assert link == f"https://fake-workspace.slack.com/archives/{CH}/p{root.replace('.', '')}"
+    threaded = client.chat_getPermalink(channel=CH, message_ts=reply)["permalink"]
+    assert threaded.endswith(f"?thread_ts={root}&cid={CH}")
+    for kwargs, error in (
+        ({"channel": "C404", "message_ts": root}, "channel_not_found"),
+        ({"channel": CH, "message_ts": "1.000001"}, "message_not_found"),
+    ):
+        with pytest.raises(SlackApiError) as info:
+            client.chat_getPermalink(**kwargs)
+        assert info.value.response["error"] == error

@@ -388,6 +388,9 @@ class FakeSlackAPI:
             "conversations.replies": self._conversations_replies,
             "users.info": self._users_info,
             "assistant.threads.setStatus": self._assistant_set_status,
+            "usergroups.users.list": self._usergroups_users_list,
+            "views.publish": self._views_publish,
+            "chat.getPermalink": self._chat_get_permalink,
         }
         self._init_state()
 
@@ -403,6 +406,8 @@ class FakeSlackAPI:
         self._statuses: list[dict[str, Any]] = []
         self._texts: list[str] = []
         self._failures: dict[str, deque[_Failure]] = {}
+        self._usergroups: dict[str, list[str]] = {}
+        self._homes: dict[str, dict[str, Any]] = {}  # user id -> the Home view published for them
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -514,6 +519,12 @@ class FakeSlackAPI:
         with self._lock:
             return copy.deepcopy(self._statuses)
 
+    def home(self, user: str) -> dict[str, Any] | None:
+        """The Home tab view last published (``views.publish``) for ``user``, or ``None``."""
+        with self._lock:
+            entry = self._homes.get(user)
+            return copy.deepcopy(entry["view"]) if entry else None
+
     @property
     def texts(self) -> list[str]:
         """Every text string accepted: message/ephemeral ``text`` params and all
@@ -555,6 +566,15 @@ class FakeSlackAPI:
             self._failures.setdefault(method, deque()).append(
                 _Failure(error=error, status=status, headers=hdrs, remaining=times)
             )
+
+    def set_usergroup(self, group_id: str, users: list[str] | None) -> None:
+        """Make ``group_id`` a user group of ``users`` (``None``: no such group any more)."""
+        with self._cond:
+            if users is None:
+                self._usergroups.pop(group_id, None)
+            else:
+                self._usergroups[group_id] = list(users)
+            self._cond.notify_all()
 
     def add_message(
         self,
@@ -824,15 +844,15 @@ class FakeSlackAPI:
         if blocks:
             _collect_texts(blocks, self._texts)
 
-    def _validated_view(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Validate the ``view`` param as a modal; return it (a dict)."""
+    def _validated_view(self, params: dict[str, Any], kind: str = "modal") -> dict[str, Any]:
+        """Validate the ``view`` param as a ``kind`` view (modal, or home); return it (a dict)."""
         view = params.get("view")
         if not isinstance(view, dict):
             raise _ApiError("invalid_arguments", errors=["view must be a JSON object"])
         errors: list[str] = []
-        if view.get("type") != "modal":
-            errors.append("view type must be modal [json-pointer:/view/type]")
-        if not view.get("title"):
+        if view.get("type") != kind:
+            errors.append(f"view type must be {kind} [json-pointer:/view/type]")
+        if kind == "modal" and not view.get("title"):
             errors.append("missing required field: title [json-pointer:/view/title]")
         if not view.get("blocks"):
             errors.append("missing required field: blocks [json-pointer:/view/blocks]")
@@ -1043,6 +1063,46 @@ class FakeSlackAPI:
                 "profile": {"real_name": real_name, "display_name": user_id.lower()},
             }
         }
+
+    def _usergroups_users_list(self, params: dict[str, Any]) -> dict[str, Any]:
+        group = params.get("usergroup")
+        if not isinstance(group, str) or not group:
+            raise _ApiError("invalid_arguments", errors=["missing required field: usergroup"])
+        if group not in self._usergroups:
+            raise _ApiError("no_such_subteam")
+        return {"users": list(self._usergroups[group])}
+
+    def _views_publish(self, params: dict[str, Any]) -> dict[str, Any]:
+        user = params.get("user_id")
+        if not isinstance(user, str) or not user:
+            raise _ApiError("invalid_arguments", errors=["missing required field: user_id"])
+        view = self._validated_view(params, kind="home")
+        entry = self._homes.get(user)
+        expected_hash = params.get("hash")
+        if expected_hash and (entry is None or expected_hash != entry["hash"]):
+            raise _ApiError("hash_conflict")
+        self._seq += 1
+        entry = {
+            "view": copy.deepcopy(view),
+            "id": entry["id"] if entry else f"V{self._seq:010d}",
+            "hash": f"{self._seq}.hash",
+        }
+        self._homes[user] = entry
+        _collect_texts(view, self._texts)
+        return {"view": self._view_response(entry)}
+
+    def _chat_get_permalink(self, params: dict[str, Any]) -> dict[str, Any]:
+        channel = self._require_str(params, "channel", "channel_not_found")
+        ts = self._require_str(params, "message_ts", "message_not_found")
+        if channel not in self._messages:
+            raise _ApiError("channel_not_found")
+        msg = self._find_message(channel, ts)
+        if msg is None:
+            raise _ApiError("message_not_found")
+        link = f"https://fake-workspace.slack.com/archives/{channel}/p{ts.replace('.', '')}"
+        if msg["thread_ts"] is not None:
+            link += f"?thread_ts={msg['thread_ts']}&cid={channel}"
+        return {"channel": channel, "permalink": link}
 
     def _assistant_set_status(self, params: dict[str, Any]) -> dict[str, Any]:
         self._statuses.append(
