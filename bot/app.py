@@ -11,18 +11,21 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import rq
 from slack_bolt import Ack, App, BoltContext
 from slack_sdk import WebClient
-from slack_sdk.errors import SlackApiError
+from slack_sdk.errors import SlackApiError, SlackClientError
 
-from bot import render, texts
+from bot import edits, render, texts
 from bot.web import bolt_error_handler
 from harness.config import Config
 from harness.state import Decision, PendingCall, StateError, Verdict
@@ -31,6 +34,8 @@ from workers.store import (
     Accepted,
     BadId,
     DecideOutcome,
+    Grant,
+    Keys,
     RunRecord,
     RunStatus,
     Store,
@@ -45,6 +50,9 @@ APPLY_DECISIONS = "workers.jobs.apply_decisions"
 RETRY_RUN = "workers.jobs.retry_run"
 REPLY = "ephemeral_reply"  # context key: what the background reply tells the clicker
 MAX_TASK_CHARS = 20_000
+GROUP_LOOKUP_SECONDS = 2.0  # a group read on a click happens before Slack gets its answer (3 s)
+HOME_SCAN = 500  # parked runs looked at for one Home tab, the soonest to expire first
+_USER = re.compile(r"[UW][A-Z0-9]{1,31}")
 
 
 class Background:
@@ -71,6 +79,46 @@ def _logged(fn: Callable[..., None], *args: Any) -> None:
         log.exception("background Slack call %s failed", getattr(fn, "__name__", fn))
 
 
+class GroupDirectory:
+    """Who is in a Slack user group (`usergroups.users.list`), cached in Redis for `GROUP_TTL` s.
+
+    A group that cannot be read (no such group, no `usergroups:read` scope, Slack slow or down)
+    lets nobody in: fail closed. A failure is not cached, so the next click reads it again.
+    """
+
+    def __init__(self) -> None:
+        self._client: WebClient | None = None
+
+    def bind(self, client: WebClient) -> None:
+        """Read groups with `client`'s token and URL, on a short timeout and with no retries."""
+        self._client = WebClient(
+            token=client.token, base_url=client.base_url, timeout=GROUP_LOOKUP_SECONDS, headers=client.headers
+        )
+
+    def members(self, store: Store, team: str, group: str) -> frozenset[str]:
+        """The members of `group`: from the cache, else from Slack (then cached); empty if unreadable."""
+        try:
+            cached = store.cached_group(team, group)
+        except BadId:
+            return frozenset()
+        if cached is not None:
+            return cached
+        if self._client is None:
+            return frozenset()
+        try:
+            users = self._client.usergroups_users_list(usergroup=group).get("users")
+        except (SlackClientError, OSError, ValueError) as exc:
+            error = exc.response.get("error") if isinstance(exc, SlackApiError) else type(exc).__name__
+            log.warning("cannot read user group %s (%s): nobody in it may decide for now", group, error)
+            return frozenset()
+        if not isinstance(users, list):
+            log.warning("user group %s came back without a list of users: nobody in it may decide", group)
+            return frozenset()
+        members = frozenset(u for u in users if isinstance(u, str) and _USER.fullmatch(u))
+        store.cache_group(team, group, members)
+        return members
+
+
 @dataclass(frozen=True)
 class BotDeps:
     """What the listeners need: the store, the queue and the config."""
@@ -79,16 +127,43 @@ class BotDeps:
     queue: rq.Queue
     config: Config
     background: Background = field(default_factory=lambda: Background())
+    groups: GroupDirectory = field(default_factory=GroupDirectory)
 
     def enqueue(self, func: str, run_id: str, *args: Any) -> None:
         """Enqueue a job about `run_id` with the retry policy every job gets."""
         enqueue_run_job(self.store, self.queue, func, run_id, *args)
 
     def may_decide(self, user: str, record: RunRecord) -> bool:
-        return user in (self.config.approvals.approvers or (record.requester,))
+        """Whether `user` is among `deciders(record)`, in person or as a member of a named user group."""
+        if not _USER.fullmatch(user or ""):
+            return False  # a group id (or anything else) is never a clicker
+        named = self.deciders(record)
+        if user in named:
+            return True
+        groups = (g for g in named if g.startswith("S"))
+        return any(user in self.groups.members(self.store, record.team, g) for g in groups)
 
     def deciders(self, record: RunRecord) -> list[str]:
-        return list(self.config.approvals.approvers or (record.requester,))
+        """Who may decide now, as the "who may decide" reply names them: users and user groups (S…).
+
+        `approvers` (or, when it is empty, the requester); once a park is past
+        `escalate_after_minutes`, `escalate_to` as well: the people its reminder pings.
+        """
+        approvals = self.config.approvals
+        named = list(approvals.approvers or (record.requester,))
+        if self.escalated(record):
+            named += [who for who in approvals.escalate_to if who not in named]
+        return named
+
+    def escalated(self, record: RunRecord, now: float | None = None) -> bool:
+        """Whether `record` is parked and past its escalation time (`escalate_after_minutes`)."""
+        approvals = self.config.approvals
+        if not approvals.escalate_after_minutes or record.expires_at is None:
+            return False
+        if record.status is not RunStatus.AWAITING_APPROVAL:
+            return False
+        parked_at = record.expires_at - approvals.expire_after_minutes * 60
+        return (time.time() if now is None else now) >= parked_at + approvals.escalate_after_minutes * 60
 
 
 def create_app(
@@ -103,10 +178,16 @@ def create_app(
         logger=logging.getLogger("slack_bolt.App"),
     )
     app.error(bolt_error_handler)  # 400 for what a retry cannot cure; 500 only when Redis is down
+    deps.groups.bind(client)
+    app.event("app_home_opened")(_then(deps, _on_home_opened, _home_publisher(deps)))
     app.event("app_mention")(_then(deps, _on_mention(deps), _acknowledge_visibly))
     app.event("message")(_ignore)  # subscribed by some manifests; answered, never retried
     for action_id, verdict in (("approve", Verdict.APPROVED), ("decline", Verdict.DECLINED)):
         app.action(action_id)(_then(deps, _on_decision(deps, verdict), _tell_clicker))
+    app.action("approve_thread")(_then(deps, _on_decision(deps, Verdict.APPROVED, grant=True), _tell_clicker))
+    app.action("edit")(_then(deps, _on_edit(deps), _tell_clicker))
+    app.view("edit_call")(_then(deps, _on_edit_submitted(deps), _tell_clicker))
+    app.action("revoke_grant")(_then(deps, _on_revoke_grant(deps), _after_revoke))
     app.action("decline_with_reason")(_then(deps, _on_decline_with_reason(deps), _tell_clicker))
     app.view("decline_reason")(_then(deps, _on_decline_reason(deps), _tell_clicker))
     app.action("retry")(_then(deps, _on_retry(deps), _tell_clicker))
@@ -216,12 +297,93 @@ def _ignore() -> None:
     return None
 
 
+# --- the Home tab: who is waiting on me -------------------------------------------------------------
+
+
+def _on_home_opened(body: dict[str, Any], event: dict[str, Any], context: BoltContext) -> None:
+    """Note whose Home tab to publish; the publish itself happens after Slack has its answer."""
+    user, team = event.get("user"), body.get("team_id") or context.team_id
+    if event.get("tab") != "home" or not isinstance(user, str) or not _USER.fullmatch(user):
+        return  # the Messages tab, or a shape Slack does not send
+    if isinstance(team, str):
+        context["home_for"] = (team, user)
+
+
+def _home_publisher(deps: BotDeps) -> Callable[..., None]:
+    def publish_home(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:
+        wanted = context.get("home_for")
+        if not wanted:
+            return
+        team, user = wanted
+        items, more = _waiting_on(deps, team, user)
+        items = [replace(item, link=_permalink(client, item)) for item in items]
+        view = render.home_view(items, more=more, at=datetime.now(UTC))
+        try:
+            client.views_publish(user_id=user, view=view)
+        except SlackApiError as exc:
+            log.warning("could not publish the Home tab: %s", exc.response.get("error"))
+
+    return publish_home
+
+
+def _waiting_on(deps: BotDeps, team: str, user: str) -> tuple[list[render.HomeItem], bool]:
+    """The undecided calls of open parks that `user` may decide now, soonest expiry first; and
+    whether there are more than the Home tab shows."""
+    items: list[render.HomeItem] = []
+    for run_id, park_id in deps.store.parked(time.time(), HOME_SCAN):
+        try:
+            record = deps.store.load_run(run_id)
+        except (BadId, StateError):
+            continue
+        if record is None or record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park_id:
+            continue
+        if record.team != team or record.expires_at is None or not deps.may_decide(user, record):
+            continue
+        try:
+            awaiting = record.run_state().awaiting
+        except StateError:
+            continue
+        decisions = deps.store.decisions(run_id, park_id)
+        expires_at = datetime.fromtimestamp(record.expires_at, UTC)
+        for call in awaiting:
+            if call.id in decisions and decisions[call.id] is None:
+                card = record.cards.get(call.id)
+                items.append(render.HomeItem(call, record.requester, record.channel, expires_at, card))
+        if len(items) > render.HOME_ITEMS_MAX:
+            break  # enough to fill the tab and to know there is more
+    return items[: render.HOME_ITEMS_MAX], len(items) > render.HOME_ITEMS_MAX
+
+
+def _permalink(client: WebClient, item: render.HomeItem) -> str | None:
+    """The link to the call's card, if Slack gives one."""
+    if not item.card_ts:
+        return None
+    try:
+        link = client.chat_getPermalink(channel=item.channel, message_ts=item.card_ts).get("permalink")
+    except SlackApiError as exc:
+        log.info("no permalink for a card in %s: %s", item.channel, exc.response.get("error"))
+        return None
+    return link if isinstance(link, str) else None
+
+
 # --- approvals --------------------------------------------------------------------------------------
 
 
-def _parse_value(value: Any) -> tuple[str, str]:
-    run_id, _, call_id = str(value or "").partition(":")
-    return check_id("run", run_id), check_id("call", call_id)
+@dataclass(frozen=True)
+class CardRef:
+    """What a card's button names: the run, the call, and the version of the call it showed."""
+
+    run_id: str
+    call_id: str
+    fingerprint: str  # "" on a card from before fingerprints: no park of now accepts it
+
+    @classmethod
+    def parse(cls, value: Any) -> CardRef:
+        run_id, _, rest = str(value or "").partition(":")
+        call_id, _, fingerprint = rest.partition(":")
+        if fingerprint:
+            check_id("fingerprint", fingerprint)
+        return cls(check_id("run", run_id), check_id("call", call_id), fingerprint)
 
 
 def _open_record(
@@ -232,16 +394,16 @@ def _open_record(
     context: BoltContext,
     *,
     viewing: bool = False,
-) -> tuple[RunRecord, str] | None:
+) -> tuple[RunRecord, CardRef] | None:
     """The run and call a button names, if the clicker may decide it; else a reply is set."""
     user = clicker.user
     try:
-        run_id, call_id = _parse_value(value)
+        ref = CardRef.parse(value)
     except BadId:
         context[REPLY] = texts.UNKNOWN_APPROVAL
         return None
     try:
-        record = deps.store.load_run(run_id)
+        record = deps.store.load_run(ref.run_id)
     except StateError:
         context[REPLY] = texts.UNREADABLE_RUN
         return None
@@ -257,23 +419,43 @@ def _open_record(
     if not (deps.may_decide(user, record) or (viewing and user == record.requester)):
         context[REPLY] = (texts.NOT_ALLOWED, {"who": deps.deciders(record)})
         return None
-    return record, call_id
+    return record, ref
 
 
-def _decide(deps: BotDeps, record: RunRecord, call_id: str, decision: Decision, context: BoltContext) -> None:
+def _decide(
+    deps: BotDeps,
+    record: RunRecord,
+    ref: CardRef,
+    decision: Decision,
+    context: BoltContext,
+    *,
+    grant: Grant | None = None,
+) -> None:
     try:
-        call = next((c for c in record.run_state().pending if c.id == call_id), None)
+        call = next((c for c in record.run_state().pending if c.id == ref.call_id), None)
     except StateError:
         context[REPLY] = texts.UNREADABLE_RUN  # fail closed: no decision on what we cannot read
         return
     result = deps.store.decide(
-        record.run_id, record.park_id, call_id, decision, audit=record.audit_fields(call)
+        record.run_id,
+        record.park_id,
+        ref.call_id,
+        decision,
+        audit=record.audit_fields(call),
+        fingerprint=ref.fingerprint,
+        required=deps.config.approvals.required,
+        grant=grant,
     )
-    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED):
+    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED, DecideOutcome.COUNTED):
         deps.enqueue(APPLY_DECISIONS, record.run_id)
     if result.outcome is DecideOutcome.RECORDED:
         return
-    if result.outcome is DecideOutcome.UNKNOWN:
+    if result.outcome is DecideOutcome.COUNTED:
+        required = deps.config.approvals.required
+        context[REPLY] = texts.APPROVAL_COUNTED.format(count=len(result.votes), required=required)
+    elif result.outcome is DecideOutcome.STALE:
+        context[REPLY] = texts.STALE_CARD
+    elif result.outcome is DecideOutcome.UNKNOWN:
         context[REPLY] = texts.UNKNOWN_APPROVAL
     elif result.decision is not None and result.decision.verdict is Verdict.EXPIRED:
         context[REPLY] = texts.ALREADY_EXPIRED
@@ -312,7 +494,7 @@ def _clicker(body: dict[str, Any]) -> tuple[Clicker, str | None]:
     return Clicker.of(body), channel if isinstance(channel, str) else None
 
 
-def _on_decision(deps: BotDeps, verdict: Verdict) -> Callable[..., None]:
+def _on_decision(deps: BotDeps, verdict: Verdict, *, grant: bool = False) -> Callable[..., None]:
     def on_decision(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
         ack()
         clicker, channel = _clicker(body)
@@ -320,13 +502,45 @@ def _on_decision(deps: BotDeps, verdict: Verdict) -> Callable[..., None]:
         opened = _open_record(deps, action.get("value"), clicker, channel, context)
         if not opened:
             return
-        record, call_id = opened
-        if verdict is Verdict.APPROVED and not _reviewable(record, call_id):
-            context[REPLY] = texts.NOT_REVIEWABLE  # nobody approves bytes they could not have read
+        record, ref = opened
+        if verdict is Verdict.APPROVED and not _may_approve(deps, record, ref, clicker.user, context):
             return
-        _decide(deps, record, call_id, Decision(verdict, by=clicker.user), context)
+        if not grant:
+            _decide(deps, record, ref, Decision(verdict, by=clicker.user), context)
+            return
+        approvals = deps.config.approvals
+        call = _awaiting_call(record, ref.call_id)
+        if approvals.grant_minutes <= 0 or approvals.required > 1 or call is None:
+            context[REPLY] = texts.NO_GRANTS if call is not None else texts.UNKNOWN_APPROVAL
+            return
+        try:
+            key = Keys.grant(record.team, record.channel, record.thread_ts, call.name)
+        except BadId:
+            context[REPLY] = texts.NO_GRANTS
+            return
+        until = time.time() + approvals.grant_minutes * 60
+        given = Grant(key, call.name, clicker.user, record.requester, until, record.run_id)
+        _decide(deps, record, ref, Decision(verdict, by=clicker.user, grant="given"), context, grant=given)
 
     return on_decision
+
+
+def _may_approve(deps: BotDeps, record: RunRecord, ref: CardRef, user: str, context: BoltContext) -> bool:
+    """Whether `user` may approve (not only decline) the call: four eyes, and arguments one can read."""
+    if not deps.config.approvals.self_approval and user == record.requester:
+        context[REPLY] = texts.NO_SELF_APPROVAL  # their decline still counts
+        return False
+    if not _reviewable(record, ref.call_id):
+        context[REPLY] = texts.NOT_REVIEWABLE  # nobody approves bytes they could not have read
+        return False
+    return True
+
+
+def _awaiting_call(record: RunRecord, call_id: str) -> PendingCall | None:
+    try:
+        return next((c for c in record.run_state().awaiting if c.id == call_id), None)
+    except StateError:
+        return None
 
 
 def _reviewable(record: RunRecord, call_id: str) -> bool:
@@ -354,8 +568,8 @@ def _modal_opener(
         opened = _open_record(deps, action.get("value"), clicker, channel, context, viewing=viewing)
         if not opened:
             return
-        record, call_id = opened
-        call = next((c for c in record.run_state().awaiting if c.id == call_id), None)
+        record, ref = opened
+        call = _awaiting_call(record, ref.call_id)
         trigger_id = body.get("trigger_id")
         if call is None or not isinstance(trigger_id, str):
             context[REPLY] = texts.UNKNOWN_APPROVAL
@@ -387,13 +601,93 @@ def _on_decline_reason(deps: BotDeps) -> Callable[..., None]:
         context["reply_user"] = user
         if not opened:
             return
-        record, call_id = opened
+        record, ref = opened
         context["reply_channel"] = record.channel
-        _decide(
-            deps, record, call_id, Decision(Verdict.DECLINED, by=user, reason=reason[:500] or None), context
-        )
+        _decide(deps, record, ref, Decision(Verdict.DECLINED, by=user, reason=reason[:500] or None), context)
 
     return on_decline_reason
+
+
+def _on_edit(deps: BotDeps) -> Callable[..., None]:
+    def build(record: RunRecord, call: PendingCall) -> dict[str, Any]:
+        schema = record.call_tools.get(call.id, {}).get("schema")
+        return render.edit_modal(run_id=record.run_id, call=call, schema=schema)
+
+    return _modal_opener(deps, build, viewing=False)
+
+
+def _on_edit_submitted(deps: BotDeps) -> Callable[..., None]:
+    """`edit_call`: validate the edited arguments (schema, then policy) inside the modal; approve them."""
+
+    def on_edit_submitted(ack: Ack, body: dict[str, Any], view: dict[str, Any], context: BoltContext) -> None:
+        clicker = Clicker.of(body)
+        context["reply_user"] = clicker.user
+        opened = _open_record(deps, view.get("private_metadata"), clicker, None, context)
+        if not opened:
+            ack()
+            return
+        record, ref = opened
+        context["reply_channel"] = record.channel
+        call = _awaiting_call(record, ref.call_id)
+        if call is None or call.fingerprint != ref.fingerprint:
+            ack()
+            context[REPLY] = texts.STALE_CARD if call is not None else texts.UNKNOWN_APPROVAL
+            return
+        edited, errors = edits.read(view, call, record.call_tools.get(call.id, {}), deps.config)
+        if not errors and deps.config.approvals.required > 1:
+            errors = {edits.first_block(view, call): texts.NO_EDIT_WITH_QUORUM}
+        if not errors and not deps.config.approvals.self_approval and clicker.user == record.requester:
+            errors = {edits.first_block(view, call): texts.NO_SELF_APPROVAL}
+        if errors:
+            ack(response_action="errors", errors=errors)  # the modal stays open; nothing is decided
+            return
+        ack()
+        changed = edited if edited != call.input else None
+        _decide(deps, record, ref, Decision(Verdict.APPROVED, by=clicker.user, edited_input=changed), context)
+
+    return on_edit_submitted
+
+
+def _on_revoke_grant(deps: BotDeps) -> Callable[..., None]:
+    def on_revoke(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
+        ack()
+        clicker, channel = _clicker(body)
+        context["reply_channel"], context["reply_user"] = channel, clicker.user
+        run_id, _, tool = str(action.get("value") or "").partition(":")
+        try:
+            record = deps.store.load_run(check_id("run", run_id))
+            check_id("tool", tool)
+        except (BadId, StateError):
+            record = None
+        if record is None or clicker.team != record.team or channel != record.channel:
+            context[REPLY] = texts.NO_SUCH_GRANT
+            return
+        grant = deps.store.grant(record.team, record.channel, record.thread_ts, tool)
+        allowed = clicker.user in (record.requester, grant.by if grant else None)
+        if not (allowed or deps.may_decide(clicker.user, record)):
+            context[REPLY] = (texts.NOT_ALLOWED_REVOKE, {"who": deps.deciders(record)})
+            return
+        if grant is None or not deps.store.revoke_grant(record.team, record.channel, record.thread_ts, tool):
+            context[REPLY] = texts.NO_SUCH_GRANT
+            return
+        context["revoked"] = (tool, clicker.user)
+
+    return on_revoke
+
+
+def _after_revoke(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:
+    """The grant's message loses its button and says who revoked it; or the clicker hears why not."""
+    revoked = context.get("revoked")
+    message = _dict(body.get("message"))
+    channel = context.get("reply_channel")
+    if revoked and channel and message.get("ts"):
+        tool, by = revoked
+        msg = render.grant_revoked(tool=tool, by=by, at=datetime.now(UTC))
+        try:
+            client.chat_update(channel=channel, ts=message["ts"], text=msg.text, blocks=msg.blocks)
+        except SlackApiError as exc:
+            log.warning("could not mark the grant revoked: %s", exc.response.get("error"))
+    _tell_clicker(body, context, client)
 
 
 def _on_retry(deps: BotDeps) -> Callable[..., None]:

@@ -42,6 +42,8 @@ from slack_sdk.models.blocks import (
     ActionsBlock,
     ButtonElement,
     ContextBlock,
+    DividerBlock,
+    HeaderBlock,
     InputBlock,
     MarkdownTextObject,
     PlainTextInputElement,
@@ -50,6 +52,7 @@ from slack_sdk.models.blocks import (
 )
 from slack_sdk.models.views import View
 
+from bot import texts
 from harness.policy import Tier
 from harness.state import PendingCall, Verdict
 from harness.texts import FOOTER
@@ -89,6 +92,8 @@ TARGET_WORDS = frozenset(
 )
 
 _USER_ID = re.compile(r"[UW][A-Z0-9]{1,30}")
+_GROUP_ID = re.compile(r"S[A-Z0-9]{1,30}")
+_CHANNEL_ID = re.compile(r"[CDG][A-Z0-9]{1,30}")
 _ESCAPED_WEIGHT = {"&": 5, "<": 4, ">": 4}  # len("&amp;"), len("&lt;"), len("&gt;")
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
@@ -317,6 +322,18 @@ def mention(user_id: str | None) -> str:
     if user_id and _USER_ID.fullmatch(user_id):
         return f"<@{user_id}>"
     return _esc(user_id or "someone", 40)
+
+
+def approver(who: str | None) -> str:
+    """A user (`<@U…>`) or a user group (`<!subteam^S…>`) we named ourselves; anything else inert.
+
+    Only for ids from our own config or records: a group mention notifies every member where it
+    is posted, so it goes only where a ping is meant (the escalation reminder) or pings nobody
+    (an ephemeral reply, the Home tab).
+    """
+    if who and _GROUP_ID.fullmatch(who):
+        return f"<!subteam^{who}>"
+    return mention(who)
 
 
 def slack_date(at: datetime) -> str:
@@ -650,7 +667,11 @@ def _outcome(call: PendingCall, limit: int) -> str:
     shown = _quoted(result.text, limit) if result.text.strip() else "_(empty)_"
     if result.is_error:
         shown = f"✗ {shown}"
-    if decision is not None and decision.verdict is Verdict.APPROVED:
+    if decision is not None and decision.verdict is Verdict.APPROVED and decision.grant == "used":
+        shown += f" (run under {mention(decision.by)}'s grant for this thread)"
+    elif decision is not None and decision.verdict is Verdict.APPROVED and decision.edited_input is not None:
+        shown += f" (approved with edits by {mention(decision.by)})"
+    elif decision is not None and decision.verdict is Verdict.APPROVED:
         shown += f" (approved by {mention(decision.by)})"
     return shown
 
@@ -709,7 +730,8 @@ def turn_summary(turn: int, calls: Sequence[PendingCall], tokens: int, budget: i
 
 
 def _button_value(run_id: str, call: PendingCall) -> str:
-    value = f"{run_id}:{call.id}"
+    """`run:call:fingerprint`: a click binds to the exact call its card shows."""
+    value = f"{run_id}:{call.id}:{call.fingerprint}"
     if len(value) > BUTTON_VALUE_MAX:
         raise ValueError(f"button value of {len(value)} characters exceeds Slack's {BUTTON_VALUE_MAX}")
     return value
@@ -752,27 +774,55 @@ def approval_card(
     expires_at: datetime,
     title: str | None = None,
     annotations: Mapping[str, Any] | None = None,
+    intent: str = "",
+    preview: str | None = None,
+    required: int = 1,
+    votes: Sequence[str] = (),
+    self_approval: bool = True,
+    grant_minutes: float = 0,
 ) -> Message:
     """The card asking a human to approve or decline one `ask`-tier call.
 
     `title` and `annotations` are what an MCP server says of its tool: hints, shown as such.
+    `intent`: the model's own words in the reply that made the call. `preview`: what the call
+    would change (a diff), as plain text. `required` > 1: a quorum, with `votes` so far.
     """
     value = _button_value(run_id, call)
     expires = slack_date(expires_at)
     described = _tool_described(title, annotations)
+    rules = []
+    if required > 1:
+        so_far = ", ".join(mention(v) for v in votes[:20]) if votes else "nobody yet"
+        rules.append(
+            f"*Approvals:* {len(votes)} of {required} needed (so far: {so_far}); one decline declines"
+        )
+    if not self_approval:
+        rules.append(
+            f"*Four eyes:* {mention(requester)} asked for this run and may decline it, not approve it"
+        )
     details = "\n".join(
         [
             *described,
             f"*Why it needs approval:* {_inline(tier_source, 400)}",
             f"*Who may decide:* {_who_decides(requester, approvers)}",
+            *rules,
             f"*Expires:* {expires} (the call will not run if nobody decides by then)",
         ]
     )
     buttons = [
         ButtonElement(text="Approve", action_id="approve", value=value, style="primary"),
         ButtonElement(text="Decline", action_id="decline", value=value, style="danger"),
+        ButtonElement(text="Edit…", action_id="edit", value=value),
         ButtonElement(text="Decline with reason…", action_id="decline_with_reason", value=value),
     ]
+    if grant_minutes > 0 and required <= 1:
+        buttons.append(
+            ButtonElement(
+                text=f"Approve for this thread ({_duration(grant_minutes)})",
+                action_id="approve_thread",
+                value=value,
+            )
+        )
     view_all = ButtonElement(text="View all arguments", action_id="view_args", value=value)
     args = _arguments(call)
     reviewable = _reviewable(args)
@@ -802,7 +852,17 @@ def approval_card(
         blocks, shown = _what_will_run(call, args, heading, requester, scale, " (see View all arguments)")
         more = [view_all] if shown.hidden or not reviewable else []
         actions = ActionsBlock(block_id="approval", elements=[*buttons, *more]).to_dict()
-        return [*blocks, *warning(shown), _section(details), actions]
+        said = []
+        if intent.strip():
+            words = cut(_visible(intent.strip(), "answer"), _n(1200, scale, 80))
+            said = [
+                _section(f"*What the model said with it:*\n>{escape(words).replace(chr(10), chr(10) + '>')}")
+            ]
+        change = []
+        if preview:
+            body = cut(preview, _n(2400, scale, 100))
+            change = [_section(f"*What it would change:*\n{FENCE}\n{_fence_safe(_visible(body))}\n{FENCE}")]
+        return [*blocks, *said, *change, *warning(shown), _section(details), actions]
 
     text = _with_tail(
         f"Approval needed: the agent wants to run {call.name}{_target_text(args)}",
@@ -834,13 +894,27 @@ def decided_card(
     by: str | None,
     at: datetime,
     reason: str | None = None,
+    edited_input: Mapping[str, Any] | None = None,
+    approvers: Sequence[str] = (),
+    grant: str | None = None,
+    grant_until: datetime | None = None,
 ) -> Message:
     """The approval card once decided: no buttons left, the outcome and who decided shown."""
     when = slack_date(at)
     who = f" by {mention(by)}" if by else ""
+    if len(approvers) > 1:
+        who = " by " + ", ".join(mention(a) for a in approvers[:20])
     args = _arguments(call)
 
     def outcome(scale: float) -> str:
+        if verdict is Verdict.APPROVED and edited_input is not None:
+            changes = _changes(call.input if isinstance(call.input, dict) else {}, edited_input)
+            return f"✏️ Approved with edits{who} at {when}\n{cut(changes, _n(2400, scale, 100))}"
+        if verdict is Verdict.APPROVED and grant == "used":
+            return f"✅ Run under a grant for this thread{who} at {when}"
+        if verdict is Verdict.APPROVED and grant == "given":
+            until = f" until {slack_date(grant_until)}" if grant_until else ""
+            return f"✅ Approved{who} at {when}, with later calls of this tool in this thread{until}"
         if verdict is Verdict.APPROVED:
             return f"✅ Approved{who} at {when}"
         if verdict is Verdict.EXPIRED:
@@ -956,7 +1030,7 @@ def notice(text: str, **users: str | Sequence[str]) -> Message:
         out = _esc(text, limit)
         for name, ids in users.items():
             ids = [ids] if isinstance(ids, str) else list(ids)
-            out = out.replace("{" + name + "}", ", ".join(mention(u) for u in ids[:20]))
+            out = out.replace("{" + name + "}", ", ".join(approver(u) for u in ids[:20]))
         return out
 
     return Message(
@@ -964,9 +1038,176 @@ def notice(text: str, **users: str | Sequence[str]) -> Message:
     )
 
 
+def _duration(minutes: float) -> str:
+    if minutes >= 120 and minutes % 60 == 0:
+        return f"{int(minutes // 60)} h"
+    return f"{minutes:g} min"
+
+
+def _fence_safe(text: str) -> str:
+    """Plain text inside a ``` block: escaped, and no fence of its own."""
+    return escape(text).replace(FENCE, FENCE_SAFE)
+
+
+def _changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    """What a reviewer changed, argument by argument: `name: old → new`, escaped."""
+    lines = []
+    for name in sorted(set(before) | set(after)):
+        if before.get(name) != after.get(name):
+            old = json.dumps(before.get(name), ensure_ascii=False) if name in before else "(absent)"
+            new = json.dumps(after.get(name), ensure_ascii=False) if name in after else "(absent)"
+            lines.append(f"• {_inline(name, 80)}: {_inline(old, 400)} → {_inline(new, 400)}")
+    return "\n".join(lines) or "(no argument changed)"
+
+
+EDIT_VALUE_MAX = 3000  # Slack's plain_text_input max_length
+
+
+def edit_value(value: Any) -> str:
+    """An argument as the edit modal shows it: strings as they are, anything else as JSON text."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def edit_modal(*, run_id: str, call: PendingCall, schema: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The `edit_call` modal: one input per top-level argument, its current value to change.
+
+    Every property of the tool's schema gets an input (absent ones start empty); strings are
+    edited as they are, other values as JSON text. Submitting approves the edited call.
+    """
+    metadata = _button_value(run_id, call)
+    properties = dict((schema or {}).get("properties") or {})
+    names = list(call.input) if isinstance(call.input, dict) else []
+    names += [n for n in properties if n not in names]
+    required = set((schema or {}).get("required") or ())
+    blocks: list[Any] = [
+        ContextBlock(
+            elements=[
+                MarkdownTextObject(
+                    text=f"Editing {_inline(call.name, 120)}: the call runs with what you submit, "
+                    "and the model is told a reviewer changed it. Strings as they are; other values as JSON."
+                )
+            ]
+        )
+    ]
+    for name in names[:_MODAL_SECTIONS]:
+        current = call.input.get(name) if isinstance(call.input, dict) else None
+        initial = edit_value(current) if isinstance(call.input, dict) and name in call.input else None
+        kind = (properties.get(name) or {}).get("type")
+        long = kind not in ("integer", "number", "boolean") and (initial is None or len(initial) > 60)
+        element = PlainTextInputElement(
+            action_id="value",
+            multiline=long,
+            initial_value=initial[:EDIT_VALUE_MAX] if initial is not None else None,
+            max_length=EDIT_VALUE_MAX,
+        )
+        hint = (properties.get(name) or {}).get("description")
+        blocks.append(
+            InputBlock(
+                block_id=name[:255],
+                label=PlainTextObject(text=name[:2000]),
+                element=element,
+                optional=name not in required,
+                hint=PlainTextObject(text=str(hint)[:2000]) if hint else None,
+            )
+        )
+    view = View(
+        type="modal",
+        callback_id="edit_call",
+        private_metadata=metadata,
+        title=PlainTextObject(text="Edit, then approve"),
+        submit=PlainTextObject(text="Approve edited"),
+        close=PlainTextObject(text="Cancel"),
+        blocks=blocks,
+    )
+    return view.to_dict()
+
+
+def grant_notice(*, tool: str, by: str, requester: str, until: datetime, value: str) -> Message:
+    """The thread's note of a grant, with the button that revokes it."""
+    text = (
+        f"🔓 {mention(by)} approved {_inline(tool, 120)} for this thread until {slack_date(until)}: later "
+        f"calls of it in runs {mention(requester)} asks for here run without a card."
+    )
+    actions = ActionsBlock(
+        block_id="grant",
+        elements=[ButtonElement(text="Revoke", action_id="revoke_grant", value=value, style="danger")],
+    ).to_dict()
+    return Message(text=text, blocks=[_section(text), actions])
+
+
+def grant_revoked(*, tool: str, by: str, at: datetime) -> Message:
+    when = slack_date(at)
+    text = f"🔒 The grant of {_inline(tool, 120)} in this thread was revoked by {mention(by)} at {when}."
+    return Message(text=text, blocks=[_section(text)])
+
+
+# --- escalation and the Home tab ------------------------------------------------------------------
+
+
+def escalation_reminder(
+    *, calls: Sequence[PendingCall], requester: str, escalate_to: Sequence[str], expires_at: datetime
+) -> Message:
+    """The one reminder of a park nobody decided in time: it mentions `escalate_to`, on purpose."""
+    names = ", ".join(_inline(c.name, 120) for c in calls[:10]) or "a call"
+    if len(calls) > 10:
+        names += f" and {len(calls) - 10} more"
+    who = ", ".join(approver(w) for w in escalate_to[:20])
+    text = texts.ESCALATION.format(
+        who=who, calls=names, requester=mention(requester), expires=slack_date(expires_at)
+    )
+    return Message(text=text, blocks=[_section(text)])
+
+
+@dataclass(frozen=True)
+class HomeItem:
+    """One call waiting on the person whose Home tab lists it, and where its card is."""
+
+    call: PendingCall
+    requester: str
+    channel: str
+    expires_at: datetime
+    card_ts: str | None = None  # where its approval card is
+    link: str | None = None  # the card's permalink, from chat.getPermalink
+
+
+HOME_ITEMS_MAX = 20  # each item is two blocks; a Home view holds 100
+_PERMALINK = re.compile(r"https://[A-Za-z0-9.-]+/archives/[A-Z0-9]+/p[0-9]+(\?[A-Za-z0-9=&._-]*)?")
+
+
+def _home_item(item: HomeItem) -> dict[str, Any]:
+    args = _arguments(item.call)
+    target = f" on {_inline(args[0].text, 200)}" if args and args[0].target else ""
+    where = f"<#{item.channel}>" if _CHANNEL_ID.fullmatch(item.channel) else _esc(item.channel, 40)
+    link = item.link if item.link and _PERMALINK.fullmatch(item.link) else None
+    lines = [
+        f"*{_inline(item.call.name, 120)}*{target}",
+        _inline(_args_json(item.call), 400),
+        f"Asked for by {mention(item.requester)} in {where} · expires {slack_date(item.expires_at)}",
+        f"<{escape(link)}|{texts.HOME_OPEN_CARD}>" if link else texts.HOME_NO_LINK,
+    ]
+    return _section("\n".join(lines))
+
+
+def home_view(items: Sequence[HomeItem], *, more: bool = False, at: datetime) -> dict[str, Any]:
+    """The bot's Home tab for one person: the approvals they may decide now, each with its card."""
+    shown = list(items[:HOME_ITEMS_MAX])
+    more = more or len(items) > len(shown)
+    blocks: list[dict[str, Any]] = [
+        HeaderBlock(text=PlainTextObject(text=texts.HOME_TITLE)).to_dict(),
+        _context(texts.HOME_UPDATED.format(at=slack_date(at))),
+    ]
+    if not shown:
+        blocks.append(_section(texts.HOME_EMPTY))
+    for item in shown:
+        blocks += [DividerBlock().to_dict(), _home_item(item)]
+    if more:
+        blocks.append(_context(texts.HOME_MORE))
+    return View(type="home", blocks=blocks).to_dict()
+
+
 def decline_reason_modal(*, run_id: str, call: PendingCall) -> dict[str, Any]:
     """The modal behind "Decline with reason…": one multiline input the model will read."""
-    metadata = f"{run_id}:{call.id}"
+    metadata = _button_value(run_id, call)
     if len(metadata) > PRIVATE_METADATA_MAX:
         raise ValueError(f"private_metadata of {len(metadata)} characters exceeds {PRIVATE_METADATA_MAX}")
     view = View(
@@ -997,14 +1238,20 @@ def decline_reason_modal(*, run_id: str, call: PendingCall) -> dict[str, Any]:
 
 __all__ = [
     "TARGET_WORDS",
+    "HomeItem",
     "Message",
     "approval_card",
+    "approver",
     "arguments_modal",
     "blocks_size",
     "code",
     "cut",
     "decided_card",
     "decline_reason_modal",
+    "escalation_reminder",
+    "home_view",
+    "edit_modal",
+    "grant_notice",
     "escape",
     "failed",
     "final_answer",

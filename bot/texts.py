@@ -42,3 +42,34 @@ NOT_REVIEWABLE = (
     "These arguments are too large to review in Slack, so this call cannot be approved here. "
     "Decline it, or ask for a smaller change. Nothing was changed."
 )
+APPROVAL_COUNTED = (
+    "Your approval counts: {count} of {required} so far. The call runs once enough people approve."
+)
+STALE_CARD = (
+    "This card shows a version of the call that is no longer the one waiting (it changed or was "
+    "asked again). Nothing was changed; decide on the current card."
+)
+NO_SELF_APPROVAL = (
+    "You asked for this run, so someone else must approve its calls (four eyes). You may decline it. "
+    "Nothing was changed."
+)
+NO_GRANTS = "Approving for the whole thread is not enabled here. Nothing was changed."
+NO_EDIT_WITH_QUORUM = (
+    "This call needs several approvals, so it cannot be edited: decline it with a reason instead."
+)
+NO_SUCH_GRANT = (
+    "There is no such grant in this thread any more (it expired or was revoked). Nothing was changed."
+)
+NOT_ALLOWED_REVOKE = (
+    "Only {who}, the requester or whoever granted it may revoke this grant. Nothing was changed."
+)
+ESCALATION = (
+    ":bell: {who}: nobody has decided {calls} yet (asked for by {requester}). You may decide it now, "
+    "on the card above; it expires {expires}."
+)
+HOME_TITLE = "Waiting on you"
+HOME_UPDATED = "Approvals you may decide now, the soonest to expire first. As of {at}."
+HOME_EMPTY = "Nothing is waiting on you: there is no open approval you may decide right now."
+HOME_MORE = "…and more are waiting on you: decide some of these, then open this tab again."
+HOME_OPEN_CARD = "Open the card"
+HOME_NO_LINK = "(its card's link could not be read: find the card in that channel)"

@@ -22,7 +22,7 @@ from harness.client import make_client
 from harness.config import Config, Limits
 from harness.context import within_input_limit
 from harness.policy import Policy, Ruling, Tier
-from harness.state import PendingCall, RunState, Status, Usage, Verdict
+from harness.state import PendingCall, RunState, Status, Usage, Verdict, canonical_json
 from harness.tools import ToolContext, ToolRegistry, ToolResult
 from harness.tools.catalog import Catalog
 from harness.valves import Stop, Valve, check_budget, check_turn
@@ -353,7 +353,20 @@ def _answer(agent: Agent, call: PendingCall) -> ToolResult:
             if call.decision.reason:
                 return ToolResult(texts.RESULT_DECLINED_REASON.format(reason=call.decision.reason), True)
             return ToolResult(texts.RESULT_DECLINED, True)
+        if call.decision.edited_input is not None:
+            return _run_edited(agent, call, call.decision.edited_input)
     return agent.tools.run(call.name, call.input, agent.context)
+
+
+def _run_edited(agent: Agent, call: PendingCall, edited: dict[str, Any]) -> ToolResult:
+    """Run a call with a reviewer's arguments, telling the model so; the policy is asked again."""
+    if _tier(agent, call.name, edited).tier is Tier.DENY:  # the bot refuses this; never run it anyway
+        return ToolResult(texts.RESULT_EDIT_DENIED.format(name=call.name), True)
+    result = agent.tools.run(call.name, edited, agent.context)
+    note = texts.RESULT_EDITED.format(arguments=canonical_json(edited))
+    if isinstance(result.content, list):
+        return ToolResult([{"type": "text", "text": note}, *result.content], result.is_error)
+    return ToolResult(f"{note}\n{result.content}", result.is_error)
 
 
 def stop_run(state: RunState, valve: Valve, reason: str) -> RunState:

@@ -8,6 +8,7 @@ exactly where it stopped, in any process.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -43,18 +44,41 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True)
 class Decision:
-    """Who decided an `ask` call, how, and optionally why."""
+    """Who decided an `ask` call, how, and optionally why.
+
+    `edited_input`: a reviewer approved the call with these arguments instead of the model's.
+    `approvers`: with a quorum, everyone whose approval counted (`by` made it complete).
+    `grant`: approved for the thread (`by` granted it), or let run by an earlier such grant.
+    """
 
     verdict: Verdict
     by: str | None = None
     reason: str | None = None
+    edited_input: dict[str, Any] | None = None
+    approvers: tuple[str, ...] = ()
+    grant: str | None = None  # None, "given" (this click granted the thread) or "used"
 
     def to_json(self) -> dict[str, Any]:
-        return {"verdict": self.verdict.value, "by": self.by, "reason": self.reason}
+        data: dict[str, Any] = {"verdict": self.verdict.value, "by": self.by, "reason": self.reason}
+        if self.edited_input is not None:
+            data["edited_input"] = self.edited_input
+        if self.approvers:
+            data["approvers"] = list(self.approvers)
+        if self.grant:
+            data["grant"] = self.grant
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Decision:
-        return cls(Verdict(data["verdict"]), data.get("by"), data.get("reason"))
+        edited = data.get("edited_input")
+        return cls(
+            Verdict(data["verdict"]),
+            data.get("by"),
+            data.get("reason"),
+            edited_input=edited if isinstance(edited, dict) else None,
+            approvers=tuple(str(a) for a in data.get("approvers") or ()),
+            grant=data.get("grant") or None,
+        )
 
 
 @dataclass(frozen=True)
@@ -74,6 +98,11 @@ class PendingCall:
     def signature(self) -> str:
         """`name(json-of-input)`, the unit of the no-progress valve."""
         return f"{self.name}({canonical_json(self.input)})"
+
+    @property
+    def fingerprint(self) -> str:
+        """What a decision binds to: the tool and its exact arguments (16 hex digits of SHA-256)."""
+        return fingerprint(self.name, self.input)
 
     @property
     def awaiting(self) -> bool:
@@ -190,6 +219,12 @@ class RunState:
         except ValueError as exc:
             raise StateError(f"stored run state is not JSON ({exc}); refusing to resume it") from None
         return cls.from_json(data)
+
+
+def fingerprint(name: str, arguments: Any) -> str:
+    """The fingerprint of a call of `name` with `arguments`: equal calls, equal fingerprints."""
+    text = canonical_json({"name": name, "input": arguments})
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def canonical_json(value: Any) -> str:

@@ -139,3 +139,12 @@ RESULT_CLEARED = (
     "[tool result cleared to keep the conversation within the input limit; call the tool again "
     "if you need it]"
 )
+RESULT_EDITED = (
+    "A reviewer edited the arguments before approving; the call ran with these instead: {arguments}"
+)
+RESULT_EDIT_DENIED = (
+    "Not executed: the reviewer's edited arguments for {name} are forbidden by policy (tier deny)."
+)
+PREVIEW_NEW_FILE = "(a new file: {path}, {chars:,} characters)"
+PREVIEW_TOO_BIG = "({path} is too big or not text: no diff shown)"
+PREVIEW_NO_CHANGE = "(no change: the file already has exactly this content)"

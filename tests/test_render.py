@@ -17,6 +17,7 @@ from bot import render
 from bot.render import Message
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, Verdict
+from harness.state import fingerprint
 from harness.tools import ToolResult
 from tests.fakes.slack_api import MAX_BLOCKS_JSON_CHARS, validate_blocks
 
@@ -300,8 +301,9 @@ def test_approval_card_buttons() -> None:
     (block,) = actions(msg)
     assert block["block_id"] == "approval"
     buttons = {e["action_id"]: e for e in block["elements"]}
-    assert set(buttons) == {"approve", "decline", "decline_with_reason"}
-    assert {e["value"] for e in buttons.values()} == {"run:toolu_x"}
+    assert set(buttons) == {"approve", "decline", "edit", "decline_with_reason"}
+    fp = fingerprint("write_file", {"path": "notes.txt", "content": "hello"})
+    assert {e["value"] for e in buttons.values()} == {f"run:toolu_x:{fp}"}
     assert buttons["approve"]["style"] == "primary" and buttons["approve"]["text"]["text"] == "Approve"
     assert buttons["decline"]["style"] == "danger" and buttons["decline"]["text"]["text"] == "Decline"
     assert buttons["decline_with_reason"]["text"]["text"] == "Decline with reason…"
@@ -351,7 +353,7 @@ def test_decline_reason_modal() -> None:
     view = render.decline_reason_modal(run_id="run", call=call())
     assert view["type"] == "modal"
     assert view["callback_id"] == "decline_reason"
-    assert view["private_metadata"] == "run:toolu_x"
+    assert view["private_metadata"] == f"run:toolu_x:{call().fingerprint}"
     assert view["title"]["text"] == "Decline"
     assert view["submit"]["text"] == "Decline"
     assert view["close"]["text"] == "Cancel"

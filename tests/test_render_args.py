@@ -309,23 +309,25 @@ def test_a_target_too_long_for_the_card_says_how_much_is_not_shown() -> None:
     assert "view_args" in [b["action_id"] for b in buttons(msg)]
 
 
-def test_view_all_arguments_sits_beside_the_three_buttons_when_anything_is_cut() -> None:
-    msg = card(pending({"content": "y" * 20_000, "path": "a"}), run_id="run-1")
+def test_view_all_arguments_sits_beside_the_other_buttons_when_anything_is_cut() -> None:
+    call = pending({"content": "y" * 20_000, "path": "a"})
+    msg = card(call, run_id="run-1")
     (actions,) = [b for b in msg.blocks if b["type"] == "actions"]
     assert actions is msg.blocks[-1] and actions["block_id"] == "approval"
     assert [(e["action_id"], e["text"]["text"], e.get("style")) for e in actions["elements"]] == [
         ("approve", "Approve", "primary"),
         ("decline", "Decline", "danger"),
+        ("edit", "Edit…", None),
         ("decline_with_reason", "Decline with reason…", None),
         ("view_args", "View all arguments", None),
     ]
-    assert {e["value"] for e in actions["elements"]} == {"run-1:toolu_x"}
+    assert {e["value"] for e in actions["elements"]} == {f"run-1:toolu_x:{call.fingerprint}"}
     assert "View all arguments" in all_text(msg)
 
 
 def test_no_view_all_button_when_everything_is_shown() -> None:
     msg = card(pending({"path": "notes.txt", "content": "hello"}))
-    assert [b["action_id"] for b in buttons(msg)] == ["approve", "decline", "decline_with_reason"]
+    assert [b["action_id"] for b in buttons(msg)] == ["approve", "decline", "edit", "decline_with_reason"]
     _, shown = card_arguments(msg)
     assert shows_whole(shown["path"], "notes.txt") and shows_whole(shown["content"], "hello")
 

@@ -133,8 +133,9 @@ class Driver:
             expires_at=expires_at,
             cards={},
         )
+        fingerprints = {c.id: c.fingerprint for c in calls}
         if self.lost or not self.svc.store.park(
-            record, self.token, self.seconds, [c.id for c in calls], ttl=ttl
+            record, self.token, self.seconds, [c.id for c in calls], ttl=ttl, fingerprints=fingerprints
         ):
             raise LostLease(self.run_id)
         self.record = record

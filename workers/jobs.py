@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,7 +26,7 @@ from harness.valves import Valve
 from workers import outbox
 from workers.driver import Driver, park_ttl
 from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
-from workers.store import RunRecord, RunStatus, Store
+from workers.store import BadId, Grant, RunRecord, RunStatus, Store
 
 log = logging.getLogger(__name__)
 
@@ -78,18 +79,59 @@ def apply_decisions(run_id: str) -> None:
     record = _load(svc.store, run_id)
     if record is None or record.status is not RunStatus.AWAITING_APPROVAL:
         return
-    decisions = svc.store.decisions(run_id, record.park_id)
+    calls = _pending_by_id(record)
+    decisions = _spread_grants(svc, record, calls, svc.store.decisions(run_id, record.park_id))
     if decisions and all(d is not None for d in decisions.values()):
         drive(run_id)  # the resume updates every card
         return
-    calls = _pending_by_id(record)
+    votes = svc.store.votes(run_id, record.park_id)
     for call_id, decision in decisions.items():
         card = record.cards.get(call_id)
-        first = decision and card and call_id in calls
-        if first and svc.store.first_card_update(run_id, record.park_id, call_id):
-            assert decision is not None and card is not None
+        if not card or call_id not in calls:
+            continue
+        if decision is None and call_id in votes:  # a quorum filling up: the card shows who so far
+            msg = _approval_card(svc, record, calls[call_id], votes[call_id])
+            svc.update(record.channel, card, msg.text, msg.blocks)
+        elif decision is not None and svc.store.first_card_update(run_id, record.park_id, call_id):
             msg = _decided_card(record, calls[call_id], decision)
             svc.update(record.channel, card, msg.text, msg.blocks)
+
+
+def _spread_grants(
+    svc: Services, record: RunRecord, calls: dict[str, PendingCall], decisions: dict[str, Decision | None]
+) -> dict[str, Decision | None]:
+    """A grant given on one card covers the park's other calls of that tool: decide them, say so once."""
+    out = dict(decisions)
+    for call_id, decision in decisions.items():
+        if decision is None or decision.grant != "given" or call_id not in calls:
+            continue
+        tool = calls[call_id].name
+        grant = _grant_for(svc, record, tool)
+        if grant is None:
+            continue
+        if svc.store.first_card_update(record.run_id, record.park_id, f"grant-{tool}"[:128]):
+            notice = render.grant_notice(
+                tool=tool,
+                by=grant.by,
+                requester=grant.requester,
+                until=datetime.fromtimestamp(grant.until, UTC),
+                value=f"{record.run_id}:{tool}",
+            )
+            svc.post(record.channel, record.thread_ts, notice.text, notice.blocks)
+        for other_id, other in decisions.items():
+            sibling = calls.get(other_id)
+            if other is None and sibling is not None and sibling.name == tool:
+                used = Decision(Verdict.APPROVED, by=grant.by, grant="used")
+                result = svc.store.decide(
+                    record.run_id,
+                    record.park_id,
+                    other_id,
+                    used,
+                    audit=record.audit_fields(sibling),
+                    fingerprint=sibling.fingerprint,
+                )
+                out[other_id] = result.decision
+    return out
 
 
 def drive(run_id: str, *, recovering: bool = False) -> None:
@@ -226,25 +268,113 @@ def _end(driver: Driver, status: RunStatus) -> str | None:
 def _park(
     svc: Services, driver: Driver, state: RunState, agent: Agent, outcome: AwaitingApproval
 ) -> str | None:
+    state, waiting = _apply_grants(svc, driver.record, state, outcome.calls)
+    if not waiting:
+        driver.save(state=state.to_json())
+        return _advance(svc, driver, state)
     approvals = svc.config.approvals
     minutes = approvals.expire_after_minutes
     expires_at = datetime.now(UTC) + timedelta(minutes=minutes)
-    for call in outcome.calls:
-        found = agent.tools.get(call.name)
-        card = render.approval_card(
-            run_id=driver.run_id,
-            call=call,
-            requester=driver.record.requester,
-            tier_source=call.why,
-            approvers=list(approvals.approvers),
-            expires_at=expires_at,
-            title=found.title if found else None,
-            annotations=found.annotations if found else None,
-        )
-        driver.owe(card, role=outbox.CARD, call=call.id)
-    driver.park(state, outcome.calls, park_ttl(minutes), expires_at.timestamp())
+    intent = _intent(state)
+    call_tools = {c.id: _call_tool_info(agent, c, intent) for c in waiting}
+    driver.record = replace(driver.record, call_tools=call_tools, expires_at=expires_at.timestamp())
+    for call in waiting:
+        driver.owe(_approval_card(svc, driver.record, call), role=outbox.CARD, call=call.id)
+    driver.park(state, waiting, park_ttl(minutes), expires_at.timestamp())
     driver.deliver()
     return _resume_if_decided(svc, driver)
+
+
+def _approval_card(
+    svc: Services, record: RunRecord, call: PendingCall, votes: tuple[str, ...] = ()
+) -> render.Message:
+    """The card of one parked call, from what the park kept of its tool and reply."""
+    approvals = svc.config.approvals
+    info = record.call_tools.get(call.id, {})
+    expires_at = datetime.fromtimestamp(record.expires_at or time.time(), UTC)
+    return render.approval_card(
+        run_id=record.run_id,
+        call=call,
+        requester=record.requester,
+        tier_source=call.why,
+        approvers=list(approvals.approvers),
+        expires_at=expires_at,
+        title=info.get("title"),
+        annotations=info.get("annotations"),
+        intent=info.get("intent", ""),
+        preview=info.get("preview"),
+        required=approvals.required,
+        votes=votes,
+        self_approval=approvals.self_approval,
+        grant_minutes=approvals.grant_minutes,
+    )
+
+
+def _intent(state: RunState) -> str:
+    """The model's own words in the reply that made this turn's calls."""
+    last = next((m for m in reversed(state.messages) if m["role"] == "assistant"), None)
+    if last is None or not isinstance(last["content"], list):
+        return ""
+    return "\n\n".join(b["text"] for b in last["content"] if b.get("type") == "text").strip()
+
+
+def _call_tool_info(agent: Agent, call: PendingCall, intent: str) -> dict[str, Any]:
+    found = agent.tools.get(call.name)
+    info: dict[str, Any] = {"intent": intent[:4000]}
+    if found is None:
+        return info
+    info.update(
+        schema=dict(found.input_schema),
+        own_tier=found.own_tier.value if found.own_tier else None,
+        own_why=found.own_tier_why,
+        title=found.title,
+        annotations=dict(found.annotations) or None,
+    )
+    if found.preview is not None and isinstance(call.input, dict):
+        try:
+            preview = found.preview(agent.context, call.input)
+        except Exception:  # a preview is a courtesy: the card goes out without it
+            log.exception("preview of %s failed", call.name)
+            preview = None
+        if preview:
+            info["preview"] = preview[:20_000]
+    return info
+
+
+def _apply_grants(
+    svc: Services, record: RunRecord, state: RunState, calls: tuple[PendingCall, ...]
+) -> tuple[RunState, tuple[PendingCall, ...]]:
+    """Calls that a standing grant of this thread covers are approved by it; the rest still wait.
+
+    A grant covers `ask` calls of its tool in runs of its requester only; `deny` never reaches here.
+    """
+    granted: dict[str, Decision] = {}
+    for call in calls:
+        grant = _grant_for(svc, record, call.name)
+        if grant is None:
+            continue
+        granted[call.id] = Decision(Verdict.APPROVED, by=grant.by, grant="used")
+        svc.store.append_audit(
+            {
+                "run_id": record.run_id,
+                "call_id": call.id,
+                **record.audit_fields(call),
+                **granted[call.id].to_json(),
+                "grant_until": grant.until,
+            }
+        )
+    if not granted:
+        return state, calls
+    state = record_decisions(state, granted)
+    return state, tuple(c for c in calls if c.id not in granted)
+
+
+def _grant_for(svc: Services, record: RunRecord, tool: str) -> Grant | None:
+    try:
+        grant = svc.store.grant(record.team, record.channel, record.thread_ts, tool)
+    except BadId:
+        return None
+    return grant if grant is not None and grant.requester == record.requester else None
 
 
 def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
@@ -345,7 +475,9 @@ def _pending_by_id(record: RunRecord) -> dict[str, PendingCall]:
         return {}
 
 
-def _decided_card(record: RunRecord, call: PendingCall, decision: Decision) -> render.Message:
+def _decided_card(
+    record: RunRecord, call: PendingCall, decision: Decision, grant_until: float | None = None
+) -> render.Message:
     return render.decided_card(
         call=call,
         requester=record.requester,
@@ -353,6 +485,10 @@ def _decided_card(record: RunRecord, call: PendingCall, decision: Decision) -> r
         by=decision.by,
         at=datetime.now(UTC),
         reason=decision.reason,
+        edited_input=decision.edited_input,
+        approvers=decision.approvers,
+        grant=decision.grant,
+        grant_until=datetime.fromtimestamp(grant_until, UTC) if grant_until else None,
     )
 
 

@@ -36,6 +36,7 @@ AUDIT_MAX_ENTRIES = 100_000
 AUDIT_MAX_AGE = 90 * DAY
 AUDIT_PREVIEW_CHARS = 500
 EXPIRES_FIELD = "~expires"  # never a call id: those are [A-Za-z0-9_-]
+GROUP_TTL = 60  # seconds a user group's members are trusted before they are read from Slack again
 
 _ID = {
     "run": re.compile(r"^[0-9a-f]{32}$"),
@@ -45,6 +46,9 @@ _ID = {
     "event": re.compile(r"^[A-Za-z0-9_-]{1,64}$"),
     "call": re.compile(r"^[A-Za-z0-9_-]{1,128}$"),
     "user": re.compile(r"^[A-Z][A-Z0-9]{1,31}$"),
+    "tool": re.compile(r"^[A-Za-z0-9_-]{1,128}$"),
+    "fingerprint": re.compile(r"^[0-9a-f]{16}$"),
+    "group": re.compile(r"^S[A-Z0-9]{1,31}$"),
 }
 
 
@@ -161,9 +165,67 @@ class Keys:
         """Parks awaiting decisions (member `run:park`, score: when they expire)."""
         return f"{PREFIX}expiries"
 
+    @staticmethod
+    def grant(team: str, channel: str, thread_ts: str, tool: str) -> str:
+        """An "Approve for this thread" grant of one tool (expires with the grant)."""
+        return f"{PREFIX}grant:{_thread_id(team, channel, thread_ts)}:{check_id('tool', tool)}"
+
+    @staticmethod
+    def group_members(team: str, group: str) -> str:
+        """The members of a user group as `usergroups.users.list` gave them (a short-lived cache)."""
+        return f"{PREFIX}group:{check_id('team', team)}:{check_id('group', group)}"
+
+    @staticmethod
+    def escalations() -> str:
+        """Parks due a reminder to `escalate_to` (member `run:park`, score: when it is due)."""
+        return f"{PREFIX}escalations"
+
 
 def _thread_id(team: str, channel: str, thread_ts: str) -> str:
     return f"{check_id('team', team)}:{check_id('channel', channel)}:{check_id('ts', thread_ts)}"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """ "Approve for this thread": `by` let later `ask` calls of `tool` by `requester` run until `until`."""
+
+    key: str
+    tool: str
+    by: str
+    requester: str
+    until: float
+    run_id: str = ""
+
+    @property
+    def seconds(self) -> float:
+        return self.until - time.time()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "tool": self.tool,
+            "by": self.by,
+            "requester": self.requester,
+            "until": self.until,
+            "run_id": self.run_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Grant:
+        return cls(
+            key=str(data["key"]),
+            tool=str(data["tool"]),
+            by=str(data["by"]),
+            requester=str(data["requester"]),
+            until=float(data["until"]),
+            run_id=str(data.get("run_id", "")),
+        )
+
+
+def _park_member(member: Any) -> tuple[str, int]:
+    """(run id, park id) of a `run:park` member of the expiries or escalations set."""
+    run_id, _, park = _text(member).partition(":")
+    return run_id, int(park) if park.isdigit() else 0
 
 
 class RunStatus(StrEnum):
@@ -202,6 +264,9 @@ class RunRecord:
     posted: int = 0  # how many posts the run has queued so far: keys its messages for reconciliation
     recoveries: int = 0  # how often the watchdog re-drove it after its driver died
     history_seq: int = 0  # the thread history's `seq` this run continued; its save is refused if it moved on
+    # For each parked call: what its card and the edit modal need of its tool (schema, own tier,
+    # title, annotations) and of the reply (the model's words, a preview), kept from the park.
+    call_tools: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def thread(self) -> tuple[str, str, str]:
@@ -222,6 +287,7 @@ class RunRecord:
             "input_chars": len(text),
             "input_preview": preview,
             "tier_why": getattr(call, "why", "") or "",  # the policy step, key or rule that asked
+            "fingerprint": getattr(call, "fingerprint", None),
         }
 
     def run_state(self) -> RunState:
@@ -263,12 +329,15 @@ class DecideOutcome(StrEnum):
     TAKEN = "taken"  # someone (or the clock) decided it already
     EXPIRED = "expired"  # the click came after the park expired: the call is now expired
     UNKNOWN = "unknown"  # no such call awaits a decision in this park
+    COUNTED = "counted"  # an approval counted towards the quorum; more are needed
+    STALE = "stale"  # the click was made on another version of the call: nothing recorded
 
 
 @dataclass(frozen=True)
 class DecideResult:
     outcome: DecideOutcome
     decision: Decision | None = None  # the decision that stands
+    votes: tuple[str, ...] = ()  # COUNTED: who has approved so far
 
 
 @dataclass(frozen=True)
@@ -289,32 +358,71 @@ local function all_decided(key)
 end
 """
 
-# KEYS[1] approvals hash, KEYS[2] audit stream, KEYS[3] active set. ARGV[1] call id, ARGV[2]
-# decision JSON, ARGV[3] audit entry JSON, ARGV[4] now, ARGV[5] expired decision JSON, ARGV[6]
-# expired audit entry JSON, ARGV[7] run id, ARGV[8] audit max length, ARGV[9] oldest audit id kept.
-# A field holds "" while the call awaits a decision. A click at or after the park's expiry records
-# the expiry instead. The decision and its audit entry are written together, and the park that
-# this decision completes is marked active in the same step, so whatever recovers orphaned runs
-# finds it even if the resume job dies. Running the script twice gives the same answer.
+# KEYS[1] approvals hash, KEYS[2] audit stream, KEYS[3] active set, KEYS[4] grant key. ARGV[1] call
+# id, ARGV[2] decision JSON, ARGV[3] audit entry JSON, ARGV[4] now, ARGV[5] expired decision JSON,
+# ARGV[6] expired audit entry JSON, ARGV[7] run id, ARGV[8] audit max length, ARGV[9] oldest audit
+# id kept, ARGV[10] the fingerprint the click was made on ('*': not checked), ARGV[11] approvals
+# required, ARGV[12] the voter of an approval that counts towards a quorum ('' otherwise),
+# ARGV[13] grant JSON ('' none), ARGV[14] grant TTL s.
+# A field holds "" while the call awaits a decision. A click on another version of the call
+# (`~fp:<call>` differs) records nothing. A click at or after the park's expiry records the expiry
+# instead. With a quorum, approvals gather in `~votes:<call>` (one per person) until enough.
+# The decision, its audit entry and its grant are written together, and the park that this
+# decision completes is marked active in the same step, so whatever recovers orphaned runs finds it
+# even if the resume job dies. Running the script twice gives the same answer.
 _DECIDE = (
     _ALL_DECIDED
     + """
-local current = redis.call('HGET', KEYS[1], ARGV[1])
-if not current then return {'unknown', ''} end
-if current == '' then
-  local expires = tonumber(redis.call('HGET', KEYS[1], '~expires') or '0')
-  local decision, entry, outcome = ARGV[2], ARGV[3], 'recorded'
-  if expires > 0 and tonumber(ARGV[4]) >= expires then
-    decision, entry, outcome = ARGV[5], ARGV[6], 'expired'
-  end
-  redis.call('HSET', KEYS[1], ARGV[1], decision)
+local function audit(entry)
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'entry', entry)
   redis.call('XTRIM', KEYS[2], 'MINID', '~', ARGV[9])
-  if all_decided(KEYS[1]) then redis.call('ZADD', KEYS[3], ARGV[4], ARGV[7]) end
-  return {outcome, decision}
 end
-if current == ARGV[2] then return {'recorded', current} end
-return {'taken', current}
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if not current then return {'unknown', ''} end
+if current ~= '' then
+  if current == ARGV[2] then return {'recorded', current} end
+  return {'taken', current}
+end
+local expires = tonumber(redis.call('HGET', KEYS[1], '~expires') or '0')
+local expired = expires > 0 and tonumber(ARGV[4]) >= expires
+if not expired and ARGV[10] ~= '*' then
+  local fp = redis.call('HGET', KEYS[1], '~fp:' .. ARGV[1])
+  if fp and fp ~= ARGV[10] then return {'stale', ''} end
+end
+local decision, entry, outcome = ARGV[2], ARGV[3], 'recorded'
+if expired then
+  decision, entry, outcome = ARGV[5], ARGV[6], 'expired'
+elseif ARGV[12] ~= '' then
+  local field = '~votes:' .. ARGV[1]
+  local votes = redis.call('HGET', KEYS[1], field) or ''
+  local list = {}
+  for voter in string.gmatch(votes, '[^,]+') do
+    if voter == ARGV[12] then return {'counted', votes} end
+    table.insert(list, voter)
+  end
+  table.insert(list, ARGV[12])
+  votes = table.concat(list, ',')
+  redis.call('HSET', KEYS[1], field, votes)
+  local e = cjson.decode(entry)
+  e['approvers'] = list
+  if #list < tonumber(ARGV[11]) then
+    e['verdict'] = 'approval_counted'
+    e['count'] = #list
+    e['required'] = tonumber(ARGV[11])
+    audit(cjson.encode(e))
+    return {'counted', votes}
+  end
+  local d = cjson.decode(decision)
+  d['approvers'] = list
+  decision, entry = cjson.encode(d), cjson.encode(e)
+end
+redis.call('HSET', KEYS[1], ARGV[1], decision)
+audit(entry)
+if outcome == 'recorded' and ARGV[13] ~= '' then
+  redis.call('SET', KEYS[4], ARGV[13], 'EX', ARGV[14])
+end
+if all_decided(KEYS[1]) then redis.call('ZADD', KEYS[3], ARGV[4], ARGV[7]) end
+return {outcome, decision}
 """
 )
 
@@ -342,14 +450,17 @@ return 1
 
 # KEYS[1] lease, KEYS[2] run record, KEYS[3] active set, KEYS[4] approvals hash, KEYS[5] expiries,
 # KEYS[6] thread lock. ARGV[1] token, ARGV[2] lease ms, ARGV[3] record, ARGV[4] TTL s, ARGV[5] now,
-# ARGV[6] run id, ARGV[7] expires at, ARGV[8] expiry member, ARGV[9..] call ids.
+# ARGV[6] run id, ARGV[7] expires at, ARGV[8] expiry member, ARGV[9..] pairs: call id, fingerprint.
 # Parking is one fenced step: the record awaiting decisions (with the cards it owes in its outbox),
 # one empty field per call, the expiry scheduled, the thread kept. HSETNX: replayed, it never wipes
 # a decision recorded in between.
 _PARK = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
-for i = 9, #ARGV do redis.call('HSETNX', KEYS[4], ARGV[i], '') end
+for i = 9, #ARGV, 2 do
+  redis.call('HSETNX', KEYS[4], ARGV[i], '')
+  if ARGV[i + 1] ~= '' then redis.call('HSETNX', KEYS[4], '~fp:' .. ARGV[i], ARGV[i + 1]) end
+end
 redis.call('HSETNX', KEYS[4], '~expires', ARGV[7])
 redis.call('EXPIRE', KEYS[4], ARGV[4])
 redis.call('ZADD', KEYS[5], ARGV[7], ARGV[8])
@@ -537,11 +648,16 @@ class Store:
         audit: dict[str, Any] | None = None,
         *,
         now: float | None = None,
+        fingerprint: str = "*",
+        required: int = 1,
+        grant: Grant | None = None,
     ) -> DecideResult:
-        """Record `decision` for a call of park `park_id`, unless unknown, already decided or expired; atomic.
+        """Record `decision` for a call of park `park_id`, unless unknown, decided, stale or expired; atomic.
 
-        The first recording also appends `audit` (who, what, the input's hash and preview, when,
-        outcome) to the audit stream, in the same step.
+        `fingerprint`: the version of the call the decider saw ("*": the clock, which needs none).
+        `required` > 1: an approval counts towards a quorum of that many distinct approvers.
+        `grant`: written with the decision when it is recorded. The first recording also appends
+        `audit` (who, what, the input's hash and preview, when, outcome) to the audit stream.
         """
         now = time.time() if now is None else now
         payload = json.dumps(decision.to_json(), sort_keys=True)
@@ -550,7 +666,9 @@ class Store:
         entry = {**base, **decision.to_json()}
         expired_entry = {**base, **Decision(Verdict.EXPIRED).to_json(), "late_click_by": decision.by}
         oldest = f"{int((now - AUDIT_MAX_AGE) * 1000)}-0"
-        keys = [Keys.approvals(run_id, park_id), Keys.audit(), Keys.active()]
+        grant_key = grant.key if grant else Keys.approvals(run_id, park_id)  # a key; unused without a grant
+        keys = [Keys.approvals(run_id, park_id), Keys.audit(), Keys.active(), grant_key]
+        voter = decision.by if decision.verdict is Verdict.APPROVED and required > 1 and decision.by else ""
         args: list[Any] = [
             check_id("call", call_id),
             payload,
@@ -561,11 +679,42 @@ class Store:
             run_id,
             AUDIT_MAX_ENTRIES,
             oldest,
+            fingerprint,
+            max(1, int(required)),
+            voter,
+            json.dumps(grant.to_json()) if grant else "",
+            max(1, int(grant.seconds)) if grant else 1,
         ]
         outcome, stored = self._decide(keys=keys, args=args)
         result = DecideOutcome(_text(outcome))
+        if result is DecideOutcome.COUNTED:
+            return DecideResult(result, None, tuple(_text(stored).split(",")))
         standing = Decision.from_json(json.loads(stored)) if stored else None
         return DecideResult(result, standing)
+
+    def votes(self, run_id: str, park_id: int) -> dict[str, tuple[str, ...]]:
+        """Who has approved each call of the park so far (calls that need a quorum)."""
+        raw = self.redis.hgetall(Keys.approvals(run_id, park_id))
+        out = {}
+        for key, value in raw.items():
+            name = _text(key)
+            if name.startswith("~votes:") and value:
+                out[name[len("~votes:") :]] = tuple(_text(value).split(","))
+        return out
+
+    def grant(self, team: str, channel: str, thread_ts: str, tool: str) -> Grant | None:
+        """The thread's standing grant of `tool`, if any (its key expires with it)."""
+        raw = self.redis.get(Keys.grant(team, channel, thread_ts, tool))
+        if not raw:
+            return None
+        try:
+            found = Grant.from_json(json.loads(raw))
+        except (ValueError, KeyError, TypeError):
+            return None
+        return found if found.until > time.time() else None
+
+    def revoke_grant(self, team: str, channel: str, thread_ts: str, tool: str) -> bool:
+        return bool(self.redis.delete(Keys.grant(team, channel, thread_ts, tool)))
 
     def decisions(self, run_id: str, park_id: int) -> dict[str, Decision | None]:
         """Every call of park `park_id`: its decision, or None while it still awaits one."""
@@ -599,6 +748,43 @@ class Store:
 
     def forget_expiry(self, run_id: str, park_id: int) -> None:
         self.redis.zrem(Keys.expiries(), f"{check_id('run', run_id)}:{int(park_id)}")
+
+    def parked(self, now: float, limit: int = 500) -> list[tuple[str, int]]:
+        """Parks still open at `now` (run id, park id), soonest expiry first: the index of parked runs."""
+        members = self.redis.zrangebyscore(Keys.expiries(), f"({now!r}", "+inf", start=0, num=limit)
+        return [_park_member(m) for m in members]
+
+    # --- user groups ----------------------------------------------------------------------------
+
+    def cached_group(self, team: str, group: str) -> frozenset[str] | None:
+        """The members of `group` read from Slack less than `GROUP_TTL` ago, or None (read it again)."""
+        raw = self.redis.get(Keys.group_members(team, group))
+        if raw is None:
+            return None
+        try:
+            members = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+            return None
+        return frozenset(members)
+
+    def cache_group(self, team: str, group: str, members: frozenset[str], ttl: int = GROUP_TTL) -> None:
+        self.redis.set(Keys.group_members(team, group), json.dumps(sorted(members)), ex=max(1, int(ttl)))
+
+    # --- escalations ----------------------------------------------------------------------------
+
+    def schedule_escalation(self, run_id: str, park_id: int, at: float) -> None:
+        """Remind `escalate_to` of park `park_id` at `at`; scheduling it again keeps the first time."""
+        self.redis.zadd(Keys.escalations(), {f"{check_id('run', run_id)}:{int(park_id)}": at}, nx=True)
+
+    def claim_due_escalations(self, now: float, limit: int = 100) -> list[tuple[str, int]]:
+        """Parks whose reminder is due, each returned to exactly one caller (whoever removes it)."""
+        claimed = []
+        for member in self.redis.zrangebyscore(Keys.escalations(), "-inf", now, start=0, num=limit):
+            if self.redis.zrem(Keys.escalations(), _text(member)):  # two watchdogs: one removes it
+                claimed.append(_park_member(member))
+        return claimed
 
     # --- retries --------------------------------------------------------------------------------
 
@@ -668,8 +854,21 @@ class Store:
         ]
         return bool(self._save(keys=keys, args=args))
 
-    def park(self, record: RunRecord, token: str, seconds: float, call_ids: list[str], *, ttl: int) -> bool:
-        """Save a run awaiting decisions on `call_ids` (park `record.park_id`), fenced and atomic."""
+    def park(
+        self,
+        record: RunRecord,
+        token: str,
+        seconds: float,
+        call_ids: list[str],
+        *,
+        ttl: int,
+        fingerprints: dict[str, str] | None = None,
+    ) -> bool:
+        """Save a run awaiting decisions on `call_ids` (park `record.park_id`), fenced and atomic.
+
+        `fingerprints`: what each decision must be made on (a click on another version is stale).
+        """
+        fingerprints = fingerprints or {}
         assert record.expires_at is not None
         keys = [
             Keys.lease(record.run_id),
@@ -688,7 +887,7 @@ class Store:
             record.run_id,
             repr(record.expires_at),
             f"{record.run_id}:{record.park_id}",
-            *(check_id("call", c) for c in call_ids),
+            *(part for c in call_ids for part in (check_id("call", c), fingerprints.get(c, ""))),
         ]
         return bool(self._park(keys=keys, args=args))
 
@@ -769,6 +968,20 @@ class Store:
 
     def forget_active(self, run_id: str) -> None:
         self.redis.zrem(Keys.active(), run_id)
+
+    def append_audit(self, entry: dict[str, Any], *, now: float | None = None) -> None:
+        """One audit entry written outside a decision (a call a grant let run)."""
+        now = time.time() if now is None else now
+        oldest = f"{int((now - AUDIT_MAX_AGE) * 1000)}-0"
+        with self.redis.pipeline() as pipe:
+            pipe.xadd(
+                Keys.audit(),
+                {"entry": json.dumps({"at": now, **entry}, ensure_ascii=False)},
+                maxlen=AUDIT_MAX_ENTRIES,
+                approximate=True,
+            )
+            pipe.xtrim(Keys.audit(), minid=oldest, approximate=True)
+            pipe.execute()
 
     def audit_entries(self, count: int = 100) -> list[dict[str, Any]]:
         """The newest `count` audit entries, oldest first."""

@@ -106,6 +106,8 @@ class Tool:
     timeout_seconds: float | None = None
     # The module that defined it with `@tool()` ("" for other kinds).
     module: str = ""
+    # What a call would change, as plain text for its approval card (a diff, say); None: nothing to show.
+    preview: Callable[[ToolContext, dict[str, Any]], str | None] | None = None
 
     def schema(self) -> dict[str, Any]:
         """The entry for the Messages API `tools` list."""
@@ -120,7 +122,12 @@ class Tool:
         return raw_input
 
 
-def tool(*, side_effects: bool = True, name: str | None = None) -> Callable[[Callable[..., str]], Tool]:
+def tool(
+    *,
+    side_effects: bool = True,
+    name: str | None = None,
+    preview: Callable[[ToolContext, dict[str, Any]], str | None] | None = None,
+) -> Callable[[Callable[..., str]], Tool]:
     """Make a `Tool` of `fn(ctx, **params) -> str`; the docstring is the description.
 
     `@tool()` means the tool has side effects: after a crash it is never run again, its outcome
@@ -147,6 +154,7 @@ def tool(*, side_effects: bool = True, name: str | None = None) -> Callable[[Cal
             side_effects=side_effects,
             validate=lambda raw: _validated(params, raw),
             module=getattr(fn, "__module__", "") or "",
+            preview=preview,
         )
 
     return wrap

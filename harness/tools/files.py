@@ -6,6 +6,7 @@ jail" below): no symlink, hard link, hidden name or `..` takes it outside.
 
 from __future__ import annotations
 
+import difflib
 import errno
 import os
 import secrets
@@ -15,7 +16,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import UTC
 from pathlib import PurePosixPath
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -222,7 +223,36 @@ def list_files(
     return "\n".join(listing) or texts.FILE_EMPTY_DIRECTORY
 
 
-@tool()
+PREVIEW_READ_BYTES = 512 * 1024
+
+
+def _write_preview(ctx: ToolContext, args: dict[str, Any]) -> str | None:
+    """A unified diff of what `write_file` would change (or that it makes a new file)."""
+    path, content = args.get("path"), args.get("content")
+    if not isinstance(path, str) or not isinstance(content, str):
+        return None
+    try:
+        with _walk(ctx, path) as place:
+            info = _lstat(place)
+            if info is None:
+                return texts.PREVIEW_NEW_FILE.format(path=place.rel, chars=len(content))
+            _plain_file(info, place.rel)
+            flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+            with os.fdopen(os.open(place.name, flags, dir_fd=place.dir_fd), "rb") as handle:
+                _plain_file(os.fstat(handle.fileno()), place.rel)
+                raw = handle.read(PREVIEW_READ_BYTES + 1)
+    except ToolError:
+        return None  # the call itself will say what is wrong with the path
+    if b"\x00" in raw or len(raw) > PREVIEW_READ_BYTES:
+        return texts.PREVIEW_TOO_BIG.format(path=place.rel)
+    old = raw.decode("utf-8", errors="replace")
+    diff = difflib.unified_diff(
+        old.splitlines(), content.splitlines(), f"a/{place.rel}", f"b/{place.rel}", lineterm="", n=2
+    )
+    return "\n".join(diff) or texts.PREVIEW_NO_CHANGE
+
+
+@tool(preview=_write_preview)
 def write_file(
     ctx: ToolContext,
     path: PathArg,

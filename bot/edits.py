@@ -1,0 +1,105 @@
+"""The `edit_call` modal's submission: the arguments a reviewer wrote, checked before anything runs.
+
+Each top-level argument has one text input (block_id = its name). Strings are taken as typed;
+every other value is JSON text. The result is validated against the tool's input schema, then
+the policy decides its tier again: an edit that is invalid, or that the policy denies, is refused
+inside the modal (`response_action: errors`) and nothing is decided.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from harness.config import Config
+from harness.policy import Tier
+from harness.state import PendingCall
+
+_MESSAGE_MAX = 150  # Slack shows a short line under the input
+
+
+def first_block(view: Mapping[str, Any], call: PendingCall) -> str:
+    """The block an error that belongs to no one argument is shown under."""
+    values = _values(view)
+    return next(iter(values), next(iter(call.input), "value") if isinstance(call.input, dict) else "value")
+
+
+def read(
+    view: Mapping[str, Any], call: PendingCall, tool: Mapping[str, Any], config: Config
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The edited arguments, and the errors to show by block_id (empty when the edit may run)."""
+    found = tool.get("schema")
+    schema: dict[str, Any] = found if isinstance(found, dict) else {}
+    properties = schema.get("properties") or {}
+    required = set(schema.get("required") or ())
+    original = call.input if isinstance(call.input, dict) else {}
+    edited: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for name, raw in _values(view).items():
+        if name not in properties and name not in original:
+            errors[name] = "Not an argument of this tool."
+            continue
+        if raw is None or raw == "":
+            if name in required:
+                errors[name] = "This argument is required."
+            continue
+        kind = (properties.get(name) or {}).get("type")
+        if kind == "string" or (kind is None and isinstance(original.get(name), str)):
+            edited[name] = raw
+            continue
+        try:
+            edited[name] = json.loads(raw)
+        except ValueError as exc:
+            errors[name] = f"Not valid JSON: {exc}"[:_MESSAGE_MAX]
+    if errors:
+        return edited, errors
+    fallback = first_block(view, call)
+    for problem in _schema_problems(schema, edited):
+        where, message = problem
+        block = where if where in _values(view) else fallback
+        errors.setdefault(block, message[:_MESSAGE_MAX])
+    if errors:
+        return edited, errors
+    own = tool.get("own_tier")
+    ruling = config.policy.decide(
+        call.name, edited, Tier(own) if own else None, str(tool.get("own_why") or "")
+    )
+    if ruling.tier is Tier.DENY:
+        errors[fallback] = f"The policy denies this edit ({ruling.why}): it would never run."[:_MESSAGE_MAX]
+    return edited, errors
+
+
+def _values(view: Mapping[str, Any]) -> dict[str, str | None]:
+    state = view.get("state")
+    values = state.get("values") if isinstance(state, dict) else None
+    if not isinstance(values, dict):
+        return {}
+    out: dict[str, str | None] = {}
+    for block_id, actions in values.items():
+        action = actions.get("value") if isinstance(actions, dict) else None
+        raw = action.get("value") if isinstance(action, dict) else None
+        out[str(block_id)] = raw if isinstance(raw, str) else None
+    return out
+
+
+def _schema_problems(schema: Mapping[str, Any], value: dict[str, Any]) -> list[tuple[str, str]]:
+    """(argument, message) for each way `value` breaks `schema`; an unusable schema checks nothing."""
+    if not schema:
+        return []
+    try:
+        validator = Draft202012Validator(dict(schema))
+        found = sorted(validator.iter_errors(value), key=lambda e: list(e.path))
+    except SchemaError:
+        return []
+    problems = []
+    for error in found:
+        where = str(error.path[0]) if error.path else ""
+        if not where and error.validator == "required":
+            missing = [r for r in error.validator_value if r not in value]
+            where = str(missing[0]) if missing else ""
+        problems.append((where, error.message))
+    return problems
