@@ -50,7 +50,7 @@ APPLY_DECISIONS = "workers.jobs.apply_decisions"
 RETRY_RUN = "workers.jobs.retry_run"
 REPLY = "ephemeral_reply"  # context key: what the background reply tells the clicker
 MAX_TASK_CHARS = 20_000
-GROUP_LOOKUP_SECONDS = 2.0  # a group read on a click happens before Slack gets its answer (3 s)
+GROUP_LOOKUP_SECONDS = 2  # a group read on a click happens before Slack gets its answer (3 s)
 HOME_SCAN = 500  # parked runs looked at for one Home tab, the soonest to expire first
 _USER = re.compile(r"[UW][A-Z0-9]{1,31}")
 

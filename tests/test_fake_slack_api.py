@@ -530,6 +530,9 @@ def test_usergroups_users_list(fake: FakeSlackAPI, client: WebClient) -> None:
         client.usergroups_users_list(usergroup="S0OPS")
     assert info.value.response["error"] == "missing_scope"
     assert client.usergroups_users_list(usergroup="S0OPS")["users"] == []
+    fake.fail_next("usergroups.users.list", times=100)
+    fake.clear_failures("usergroups.users.list")
+    assert client.usergroups_users_list(usergroup="S0OPS")["ok"]
 
 
 def test_views_publish_keeps_one_home_per_user(fake: FakeSlackAPI, client: WebClient) -> None:

@@ -14,11 +14,13 @@ import threading
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 import redis
 from rq import SimpleWorker, Worker
 from rq.serializers import JSONSerializer
 
+from bot import render
 from harness.client import warm_up
 from harness.config import ConfigError, ResolvedServer
 from harness.tools.catalog import Catalog
@@ -34,13 +36,17 @@ from workers.services import (
     make_queue,
     redis_connection,
 )
-from workers.store import Store
+from workers.store import RunStatus, Store
 
 log = logging.getLogger("workers.watchdog")
 
 
-def watchdog(store: Store, stop: threading.Event) -> None:
-    """Expire parks whose time has come, and hand runs with no driver to any worker.
+ESCALATION_RETRY_SECONDS = 30  # a reminder Slack refused is tried again this much later (before expiry)
+
+
+def watchdog(store: Store, stop: threading.Event, svc: Services | None = None) -> None:
+    """Expire parks whose time has come, remind `escalate_to` of those nobody decided in time, and
+    hand runs with no driver to any worker.
 
     A run needs a driver when it is marked active (queued, running, ending, or parked with every
     decision in) and nobody holds its lease: its driver died. It is continued within about one
@@ -52,6 +58,8 @@ def watchdog(store: Store, stop: threading.Event) -> None:
         try:
             now = time.time()
             jobs.expire_due(store, queue, now)
+            if svc is not None:
+                escalate_due(svc, now)
             for run_id in store.orphans(now - seconds, lambda job_id: job_waiting(queue, job_id)):
                 log.warning("run %s has no driver; continuing it on another worker", run_id)
                 enqueue_run_job(store, queue, jobs.recover_run, run_id)
@@ -59,6 +67,56 @@ def watchdog(store: Store, stop: threading.Event) -> None:
             log.warning("watchdog cannot reach Redis (%s); trying again", exc)
         except Exception:  # the watchdog must outlive any one bad run
             log.exception("watchdog pass failed; trying again")
+
+
+def escalate_due(svc: Services, now: float) -> int:
+    """Post the one reminder of every park whose escalation time has come; returns how many.
+
+    Each due park is claimed by removing it from `harness:escalations`, so of two watchdogs only
+    one posts. A park decided (or expired) meanwhile gets no reminder. A post Slack refused is
+    tried again later (before the expiry), unless the thread shows it did arrive.
+    """
+    posted = 0
+    for run_id, park_id in svc.store.claim_due_escalations(now):
+        try:
+            reminder = _reminder(svc, run_id, park_id, now)
+        except Exception:  # one unreadable run must not keep the others from their reminders
+            log.exception("run %s: cannot build its escalation reminder", run_id)
+            continue
+        if reminder is None:
+            log.info("run %s park %d: decided (or expired) in time, no escalation reminder", run_id, park_id)
+            continue
+        channel, thread_ts, msg, expires_at = reminder
+        tag = {"run": run_id, "key": f"escalation-{park_id}"}
+        if tag["key"] in (svc.find_posted(channel, thread_ts, run_id) or {}):
+            continue  # an earlier attempt did post it (its answer was lost): never twice
+        if svc.post(channel, thread_ts, msg.text, msg.blocks, tag=tag):
+            log.info("run %s park %d: escalation reminder posted", run_id, park_id)
+            posted += 1
+        elif now + ESCALATION_RETRY_SECONDS < expires_at:
+            svc.store.schedule_escalation(run_id, park_id, now + ESCALATION_RETRY_SECONDS)
+    return posted
+
+
+def _reminder(svc: Services, run_id: str, park_id: int, now: float) -> tuple[str, str, Any, float] | None:
+    """Where to post the reminder of park `park_id` of `run_id`, and what; None if it is not due one."""
+    record = svc.store.load_run(run_id)
+    if record is None or record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park_id:
+        return None  # resumed, ended or parked again since: decided (or expired) in time
+    if record.expires_at is None or now >= record.expires_at:
+        return None  # the expiry answers it now
+    decisions = svc.store.decisions(run_id, park_id)
+    undecided = [c for c in record.run_state().awaiting if c.id in decisions and decisions[c.id] is None]
+    if not undecided:
+        return None
+    expires_at = datetime.fromtimestamp(record.expires_at, UTC)
+    msg = render.escalation_reminder(
+        calls=undecided,
+        requester=record.requester,
+        escalate_to=svc.config.approvals.escalate_to,
+        expires_at=expires_at,
+    )
+    return record.channel, record.thread_ts, msg, record.expires_at
 
 
 class _StopAware:
@@ -102,7 +160,10 @@ def work() -> int:
     warm_up()
     stop = threading.Event()
     watch_store = Store(redis_connection())  # its own connection: never shared with a fork
-    threading.Thread(target=watchdog, args=(watch_store, stop), name="watchdog", daemon=True).start()
+    watch_svc = replace(svc, store=watch_store)  # posts escalation reminders with the worker's client
+    threading.Thread(
+        target=watchdog, args=(watch_store, stop, watch_svc), name="watchdog", daemon=True
+    ).start()
     # fork (default): each job in a fresh work horse, isolated from the others' crashes and leaks.
     # simple: jobs in this process, no fork per job (faster; one bad job can take the worker down).
     kind = os.environ.get("HARNESS_WORKER_CLASS", "fork")

@@ -275,6 +275,9 @@ def _park(
     approvals = svc.config.approvals
     minutes = approvals.expire_after_minutes
     expires_at = datetime.now(UTC) + timedelta(minutes=minutes)
+    if approvals.escalate_after_minutes:  # scheduled before the park: a driver dying between parks again
+        due = expires_at - timedelta(minutes=minutes - approvals.escalate_after_minutes)
+        svc.store.schedule_escalation(driver.run_id, driver.record.park_id + 1, due.timestamp())
     intent = _intent(state)
     call_tools = {c.id: _call_tool_info(agent, c, intent) for c in waiting}
     driver.record = replace(driver.record, call_tools=call_tools, expires_at=expires_at.timestamp())

@@ -567,6 +567,12 @@ class FakeSlackAPI:
                 _Failure(error=error, status=status, headers=hdrs, remaining=times)
             )
 
+    def clear_failures(self, method: str) -> None:
+        """Drop the failures still queued for ``method`` (see :meth:`fail_next`)."""
+        with self._cond:
+            self._failures.pop(method, None)
+            self._cond.notify_all()
+
     def set_usergroup(self, group_id: str, users: list[str] | None) -> None:
         """Make ``group_id`` a user group of ``users`` (``None``: no such group any more)."""
         with self._cond:
