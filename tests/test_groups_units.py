@@ -1,0 +1,276 @@
+"""Approver groups, escalation and the Home tab, piece by piece: the renderers (nothing untrusted
+pings, everything fits Slack's limits), the store's keys (the reminder is claimed once, the group
+cache expires), and who may decide when."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from slack_sdk import WebClient
+
+from bot import render, texts
+from bot.app import BotDeps
+from harness.config import Approvals, Config
+from harness.policy import Tier
+from harness.state import PendingCall
+from tests.fakes.slack_api import MAX_BLOCKS_PER_VIEW, FakeSlackAPI, validate_blocks
+from workers.services import make_queue
+from workers.store import GROUP_TTL, Keys, RunRecord, RunStatus, Store, new_run_id
+
+AT = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+PINGS = ("<!channel>", "<!here>", "<@U999>", "<!subteam^S1|x>", "<#C9>", "<https://evil.example|x>")
+OUR_MARKUP = re.compile(
+    r"<@(?:UALICE|UANN|UBOSS)>|<!subteam\^SLEADS>|<#C0DESK>|<!date\^\d+\^[^|>]*\|[^>]*>"
+    r"|<https://fake\.slack\.com/archives/C0DESK/p1700000000000100\|Open the card>"
+)
+
+
+def call(name: str = "write_file", args: Any = None, call_id: str = "toolu_1") -> PendingCall:
+    return PendingCall(
+        call_id, name, {"path": "notes.txt", "content": "hi"} if args is None else args, Tier.ASK
+    )
+
+
+def strings(obj: Any) -> list[str]:
+    if isinstance(obj, str):
+        return [obj]
+    if isinstance(obj, dict):
+        return [s for v in obj.values() for s in strings(v)]
+    if isinstance(obj, list):
+        return [s for v in obj for s in strings(v)]
+    return []
+
+
+def assert_inert(obj: Any) -> None:
+    """Apart from our own markup, no `<` or `>` survives anywhere."""
+    for s in strings(obj):
+        rest = OUR_MARKUP.sub("", s)
+        assert "<" not in rest and ">" not in rest, s
+
+
+# --- renderers -------------------------------------------------------------------------------------
+
+
+def test_approver_mentions_users_and_groups_of_the_right_shape_only() -> None:
+    assert render.approver("UANN") == "<@UANN>" and render.approver("W12") == "<@W12>"
+    assert render.approver("SLEADS") == "<!subteam^SLEADS>"
+    for bad in ("<!channel>", "S1|x", "s123", "SLEADS> <!here", "C123", "", None):
+        assert "<" not in render.approver(bad)
+    assert render.mention("SLEADS") == "SLEADS"  # a plain mention never turns into a group ping
+
+
+def test_the_who_may_decide_reply_names_groups_as_groups() -> None:
+    msg = render.notice(texts.NOT_ALLOWED, who=["UANN", "SOPS"])
+    assert "<@UANN>, <!subteam^SOPS>" in msg.text and "<!subteam^SOPS>" in str(msg.blocks)
+
+
+def test_the_escalation_reminder_mentions_escalate_to_and_nothing_the_model_wrote() -> None:
+    evil = call(name="x" + "".join(PINGS), args={"path": "".join(PINGS)})
+    msg = render.escalation_reminder(
+        calls=[evil, call(call_id="toolu_2")],
+        requester="UALICE",
+        escalate_to=["SLEADS", "UBOSS"],
+        expires_at=AT,
+    )
+    assert msg.text.startswith(":bell: <!subteam^SLEADS>, <@UBOSS>:")
+    assert "<@UALICE>" in msg.text and "`write_file`" in msg.text and "<!date^" in msg.text
+    assert_inert(msg.blocks)
+    assert_inert(msg.text)
+    assert validate_blocks(msg.blocks) == []
+
+
+def item(n: int, **changes: Any) -> render.HomeItem:
+    base = render.HomeItem(
+        call=call(call_id=f"toolu_{n}"),
+        requester="UALICE",
+        channel="C0DESK",
+        expires_at=AT + timedelta(minutes=n),
+        card_ts="1700000000.000100",
+        link="https://fake.slack.com/archives/C0DESK/p1700000000000100",
+    )
+    return replace(base, **changes)
+
+
+def test_the_home_view_lists_each_call_with_who_asked_where_until_when_and_its_card() -> None:
+    view = render.home_view([item(1)], at=AT)
+    assert view["type"] == "home" and validate_blocks(view["blocks"], max_blocks=MAX_BLOCKS_PER_VIEW) == []
+    text = "\n".join(strings(view["blocks"]))
+    assert texts.HOME_TITLE in text and "`write_file`" in text and "notes.txt" in text
+    assert "<@UALICE>" in text and "<#C0DESK>" in text and text.count("<!date^") == 2  # as of, expires
+    assert "<https://fake.slack.com/archives/C0DESK/p1700000000000100|Open the card>" in text
+    assert texts.HOME_EMPTY not in text and texts.HOME_MORE not in text
+
+
+def test_an_empty_home_view_says_nothing_is_waiting() -> None:
+    view = render.home_view([], at=AT)
+    assert texts.HOME_EMPTY in strings(view["blocks"]) and validate_blocks(view["blocks"]) == []
+
+
+@pytest.mark.parametrize(
+    "link",
+    [
+        "https://evil.example/x|click",
+        "javascript:alert(1)",
+        "https://fake.slack.com/archives/C0DESK/p1>|x",
+        "https://fake.slack.com/archives/C0DESK/p1 <!here>",
+    ],
+)
+def test_a_link_that_is_not_a_permalink_is_not_linked(link: str) -> None:
+    view = render.home_view([item(1, link=link)], at=AT)
+    text = "\n".join(strings(view["blocks"]))
+    assert texts.HOME_NO_LINK in text and "Open the card" not in text
+    assert "evil" not in text and "<!here>" not in text
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    names=st.lists(st.text(max_size=300) | st.sampled_from(PINGS), min_size=1, max_size=40),
+    value=st.text(max_size=5000) | st.sampled_from(PINGS),
+)
+def test_any_home_view_fits_slack_and_nothing_untrusted_pings(names: list[str], value: str) -> None:
+    items = [
+        item(n, call=call(name=name or "x", args={"path": value, name or "k": value * 3}, call_id=f"t{n}"))
+        for n, name in enumerate(names)
+    ]
+    view = render.home_view(items, at=AT)
+    assert validate_blocks(view["blocks"], max_blocks=MAX_BLOCKS_PER_VIEW) == []
+    assert len(json.dumps(view)) < 100_000
+    assert_inert(view["blocks"])
+    assert (texts.HOME_MORE in strings(view["blocks"])) == (len(items) > render.HOME_ITEMS_MAX)
+
+
+# --- the store -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def conn(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url)
+
+
+@pytest.fixture
+def store(conn: redis.Redis) -> Store:
+    return Store(conn)
+
+
+def test_a_due_escalation_is_claimed_by_exactly_one_of_many_watchdogs(
+    store: Store, conn: redis.Redis
+) -> None:
+    runs = [new_run_id() for _ in range(20)]
+    now = time.time()
+    for run_id in runs:
+        store.schedule_escalation(run_id, 1, now - 1)
+    store.schedule_escalation(
+        runs[0], 1, now + 1000
+    )  # scheduled again (a re-driven park): the first time stays
+    store.schedule_escalation(new_run_id(), 1, now + 60)  # not due yet
+    claims: list[list[tuple[str, int]]] = []
+    start = threading.Barrier(8)
+
+    def claim() -> None:
+        start.wait()
+        claims.append(Store(redis.Redis(connection_pool=conn.connection_pool)).claim_due_escalations(now))
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    claimed = [c for batch in claims for c in batch]
+    assert sorted(claimed) == sorted((run_id, 1) for run_id in runs)  # every one once, none twice
+    assert conn.zcard(Keys.escalations()) == 1  # the one not yet due is still there
+    assert store.claim_due_escalations(now) == []
+
+
+def test_group_members_are_cached_under_the_prefix_for_a_short_time(store: Store, conn: redis.Redis) -> None:
+    assert store.cached_group("T1", "SOPS") is None
+    store.cache_group("T1", "SOPS", frozenset({"UANN", "UBEN"}))
+    assert store.cached_group("T1", "SOPS") == {"UANN", "UBEN"}
+    key = Keys.group_members("T1", "SOPS")
+    assert key.startswith("harness:") and 0 < conn.ttl(key) <= GROUP_TTL
+    conn.set(key, "not json")
+    assert store.cached_group("T1", "SOPS") is None  # unreadable: read from Slack again
+
+
+def test_parked_lists_open_parks_soonest_first(store: Store, conn: redis.Redis) -> None:
+    now = time.time()
+    late, soon, gone = new_run_id(), new_run_id(), new_run_id()
+    conn.zadd(Keys.expiries(), {f"{late}:2": now + 600, f"{soon}:1": now + 60, f"{gone}:1": now - 1})
+    assert store.parked(now) == [(soon, 1), (late, 2)]
+
+
+# --- who may decide, and when ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def slack() -> Iterator[FakeSlackAPI]:
+    with FakeSlackAPI(bot_token="xoxb-test") as fake:
+        yield fake
+
+
+def deps_for(store: Store, slack: FakeSlackAPI, **approvals: Any) -> BotDeps:
+    deps = BotDeps(
+        store=store, queue=make_queue(store.redis), config=Config(approvals=Approvals(**approvals))
+    )
+    deps.groups.bind(WebClient(token="xoxb-test", base_url=slack.base_url))
+    return deps
+
+
+def parked_record(minutes_ago: float, expire_after: float) -> RunRecord:
+    parked_at = time.time() - minutes_ago * 60
+    return RunRecord(
+        run_id=new_run_id(),
+        team="T1",
+        channel="C1",
+        thread_ts="1.1",
+        requester="UALICE",
+        task="x",
+        status=RunStatus.AWAITING_APPROVAL,
+        park_id=1,
+        expires_at=parked_at + expire_after * 60,
+    )
+
+
+def test_escalate_to_may_decide_only_once_the_park_is_escalated(store: Store, slack: FakeSlackAPI) -> None:
+    slack.set_usergroup("SLEADS", ["UFRANK"])
+    deps = deps_for(
+        store,
+        slack,
+        approvers=("UANN",),
+        escalate_to=("SLEADS", "UBOSS"),
+        escalate_after_minutes=10.0,
+        expire_after_minutes=60.0,
+    )
+    fresh, late = parked_record(1, 60), parked_record(11, 60)
+    assert deps.deciders(fresh) == ["UANN"] and deps.deciders(late) == ["UANN", "SLEADS", "UBOSS"]
+    for who in ("UBOSS", "UFRANK"):
+        assert not deps.may_decide(who, fresh) and deps.may_decide(who, late)
+    assert deps.may_decide("UANN", fresh) and not deps.may_decide("UDAVE", late)
+    assert not deps.may_decide("SLEADS", late)  # a group id is never a clicker
+    assert not deps.may_decide("UFRANK", replace(late, status=RunStatus.FINISHED))  # a retry is not a park
+
+
+def test_an_unreadable_group_lets_nobody_in_and_is_asked_again(store: Store, slack: FakeSlackAPI) -> None:
+    deps = deps_for(store, slack, approvers=("SOPS",))
+    record = parked_record(1, 60)
+    assert not deps.may_decide("UCAROL", record)  # no such group: nobody
+    slack.set_usergroup("SOPS", ["UCAROL"])
+    assert deps.may_decide("UCAROL", record)  # the failure was not cached
+    slack.set_usergroup("SOPS", [])
+    assert deps.may_decide("UCAROL", record)  # the success is, for GROUP_TTL seconds
+    store.redis.delete(Keys.group_members("T1", "SOPS"))
+    assert not deps.may_decide("UCAROL", record)
+    slack.fail_next("usergroups.users.list", status=500, times=5)
+    store.redis.delete(Keys.group_members("T1", "SOPS"))
+    slack.set_usergroup("SOPS", ["UCAROL"])
+    assert not deps.may_decide("UCAROL", record)  # Slack failing: fail closed
