@@ -14,6 +14,7 @@ from harness.config import Config, ConfigError, load_config
 from harness.loop import (
     Agent,
     AwaitingApproval,
+    AwaitingLimit,
     Event,
     Failed,
     Finished,
@@ -22,11 +23,14 @@ from harness.loop import (
     ToolReturned,
     ToolsRequested,
     WrappedUp,
+    continue_at_limit,
     step,
+    stop_run,
 )
 from harness.policy import Policy
 from harness.state import Decision, RunState, Verdict, new_run, record_decisions
 from harness.tools.catalog import Catalog, open_catalog
+from harness.valves import Valve
 
 SHOWN_RESULT_CHARS = 200
 EXIT_FINISHED, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -75,22 +79,41 @@ class Terminal:
             decisions[call.id] = Decision(Verdict.APPROVED if approved else Verdict.DECLINED, by="terminal")
         return decisions
 
+    def keep_going(self, outcome: AwaitingLimit) -> bool:
+        """Whether to continue past a limit ([limits] on_limit = "ask"); a closed stdin stops."""
+        more = texts.LIMIT_MORE_TURNS if outcome.valve is Valve.MAX_TURNS else texts.LIMIT_MORE_TOKENS
+        prompt = texts.CLI_LIMIT_PROMPT.format(
+            question=outcome.question,
+            more=more.format(more=outcome.allowance, s="" if outcome.allowance == 1 else "s"),
+        )
+        try:
+            answer = self.ask(prompt)
+        except EOFError:  # no one at the terminal: stop
+            self.say("")
+            return False
+        return answer.strip().lower() not in ("n", "no")
+
     def say(self, line: str) -> None:
         print(line, file=self.out, flush=True)
 
 
 def run_in_terminal(task: str, agent: Agent, terminal: Terminal) -> tuple[RunState, Outcome]:
     """Drive one run to its end, asking the terminal for every approval."""
-    state = new_run(task)
+    result = step(new_run(task), agent)
     while True:
-        result = step(state, agent)
         for event in result.events:
             terminal.show(event)
         state, outcome = result.state, result.outcome
+        if isinstance(outcome, AwaitingLimit):
+            if not terminal.keep_going(outcome):
+                return stop_run(state, outcome.valve, outcome.reason), Stopped(outcome.valve, outcome.reason)
+            result = continue_at_limit(state, agent)
+            continue
         if isinstance(outcome, AwaitingApproval):
             state = record_decisions(state, terminal.decide(outcome))
         elif outcome is not None:
             return state, outcome
+        result = step(state, agent)
 
 
 def list_tools(catalog: Catalog, policy: Policy, out: TextIO) -> int:

@@ -23,6 +23,7 @@ BUILTIN_TOOL_NAMES = ("get_time", "read_file", "list_files", "write_file", "dele
 _APPROVER_ID = re.compile(r"[UWS][A-Z0-9]{2,}")
 _SERVER_NAME = re.compile(r"[a-z0-9-]{1,32}")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+ON_LIMIT_CHOICES = ("stop", "ask")
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
@@ -44,6 +45,9 @@ class Limits:
     max_runs_per_channel: int = 20
     # A request's estimated input size is kept under this by clearing the oldest tool results.
     max_input_tokens: int = 100_000
+    # At max_turns or token_budget: "stop" ends the run; "ask" parks it until someone chooses
+    # Continue (one more allowance of that limit) or Stop.
+    on_limit: str = "stop"
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,7 @@ _LIMITS: dict[str, _Spec] = {
     "max_runs_per_user": ((int,), lambda v: v >= 1, "a whole number >= 1"),
     "max_runs_per_channel": ((int,), lambda v: v >= 1, "a whole number >= 1"),
     "max_input_tokens": ((int,), lambda v: 1_000 <= v <= 2_000_000, "a whole number from 1000 to 2000000"),
+    "on_limit": ((str,), lambda v: v in ON_LIMIT_CHOICES, '"stop" or "ask"'),
 }
 _TOOLS: dict[str, _Spec] = {
     "builtin": ((list,), None, "a list of built-in tool names"),

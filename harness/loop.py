@@ -25,7 +25,16 @@ from harness.policy import Policy, Ruling, Tier
 from harness.state import PendingCall, RunState, Status, Usage, Verdict, canonical_json
 from harness.tools import ToolContext, ToolRegistry, ToolResult
 from harness.tools.catalog import Catalog
-from harness.valves import Stop, Valve, check_budget, check_turn
+from harness.valves import (
+    ASKING_VALVES,
+    Stop,
+    Valve,
+    allowance,
+    check_budget,
+    check_turn,
+    token_limit,
+    turn_limit,
+)
 
 SYSTEM_PROMPT = (
     "You are an agent that completes the user's task with the tools provided. "
@@ -63,6 +72,20 @@ class AwaitingApproval:
 
 
 @dataclass(frozen=True)
+class AwaitingLimit:
+    """With `on_limit = "ask"`: the run reached `valve` (max turns or token budget) and waits.
+
+    `continue_at_limit` grants `allowance` more of it and carries on; `stop_run(state, valve,
+    reason)` ends it as that valve's stop. `question` says what was reached, for the person asked.
+    """
+
+    valve: Valve
+    reason: str
+    question: str
+    allowance: int
+
+
+@dataclass(frozen=True)
 class Failed:
     """A model API error survived the SDK's retries; stepping the same state again retries."""
 
@@ -70,7 +93,7 @@ class Failed:
     status_code: int | None = None
 
 
-Outcome = Finished | Stopped | AwaitingApproval | Failed
+Outcome = Finished | Stopped | AwaitingApproval | AwaitingLimit | Failed
 
 
 # --- events: what a front end shows as the run goes ------------------------------------------
@@ -130,6 +153,8 @@ class Agent:
     thinking_budget: int = 0  # > 0: extended thinking with this many tokens (inside max_tokens)
     # Called just before a call runs, with the state that marks it started (write-ahead).
     before_tool: Callable[[RunState, PendingCall], None] | None = None
+    # An outside valve (a person pressed Stop), asked before every model request and every tool call.
+    stop_check: Callable[[], Stop | None] | None = None
 
     @classmethod
     def from_config(cls, config: Config, catalog: Catalog | None = None, **overrides: Any) -> Agent:
@@ -172,8 +197,10 @@ def drive(state: RunState, agent: Agent, on_event: Callable[[Event], None]) -> t
 
 
 def _query(state: RunState, agent: Agent) -> StepResult:
-    if stop := check_budget(state, agent.limits):
+    if stop := _stop_requested(agent):
         return _stop(state, stop)
+    if stop := check_budget(state, agent.limits):
+        return _stop_or_ask(state, agent, stop)
     # Cleared in the state, not just the request: the thread's saved history stays bounded too.
     state = within_input_limit(state, build_request(state, agent), agent.limits.max_input_tokens)
     try:
@@ -285,6 +312,8 @@ def _start_turn(state: RunState, agent: Agent, content: list[dict[str, Any]]) ->
     calls = _calls(content, agent)
     signature = ",".join(sorted(c.signature for c in calls))
     if stop := check_turn(state, agent.limits, signature):
+        if _asks(agent, stop):  # the reply stays; its calls are started (or answered) after the answer
+            return _ask_at_limit(state, agent, stop)
         return _stop(replace(state, pending=calls), stop)
     state = replace(
         state,
@@ -300,6 +329,8 @@ def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
     for index, call in enumerate(state.pending):
         if call.result is not None:
             continue
+        if stop := _stop_requested(agent):  # a call already running has finished; no other starts
+            return _stop_mid_turn(state, stop, events)
         if call.awaiting:
             # No call runs ahead of an earlier one still waiting; all waiting ones are asked at once.
             parked = replace(state, status=Status.AWAITING_APPROVAL)
@@ -374,14 +405,88 @@ def stop_run(state: RunState, valve: Valve, reason: str) -> RunState:
     return _stop(state, Stop(valve, reason)).state
 
 
+def continue_at_limit(state: RunState, agent: Agent) -> StepResult:
+    """Continue a run waiting at a limit: one more allowance of that limit, then on from where it was.
+
+    A run held when the model asked for tools starts that turn now (the valves are checked again,
+    so it may stop for no progress or wait at the other limit); one held before a request makes it
+    on the next step.
+    """
+    if state.status is not Status.AWAITING_LIMIT:
+        raise ValueError(f"a {state.status} run is not waiting at a limit")
+    valve = Valve(state.at_limit)
+    more = allowance(valve, agent.limits)
+    if valve is Valve.MAX_TURNS:
+        state = replace(state, extra_turns=state.extra_turns + more)
+    else:
+        state = replace(state, extra_tokens=state.extra_tokens + more)
+    state = replace(state, status=Status.RUNNING, at_limit="")
+    held = _held_calls(state)
+    if held:
+        return _start_turn(state, agent, state.messages[-1]["content"])
+    return StepResult(state)
+
+
+def _stop_requested(agent: Agent) -> Stop | None:
+    return agent.stop_check() if agent.stop_check is not None else None
+
+
+def _asks(agent: Agent, stop: Stop) -> bool:
+    return agent.limits.on_limit == "ask" and stop.valve in ASKING_VALVES
+
+
+def _stop_or_ask(state: RunState, agent: Agent, stop: Stop) -> StepResult:
+    return _ask_at_limit(state, agent, stop) if _asks(agent, stop) else _stop(state, stop)
+
+
+def _ask_at_limit(state: RunState, agent: Agent, stop: Stop) -> StepResult:
+    """Hold the run at `stop`'s limit (with no call started) until Continue or Stop."""
+    limits = agent.limits
+    if stop.valve is Valve.MAX_TURNS:
+        question = texts.LIMIT_MAX_TURNS.format(limit=turn_limit(state, limits))
+    else:
+        question = texts.LIMIT_TOKEN_BUDGET.format(used=state.usage.total, limit=token_limit(state, limits))
+    held = replace(state, status=Status.AWAITING_LIMIT, at_limit=stop.valve.value, pending=())
+    return StepResult(held, AwaitingLimit(stop.valve, stop.reason, question, allowance(stop.valve, limits)))
+
+
+def _held_calls(state: RunState) -> list[str]:
+    """Ids of the `tool_use` blocks of a reply whose turn never started (held at a limit)."""
+    last = state.messages[-1] if state.messages else None
+    if state.pending or last is None or last["role"] != "assistant" or not isinstance(last["content"], list):
+        return []
+    return [b["id"] for b in last["content"] if b.get("type") == "tool_use"]
+
+
 def _stop(state: RunState, stop: Stop) -> StepResult:
     """End the run, answering any call left open so the conversation stays valid to continue."""
+    note = texts.RESULT_NOT_RUN_STOPPED.format(valve=stop.valve.value)
     if state.pending:
-        note = texts.RESULT_NOT_RUN_STOPPED.format(valve=stop.valve.value)
-        results = [_tool_result(c.id, c.result or ToolResult(note, True)) for c in state.pending]
+        results = [_tool_result(c.id, _not_run(c, note)) for c in state.pending]
         state = replace(state, messages=(*state.messages, {"role": "user", "content": results}))
-    state = replace(state, status=Status.STOPPED, pending=())
+    elif held := _held_calls(state):
+        results = [_tool_result(call_id, ToolResult(note, True)) for call_id in held]
+        state = replace(state, messages=(*state.messages, {"role": "user", "content": results}))
+    state = replace(state, status=Status.STOPPED, pending=(), at_limit="")
     return StepResult(state, Stopped(stop.valve, stop.reason))
+
+
+def _stop_mid_turn(state: RunState, stop: Stop, events: list[Event]) -> StepResult:
+    """Stop between two calls of a turn: its summary shows what ran and what did not."""
+    note = texts.RESULT_NOT_RUN_STOPPED.format(valve=stop.valve.value)
+    calls = tuple(replace(c, result=_not_run(c, note)) for c in state.pending)
+    done = TurnDone(state.turns, calls, state.usage.total)
+    result = _stop(state, stop)
+    return replace(result, events=(*events, done))
+
+
+def _not_run(call: PendingCall, note: str) -> ToolResult:
+    """The result of a call at a stop: its own if it ran; unknown if it was begun and not recorded."""
+    if call.result is not None:
+        return call.result
+    if call.started:
+        return ToolResult(texts.RESULT_OUTCOME_UNKNOWN.format(name=call.name), True)
+    return ToolResult(note, True)
 
 
 def _terminal_stop(reason: str | None, limits: Limits, content: list[dict[str, Any]]) -> Stop:

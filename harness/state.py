@@ -29,6 +29,7 @@ class Status(StrEnum):
 
     RUNNING = "running"
     AWAITING_APPROVAL = "awaiting_approval"
+    AWAITING_LIMIT = "awaiting_limit"  # at max_turns or token_budget with on_limit = "ask"
     FINISHED = "finished"
     STOPPED = "stopped"
     FAILED = "failed"
@@ -168,6 +169,11 @@ class RunState:
     usage: Usage = field(default_factory=Usage)
     signatures: tuple[str, ...] = ()
     pending: tuple[PendingCall, ...] = ()
+    # Granted by Continue at a limit (on_limit = "ask"): the valves allow max_turns + extra_turns
+    # turns and token_budget + extra_tokens tokens. `at_limit`: the valve the run waits at, or "".
+    extra_turns: int = 0
+    extra_tokens: int = 0
+    at_limit: str = ""
 
     @property
     def awaiting(self) -> tuple[PendingCall, ...]:
@@ -185,6 +191,9 @@ class RunState:
             "usage": [self.usage.input, self.usage.output, self.usage.cache_creation, self.usage.cache_read],
             "signatures": list(self.signatures),
             "pending": [c.to_json() for c in self.pending],
+            "extra_turns": self.extra_turns,
+            "extra_tokens": self.extra_tokens,
+            "at_limit": self.at_limit,
         }
 
     @classmethod
@@ -205,6 +214,10 @@ class RunState:
                 usage=Usage(*(int(n) for n in data["usage"])),
                 signatures=tuple(str(s) for s in data["signatures"]),
                 pending=tuple(PendingCall.from_json(c) for c in data["pending"]),
+                # Absent from states stored before limits could ask: nothing granted, not waiting.
+                extra_turns=int(data.get("extra_turns", 0)),
+                extra_tokens=int(data.get("extra_tokens", 0)),
+                at_limit=str(data.get("at_limit", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"stored run state is malformed ({exc!r}); refusing to resume it") from None

@@ -33,6 +33,18 @@ STOP_CONTEXT_WINDOW = (
     "Stopped: the conversation no longer fits in the model's context window. Start a new thread to carry on."
 )
 STOP_UNKNOWN_REASON = "Stopped: the model ended its reply for a reason the harness does not know ({reason})."
+STOP_BY_USER = "Stopped at a person's request, before the next model request; calls not yet run were not run."
+
+# A limit that asks ([limits] on_limit = "ask"): what the run reached, and what Continue grants.
+LIMIT_MAX_TURNS = (
+    "Reached the max-turns limit: the run has used all {limit} turns of tool calls it is allowed, "
+    "and the model asked for another."
+)
+LIMIT_TOKEN_BUDGET = (
+    "Reached the token budget: the run has used {used:,} tokens, at or over its budget of {limit:,}."
+)
+LIMIT_MORE_TURNS = "{more:,} more turn{s} of tool calls"
+LIMIT_MORE_TOKENS = "{more:,} more token{s}"
 
 FAILED_MODEL_API = "The model API failed after retrying: {error}"
 
@@ -95,6 +107,7 @@ CLI_APPROVE_PROMPT = (
     "[approve] About to run high-impact action {name}({args}) — Enter to allow / type n to decline: "
 )
 CLI_STOPPED = "[turn {turn}] {reason}"
+CLI_LIMIT_PROMPT = "[limit] {question} Continue with {more}? Enter to continue / type n to stop: "
 CLI_NO_API_KEY = (
     "error: ANTHROPIC_API_KEY is not set. Create a key at "
     "https://console.anthropic.com/settings/keys and run: export ANTHROPIC_API_KEY=sk-ant-..."

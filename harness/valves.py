@@ -21,6 +21,11 @@ class Valve(StrEnum):
     CONTEXT_WINDOW = "model_context_window_exceeded"
     UNKNOWN_STOP = "unknown_stop_reason"
     CRASHES = "crashes"  # the run took its worker down too often (set by the Slack driver)
+    STOPPED_BY_USER = "stopped_by_user"  # a person pressed Stop (checked through `Agent.stop_check`)
+
+
+# With `[limits] on_limit = "ask"` these valves ask to continue instead of stopping.
+ASKING_VALVES = (Valve.MAX_TURNS, Valve.TOKEN_BUDGET)
 
 
 @dataclass(frozen=True)
@@ -31,18 +36,34 @@ class Stop:
     reason: str
 
 
+def turn_limit(state: RunState, limits: Limits) -> int:
+    """Turns of tool calls the run may take: `max_turns` plus what Continue has granted."""
+    return limits.max_turns + state.extra_turns
+
+
+def token_limit(state: RunState, limits: Limits) -> int:
+    """Tokens the run may use: `token_budget` plus what Continue has granted."""
+    return limits.token_budget + state.extra_tokens
+
+
+def allowance(valve: Valve, limits: Limits) -> int:
+    """What one Continue at `valve` grants: one more `max_turns` (at least 1) or `token_budget`."""
+    return max(limits.max_turns, 1) if valve is Valve.MAX_TURNS else limits.token_budget
+
+
 def check_budget(state: RunState, limits: Limits) -> Stop | None:
     """Valve 2: at or over the token budget, no further request is made."""
-    if state.usage.total >= limits.token_budget:
-        reason = texts.STOP_TOKEN_BUDGET.format(used=state.usage.total, limit=limits.token_budget)
+    limit = token_limit(state, limits)
+    if state.usage.total >= limit:
+        reason = texts.STOP_TOKEN_BUDGET.format(used=state.usage.total, limit=limit)
         return Stop(Valve.TOKEN_BUDGET, reason)
     return None
 
 
 def check_turn(state: RunState, limits: Limits, signature: str) -> Stop | None:
     """Valves 1-3, checked when the model asks for tools, before the turn counter moves."""
-    if state.turns >= limits.max_turns:
-        return Stop(Valve.MAX_TURNS, texts.STOP_MAX_TURNS.format(limit=limits.max_turns))
+    if state.turns >= turn_limit(state, limits):
+        return Stop(Valve.MAX_TURNS, texts.STOP_MAX_TURNS.format(limit=turn_limit(state, limits)))
     if stop := check_budget(state, limits):
         return stop
     return check_progress((*state.signatures, signature), limits.no_progress_window)
