@@ -243,7 +243,7 @@ def test_a_group_that_cannot_be_read_lets_nobody_in_and_the_reminder_still_names
     assert has_actions(card_now(stack, channel, ts, card))
     assert not (stack.workspace / "grpdown.txt").exists()
     # A failure is not cached: each click asked Slack again.
-    assert lookups(stack, "SOPS") == sops_before + 2 and lookups(stack, "SLEADS") == leads_before + 1
+    assert lookups(stack, "SOPS") == sops_before + 2 and lookups(stack, "SLEADS") > leads_before
     bot = next(p for p in stack.processes if p.name == "bot")
     assert "cannot read user group SOPS (missing_scope)" in bot.output()
 
