@@ -31,6 +31,8 @@ from harness.config import Config
 from harness.state import Decision, PendingCall, StateError, Verdict
 from workers.services import enqueue_run_job
 from workers.store import (
+    ENDED,
+    LIMIT_CALL,
     Accepted,
     BadId,
     DecideOutcome,
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 START_RUN = "workers.jobs.start_run"
 APPLY_DECISIONS = "workers.jobs.apply_decisions"
 RETRY_RUN = "workers.jobs.retry_run"
+HONOUR_STOP = "workers.jobs.honour_stop"
 REPLY = "ephemeral_reply"  # context key: what the background reply tells the clicker
 MAX_TASK_CHARS = 20_000
 GROUP_LOOKUP_SECONDS = 2  # a group read on a click happens before Slack gets its answer (3 s)
@@ -192,6 +195,9 @@ def create_app(
     app.view("decline_reason")(_then(deps, _on_decline_reason(deps), _tell_clicker))
     app.action("retry")(_then(deps, _on_retry(deps), _tell_clicker))
     app.action("view_args")(_then(deps, _on_view_args(deps), _tell_clicker))
+    app.action("continue")(_then(deps, _on_continue(deps), _tell_clicker))
+    app.action("stop")(_then(deps, _on_stop(deps), _tell_clicker))
+    app.event("agent_session_stopped")(_then(deps, _on_session_stopped(deps), _tell_clicker))
     return app
 
 
@@ -720,13 +726,156 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
     return on_retry
 
 
+# --- Stop, and limits that ask ---------------------------------------------------------------------
+
+
+def _on_stop(deps: BotDeps) -> Callable[..., None]:
+    """`stop`: on a limit card (value `run:limit`) it answers the limit; on the "Working on it…"
+    message (value: the run id) it stops the run."""
+
+    def on_stop(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
+        ack()
+        clicker, channel = _clicker(body)
+        context["reply_channel"], context["reply_user"] = channel, clicker.user
+        run_id, _, what = str(action.get("value") or "").partition(":")
+        if what == LIMIT_CALL:
+            _answer_limit(deps, run_id, Verdict.DECLINED, clicker, channel, context)
+        elif what:
+            context[REPLY] = texts.STOP_UNKNOWN
+        else:
+            _request_stop(deps, run_id, clicker, channel, context)
+
+    return on_stop
+
+
+def _on_continue(deps: BotDeps) -> Callable[..., None]:
+    def on_continue(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
+        ack()
+        clicker, channel = _clicker(body)
+        context["reply_channel"], context["reply_user"] = channel, clicker.user
+        run_id, _, what = str(action.get("value") or "").partition(":")
+        if what != LIMIT_CALL:
+            context[REPLY] = texts.LIMIT_NOT_OPEN
+            return
+        _answer_limit(deps, run_id, Verdict.APPROVED, clicker, channel, context)
+
+    return on_continue
+
+
+def _on_session_stopped(deps: BotDeps) -> Callable[..., None]:
+    """Slack's own stop button (`agent_session_stopped`): the same as Stop on the thread's run."""
+
+    def on_session_stopped(body: dict[str, Any], event: dict[str, Any], context: BoltContext) -> None:
+        try:
+            team = check_id("team", body.get("team_id") or context.team_id)
+            event_id = check_id("event", body.get("event_id"))
+            user = check_id("user", event.get("user"))
+            channel = check_id("channel", event.get("channel"))
+            thread_ts = check_id("ts", event.get("thread_ts"))
+        except BadId as exc:
+            log.warning("ignoring a malformed agent_session_stopped: %s", exc)
+            return
+        if not deps.store.first_delivery(team, event_id):
+            return  # a retry of a delivery already acted on
+        context["reply_channel"], context["reply_user"], context["reply_thread"] = channel, user, thread_ts
+        run_id = deps.store.thread_run(team, channel, thread_ts)
+        if run_id is None:
+            context[REPLY] = texts.STOP_NOTHING_RUNNING
+            return
+        _request_stop(deps, run_id, Clicker(user, team), channel, context)
+
+    return on_session_stopped
+
+
+def _clicked_run(
+    deps: BotDeps, run_id: str, clicker: Clicker, channel: str | None, context: BoltContext
+) -> RunRecord | None:
+    """The run a Stop or Continue names, if it is of this workspace and channel; else a reply is set."""
+    try:
+        record = deps.store.load_run(check_id("run", run_id))
+    except BadId:
+        record = None
+    except StateError:
+        context[REPLY] = texts.UNREADABLE_RUN
+        return None
+    if record is None:
+        context[REPLY] = texts.STOP_UNKNOWN
+    elif clicker.team != record.team:
+        context[REPLY] = texts.WRONG_TEAM
+    elif channel is not None and channel != record.channel:
+        context[REPLY] = texts.WRONG_CHANNEL
+    else:
+        return record
+    return None
+
+
+def _request_stop(
+    deps: BotDeps, run_id: str, clicker: Clicker, channel: str | None, context: BoltContext
+) -> None:
+    """Record the first Stop of a run (by its requester or one who may decide) and have it acted on."""
+    record = _clicked_run(deps, run_id, clicker, channel, context)
+    if record is None:
+        return
+    if clicker.user != record.requester and not deps.may_decide(clicker.user, record):
+        stoppers = list(dict.fromkeys([record.requester, *deps.deciders(record)]))
+        context[REPLY] = (texts.STOP_NOT_ALLOWED, {"who": stoppers})
+        return
+    if record.status is RunStatus.STOPPED and record.stopped_by:
+        context[REPLY] = (texts.STOP_ALREADY_STOPPED, {"who": record.stopped_by})
+        return
+    if record.status in ENDED:
+        context[REPLY] = texts.STOP_ENDED
+        return
+    first = deps.store.request_stop(record.run_id, clicker.user)
+    if first is not None:
+        context[REPLY] = (texts.STOP_ALREADY, {"who": first})
+        return
+    # A driven run sees the request before its next step; this job stops a parked one at once.
+    deps.enqueue(HONOUR_STOP, record.run_id)
+
+
+def _answer_limit(
+    deps: BotDeps, run_id: str, verdict: Verdict, clicker: Clicker, channel: str | None, context: BoltContext
+) -> None:
+    """Record Continue (approved) or Stop (declined) for a run parked at a limit; same deciders as calls."""
+    record = _clicked_run(deps, run_id, clicker, channel, context)
+    if record is None:
+        return
+    if record.status is not RunStatus.AWAITING_APPROVAL:
+        context[REPLY] = texts.LIMIT_NOT_OPEN
+        return
+    if not deps.may_decide(clicker.user, record):
+        context[REPLY] = (texts.LIMIT_NOT_ALLOWED, {"who": deps.deciders(record)})
+        return
+    try:
+        at_limit = record.run_state().at_limit
+    except StateError:
+        context[REPLY] = texts.UNREADABLE_RUN
+        return
+    audit = {**record.audit_fields(None), "limit": at_limit}
+    decision = Decision(verdict, by=clicker.user)
+    result = deps.store.decide(record.run_id, record.park_id, LIMIT_CALL, decision, audit=audit)
+    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED):
+        deps.enqueue(APPLY_DECISIONS, record.run_id)
+    if result.outcome is DecideOutcome.RECORDED:
+        return
+    standing = result.decision
+    if result.outcome is DecideOutcome.UNKNOWN or standing is None:
+        context[REPLY] = texts.LIMIT_NOT_OPEN
+    elif standing.verdict is Verdict.EXPIRED:
+        context[REPLY] = texts.LIMIT_ALREADY_EXPIRED
+    else:
+        chosen = "Continue" if standing.verdict is Verdict.APPROVED else "Stop"
+        context[REPLY] = (texts.LIMIT_ALREADY.format(verdict=chosen), {"who": standing.by or "someone"})
+
+
 def _tell_clicker(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:
     """After Slack has its answer: an ephemeral reply when a click changed nothing."""
     reply, channel, user = context.get(REPLY), context.get("reply_channel"), context.get("reply_user")
     if not (reply and channel and user):
         return
     text, users = reply if isinstance(reply, tuple | list) else (reply, {})
-    thread_ts = _dict(body.get("message")).get("thread_ts") or None
+    thread_ts = _dict(body.get("message")).get("thread_ts") or context.get("reply_thread") or None
     msg = render.notice(text, **users)
     try:
         client.chat_postEphemeral(

@@ -41,6 +41,7 @@ from typing import Any, Literal
 from slack_sdk.models.blocks import (
     ActionsBlock,
     ButtonElement,
+    ConfirmObject,
     ContextBlock,
     DividerBlock,
     HeaderBlock,
@@ -1236,12 +1237,119 @@ def decline_reason_modal(*, run_id: str, call: PendingCall) -> dict[str, Any]:
     return view.to_dict()
 
 
+# --- stopping a run, and limits that ask ------------------------------------------------------------
+
+
+def working(*, run_id: str) -> Message:
+    """The run's "Working on it…" message: its Stop button (value: the run id) while it works or waits.
+
+    The button sits beside the text, not in an actions block: the thread's only actions blocks are
+    the cards that ask someone to decide something.
+    """
+    if len(run_id) > BUTTON_VALUE_MAX:
+        raise ValueError(f"run id of {len(run_id)} characters does not fit a button value")
+    stop = ButtonElement(
+        text="Stop",
+        action_id="stop",
+        value=run_id,
+        style="danger",
+        confirm=ConfirmObject(
+            title="Stop this run?",
+            text="It ends before its next model request; a tool already running finishes first.",
+            confirm="Stop it",
+            deny="Keep going",
+        ),
+    )
+    text = texts.WORKING
+    section = SectionBlock(block_id="working", text=MarkdownTextObject(text=text), accessory=stop)
+    return Message(text=text, blocks=[section.to_dict(), _context(texts.WORKING_WHO)])
+
+
+def working_closed(*, outcome: str, by: str | None = None) -> Message:
+    """The "Working on it…" message once the run stopped working: no button, how it ended.
+
+    `outcome`: "finished", "stopped" or "failed"; `by`: who pressed Stop, if anyone did (a run can
+    still finish when the request in flight was its last).
+    """
+    if outcome == "finished":
+        text = texts.WORKING_DONE_BEFORE_STOP.format(who=mention(by)) if by else texts.WORKING_DONE
+    elif outcome == "failed":
+        text = texts.WORKING_FAILED
+    elif by:
+        text = texts.WORKING_STOPPED_BY.format(who=mention(by))
+    else:
+        text = texts.WORKING_STOPPED
+    return Message(text=text, blocks=[_section(text)])
+
+
+def stopped_by(*, by: str | None, turns: int, requests: int) -> Message:
+    """A run a person stopped (Stop, or Slack's own stop button): who, and the footer."""
+    footer = _footer(turns, requests)
+    said = texts.STOPPED_BY.format(who=mention(by) if by else "someone")
+    return Message(text=f"{said}\n\n{footer}", blocks=[_section(said), _context(footer)])
+
+
+def limit_card(
+    *,
+    run_id: str,
+    question: str,
+    more: str,
+    requester: str,
+    deciders: Sequence[str],
+    expires_at: datetime,
+) -> Message:
+    """A run waiting at a limit (`on_limit = "ask"`): Continue (one more allowance) or Stop."""
+    value = f"{run_id}:limit"
+    if len(value) > BUTTON_VALUE_MAX:
+        raise ValueError(f"button value of {len(value)} characters exceeds Slack's {BUTTON_VALUE_MAX}")
+    who = ", ".join(approver(d) for d in deciders[:20]) or mention(requester)
+    head = f":raised_hand: {_esc(question, SECTION_MAX - 20)}"
+    choice = texts.LIMIT_CHOICE.format(more=_esc(more, 200))
+    rules = texts.LIMIT_RULES.format(requester=mention(requester), who=who, expires=slack_date(expires_at))
+    actions = ActionsBlock(
+        block_id="limit",
+        elements=[
+            ButtonElement(text="Continue", action_id="continue", value=value, style="primary"),
+            ButtonElement(text="Stop", action_id="stop", value=value, style="danger"),
+        ],
+    ).to_dict()
+    return Message(
+        text=_esc(question, TEXT_MAX), blocks=[_section(head), _section(choice), _context(rules), actions]
+    )
+
+
+def limit_decided(*, question: str, verdict: Verdict, by: str | None, at: datetime, more: str) -> Message:
+    """The limit card once answered: no buttons, what was chosen, by whom and when."""
+    when = slack_date(at)
+    if verdict is Verdict.APPROVED:
+        outcome = texts.LIMIT_CONTINUED.format(who=mention(by), when=when, more=_esc(more, 200))
+    elif verdict is Verdict.EXPIRED:
+        outcome = texts.LIMIT_EXPIRED.format(when=when)
+    else:
+        outcome = texts.LIMIT_STOPPED.format(who=mention(by) if by else "someone", when=when)
+    head = f":raised_hand: {_esc(question, SECTION_MAX - 20)}"
+    return Message(text=_with_tail(question, outcome, " — "), blocks=[_section(head), _section(outcome)])
+
+
+def card_stopped(*, call: PendingCall, requester: str, by: str | None, at: datetime) -> Message:
+    """An approval card of a parked run that was stopped: no buttons, the call was not run."""
+    outcome = texts.CARD_STOPPED.format(who=mention(by) if by else "someone", when=slack_date(at))
+    args = _arguments(call)
+
+    def build(scale: float) -> list[dict[str, Any]]:
+        blocks, _ = _what_will_run(call, args, "The agent asked to run", requester, scale, "")
+        return [*blocks, _section(outcome)]
+
+    return Message(text=_with_tail(f"{call.name}{_target_text(args)}", outcome, ": "), blocks=_fit(build))
+
+
 __all__ = [
     "TARGET_WORDS",
     "HomeItem",
     "Message",
     "approval_card",
     "approver",
+    "card_stopped",
     "arguments_modal",
     "blocks_size",
     "code",
@@ -1257,11 +1365,16 @@ __all__ = [
     "final_answer",
     "fully_reviewable",
     "is_target",
+    "limit_card",
+    "limit_decided",
     "mention",
     "notice",
     "retried_card",
     "slack_date",
     "stopped",
+    "stopped_by",
     "turn_summary",
     "visible",
+    "working",
+    "working_closed",
 ]

@@ -73,3 +73,39 @@ HOME_EMPTY = "Nothing is waiting on you: there is no open approval you may decid
 HOME_MORE = "…and more are waiting on you: decide some of these, then open this tab again."
 HOME_OPEN_CARD = "Open the card"
 HOME_NO_LINK = "(its card's link could not be read: find the card in that channel)"
+
+# Stopping a run (the Stop button, Slack's own stop) and limits that ask (on_limit = "ask").
+WORKING = ":hourglass_flowing_sand: Working on it…"
+WORKING_WHO = (
+    "Stop ends the run before its next model request; a tool already running finishes first. "
+    "The person who asked, or anyone who may decide its calls, can press it."
+)
+WORKING_DONE = ":white_check_mark: Done."
+WORKING_DONE_BEFORE_STOP = (
+    ":white_check_mark: Done: it finished before Stop (pressed by {who}) could take effect."
+)
+WORKING_STOPPED = ":octagonal_sign: Stopped."
+WORKING_STOPPED_BY = ":octagonal_sign: Stopped by {who}."
+WORKING_FAILED = ":warning: Paused: the model API failed (see below)."
+STOPPED_BY = (
+    ":octagonal_sign: Stopped by {who} with the Stop button, before the next model request. "
+    "Calls not yet run were not run."
+)
+CARD_STOPPED = ":octagonal_sign: Not run: the run was stopped by {who} at {when}."
+LIMIT_CHOICE = "*Continue* gives it {more}. *Stop* ends the run here."
+LIMIT_RULES = "Asked for by {requester} · Only {who} may choose · Expires {expires}: then the run stops"
+LIMIT_CONTINUED = ":arrow_forward: Continued by {who} at {when}: {more}."
+LIMIT_STOPPED = ":octagonal_sign: Stopped by {who} at {when}."
+LIMIT_EXPIRED = ":hourglass: Expired at {when}: nobody chose in time, so the run stopped."
+STOP_NOT_ALLOWED = "Only {who} may stop this run. Nothing was changed."
+STOP_ALREADY = "This run is already being stopped (Stop pressed by {who}). Nothing more to do."
+STOP_ALREADY_STOPPED = "This run was already stopped by {who}."
+STOP_ENDED = "This run has already ended. Nothing was changed."
+STOP_UNKNOWN = "This run is not known here (it may have ended long ago). Nothing was changed."
+STOP_NOTHING_RUNNING = "Nothing of mine is running in this thread, so there was nothing to stop."
+LIMIT_NOT_ALLOWED = "Only {who} may choose to continue or stop this run. Nothing was changed."
+LIMIT_NOT_OPEN = "This limit is no longer waiting for an answer. Nothing was changed."
+LIMIT_ALREADY = "This limit was already answered ({verdict}) by {{who}}. Nothing was changed."
+LIMIT_ALREADY_EXPIRED = "This limit's question has expired; the run stopped. Nothing was changed."
+LIMIT_STOP_REASON = "{reason} Stop was chosen at the limit."
+LIMIT_EXPIRED_REASON = "{reason} Nobody chose Continue or Stop before the question expired."

@@ -30,7 +30,6 @@ from harness.loop import (
 from harness.policy import Policy
 from harness.state import Decision, RunState, Verdict, new_run, record_decisions
 from harness.tools.catalog import Catalog, open_catalog
-from harness.valves import Valve
 
 SHOWN_RESULT_CHARS = 200
 EXIT_FINISHED, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -81,11 +80,7 @@ class Terminal:
 
     def keep_going(self, outcome: AwaitingLimit) -> bool:
         """Whether to continue past a limit ([limits] on_limit = "ask"); a closed stdin stops."""
-        more = texts.LIMIT_MORE_TURNS if outcome.valve is Valve.MAX_TURNS else texts.LIMIT_MORE_TOKENS
-        prompt = texts.CLI_LIMIT_PROMPT.format(
-            question=outcome.question,
-            more=more.format(more=outcome.allowance, s="" if outcome.allowance == 1 else "s"),
-        )
+        prompt = texts.CLI_LIMIT_PROMPT.format(question=outcome.question, more=outcome.more)
         try:
             answer = self.ask(prompt)
         except EOFError:  # no one at the terminal: stop

@@ -84,6 +84,12 @@ class AwaitingLimit:
     question: str
     allowance: int
 
+    @property
+    def more(self) -> str:
+        """What Continue grants, in words: "8 more turns of tool calls", "40,000 more tokens"."""
+        words = texts.LIMIT_MORE_TURNS if self.valve is Valve.MAX_TURNS else texts.LIMIT_MORE_TOKENS
+        return words.format(more=self.allowance, s="" if self.allowance == 1 else "s")
+
 
 @dataclass(frozen=True)
 class Failed:

@@ -45,7 +45,9 @@ def results_of(message: dict[str, Any]) -> list[dict[str, Any]]:
 # --- limits that ask ----------------------------------------------------------------------------
 
 
-def test_at_max_turns_an_asking_run_waits_with_the_call_unrun(model: FakeMessagesAPI, workspace: Path) -> None:
+def test_at_max_turns_an_asking_run_waits_with_the_call_unrun(
+    model: FakeMessagesAPI, workspace: Path
+) -> None:
     model.script(reading(0), reading(1))
     agent = make_agent(model, workspace, max_turns=1, on_limit="ask")
     state, outcome, _ = run(agent)

@@ -20,9 +20,12 @@ from bot import render, texts
 from harness.state import PendingCall, RunState, StateError
 from workers import outbox
 from workers.services import Services
-from workers.store import DAY, FINISHED_RUN_TTL, RunRecord, RunStatus
+from workers.store import DAY, FINISHED_RUN_TTL, LIMIT_CALL, RunRecord, RunStatus
 
 log = logging.getLogger(__name__)
+
+
+WORKING = "~working"  # outbox key of the Working message while it is delivered (never a call id)
 
 
 class LostLease(Exception):
@@ -120,8 +123,39 @@ class Driver:
 
     def deliver(self) -> None:
         """Pay what the run owes Slack. Not saved here: the next write drops the paid debts."""
+        self._owe_working()
         self.record = outbox.deliver(self.svc, self.record, reconcile=self._reconcile)
         self._reconcile = False
+        if WORKING in self.record.cards:  # the Working message rode along as a card: keep its ts apart
+            cards = dict(self.record.cards)
+            self.record = replace(self.record, cards=cards, working_ts=cards.pop(WORKING))
+
+    def _owe_working(self) -> None:
+        """With the first post of a working (or parked) run, its "Working on it…" message with Stop.
+
+        It follows the run's first post rather than coming before it, so a run that answers at once
+        posts nothing more. Its debt is saved by no write: a driver that dies before the next one
+        owes it again under the same key, and reconciliation finds it if it was posted.
+        """
+        record = self.record
+        working = record.status in (RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL)
+        if record.working_ts or not working or not any(e["op"] == "post" for e in record.outbox):
+            return
+        self.record = outbox.owe_post(record, render.working(run_id=record.run_id), outbox.CARD, WORKING)
+
+    def park_limit(self, state: RunState, ttl: int, expires_at: float) -> None:
+        """Save the run waiting at a limit: one pseudo-call, `LIMIT_CALL`, decided Continue or Stop."""
+        record = replace(
+            self.record,
+            status=RunStatus.AWAITING_APPROVAL,
+            state=state.to_json(),
+            park_id=self.record.park_id + 1,
+            expires_at=expires_at,
+            cards={},
+        )
+        if self.lost or not self.svc.store.park(record, self.token, self.seconds, [LIMIT_CALL], ttl=ttl):
+            raise LostLease(self.run_id)
+        self.record = record
 
     def park(self, state: RunState, calls: tuple[PendingCall, ...], ttl: int, expires_at: float) -> None:
         """Save the run awaiting decisions on `calls`, its cards owed and its expiry scheduled."""

@@ -20,13 +20,35 @@ from typing import Any
 import rq
 
 from bot import render, texts
-from harness.loop import Agent, AwaitingApproval, Event, Failed, Finished, Outcome, TurnDone, step, stop_run
-from harness.state import Decision, PendingCall, RunState, StateError, Verdict, new_run, record_decisions
-from harness.valves import Valve
+from harness import texts as harness_texts
+from harness.loop import (
+    Agent,
+    AwaitingApproval,
+    AwaitingLimit,
+    Event,
+    Failed,
+    Finished,
+    Outcome,
+    TurnDone,
+    continue_at_limit,
+    step,
+    stop_run,
+)
+from harness.state import (
+    Decision,
+    PendingCall,
+    RunState,
+    StateError,
+    Status,
+    Verdict,
+    new_run,
+    record_decisions,
+)
+from harness.valves import Stop, Valve, token_limit
 from workers import outbox
 from workers.driver import Driver, park_ttl
 from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
-from workers.store import BadId, Grant, RunRecord, RunStatus, Store
+from workers.store import LIMIT_CALL, BadId, Grant, RunRecord, RunStatus, Store
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +91,11 @@ def recover_run(run_id: str) -> None:
 
 def retry_run(run_id: str, by: str | None = None) -> None:
     """Retry a failed run from its last state (the Retry button; who clicked is in the claim)."""
+    drive(run_id)
+
+
+def honour_stop(run_id: str) -> None:
+    """Act on a Stop (the bot enqueues this): a parked run stops now; a driven one at its next step."""
     drive(run_id)
 
 
@@ -214,25 +241,39 @@ def _start(svc: Services, driver: Driver) -> str | None:
 def _advance(svc: Services, driver: Driver, state: RunState) -> str | None:
     """Step the run until it leaves the loop: after every step, save (with what it owes Slack), then pay."""
 
-    def write_ahead(marked: RunState, call: PendingCall) -> None:
-        driver.save(state=marked.to_json())  # raises LostLease before the call could run twice
-
-    agent = Agent.from_config(svc.config, svc.catalog, client=svc.model, before_tool=write_ahead)
+    agent = _agent(svc, driver)
     while True:
         result = step(state, agent)
         state = result.state
-        _owe_summaries(driver, result.events, agent)
+        _owe_summaries(driver, result.events, agent, state)
         if result.outcome is not None:
             return _leave_loop(svc, driver, state, agent, result.outcome)
         driver.save(state=state.to_json())
         driver.deliver()
 
 
-def _owe_summaries(driver: Driver, events: tuple[Event, ...], agent: Agent) -> None:
+def _agent(svc: Services, driver: Driver) -> Agent:
+    """The agent a driver steps with: every call marked started durably first, a Stop heard at once."""
+
+    def write_ahead(marked: RunState, call: PendingCall) -> None:
+        driver.save(state=marked.to_json())  # raises LostLease before the call could run twice
+
+    def stop_check() -> Stop | None:
+        if svc.store.stop_requested(driver.run_id) is None:
+            return None
+        return Stop(Valve.STOPPED_BY_USER, harness_texts.STOP_BY_USER)
+
+    return Agent.from_config(
+        svc.config, svc.catalog, client=svc.model, before_tool=write_ahead, stop_check=stop_check
+    )
+
+
+def _owe_summaries(driver: Driver, events: tuple[Event, ...], agent: Agent, state: RunState) -> None:
+    budget = token_limit(state, agent.limits)
     for event in events:
         if isinstance(event, TurnDone):
             try:
-                msg = render.turn_summary(event.turn, event.calls, event.tokens, agent.limits.token_budget)
+                msg = render.turn_summary(event.turn, event.calls, event.tokens, budget)
             except Exception:  # never lose the step (and its usage) to a rendering bug
                 log.exception("run %s: turn %s could not be rendered", driver.run_id, event.turn)
                 msg = render.notice(texts.UNRENDERABLE.format(turn=event.turn))
@@ -242,6 +283,8 @@ def _owe_summaries(driver: Driver, events: tuple[Event, ...], agent: Agent) -> N
 def _leave_loop(svc: Services, driver: Driver, state: RunState, agent: Agent, outcome: Outcome) -> str | None:
     if isinstance(outcome, AwaitingApproval):
         return _park(svc, driver, state, agent, outcome)
+    if isinstance(outcome, AwaitingLimit):
+        return _park_at_limit(svc, driver, state, outcome)
     if isinstance(outcome, Failed):
         driver.owe(render.failed(run_id=driver.run_id, error=outcome.error), role=outbox.FAILURE)
         driver.record = replace(driver.record, state=state.to_json(), error=outcome.error, failure_ts=None)
@@ -249,6 +292,11 @@ def _leave_loop(svc: Services, driver: Driver, state: RunState, agent: Agent, ou
     if isinstance(outcome, Finished):
         driver.owe(render.final_answer(outcome.answer, state.turns, state.requests))
         status, reaction = RunStatus.FINISHED, "white_check_mark"
+    elif outcome.valve is Valve.STOPPED_BY_USER:
+        by = svc.store.stop_requested(driver.run_id)
+        driver.owe(render.stopped_by(by=by, turns=state.turns, requests=state.requests))
+        driver.record = replace(driver.record, stopped_by=by)
+        status, reaction = RunStatus.STOPPED, "octagonal_sign"
     else:
         driver.owe(render.stopped(outcome.reason, state.turns, state.requests))
         status, reaction = RunStatus.STOPPED, "octagonal_sign"
@@ -260,6 +308,13 @@ def _leave_loop(svc: Services, driver: Driver, state: RunState, agent: Agent, ou
 
 def _end(driver: Driver, status: RunStatus) -> str | None:
     """Save the run ended with what it owes, pay it, then let the thread go."""
+    record = driver.record
+    if record.working_ts and record.status in (RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL):
+        by = record.stopped_by
+        if status is RunStatus.FINISHED:  # its last request was in flight when Stop was pressed
+            by = driver.svc.store.stop_requested(record.run_id)
+        closed = render.working_closed(outcome=status.value, by=by)
+        driver.record = outbox.owe_update(record, record.working_ts, closed)  # its Stop button goes
     driver.save(status=status)
     driver.deliver()
     return driver.finish()
@@ -384,6 +439,8 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
     """Resume a parked run once every call is decided; else let it go (it stays parked)."""
     while True:
         record = driver.record
+        if (by := svc.store.stop_requested(record.run_id)) is not None:
+            return _stop_parked(svc, driver, by)
         decisions = svc.store.decisions(record.run_id, record.park_id)
         if decisions and all(d is not None for d in decisions.values()):
             break
@@ -393,6 +450,8 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
         state = record.run_state()
     except StateError as exc:
         return _refuse(driver, str(exc))
+    if state.status is Status.AWAITING_LIMIT:
+        return _resume_at_limit(svc, driver, state, decisions)
     if set(decisions) != {c.id for c in state.awaiting}:
         return _refuse(driver, texts.DECISIONS_DO_NOT_MATCH)
     state = record_decisions(state, {k: v for k, v in decisions.items() if v is not None})
@@ -425,9 +484,109 @@ def _retry_if_clicked(svc: Services, driver: Driver) -> str | None:
         return _refuse(driver, str(exc))
     retried = render.retried_card(error=record.error or "", by=by, at=datetime.now(UTC))
     driver.record = outbox.owe_update(record, record.failure_ts, retried)
+    if record.working_ts:  # working again: its Stop button is back
+        driver.record = outbox.owe_update(
+            driver.record, record.working_ts, render.working(run_id=record.run_id)
+        )
     driver.save(status=RunStatus.RUNNING, failure_ts=None, error=None)
     driver.deliver()
     return _advance(svc, driver, state)
+
+
+# --- limits that ask, and Stop --------------------------------------------------------------------
+
+
+def _park_at_limit(svc: Services, driver: Driver, state: RunState, outcome: AwaitingLimit) -> str | None:
+    """Park a run at a limit: its card asks Continue or Stop; it expires like an approval (then stops)."""
+    record = driver.record
+    minutes = svc.config.approvals.expire_after_minutes
+    expires_at = datetime.now(UTC) + timedelta(minutes=minutes)
+    info = {"question": outcome.question, "reason": outcome.reason, "more": outcome.more}
+    driver.record = replace(record, call_tools={LIMIT_CALL: info}, expires_at=expires_at.timestamp())
+    card = render.limit_card(
+        run_id=record.run_id,
+        question=outcome.question,
+        more=info["more"],
+        requester=record.requester,
+        deciders=list(svc.config.approvals.approvers or (record.requester,)),
+        expires_at=expires_at,
+    )
+    driver.owe(card, role=outbox.CARD, call=LIMIT_CALL)
+    driver.park_limit(state, park_ttl(minutes), expires_at.timestamp())
+    driver.deliver()
+    return _resume_if_decided(svc, driver)
+
+
+def _resume_at_limit(
+    svc: Services, driver: Driver, state: RunState, decisions: dict[str, Decision | None]
+) -> str | None:
+    """A limit answered: Continue grants one more allowance and goes on; Stop or expiry ends the run."""
+    record = driver.record
+    decision = decisions.get(LIMIT_CALL)
+    if decision is None or set(decisions) != {LIMIT_CALL} or state.at_limit not in tuple(Valve):
+        return _refuse(driver, texts.DECISIONS_DO_NOT_MATCH)
+    info = record.call_tools.get(LIMIT_CALL, {})
+    shown = svc.store.cards_updated(record.run_id, record.park_id)
+    if LIMIT_CALL in record.cards and LIMIT_CALL not in shown:
+        decided = render.limit_decided(
+            question=info.get("question", ""),
+            verdict=decision.verdict,
+            by=decision.by,
+            at=datetime.now(UTC),
+            more=info.get("more", ""),
+        )
+        driver.record = outbox.owe_update(driver.record, record.cards[LIMIT_CALL], decided)
+    svc.store.forget_expiry(record.run_id, record.park_id)
+    if decision.verdict is Verdict.APPROVED:
+        agent = _agent(svc, driver)
+        result = continue_at_limit(state, agent)
+        driver.save(status=RunStatus.RUNNING, state=result.state.to_json(), expires_at=None)
+        svc.store.take_thread(driver.record, RUN_JOB_TIMEOUT)
+        driver.deliver()
+        _owe_summaries(driver, result.events, agent, result.state)
+        if result.outcome is not None:
+            return _leave_loop(svc, driver, result.state, agent, result.outcome)
+        return _advance(svc, driver, result.state)
+    reason = info.get("reason") or harness_texts.STOP_BY_USER
+    said = texts.LIMIT_EXPIRED_REASON if decision.verdict is Verdict.EXPIRED else texts.LIMIT_STOP_REASON
+    state = stop_run(state, Valve(state.at_limit), reason)
+    driver.owe(render.stopped(said.format(reason=reason), state.turns, state.requests))
+    driver.record = outbox.owe_reaction(
+        replace(driver.record, state=state.to_json()), "octagonal_sign", remove="eyes"
+    )
+    return _end(driver, RunStatus.STOPPED)
+
+
+def _stop_parked(svc: Services, driver: Driver, by: str) -> str | None:
+    """Stop a parked run at once: its cards lose their buttons, its open calls are answered as not run."""
+    record = driver.record
+    try:
+        state = record.run_state()
+    except StateError as exc:
+        return _refuse(driver, str(exc))
+    now = datetime.now(UTC)
+    shown = svc.store.cards_updated(record.run_id, record.park_id)
+    calls = {c.id: c for c in state.pending}
+    for call_id, ts in record.cards.items():
+        if call_id in shown:
+            continue  # already shows its decision, with no buttons
+        if call_id == LIMIT_CALL:
+            info = record.call_tools.get(LIMIT_CALL, {})
+            msg = render.limit_decided(
+                question=info.get("question", ""), verdict=Verdict.DECLINED, by=by, at=now, more=""
+            )
+        elif call_id in calls:
+            msg = render.card_stopped(call=calls[call_id], requester=record.requester, by=by, at=now)
+        else:
+            continue
+        driver.record = outbox.owe_update(driver.record, ts, msg)
+    svc.store.forget_expiry(record.run_id, record.park_id)
+    state = stop_run(state, Valve.STOPPED_BY_USER, harness_texts.STOP_BY_USER)
+    driver.owe(render.stopped_by(by=by, turns=state.turns, requests=state.requests))
+    driver.record = outbox.owe_reaction(
+        replace(driver.record, state=state.to_json(), stopped_by=by), "octagonal_sign", remove="eyes"
+    )
+    return _end(driver, RunStatus.STOPPED)
 
 
 def _refuse(driver: Driver, reason: str) -> str | None:

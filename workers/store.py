@@ -36,6 +36,7 @@ AUDIT_MAX_ENTRIES = 100_000
 AUDIT_MAX_AGE = 90 * DAY
 AUDIT_PREVIEW_CHARS = 500
 EXPIRES_FIELD = "~expires"  # never a call id: those are [A-Za-z0-9_-]
+LIMIT_CALL = "limit"  # the one "call" of a park at a limit (on_limit = "ask"); tool_use ids are toolu_…
 GROUP_TTL = 60  # seconds a user group's members are trusted before they are read from Slack again
 
 _ID = {
@@ -180,6 +181,11 @@ class Keys:
         """Parks due a reminder to `escalate_to` (member `run:park`, score: when it is due)."""
         return f"{PREFIX}escalations"
 
+    @staticmethod
+    def stop_request(run_id: str) -> str:
+        """Someone asked the run to stop (the value: who); its driver stops before its next step."""
+        return f"{PREFIX}stop:{check_id('run', run_id)}"
+
 
 def _thread_id(team: str, channel: str, thread_ts: str) -> str:
     return f"{check_id('team', team)}:{check_id('channel', channel)}:{check_id('ts', thread_ts)}"
@@ -267,6 +273,8 @@ class RunRecord:
     # For each parked call: what its card and the edit modal need of its tool (schema, own tier,
     # title, annotations) and of the reply (the model's words, a preview), kept from the park.
     call_tools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    working_ts: str | None = None  # the "Working on it…" message that carries the Stop button
+    stopped_by: str | None = None  # who pressed Stop, once the run ended because of it
 
     @property
     def thread(self) -> tuple[str, str, str]:
@@ -470,17 +478,18 @@ redis.call('ZADD', KEYS[3], ARGV[5], ARGV[6])
 return 1
 """
 
-# KEYS[1] lease, KEYS[2] run record, KEYS[3] active set, KEYS[4] approvals hash. ARGV[1] token,
-# ARGV[2] record, ARGV[3] TTL s, ARGV[4] run id, ARGV[5] lease ms.
+# KEYS[1] lease, KEYS[2] run record, KEYS[3] active set, KEYS[4] approvals hash, KEYS[5] stop
+# request. ARGV[1] token, ARGV[2] record, ARGV[3] TTL s, ARGV[4] run id, ARGV[5] lease ms.
 # After its cards are posted, a parked run lets go of its driver, unless every decision is already
-# in (a quick click): then the driver keeps the lease and resumes at once. Atomic with the decide
-# script, so a decision lands either before (ready) or after (it marks the run active itself).
+# in (a quick click) or someone pressed Stop: then the driver keeps the lease and goes on at once.
+# Atomic with the decide and stop scripts, so a decision or a Stop lands either before (ready) or
+# after (it marks the run active itself, and its job finds the run parked).
 _SETTLE = (
     _ALL_DECIDED
     + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 'lost' end
 redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
-if all_decided(KEYS[4]) then
+if all_decided(KEYS[4]) or redis.call('EXISTS', KEYS[5]) == 1 then
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   return 'ready'
 end
@@ -539,6 +548,17 @@ redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 return 1
 """
 
+# KEYS[1] stop request, KEYS[2] active set. ARGV[1] who, ARGV[2] TTL s, ARGV[3] now, ARGV[4] run id.
+# The first Stop of a run is recorded (and the run marked active, so the watchdog drives it even if
+# the job asking for it is lost); a later one changes nothing and learns who pressed it first.
+_REQUEST_STOP = """
+local first = redis.call('GET', KEYS[1])
+if first then return first end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+return false
+"""
+
 # KEYS[1] lease. ARGV[1] token.
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 0"
 
@@ -557,6 +577,7 @@ class Store:
         self._leave = connection.register_script(_LEAVE)
         self._renew = connection.register_script(_RENEW)
         self._release = connection.register_script(_RELEASE)
+        self._request_stop = connection.register_script(_REQUEST_STOP)
 
     # --- mentions -------------------------------------------------------------------------------
 
@@ -828,6 +849,28 @@ class Store:
         raw = self.redis.get(Keys.thread_lock(*record.thread))
         return _text(raw) if raw else None
 
+    def thread_run(self, team: str, channel: str, thread_ts: str) -> str | None:
+        """The run working in (or parked in) a thread now, if any."""
+        raw = self.redis.get(Keys.thread_lock(team, channel, thread_ts))
+        return _text(raw) if raw else None
+
+    # --- stop requests --------------------------------------------------------------------------
+
+    def request_stop(self, run_id: str, by: str, ttl: int = DAY) -> str | None:
+        """Ask `run_id` to stop on behalf of `by`: None if this is the first Stop, else who pressed first."""
+        keys = [Keys.stop_request(run_id), Keys.active()]
+        first = self._request_stop(keys=keys, args=[check_id("user", by), ttl, time.time(), run_id])
+        return _text(first) if first else None
+
+    def stop_requested(self, run_id: str) -> str | None:
+        """Who asked `run_id` to stop, if anyone has."""
+        raw = self.redis.get(Keys.stop_request(run_id))
+        return _text(raw) if raw else None
+
+    def first_delivery(self, team: str, event_id: str) -> bool:
+        """True once per Slack event delivery (`SET NX` on its dedup mark): retries are absorbed."""
+        return bool(self.redis.set(Keys.event(team, event_id), "1", nx=True, ex=EVENT_TTL))
+
     # --- leases: exactly one driver per run, every write fenced ------------------------------
 
     def acquire_lease(self, run_id: str, token: str, seconds: float) -> bool:
@@ -898,6 +941,7 @@ class Store:
             Keys.run(record.run_id),
             Keys.active(),
             Keys.approvals(record.run_id, record.park_id),
+            Keys.stop_request(record.run_id),
         ]
         args: list[Any] = [token, pack(record.to_json()), ttl, record.run_id, int(seconds * 1000)]
         return _text(self._settle(keys=keys, args=args))
