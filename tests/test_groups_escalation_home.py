@@ -287,6 +287,8 @@ def home_of(stack: Stack, user: str) -> str:
 def test_the_home_tab_lists_what_waits_on_each_approver_with_a_link_to_its_card(stack: Stack) -> None:
     channel, ts, card = park_a_write(stack, "homelist")
     link = f"/archives/{channel}/p{card['ts'].replace('.', '')}"
+    # The card's ts reaches the run record with the write that settles the park, just after the post.
+    wait_until(lambda: card["ts"] in record_of(stack, channel).cards.values())
 
     for approver in ("UANN", "UCAROL"):  # in person, and through the group SOPS
         home = home_of(stack, approver)
