@@ -101,8 +101,8 @@ class Tool:
     annotations: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     # Checks and coerces the model's input; raises `BadInput`. None: the callee checks it.
     validate: Callable[[Any], dict[str, Any]] | None = None
-    # Set when the tool bounds its own calls (an MCP call is cancelled on its server): the
-    # registry then waits this long plus a grace instead of its own timeout.
+    # Set when the tool bounds its own calls (an MCP call is cancelled on its server after this
+    # long): the registry then calls it on the caller's thread, without a timeout of its own.
     timeout_seconds: float | None = None
     # The module that defined it with `@tool()` ("" for other kinds).
     module: str = ""

@@ -217,9 +217,12 @@ class McpHub:
             return
 
         async def stop() -> None:
-            for task in self._tasks:
+            # Every task: the supervisors (their sessions close, a stdio server exits) and any
+            # relay connection still open, so none is left for the garbage collector mid-await.
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
                 task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.gather(*others, return_exceptions=True)
 
         with suppress(Exception):
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(15)
@@ -243,6 +246,20 @@ class McpHub:
                     away[server.name] = server.reason
             timeouts = {s.name: s.resolved.config.timeout_seconds for s in self._servers.values()}
         return Listing(tuple(tools), away, timeouts)
+
+    def submit(self, coro: Any) -> Any:
+        """Run `coro` on the hub's loop; a `concurrent.futures.Future` of its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    async def call_async(
+        self, server: str, tool: str, arguments: dict[str, Any], side_effects: bool
+    ) -> ToolResult:
+        """`call`, for code already on the hub's loop (the relay)."""
+        found = self._servers.get(server)
+        if found is None:
+            reason = "not configured"
+            return ToolResult(texts.MCP_SERVER_AWAY.format(server=server, name=tool, reason=reason), True)
+        return await self._call(found, tool, arguments, side_effects)
 
     def call(self, server: str, tool: str, arguments: dict[str, Any], side_effects: bool) -> ToolResult:
         """Call `tool` on `server`; every failure is an `is_error` result, never an exception."""

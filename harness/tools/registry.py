@@ -17,9 +17,6 @@ from harness.tools.base import RESULT_LIMIT_CHARS, BadInput, Tool, ToolContext, 
 Absent = Callable[[str], "ToolResult | None"]
 
 
-_GRACE_SECONDS = 5.0  # beyond a tool's own timeout, for its cancellation to come back
-
-
 class _TimedOut(Exception):
     """A call that outlived the registry's timeout; its thread may still be running it."""
 
@@ -82,8 +79,7 @@ class ToolRegistry:
         except _TimedOut:
             # A side effect may still land after this answer; a retry by the model could apply it twice.
             text = texts.RESULT_TIMED_OUT_OUTCOME_UNKNOWN if found.side_effects else texts.RESULT_TIMED_OUT
-            seconds = self._timeout if found.timeout_seconds is None else found.timeout_seconds
-            return ToolResult(text.format(name=name, seconds=seconds), True)
+            return ToolResult(text.format(name=name, seconds=self._timeout), True)
         except ToolError as exc:
             return ToolResult(f"Error: {exc}", True)
         except Exception as exc:  # a tool's bug must reach the model, not crash the run
@@ -94,13 +90,16 @@ class ToolRegistry:
         return ToolResult(cut(str(output), RESULT_LIMIT_CHARS))
 
     def _call_with_timeout(self, found: Tool, ctx: ToolContext, args: dict[str, Any]) -> ToolResult | str:
+        if found.timeout_seconds is not None:
+            # It bounds itself (an MCP call is cancelled on its server, and its wait has a deadline):
+            # no lane thread, which was most of the harness's cost per MCP call.
+            return found.call(ctx, args)
         lane: _Lane | None = getattr(self._lanes, "lane", None)
         if lane is None or not lane.usable():
             lane = self._lanes.lane = _Lane()
         call = _Call(found.call, (ctx, args))
         lane.inbox.put(call)
-        wait = self._timeout if found.timeout_seconds is None else found.timeout_seconds + _GRACE_SECONDS
-        if not call.done.wait(wait):
+        if not call.done.wait(self._timeout):
             # A thread cannot be killed: the hung call keeps its lane, the next call gets a new one.
             self._lanes.lane = None
             raise _TimedOut(found.name)

@@ -13,19 +13,20 @@ Every session stays warm in the worker; a job never starts a server.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
 import shutil
 import socket
-import socketserver
 import tempfile
 import threading
 from typing import Any
 
 from harness import texts
 from harness.tools.base import ToolResult
-from harness.tools.mcp import Listing, McpHost
+from harness.tools.mcp import Listing, McpHub
 
 log = logging.getLogger("harness.mcp")
 
@@ -34,54 +35,63 @@ _GRACE_SECONDS = 10.0
 
 
 class RelayServer:
-    """Serves a hub on a Unix socket that only this user can reach, from a thread per connection."""
+    """Serves a hub on a Unix socket that only this user can reach, on the hub's own loop.
 
-    def __init__(self, hub: McpHost) -> None:
+    No thread of its own: a request goes from the socket straight to the session it names.
+    """
+
+    def __init__(self, hub: McpHub) -> None:
         self.hub = hub
         self._dir = tempfile.mkdtemp(prefix="harness-mcp-")  # 0700: no other user can connect
         self.path = os.path.join(self._dir, "hub.sock")
-        hub_ref = hub
-
-        class Handler(socketserver.StreamRequestHandler):
-            def handle(self) -> None:
-                for line in self.rfile:
-                    answer = _answer(hub_ref, line)
-                    self.wfile.write(json.dumps(answer, ensure_ascii=False).encode() + b"\n")
-                    self.wfile.flush()
-
-        class Server(socketserver.ThreadingUnixStreamServer):
-            daemon_threads = True
-
-        self._server = Server(self.path, Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="mcp-relay", daemon=True)
+        self._server: asyncio.AbstractServer | None = None
 
     def start(self) -> RelayServer:
-        self._thread.start()
+        async def serve() -> asyncio.AbstractServer:
+            return await asyncio.start_unix_server(self._handle, path=self.path, limit=_MAX_LINE)
+
+        self._server = self.hub.submit(serve()).result(10)
         return self
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        server = self._server
+        if server is not None:
+
+            async def stop() -> None:
+                server.close()
+
+            with contextlib.suppress(Exception):
+                self.hub.submit(stop()).result(5)
         shutil.rmtree(self._dir, ignore_errors=True)
 
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while line := await reader.readline():
+                answer = await self._answer(line)
+                writer.write(json.dumps(answer, ensure_ascii=False).encode() + b"\n")
+                await writer.drain()
+        except (ConnectionError, ValueError):  # a horse that died mid-request, or a line past the limit
+            pass
+        finally:
+            writer.close()
 
-def _answer(hub: McpHost, line: bytes) -> dict[str, Any]:
-    try:
-        request = json.loads(line)
-        if request.get("op") == "listing":
-            return {"listing": hub.listing().to_json()}
-        if request.get("op") == "call":
-            result = hub.call(
-                str(request["server"]),
-                str(request["tool"]),
-                request["arguments"],
-                bool(request["side_effects"]),
-            )
-            return {"result": result.to_json()}
-        return {"error": f"unknown op {request.get('op')!r}"}
-    except Exception as exc:  # noqa: BLE001 - a bad request must not end the relay
-        log.exception("MCP relay: a request failed")
-        return {"error": f"{type(exc).__name__}: {exc}"}
+    async def _answer(self, line: bytes) -> dict[str, Any]:
+        try:
+            request = json.loads(line)
+            if request.get("op") == "listing":
+                return {"listing": self.hub.listing().to_json()}
+            if request.get("op") == "call":
+                result = await self.hub.call_async(
+                    str(request["server"]),
+                    str(request["tool"]),
+                    request["arguments"],
+                    bool(request["side_effects"]),
+                )
+                return {"result": result.to_json()}
+            return {"error": f"unknown op {request.get('op')!r}"}
+        except Exception as exc:  # noqa: BLE001 - a bad request must not end the relay
+            log.exception("MCP relay: a request failed")
+            return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 class RelayClient:
