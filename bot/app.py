@@ -419,6 +419,8 @@ def _open_record(
     if clicker.team != record.team:
         context[REPLY] = texts.WRONG_TEAM
         return None
+    if channel is None:  # a modal's submission names no channel: a refusal is told where the card is
+        context["reply_channel"] = record.channel
     if channel is not None and channel != record.channel:
         context[REPLY] = texts.WRONG_CHANNEL
         return None

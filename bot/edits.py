@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from jsonschema.exceptions import SchemaError, ValidationError
 
 from harness.config import Config
 from harness.policy import Tier
@@ -37,9 +37,11 @@ def read(
     properties = schema.get("properties") or {}
     required = set(schema.get("required") or ())
     original = call.input if isinstance(call.input, dict) else {}
-    edited: dict[str, Any] = {}
+    values = _values(view)
+    # An argument the modal offered no input for (too long to edit there) is kept as it is.
+    edited: dict[str, Any] = {k: v for k, v in original.items() if k not in values}
     errors: dict[str, str] = {}
-    for name, raw in _values(view).items():
+    for name, raw in values.items():
         if name not in properties and name not in original:
             errors[name] = "Not an argument of this tool."
             continue
@@ -101,5 +103,16 @@ def _schema_problems(schema: Mapping[str, Any], value: dict[str, Any]) -> list[t
         if not where and error.validator == "required":
             missing = [r for r in error.validator_value if r not in value]
             where = str(missing[0]) if missing else ""
-        problems.append((where, error.message))
+        problems.append((where, _reason(error)))
     return problems
+
+
+def _reason(error: ValidationError) -> str:
+    """What is wrong, without the value itself: a long value would push the reason past what fits."""
+    limit, value = error.validator_value, error.instance
+    if error.validator == "maxLength" and isinstance(value, str):
+        return f"Too long: {len(value):,} characters; at most {limit:,} are allowed."
+    if error.validator == "minLength" and isinstance(value, str):
+        return f"Too short: {len(value):,} characters; at least {limit:,} are needed."
+    message, shown = error.message, repr(value)
+    return "This value" + message[len(shown) :] if message.startswith(shown) else message

@@ -1073,7 +1073,8 @@ def edit_modal(*, run_id: str, call: PendingCall, schema: Mapping[str, Any] | No
     """The `edit_call` modal: one input per top-level argument, its current value to change.
 
     Every property of the tool's schema gets an input (absent ones start empty); strings are
-    edited as they are, other values as JSON text. Submitting approves the edited call.
+    edited as they are, other values as JSON text. Submitting approves the edited call. A value too
+    long for an input (`EDIT_VALUE_MAX`) gets none: the modal says it is kept as it is.
     """
     metadata = _button_value(run_id, call)
     properties = dict((schema or {}).get("properties") or {})
@@ -1090,9 +1091,13 @@ def edit_modal(*, run_id: str, call: PendingCall, schema: Mapping[str, Any] | No
             ]
         )
     ]
+    kept = names[_MODAL_SECTIONS:]
     for name in names[:_MODAL_SECTIONS]:
         current = call.input.get(name) if isinstance(call.input, dict) else None
         initial = edit_value(current) if isinstance(call.input, dict) and name in call.input else None
+        if initial is not None and len(initial) > EDIT_VALUE_MAX:
+            kept.append(name)  # an input would hold it cut, and submitting would cut the argument
+            continue
         kind = (properties.get(name) or {}).get("type")
         long = kind not in ("integer", "number", "boolean") and (initial is None or len(initial) > 60)
         element = PlainTextInputElement(
@@ -1111,6 +1116,10 @@ def edit_modal(*, run_id: str, call: PendingCall, schema: Mapping[str, Any] | No
                 hint=PlainTextObject(text=str(hint)[:2000]) if hint else None,
             )
         )
+    if kept:
+        listed = ", ".join(_inline(n, 80) for n in kept[:20]) + (" …" if len(kept) > 20 else "")
+        note = f"Kept as they are (too long to edit here): {listed}"
+        blocks.append(ContextBlock(elements=[MarkdownTextObject(text=note[:3000])]))
     view = View(
         type="modal",
         callback_id="edit_call",

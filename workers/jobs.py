@@ -133,18 +133,9 @@ def _spread_grants(
         if decision is None or decision.grant != "given" or call_id not in calls:
             continue
         tool = calls[call_id].name
-        grant = _grant_for(svc, record, tool)
+        grant = _announce_grant(svc, record, tool)
         if grant is None:
             continue
-        if svc.store.first_card_update(record.run_id, record.park_id, f"grant-{tool}"[:128]):
-            notice = render.grant_notice(
-                tool=tool,
-                by=grant.by,
-                requester=grant.requester,
-                until=datetime.fromtimestamp(grant.until, UTC),
-                value=f"{record.run_id}:{tool}",
-            )
-            svc.post(record.channel, record.thread_ts, notice.text, notice.blocks)
         for other_id, other in decisions.items():
             sibling = calls.get(other_id)
             if other is None and sibling is not None and sibling.name == tool:
@@ -159,6 +150,23 @@ def _spread_grants(
                 )
                 out[other_id] = result.decision
     return out
+
+
+def _announce_grant(svc: Services, record: RunRecord, tool: str) -> Grant | None:
+    """The thread's standing grant of `tool`; the first to see it posts the notice with Revoke."""
+    grant = _grant_for(svc, record, tool)
+    if grant is not None and svc.store.first_card_update(
+        record.run_id, record.park_id, f"grant-{tool}"[:128]
+    ):
+        notice = render.grant_notice(
+            tool=tool,
+            by=grant.by,
+            requester=grant.requester,
+            until=datetime.fromtimestamp(grant.until, UTC),
+            value=f"{record.run_id}:{tool}",
+        )
+        svc.post(record.channel, record.thread_ts, notice.text, notice.blocks)
+    return grant
 
 
 def drive(run_id: str, *, recovering: bool = False) -> None:
@@ -455,6 +463,9 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
     if set(decisions) != {c.id for c in state.awaiting}:
         return _refuse(driver, texts.DECISIONS_DO_NOT_MATCH)
     state = record_decisions(state, {k: v for k, v in decisions.items() if v is not None})
+    for call in state.pending:  # a grant clicked before the park settled: its notice is still due
+        if call.decision is not None and call.decision.grant == "given":
+            _announce_grant(svc, record, call.name)
     shown = svc.store.cards_updated(record.run_id, record.park_id)
     for call in state.pending:
         if call.decision is not None and call.id in record.cards and call.id not in shown:
