@@ -314,6 +314,53 @@ class Stack:
         status, _ = self.post(action_body(payload), "application/x-www-form-urlencoded")
         return status
 
+    def click_value(
+        self,
+        message: dict[str, Any],
+        action_id: str,
+        value: str,
+        *,
+        user: str = "UALICE",
+        team: str = "T1",
+    ) -> tuple[int, str]:
+        """Click `action_id` on `message` as if its button carried `value` (a forged or stale one).
+
+        Returns the HTTP status and body of the answer.
+        """
+        payload = {
+            **interaction("block_actions", user, team),
+            "container": {"type": "message", "message_ts": message["ts"], "channel_id": message["channel"]},
+            "channel": {"id": message["channel"], "name": "general"},
+            "message": {"ts": message["ts"], "thread_ts": message.get("thread_ts"), "text": message["text"]},
+            "response_url": self.slack.response_url(),
+            "actions": [
+                {
+                    "type": "button",
+                    "action_id": action_id,
+                    "block_id": "approval",
+                    "value": value,
+                    "action_ts": str(time.time()),
+                }
+            ],
+        }
+        return self.post(action_body(payload), "application/x-www-form-urlencoded")
+
+    def submit_values(
+        self, view: dict[str, Any], values: dict[str, str | None], *, user: str = "UALICE"
+    ) -> tuple[int, str]:
+        """Submit a modal whose `plain_text_input`s (action_id "value") hold `values` by block_id.
+
+        Returns the HTTP status and body of the answer (`response_action: errors` lives there).
+        """
+        state = {
+            block: {"value": {"type": "plain_text_input", "value": value}} for block, value in values.items()
+        }
+        payload = {
+            **interaction("view_submission", user),
+            "view": {**view, "id": "V1", "state": {"values": state}},
+        }
+        return self.post(action_body(payload), "application/x-www-form-urlencoded")
+
     def submit_view(self, view: dict[str, Any], reason: str, *, user: str = "UALICE") -> int:
         payload = {
             **interaction("view_submission", user),
