@@ -519,6 +519,9 @@ def test_an_edit_under_a_quorum_is_refused_in_the_modal(quorum_stack: Stack) -> 
     view = open_modal(stack, card, user="UANN")
     status, body = stack.submit_values(view, {"path": "qe.txt", "content": "changed"}, user="UANN")
     assert status == 200 and "several approvals" in " ".join(errors_of(body).values())
+    view = open_modal(stack, card, user="UALICE")  # the requester, who may decline, not approve
+    status, body = stack.submit_values(view, {"path": "qe.txt", "content": "mine"}, user="UALICE")
+    assert status == 200 and errors_of(body) != {}
     assert_nothing_decided(stack, channel, card, marker, "qe.txt")
     stack.click(card, "decline", user="UANN")
     done(stack, channel, ts, marker)
@@ -552,6 +555,8 @@ def test_approve_for_this_thread_runs_the_siblings_and_later_calls_of_the_reques
     assert "until" in notice["text"]
     assert "<@UANN>" in shown(now(stack, channel, sibling)) and "grant" in shown(now(stack, channel, sibling))
     assert not has_actions(now(stack, channel, sibling))
+    turn = next(m for m in thread(stack, channel, ts) if "g2.txt" in shown(m) and "Turn" in m["text"])
+    assert "<@UANN>'s grant for this thread" in shown(turn)
     [given] = final(audit(stack, call_id(first)))
     [used] = final(audit(stack, call_id(sibling)))
     assert given["grant"] == "given" and used["grant"] == "used" and used["by"] == "UANN"
