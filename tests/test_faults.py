@@ -224,7 +224,7 @@ def test_a_worker_killed_as_the_resume_starts_loses_no_decision(stack: Stack) ->
     _, ts, _ = stack.mention("resumekill: write", channel="C20", user="UANN")
     card = card_of(stack, "C20", ts)
     stack.settled()  # parked and let go: the click's job will be what resumes it
-    run_id, call_id = value_of(card).split(":")
+    run_id, call_id, _ = value_of(card).split(":")
     assert stack.click(card, "approve", user="UANN") == 200
     kill_when_started(stack, doomed, "workers.jobs.apply_decisions")
 
@@ -525,7 +525,7 @@ def test_the_same_resume_job_enqueued_twice_runs_once(stack: Stack) -> None:
     _, ts, _ = stack.mention("resume2: write", channel="C8", user="UANN")
     card = card_of(stack, "C8", ts)
     store = Store(redis.Redis.from_url(stack.redis_url))
-    run_id, call_id = value_of(card).split(":")
+    run_id, call_id, _ = value_of(card).split(":")
     store.decide(run_id, 1, call_id, Decision(Verdict.APPROVED, by="UANN"))
     queue = make_queue(store.redis)
     enqueue_run_job(store, queue, "workers.jobs.apply_decisions", run_id)
@@ -672,7 +672,7 @@ def test_a_click_replayed_into_another_channel_or_naming_no_run_changes_nothing(
     stack.settled()
     assert len(stack.model.requests) == 1
     assert not (stack.workspace / "x.txt").exists()
-    run_id, call_id = value_of(card).split(":")
+    run_id, call_id, _ = value_of(card).split(":")
     assert Store(redis.Redis.from_url(stack.redis_url)).decisions(run_id, 1) == {call_id: None}
     count("forged clicks refused", 3)
 
@@ -686,7 +686,7 @@ def test_a_huge_body_is_refused_before_it_is_read(stack: Stack) -> None:
 
 def test_decisions_that_do_not_match_the_parked_calls_run_nothing_and_say_so(stack: Stack) -> None:
     ts, card = park_on_write(stack, "mismatch: write", "m.txt", then="SHOULD NOT", channel="C17")
-    run_id, call_id = value_of(card).split(":")
+    run_id, call_id, _ = value_of(card).split(":")
     conn = redis.Redis.from_url(stack.redis_url)
     conn.hset(
         Keys.approvals(run_id, 1), "toolu_smuggled", json.dumps(Decision(Verdict.APPROVED, "UANN").to_json())
