@@ -11,17 +11,17 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-# Timing is not what property tests check: on a loaded 2-core CI machine one example can take
-# longer than hypothesis's default 200 ms deadline, which would fail a test for nothing.
-settings.register_profile("harness", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("harness")
-
 from harness.client import make_client
 from harness.config import Limits
 from harness.loop import Agent
 from harness.policy import Policy, Tier
 from harness.tools import BUILTIN_TOOLS, ToolContext, ToolRegistry
 from tests.fakes.messages_api import FakeMessagesAPI
+
+# Timing is not what property tests check: on a loaded 2-core CI machine one example can take
+# longer than hypothesis's default 200 ms deadline, which would fail a test for nothing.
+settings.register_profile("harness", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("harness")
 
 _real_connect = socket.socket.connect
 
