@@ -1311,7 +1311,7 @@ def limit_card(
     value = f"{run_id}:limit"
     if len(value) > BUTTON_VALUE_MAX:
         raise ValueError(f"button value of {len(value)} characters exceeds Slack's {BUTTON_VALUE_MAX}")
-    who = ", ".join(approver(d) for d in deciders[:20]) or mention(requester)
+    who = ", ".join(mention(d) for d in deciders[:20]) or mention(requester)  # a group is named, never pinged
     head = f":raised_hand: {_esc(question, SECTION_MAX - 20)}"
     choice = texts.LIMIT_CHOICE.format(more=_esc(more, 200))
     rules = texts.LIMIT_RULES.format(requester=mention(requester), who=who, expires=slack_date(expires_at))

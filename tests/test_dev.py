@@ -310,7 +310,7 @@ def test_manifest_asks_for_exactly_what_the_bot_needs() -> None:
     settings = manifest["settings"]
     assert settings["event_subscriptions"] == {
         "request_url": "https://YOUR-HOST/slack/events",
-        "bot_events": ["app_home_opened", "app_mention"],
+        "bot_events": ["agent_session_stopped", "app_home_opened", "app_mention"],
     }
     assert manifest["features"]["app_home"]["home_tab_enabled"] is True
     assert settings["interactivity"] == {"is_enabled": True, "request_url": "https://YOUR-HOST/slack/events"}
@@ -336,7 +336,7 @@ def test_manifest_lists_exactly_the_scopes_and_events_without_yaml() -> None:
         "reactions:write",
         "usergroups:read",
     ]
-    assert items_under("bot_events") == ["app_home_opened", "app_mention"]
+    assert items_under("bot_events") == ["agent_session_stopped", "app_home_opened", "app_mention"]
     assert text.count("request_url: https://YOUR-HOST/slack/events") == 2
     assert re.search(r"^\s*socket_mode_enabled: false$", text, re.MULTILINE)
 

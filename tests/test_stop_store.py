@@ -1,0 +1,78 @@
+"""The store's side of Stop, on a real redis-server: one first press, and a park that cannot miss it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+import redis
+
+from workers.store import EVENT_TTL, Keys, RunRecord, RunStatus, Store, new_run_id
+
+
+@pytest.fixture
+def conn(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def store(conn: redis.Redis) -> Store:
+    return Store(conn)
+
+
+def run_record() -> RunRecord:
+    return RunRecord(new_run_id(), "T1", "C1", "1.000100", "UA", "hi", state={"x": 1})
+
+
+def test_only_the_first_of_concurrent_presses_is_kept(store: Store, conn: redis.Redis) -> None:
+    run_id = new_run_id()
+    barrier = threading.Barrier(8)
+    answers: list[str | None] = []
+
+    def press(user: str) -> None:
+        barrier.wait()
+        answers.append(store.request_stop(run_id, user))
+
+    threads = [threading.Thread(target=press, args=(f"U{i}X",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first = store.stop_requested(run_id)
+    assert answers.count(None) == 1 and all(a == first for a in answers if a is not None)
+    assert 0 < conn.ttl(Keys.stop_request(run_id)) <= 24 * 3600
+    assert conn.zscore(Keys.active(), run_id) is not None  # the watchdog drives it if the job is lost
+    assert Keys.stop_request(run_id).startswith("harness:")
+
+
+def test_a_park_settling_after_a_press_keeps_its_driver(store: Store, conn: redis.Redis) -> None:
+    run = run_record()
+    assert store.acquire_lease(run.run_id, "tok", 30)
+    run = replace(run, status=RunStatus.AWAITING_APPROVAL, park_id=1, expires_at=time.time() + 60)
+    assert store.park(run, "tok", 30, ["toolu_1"], ttl=120)
+    store.request_stop(run.run_id, "UA")  # pressed while the cards were being posted
+    assert store.settle_park(run, "tok", 30, ttl=120) == "ready"
+    assert conn.get(Keys.lease(run.run_id)) == b"tok"  # still driven: it stops at once
+
+
+def test_a_park_settling_with_no_press_lets_go(store: Store, conn: redis.Redis) -> None:
+    run = run_record()
+    assert store.acquire_lease(run.run_id, "tok", 30)
+    run = replace(run, status=RunStatus.AWAITING_APPROVAL, park_id=1, expires_at=time.time() + 60)
+    assert store.park(run, "tok", 30, ["toolu_1"], ttl=120)
+    assert store.settle_park(run, "tok", 30, ttl=120) == "parked"
+    assert conn.get(Keys.lease(run.run_id)) is None
+
+
+def test_the_run_holding_a_thread_and_a_delivery_seen_once(store: Store) -> None:
+    run = run_record()
+    assert store.thread_run(*run.thread) is None
+    assert store.take_thread(run, 60)
+    assert store.thread_run(*run.thread) == run.run_id
+    assert store.first_delivery("T1", "Ev1") and not store.first_delivery("T1", "Ev1")
+    assert 0 < store.redis.ttl(Keys.event("T1", "Ev1")) <= EVENT_TTL
