@@ -16,8 +16,7 @@ from slack_sdk.models.blocks import Block
 from bot import render
 from bot.render import Message
 from harness.policy import Tier
-from harness.state import Decision, PendingCall, Verdict
-from harness.state import fingerprint
+from harness.state import Decision, PendingCall, Verdict, fingerprint
 from harness.tools import ToolResult
 from tests.fakes.slack_api import MAX_BLOCKS_JSON_CHARS, validate_blocks
 
