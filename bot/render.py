@@ -1252,8 +1252,8 @@ def decline_reason_modal(*, run_id: str, call: PendingCall) -> dict[str, Any]:
 def working(*, run_id: str) -> Message:
     """The run's "Working on it…" message: its Stop button (value: the run id) while it works or waits.
 
-    The button sits beside the text, not in an actions block: the thread's only actions blocks are
-    the cards that ask someone to decide something.
+    Posted first, before the run's first model request, so the thread has a Stop from the start.
+    Its actions block is `working`, apart from the cards' `approval` blocks.
     """
     if len(run_id) > BUTTON_VALUE_MAX:
         raise ValueError(f"run id of {len(run_id)} characters does not fit a button value")
@@ -1270,8 +1270,8 @@ def working(*, run_id: str) -> Message:
         ),
     )
     text = texts.WORKING
-    section = SectionBlock(block_id="working", text=MarkdownTextObject(text=text), accessory=stop)
-    return Message(text=text, blocks=[section.to_dict(), _context(texts.WORKING_WHO)])
+    actions = ActionsBlock(block_id="working", elements=[stop]).to_dict()
+    return Message(text=text, blocks=[_section(text), actions, _context(texts.WORKING_WHO)])
 
 
 def working_closed(*, outcome: str, by: str | None = None) -> Message:

@@ -71,7 +71,8 @@ def wait_post(
 
 
 def has_actions(message: dict[str, Any]) -> bool:
-    return any(b["type"] == "actions" for b in message.get("blocks") or [])
+    """Whether the message asks someone to decide something (the Working message's Stop aside)."""
+    return any(b["type"] == "actions" and b.get("block_id") != "working" for b in message.get("blocks") or [])
 
 
 def footer(turns: int, requests: int) -> str:

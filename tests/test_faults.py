@@ -35,6 +35,9 @@ RECOVERY_BOUND = 30.0
 FIGURES: dict[str, int] = {}
 
 
+WORKING = "Working on it"  # the run's first post, its Stop button: holds wait for the next one
+
+
 def count(name: str, n: int = 1) -> None:
     """Tally for the README's figures table (printed at the end of the session)."""
     FIGURES[name] = FIGURES.get(name, 0) + n
@@ -141,7 +144,7 @@ def test_a_worker_killed_during_a_model_request_loses_no_run(stack: Stack) -> No
 
 def test_a_worker_killed_while_posting_to_slack_loses_no_run(stack: Stack) -> None:
     stack.model.script(reply(tool_use("read_file", {"path": "README.md"})), reply(text("after the crash")))
-    held = stack.slack.hold_next("chat.postMessage")  # the turn summary
+    held = stack.slack.hold_next("chat.postMessage", unless=WORKING)  # the turn summary
     stack.start_bot()
     doomed = stack.start_worker()
     _, ts, _ = stack.mention("postkill: read it", channel="C2", user="UANN")
@@ -255,7 +258,7 @@ def test_a_worker_killed_while_parking_posts_every_card_once_and_stays_clickable
         ),
         reply(text("parked and recovered")),
     )
-    held = stack.slack.hold_next("chat.postMessage")  # the first approval card
+    held = stack.slack.hold_next("chat.postMessage", unless=WORKING)  # the first approval card
     stack.start_bot()
     doomed = stack.start_worker()
     _, ts, _ = stack.mention("parkkill: write and delete", channel="C21", user="UANN")
@@ -314,7 +317,7 @@ def test_a_worker_killed_as_a_run_starts_loses_no_run(stack: Stack) -> None:
 
 def test_the_answer_reaches_the_thread_exactly_once_across_a_crash(stack: Stack) -> None:
     stack.model.script(reply(text("the answer, exactly once")))
-    held = stack.slack.hold_next("chat.postMessage")  # the answer (a run with no tool calls)
+    held = stack.slack.hold_next("chat.postMessage", unless=WORKING)  # the answer (no tool calls)
     stack.start_bot()
     doomed = stack.start_worker()
     _, ts, _ = stack.mention("answerkill: hi", channel="C24", user="UANN")
@@ -337,7 +340,7 @@ def test_the_answer_reaches_the_thread_exactly_once_across_a_crash(stack: Stack)
 
 def test_an_answer_lost_with_its_worker_is_posted_by_the_next(stack: Stack) -> None:
     stack.model.script(reply(text("posted by the next worker")))
-    held = stack.slack.hold_next("chat.postMessage")
+    held = stack.slack.hold_next("chat.postMessage", unless=WORKING)  # the answer
     stack.start_bot()
     doomed = stack.start_worker()
     _, ts, _ = stack.mention("answerlost: hi", channel="C25", user="UANN")

@@ -83,7 +83,8 @@ def wait_post(
 
 
 def has_actions(message: dict[str, Any]) -> bool:
-    return any(b["type"] == "actions" for b in message.get("blocks") or [])
+    """Whether the message asks someone to decide something (the Working message's Stop aside)."""
+    return any(b["type"] == "actions" and b.get("block_id") != "working" for b in message.get("blocks") or [])
 
 
 def park_a_write(stack: Stack, word: str) -> tuple[str, str, dict[str, Any]]:

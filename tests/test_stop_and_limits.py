@@ -211,10 +211,10 @@ def test_stop_during_a_model_request_ends_the_run_before_its_calls_run(stack: St
     write = tool_use("write_file", {"path": "stopped.txt", "content": "never"})
     channel, ts, working, release = start_held(stack, "stopmid", reply(write))
     summary = wait_post(stack, channel, ts, lambda m: "Turn 1" in m["text"])
-    assert float(summary["ts"]) < float(working["ts"])  # the Stop button comes with the run's first post
+    assert float(working["ts"]) < float(summary["ts"])  # the Stop button is the run's first post
 
     assert press(stack, working, "stop") == 200
-    run_id = working["blocks"][0]["accessory"]["value"]
+    run_id = next(b["value"] for b in buttons(working) if b["action_id"] == "stop")
     assert redis.Redis.from_url(stack.redis_url).get(Keys.stop_request(run_id)) == b"UALICE"
     release.set()  # the request answers with a call; it is answered as not run instead
 

@@ -17,11 +17,12 @@ def everything(msg: render.Message) -> str:
     return msg.text + str(msg.blocks)
 
 
-def test_the_working_message_carries_stop_beside_its_text_not_as_a_card() -> None:
+def test_the_working_message_carries_stop_in_its_own_actions_block_not_as_a_card() -> None:
     msg = render.working(run_id=RUN)
     assert validate_blocks(msg.blocks) == []
-    assert all(b["type"] != "actions" for b in msg.blocks)  # the thread's actions blocks are its cards
-    [button] = [b["accessory"] for b in msg.blocks if "accessory" in b]
+    [actions] = [b for b in msg.blocks if b["type"] == "actions"]
+    assert actions["block_id"] == "working"  # apart from the cards' "approval" blocks
+    [button] = actions["elements"]
     assert (button["action_id"], button["value"], button["style"]) == ("stop", RUN, "danger")
     assert "confirm" in button and "approve" not in everything(msg)
 
@@ -36,7 +37,7 @@ def test_the_working_message_once_closed_has_no_button_and_says_how_it_ended() -
     ]:
         msg = render.working_closed(outcome=outcome, by=by)
         assert validate_blocks(msg.blocks) == [] and words in msg.text
-        assert "accessory" not in str(msg.blocks) and "turn" not in msg.text.lower()
+        assert "button" not in str(msg.blocks) and "turn" not in msg.text.lower()
 
 
 def test_the_limit_card_asks_continue_or_stop_and_names_deciders_without_pinging_a_group() -> None:

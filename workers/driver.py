@@ -131,15 +131,14 @@ class Driver:
             self.record = replace(self.record, cards=cards, working_ts=cards.pop(WORKING))
 
     def _owe_working(self) -> None:
-        """With the first post of a working (or parked) run, its "Working on it…" message with Stop.
+        """A working (or parked) run's "Working on it…" message with Stop, its first post.
 
-        It follows the run's first post rather than coming before it, so a run that answers at once
-        posts nothing more. Its debt is saved by no write: a driver that dies before the next one
-        owes it again under the same key, and reconciliation finds it if it was posted.
+        Its debt is saved by no write: a driver that dies before the next one owes it again under
+        the same key, and reconciliation finds it if it was posted.
         """
         record = self.record
         working = record.status in (RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL)
-        if record.working_ts or not working or not any(e["op"] == "post" for e in record.outbox):
+        if record.working_ts or not working or any(e.get("call") == WORKING for e in record.outbox):
             return
         self.record = outbox.owe_post(record, render.working(run_id=record.run_id), outbox.CARD, WORKING)
 

@@ -243,6 +243,7 @@ def _start(svc: Services, driver: Driver) -> str | None:
         return _refuse(driver, str(exc))
     state = new_run(task, history)
     driver.save(status=RunStatus.RUNNING, state=state.to_json(), history_seq=seq)
+    driver.deliver()  # the "Working on it…" message and its Stop, before the first model request
     return _advance(svc, driver, state)
 
 

@@ -305,6 +305,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+def _mentions(raw: bytes, needle: bytes) -> bool:
+    """Whether a request body holds `needle`, form-encoded, JSON-escaped or as it is."""
+    from urllib.parse import quote_plus
+
+    text = needle.decode()
+    forms = {needle, quote_plus(text).encode(), json.dumps(text)[1:-1].encode()}
+    return any(form in raw for form in forms)
+
+
 def _parse_params(query: str, raw: bytes, content_type: str) -> dict[str, Any]:
     """Merge query-string and body parameters (form or JSON) into one dict."""
     params: dict[str, Any] = dict(parse_qsl(query, keep_blank_values=True))
@@ -345,10 +354,14 @@ def _bearer_token(headers: Mapping[str, str]) -> str | None:
 
 @dataclass(frozen=True)
 class Hold:
-    """A frozen API call: `arrived` is set when it comes in, `release` lets it answer."""
+    """A frozen API call: `arrived` is set when it comes in, `release` lets it answer.
+
+    `unless`: a call whose body holds these bytes goes through, and the hold waits for the next.
+    """
 
     arrived: threading.Event
     release: threading.Event
+    unless: bytes | None = None
 
 
 class FakeSlackAPI:
@@ -649,7 +662,11 @@ class FakeSlackAPI:
             return 404, {}, {"ok": False, "error": "not_found"}
         method = url.path[len("/api/") :].strip("/")
         with self._cond:
-            hold = self._holds.pop(method, None)
+            hold = self._holds.get(method)
+            if hold is not None and hold.unless is not None and _mentions(raw, hold.unless):
+                hold = None  # let this one through; the hold waits for the next
+            elif hold is not None:
+                del self._holds[method]
         if hold is not None:  # a test freezes this call mid-flight (to kill the caller, say)
             hold.arrived.set()
             hold.release.wait(60)
@@ -704,9 +721,13 @@ class FakeSlackAPI:
             finally:
                 self._cond.notify_all()
 
-    def hold_next(self, method: str) -> Hold:
-        """Freeze the next call of `method` until `hold.release` is set; `hold.arrived` tells when."""
-        hold = Hold(threading.Event(), threading.Event())
+    def hold_next(self, method: str, *, unless: str | None = None) -> Hold:
+        """Freeze the next call of `method` until `hold.release` is set; `hold.arrived` tells when.
+
+        `unless`: calls whose body holds this text are let through (say, a message that always
+        comes first), and the hold waits for the next call.
+        """
+        hold = Hold(threading.Event(), threading.Event(), unless.encode() if unless else None)
         with self._cond:
             self._holds[method] = hold
         return hold
