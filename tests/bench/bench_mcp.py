@@ -64,7 +64,7 @@ TOOL, QUALIFIED, ARGS = "get_ticket", "desk__get_ticket", {"id": "T-1"}
 EXPECTED = "T-1: printer on fire"
 DIRECT = "direct `Client.call_tool` (floor)"
 IN_PROCESS = "in-process: `registry.run`"
-NO_LANE = "in-process: the tool's own call, no registry lane (diagnostic)"
+NO_LANE = "in-process: the tool's own call, no registry (diagnostic)"
 HORSE = "work horse via relay: `registry.run`"
 
 
@@ -532,8 +532,8 @@ def _calls_reading(figures: Figures) -> str:
     return (
         f"Goal: a call through the harness within {GOAL_OVERHEAD}x of a direct call on a warm session "
         f"(p50): {'; '.join(verdicts)}. Of the in-process path's {(registry - floor) * 1e6:,.0f} µs over "
-        f"direct, the registry's tool lane (a thread hop that gives any tool a timeout) is "
-        f"{(registry - own) * 1e6:,.0f} µs and the hop to the hub's loop thread and back "
+        f"direct, the registry itself (validation; an MCP tool bounds its own calls, so no lane "
+        f"thread) is {(registry - own) * 1e6:,.0f} µs and the hop to the hub's loop thread and back "
         f"{(own - floor) * 1e6:,.0f} µs. {sizes['warmup']} warm-up calls per path, then {sizes['rounds']} "
         f"rounds of {sizes['batch']} calls per path in rotating order. "
         f"Versions: mcp {metadata.version('mcp')}, Python {sys.version.split()[0]}."
