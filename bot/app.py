@@ -588,7 +588,11 @@ def _modal_opener(
 
 
 def _on_view_args(deps: BotDeps) -> Callable[..., None]:
-    return _modal_opener(deps, lambda record, call: render.arguments_modal(call=call), viewing=True)
+    def build(record: RunRecord, call: PendingCall) -> dict[str, Any]:
+        preview = record.call_tools.get(call.id, {}).get("preview")
+        return render.arguments_modal(call=call, preview=preview if isinstance(preview, str) else None)
+
+    return _modal_opener(deps, build, viewing=True)
 
 
 def _on_decline_with_reason(deps: BotDeps) -> Callable[..., None]:

@@ -612,8 +612,12 @@ def _reviewable(args: Sequence[_Arg]) -> bool:
     return _modal_layout(args)[1].hidden == 0
 
 
-def arguments_modal(*, call: PendingCall) -> dict[str, Any]:
-    """The modal behind "View all arguments": every argument of `call` in full, nothing to submit."""
+def arguments_modal(*, call: PendingCall, preview: str | None = None) -> dict[str, Any]:
+    """The modal behind "View all arguments": every argument of `call` in full, nothing to submit.
+
+    `preview`: what the call would change (a diff), shown whole after the arguments as far as the
+    modal's blocks allow.
+    """
     args = _arguments(call)
     packed, shown = _modal_layout(args)
     count = len(args)
@@ -623,6 +627,9 @@ def arguments_modal(*, call: PendingCall) -> dict[str, Any]:
         "as `[U+XXXX]`."
     )
     blocks = [_section(intro), *(_section(s) for s in packed)]
+    room = MODAL_BLOCKS_MAX - len(blocks) - 2
+    if preview and room > 0:
+        blocks += [_section(s) for s in _preview_sections(preview, room)]
     if shown.hidden:
         blocks.append(
             _section(
@@ -851,7 +858,8 @@ def approval_card(
     def build(scale: float) -> list[dict[str, Any]]:
         heading = ":raised_hand: *Approval needed:* the agent wants to run"
         blocks, shown = _what_will_run(call, args, heading, requester, scale, " (see View all arguments)")
-        more = [view_all] if shown.hidden or not reviewable else []
+        preview_cut = bool(preview) and len(preview or "") > _n(2400, scale, 100)
+        more = [view_all] if shown.hidden or not reviewable or preview_cut else []
         actions = ActionsBlock(block_id="approval", elements=[*buttons, *more]).to_dict()
         said = []
         if intent.strip():
@@ -861,8 +869,12 @@ def approval_card(
             ]
         change = []
         if preview:
-            body = cut(preview, _n(2400, scale, 100))
-            change = [_section(f"*What it would change:*\n{FENCE}\n{_fence_safe(_visible(body))}\n{FENCE}")]
+            limit = _n(2400, scale, 100)
+            body = cut(preview, limit)
+            whole = "" if len(preview) <= limit else "\n_The whole change: *View all arguments*._"
+            change = [
+                _section(f"*What it would change:*\n{FENCE}\n{_fence_safe(_visible(body))}\n{FENCE}{whole}")
+            ]
         return [*blocks, *said, *change, *warning(shown), _section(details), actions]
 
     text = _with_tail(
@@ -1037,6 +1049,22 @@ def notice(text: str, **users: str | Sequence[str]) -> Message:
     return Message(
         text=body(SECTION_MAX) or " ", blocks=_fit(lambda scale: [_section(body(_n(SECTION_MAX, scale)))])
     )
+
+
+def _preview_sections(preview: str, room: int) -> list[str]:
+    """The whole preview as fenced sections, at most `room` of them (the last says if it is cut)."""
+    body = _fence_safe(_visible(preview))
+    size = SECTION_MAX - 2 * len(FENCE) - 80
+    chunks = [body[i : i + size] for i in range(0, len(body), size)] or [""]
+    sections = []
+    for n, chunk in enumerate(chunks[:room]):
+        head = "*What it would change:*\n" if n == 0 else ""
+        sections.append(f"{head}{FENCE}\n{chunk}\n{FENCE}")
+    if len(chunks) > room:
+        sections[-1] += (
+            f"\n_…the rest of the change ({len(body) - room * size:,} characters) does not fit here._"
+        )
+    return sections
 
 
 def _duration(minutes: float) -> str:
