@@ -7,6 +7,7 @@ import os
 import sys
 
 import redis
+from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from bot import socket_mode
@@ -20,6 +21,47 @@ MISSING_SIGNING_SECRET = (
     "SLACK_SIGNING_SECRET is not set: copy the Signing Secret from your app's Basic Information "
     "page at https://api.slack.com/apps (or set SLACK_APP_TOKEN to use Socket Mode instead)"
 )
+
+
+def _check_token(client: WebClient) -> str | None:
+    """`auth.test` before anything else: None, or why the bot cannot start, in one line.
+
+    Bolt would make the same call in its constructor, but its failures are a traceback (or a
+    `BoltError` with the whole response) after several log lines of retries.
+    """
+    quiet = logging.getLogger("slack_sdk")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # the retry handler logs each attempt; the one line below says it all
+    try:
+        client.auth_test()
+    except SlackApiError as exc:
+        return _refused(str(exc.response.get("error")))
+    except OSError as exc:  # urllib's URLError and socket errors: Slack could not be reached at all
+        return _unreachable(client.base_url, exc)
+    finally:
+        quiet.setLevel(level)
+    return None
+
+
+def _refused(error: str) -> str:
+    """Why Slack refused the bot token at start, and what to do, in one line."""
+    hints = {
+        "invalid_auth": "SLACK_BOT_TOKEN is not a valid token: copy the Bot User OAuth Token (xoxb-…)",
+        "not_authed": "SLACK_BOT_TOKEN is empty: copy the Bot User OAuth Token (xoxb-…)",
+        "account_inactive": "the app's token was revoked or its workspace deleted: reinstall the app",
+        "token_revoked": "SLACK_BOT_TOKEN was revoked: reinstall the app and copy the new token",
+        "missing_scope": "the app lacks a scope: paste manifest.yml again and reinstall the app",
+    }
+    hint = hints.get(error, "check SLACK_BOT_TOKEN")
+    return f"Slack refused SLACK_BOT_TOKEN ({error}): {hint} from https://api.slack.com/apps"
+
+
+def _unreachable(base_url: str, exc: OSError) -> str:
+    reason = getattr(exc, "reason", None) or exc
+    return (
+        f"cannot reach Slack at {base_url} ({reason}): check the network or proxy, or SLACK_API_URL; "
+        "the token is checked with auth.test at start"
+    )
 
 
 def main() -> int:
@@ -37,12 +79,16 @@ def main() -> int:
     except (ConfigError, SettingsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    problem = _check_token(client)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     connection = redis_connection()
     deps = BotDeps(store=Store(connection), queue=make_queue(connection), config=config)
     try:
         app = create_app(deps, client=client, signing_secret=signing_secret)
     except SlackApiError as exc:
-        print(f"error: Slack refused SLACK_BOT_TOKEN ({exc.response.get('error')})", file=sys.stderr)
+        print(f"error: {_refused(str(exc.response.get('error')))}", file=sys.stderr)
         return 2
     if app_token:
         try:

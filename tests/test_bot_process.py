@@ -81,6 +81,27 @@ def test_the_token_is_checked_at_startup_not_in_slacks_3_second_window(
         stack.stop()
 
 
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"SLACK_BOT_TOKEN": "xoxb-placeholder"}, "invalid_auth"),
+        ({"SLACK_API_URL": "http://127.0.0.1:9/api/"}, "cannot reach Slack at http://127.0.0.1:9/api/"),
+    ],
+)
+def test_a_token_slack_refuses_or_a_slack_it_cannot_reach_is_one_line_not_a_traceback(
+    fakes: tuple[FakeSlackAPI, FakeMessagesAPI],
+    redis_url: str,
+    tmp_path: Path,
+    extra: dict[str, str],
+    named: str,
+) -> None:
+    stack = Stack(redis_url, *fakes, tmp_path)
+    done = run_module(stack, "bot", **extra)
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and named in lines[0] and "Traceback" not in done.stderr
+
+
 def run_ids(client: redis.Redis) -> list[str]:
     """The ids of every run record in Redis (what a mention that started a run leaves behind)."""
     return [key.decode().rsplit(":", 1)[1] for key in client.scan_iter(match="harness:run:*")]
