@@ -329,5 +329,8 @@ def serve(application: Any, port: int, *, workers: int = 2, threads: int = 8) ->
             "graceful_timeout": 10,
             "accesslog": "-",
             "limit_request_line": 8190,
+            # gunicorn 25+ opens a control socket in $HOME/.gunicorn by default: nothing of ours
+            # belongs in the user's home, and nobody here uses `gunicornc`.
+            "control_socket_disable": True,
         },
     ).run()

@@ -14,7 +14,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -388,3 +388,46 @@ def interaction(kind: str, user: str, team: str = "T1") -> dict[str, Any]:
 
 def dump(obj: Any) -> str:
     return json.dumps(obj, indent=1, default=str)[:4000]
+
+
+# --- what end-to-end modules share ----------------------------------------------------------------
+
+
+def running_stack(
+    redis_server: RedisServer,
+    workdir: Path,
+    config: str,
+    db: int,
+    *,
+    responder: Callable[[dict[str, Any]], Any] | None = None,
+) -> Iterator[Stack]:
+    """A bot and a worker on Redis database `db` of their own, so two stacks' workers never take
+    each other's jobs (a module fixture yields from it). `responder`: the model stand-in's."""
+    url = redis_server.url.rsplit("/", 1)[0] + f"/{db}"
+    redis.Redis.from_url(url).flushdb()
+    with FakeSlackAPI(bot_token=BOT_TOKEN) as slack, FakeMessagesAPI() as model:
+        model.responder = responder
+        stack = Stack(url, slack, model, workdir, config=config)
+        try:
+            stack.start_bot()
+            stack.start_worker()
+            yield stack
+        finally:
+            stack.stop()
+
+
+def thread(stack: Stack, channel: str, ts: str) -> list[dict[str, Any]]:
+    """The replies in the thread of `ts` (the mention itself left out)."""
+    return [m for m in stack.slack.messages(channel, ts) if m["ts"] != ts]
+
+
+def wait_post(
+    stack: Stack, channel: str, ts: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20
+) -> dict[str, Any]:
+    """The first reply in the thread that `predicate` accepts, once there is one."""
+    return wait_until(lambda: next((m for m in thread(stack, channel, ts) if predicate(m)), None), timeout)
+
+
+def has_actions(message: dict[str, Any]) -> bool:
+    """Whether the message asks someone to decide something (the Working message's Stop aside)."""
+    return any(b["type"] == "actions" and b.get("block_id") != "working" for b in message.get("blocks") or [])

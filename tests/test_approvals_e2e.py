@@ -11,8 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,9 +19,8 @@ import redis
 
 from bot import texts
 from harness import texts as harness_texts
-from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
-from tests.fakes.slack_api import FakeSlackAPI
-from tests.stack import RedisServer, Stack, wait_until
+from tests.fakes.messages_api import reply, text, tool_use
+from tests.stack import RedisServer, Stack, has_actions, running_stack, thread, wait_post, wait_until
 from workers.store import Keys, RunRecord, Store
 
 pytestmark = pytest.mark.e2e
@@ -49,36 +47,22 @@ SHORT_GRANTS = "[approvals]\ngrant_minutes = 0.05\n" + GENEROUS  # a grant lasts
 _channels = itertools.count(1300)
 
 
-def make_stack(redis_server: RedisServer, workdir: Path, config: str, db: int) -> Iterator[Stack]:
-    """A stack on its own Redis database, so two stacks' workers never take each other's jobs."""
-    url = redis_server.url.rsplit("/", 1)[0] + f"/{db}"
-    redis.Redis.from_url(url).flushdb()
-    with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
-        stack = Stack(url, slack, model, workdir, config=config)
-        try:
-            stack.start_bot()
-            stack.start_worker()
-            yield stack
-        finally:
-            stack.stop()
-
-
 @pytest.fixture(scope="module")
 def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Approvers UALICE, UANN, UBEN, UCAROL; grants of 30 minutes; writes under secrets/ denied."""
-    yield from make_stack(redis_server, tmp_path_factory.mktemp("approvals"), MAIN, DB_MAIN)
+    yield from running_stack(redis_server, tmp_path_factory.mktemp("approvals"), MAIN, DB_MAIN)
 
 
 @pytest.fixture(scope="module")
 def quorum_stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Approvers UALICE, UANN, UBEN; two approvals needed; the requester may not approve."""
-    yield from make_stack(redis_server, tmp_path_factory.mktemp("quorum"), QUORUM, DB_QUORUM)
+    yield from running_stack(redis_server, tmp_path_factory.mktemp("quorum"), QUORUM, DB_QUORUM)
 
 
 @pytest.fixture(scope="module")
 def short_stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The requester decides; a grant lasts 3 seconds."""
-    yield from make_stack(redis_server, tmp_path_factory.mktemp("short"), SHORT_GRANTS, DB_SHORT_GRANTS)
+    yield from running_stack(redis_server, tmp_path_factory.mktemp("short"), SHORT_GRANTS, DB_SHORT_GRANTS)
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -86,21 +70,6 @@ def short_stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFact
 
 def new_channel() -> str:
     return f"C{next(_channels)}"
-
-
-def thread(stack: Stack, channel: str, ts: str) -> list[dict[str, Any]]:
-    return [m for m in stack.slack.messages(channel, ts) if m["ts"] != ts]
-
-
-def wait_post(
-    stack: Stack, channel: str, ts: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20
-) -> dict[str, Any]:
-    return wait_until(lambda: next((m for m in thread(stack, channel, ts) if predicate(m)), None), timeout)
-
-
-def has_actions(message: dict[str, Any]) -> bool:
-    """Whether the message asks someone to decide something (the Working message's Stop aside)."""
-    return any(b["type"] == "actions" and b.get("block_id") != "working" for b in message.get("blocks") or [])
 
 
 def is_card(message: dict[str, Any]) -> bool:

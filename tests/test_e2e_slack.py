@@ -9,17 +9,24 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
-from tests.fakes.messages_api import FakeMessagesAPI, http_error, reply, text, tool_use
+from tests.fakes.messages_api import http_error, reply, text, tool_use
 from tests.fakes.signing import event_body, signed_headers
-from tests.fakes.slack_api import FakeSlackAPI
-from tests.stack import SIGNING_SECRET, RedisServer, Stack, wait_until
+from tests.stack import (
+    SIGNING_SECRET,
+    RedisServer,
+    Stack,
+    has_actions,
+    running_stack,
+    thread,
+    wait_post,
+    wait_until,
+)
 from workers.store import RunRecord, Store
 
 pytestmark = pytest.mark.e2e
@@ -30,49 +37,20 @@ def new_channel() -> str:
     return f"C{next(_channels)}"
 
 
-def make_stack(redis_server: RedisServer, workdir: Path, config: str, db: int) -> Iterator[Stack]:
-    """A stack on its own Redis database, so two stacks' workers never take each other's jobs."""
-    url = redis_server.url.rsplit("/", 1)[0] + f"/{db}"
-    redis.Redis.from_url(url).flushdb()
-    with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
-        stack = Stack(url, slack, model, workdir, config=config)
-        try:
-            stack.start_bot()
-            stack.start_worker()
-            yield stack
-        finally:
-            stack.stop()
-
-
 @pytest.fixture(scope="module")
 def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # One stack for the module: its many parked, never-decided runs must not hit the requester bound.
-    yield from make_stack(redis_server, tmp_path_factory.mktemp("stack"), GENEROUS, db=1)
+    yield from running_stack(redis_server, tmp_path_factory.mktemp("stack"), GENEROUS, db=1)
 
 
 @pytest.fixture(scope="module")
 def team_stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Approvers UANN and UBEN decide; approvals expire after 3 seconds."""
     config = '[approvals]\napprovers = ["UANN", "UBEN"]\nexpire_after_minutes = 0.05\n' + GENEROUS
-    yield from make_stack(redis_server, tmp_path_factory.mktemp("team"), config, db=2)
+    yield from running_stack(redis_server, tmp_path_factory.mktemp("team"), config, db=2)
 
 
 GENEROUS = "[limits]\nmax_runs_per_user = 1000\nmax_runs_per_channel = 1000\n"
-
-
-def thread(stack: Stack, channel: str, ts: str) -> list[dict[str, Any]]:
-    return [m for m in stack.slack.messages(channel, ts) if m["ts"] != ts]
-
-
-def wait_post(
-    stack: Stack, channel: str, ts: str, predicate: Callable[[dict[str, Any]], bool]
-) -> dict[str, Any]:
-    return wait_until(lambda: next((m for m in thread(stack, channel, ts) if predicate(m)), None))
-
-
-def has_actions(message: dict[str, Any]) -> bool:
-    """Whether the message asks someone to decide something (the Working message's Stop aside)."""
-    return any(b["type"] == "actions" and b.get("block_id") != "working" for b in message.get("blocks") or [])
 
 
 def footer(turns: int, requests: int) -> str:

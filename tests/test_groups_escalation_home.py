@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
 from bot import texts
-from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
+from tests.fakes.messages_api import reply, text, tool_use
 from tests.fakes.signing import event_body
-from tests.fakes.slack_api import FakeSlackAPI
-from tests.stack import RedisServer, Stack, wait_until
+from tests.stack import RedisServer, Stack, has_actions, running_stack, thread, wait_post, wait_until
 from workers.store import GROUP_TTL, Keys, RunRecord, Store
 
 pytestmark = pytest.mark.e2e
@@ -40,16 +39,7 @@ _channels = itertools.count(900)
 
 @pytest.fixture(scope="module")
 def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    url = redis_server.url.rsplit("/", 1)[0] + f"/{DB}"
-    redis.Redis.from_url(url).flushdb()
-    with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
-        stack = Stack(url, slack, model, tmp_path_factory.mktemp("groups"), config=CONFIG)
-        try:
-            stack.start_bot()
-            stack.start_worker()
-            yield stack
-        finally:
-            stack.stop()
+    yield from running_stack(redis_server, tmp_path_factory.mktemp("groups"), CONFIG, DB)
 
 
 @pytest.fixture(autouse=True)
@@ -70,21 +60,6 @@ def forget_groups(stack: Stack) -> None:
     client = redis.Redis.from_url(stack.redis_url)
     for group in ("SOPS", "SLEADS"):
         client.delete(Keys.group_members("T1", group))
-
-
-def thread(stack: Stack, channel: str, ts: str) -> list[dict[str, Any]]:
-    return [m for m in stack.slack.messages(channel, ts) if m["ts"] != ts]
-
-
-def wait_post(
-    stack: Stack, channel: str, ts: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20
-) -> dict[str, Any]:
-    return wait_until(lambda: next((m for m in thread(stack, channel, ts) if predicate(m)), None), timeout)
-
-
-def has_actions(message: dict[str, Any]) -> bool:
-    """Whether the message asks someone to decide something (the Working message's Stop aside)."""
-    return any(b["type"] == "actions" and b.get("block_id") != "working" for b in message.get("blocks") or [])
 
 
 def park_a_write(stack: Stack, word: str) -> tuple[str, str, dict[str, Any]]:

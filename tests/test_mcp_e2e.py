@@ -21,7 +21,8 @@ import redis
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.mcp_support import TOKEN, calls, stdio_table
-from tests.stack import ROOT, RedisServer, Stack, wait_until
+from tests.stack import ROOT, RedisServer, Stack, thread, wait_until
+from tests.stack import wait_post as wait_for_post
 
 pytestmark = pytest.mark.e2e
 
@@ -67,12 +68,8 @@ def stack(
             stack.stop()
 
 
-def thread(stack: Stack, channel: str, ts: str) -> list[dict[str, Any]]:
-    return [m for m in stack.slack.messages(channel, ts) if m["ts"] != ts]
-
-
 def wait_post(stack: Stack, channel: str, ts: str, needle: str) -> dict[str, Any]:
-    return wait_until(lambda: next((m for m in thread(stack, channel, ts) if needle in str(m)), None), 30)
+    return wait_for_post(stack, channel, ts, lambda m: needle in str(m), timeout=30)
 
 
 def cards(stack: Stack, channel: str, ts: str) -> list[dict[str, Any]]:

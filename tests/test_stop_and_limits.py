@@ -13,16 +13,14 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_use
+from tests.fakes.messages_api import Reply, reply, text, tool_use
 from tests.fakes.signing import action_body, event_body
-from tests.fakes.slack_api import FakeSlackAPI
-from tests.stack import RedisServer, Stack, interaction, wait_until
+from tests.stack import RedisServer, Stack, interaction, running_stack, thread, wait_post, wait_until
 from workers.store import Keys
 
 pytestmark = pytest.mark.e2e
@@ -64,30 +62,20 @@ class Held:
         return answer
 
 
-def make_stack(redis_server: RedisServer, workdir: Path, config: str, db: int) -> Iterator[Stack]:
-    url = redis_server.url.rsplit("/", 1)[0] + f"/{db}"
-    redis.Redis.from_url(url).flushdb()
-    with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
-        model.responder = Held()
-        stack = Stack(url, slack, model, workdir, config=config)
-        try:
-            stack.start_bot()
-            stack.start_worker()
-            yield stack
-        finally:
-            stack.stop()
-
-
 @pytest.fixture(scope="module")
 def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Approvals decided by UANN; the requester may stop their run too."""
-    yield from make_stack(redis_server, tmp_path_factory.mktemp("stop"), STOP_CONFIG, STOP_DB)
+    yield from running_stack(
+        redis_server, tmp_path_factory.mktemp("stop"), STOP_CONFIG, STOP_DB, responder=Held()
+    )
 
 
 @pytest.fixture(scope="module")
 def limits(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """One turn of tool calls, then ask; a question nobody answers expires after 15 s."""
-    yield from make_stack(redis_server, tmp_path_factory.mktemp("limits"), LIMITS_CONFIG, LIMITS_DB)
+    yield from running_stack(
+        redis_server, tmp_path_factory.mktemp("limits"), LIMITS_CONFIG, LIMITS_DB, responder=Held()
+    )
 
 
 def held(stack: Stack) -> Held:
@@ -101,16 +89,6 @@ def held(stack: Stack) -> Held:
 
 def new_channel() -> str:
     return f"C{next(_channels)}"
-
-
-def thread(stack: Stack, channel: str, ts: str) -> list[dict[str, Any]]:
-    return [m for m in stack.slack.messages(channel, ts) if m["ts"] != ts]
-
-
-def wait_post(
-    stack: Stack, channel: str, ts: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 15
-) -> dict[str, Any]:
-    return wait_until(lambda: next((m for m in thread(stack, channel, ts) if predicate(m)), None), timeout)
 
 
 def current(stack: Stack, channel: str, message: dict[str, Any]) -> dict[str, Any]:
