@@ -400,14 +400,16 @@ def running_stack(
     db: int,
     *,
     responder: Callable[[dict[str, Any]], Any] | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[Stack]:
     """A bot and a worker on Redis database `db` of their own, so two stacks' workers never take
-    each other's jobs (a module fixture yields from it). `responder`: the model stand-in's."""
+    each other's jobs (a module fixture yields from it). `responder`: the model stand-in's;
+    `extra_env`: more environment for both processes."""
     url = redis_server.url.rsplit("/", 1)[0] + f"/{db}"
     redis.Redis.from_url(url).flushdb()
     with FakeSlackAPI(bot_token=BOT_TOKEN) as slack, FakeMessagesAPI() as model:
         model.responder = responder
-        stack = Stack(url, slack, model, workdir, config=config)
+        stack = Stack(url, slack, model, workdir, config=config, extra_env=dict(extra_env or {}))
         try:
             stack.start_bot()
             stack.start_worker()

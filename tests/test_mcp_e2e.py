@@ -16,12 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
-from tests.fakes.slack_api import FakeSlackAPI
 from tests.mcp_support import TOKEN, calls, stdio_table
-from tests.stack import ROOT, RedisServer, Stack, thread, wait_until
+from tests.stack import ROOT, RedisServer, Stack, running_stack, thread, wait_until
 from tests.stack import wait_post as wait_for_post
 
 pytestmark = pytest.mark.e2e
@@ -53,19 +51,10 @@ def desk_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def stack(
     redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, desk_log: Path
 ) -> Iterator[Stack]:
-    url = redis_server.url.rsplit("/", 1)[0] + "/5"
-    redis.Redis.from_url(url).flushdb()
     never = '[[mcp.servers]]\nname = "gone"\ncommand = "/nonexistent/mcp-server"\n'
     config = stdio_table("desk", desk_log, DESK_TOKEN="${DESK_TOKEN}") + never + POLICY
-    with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
-        stack = Stack(url, slack, model, tmp_path_factory.mktemp("mcp"), config=config)
-        stack.extra_env["DESK_TOKEN"] = TOKEN
-        try:
-            stack.start_bot()
-            stack.start_worker()
-            yield stack
-        finally:
-            stack.stop()
+    workdir = tmp_path_factory.mktemp("mcp")
+    yield from running_stack(redis_server, workdir, config, 5, extra_env={"DESK_TOKEN": TOKEN})
 
 
 def wait_post(stack: Stack, channel: str, ts: str, needle: str) -> dict[str, Any]:
