@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The inner loop: everything but the end-to-end tests that start the bot and worker processes.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not e2e"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
