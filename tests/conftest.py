@@ -102,6 +102,24 @@ def redis_url(redis_server: Any) -> str:
     return str(redis_server.url)
 
 
+@pytest.fixture
+def conn(redis_url: str) -> Iterator[Any]:
+    """A client of the private Redis, flushed before the test."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def store(conn: Any) -> Any:
+    """The project's store on that Redis."""
+    from workers.store import Store
+
+    return Store(conn)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """The fault-injection tallies behind the README's figures table."""
     import sys

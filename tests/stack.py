@@ -288,30 +288,17 @@ class Stack:
         self, message: dict[str, Any], action_id: str, *, user: str = "UALICE", team: str = "T1"
     ) -> int:
         """Click the button `action_id` of a posted message as `user` of workspace `team`."""
-        button = next(
-            e
+        block, button = next(
+            (b, e)
             for b in message["blocks"]
             if b["type"] == "actions"
             for e in b["elements"]
             if e.get("action_id") == action_id
         )
-        payload = {
-            **interaction("block_actions", user, team),
-            "container": {"type": "message", "message_ts": message["ts"], "channel_id": message["channel"]},
-            "channel": {"id": message["channel"], "name": "general"},
-            "message": {"ts": message["ts"], "thread_ts": message.get("thread_ts"), "text": message["text"]},
-            "response_url": self.slack.response_url(),
-            "actions": [
-                {
-                    "type": "button",
-                    "action_id": action_id,
-                    "block_id": "approval",
-                    "value": button.get("value", ""),
-                    "action_ts": str(time.time()),
-                }
-            ],
-        }
-        status, _ = self.post(action_body(payload), "application/x-www-form-urlencoded")
+        value = button.get("value", "")
+        status, _ = self.click_value(
+            message, action_id, value, user=user, team=team, block_id=block.get("block_id")
+        )
         return status
 
     def click_value(
@@ -322,6 +309,7 @@ class Stack:
         *,
         user: str = "UALICE",
         team: str = "T1",
+        block_id: str | None = "approval",
     ) -> tuple[int, str]:
         """Click `action_id` on `message` as if its button carried `value` (a forged or stale one).
 
@@ -337,7 +325,7 @@ class Stack:
                 {
                     "type": "button",
                     "action_id": action_id,
-                    "block_id": "approval",
+                    "block_id": block_id or "approval",
                     "value": value,
                     "action_ts": str(time.time()),
                 }

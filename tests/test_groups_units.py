@@ -153,16 +153,6 @@ def test_any_home_view_fits_slack_and_nothing_untrusted_pings(names: list[str], 
 # --- the store -------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def conn(redis_url: str) -> redis.Redis:
-    return redis.Redis.from_url(redis_url)
-
-
-@pytest.fixture
-def store(conn: redis.Redis) -> Store:
-    return Store(conn)
-
-
 def test_a_due_escalation_is_claimed_by_exactly_one_of_many_watchdogs(
     store: Store, conn: redis.Redis
 ) -> None:

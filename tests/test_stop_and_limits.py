@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from tests.fakes.messages_api import Reply, reply, text, tool_use
-from tests.fakes.signing import action_body, event_body
-from tests.stack import RedisServer, Stack, interaction, running_stack, thread, wait_post, wait_until
+from tests.fakes.signing import event_body
+from tests.stack import RedisServer, Stack, running_stack, thread, wait_post, wait_until
 from workers.store import Keys
 
 pytestmark = pytest.mark.e2e
@@ -97,14 +97,9 @@ def current(stack: Stack, channel: str, message: dict[str, Any]) -> dict[str, An
 
 
 def buttons(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every button of a message: in actions blocks and beside section text."""
-    found = []
-    for block in message.get("blocks") or []:
-        if block["type"] == "actions":
-            found += [e for e in block["elements"] if e.get("type") == "button"]
-        elif (block.get("accessory") or {}).get("type") == "button":
-            found.append(block["accessory"])
-    return found
+    """Every button of a message (the bot puts each in an actions block)."""
+    actions = [b for b in message.get("blocks") or [] if b["type"] == "actions"]
+    return [e for b in actions for e in b["elements"] if e.get("type") == "button"]
 
 
 def has_button(action_id: str) -> Callable[[dict[str, Any]], bool]:
@@ -131,26 +126,8 @@ def ephemerals_to(stack: Stack, user: str) -> list[str]:
 
 
 def press(stack: Stack, message: dict[str, Any], action_id: str, *, user: str = "UALICE") -> int:
-    """Click the button `action_id` of `message` (wherever in its blocks it is) as `user`."""
-    button = next(b for b in buttons(message) if b["action_id"] == action_id)
-    payload = {
-        **interaction("block_actions", user),
-        "container": {"type": "message", "message_ts": message["ts"], "channel_id": message["channel"]},
-        "channel": {"id": message["channel"], "name": "general"},
-        "message": {"ts": message["ts"], "thread_ts": message.get("thread_ts"), "text": message["text"]},
-        "response_url": stack.slack.response_url(),
-        "actions": [
-            {
-                "type": "button",
-                "action_id": action_id,
-                "block_id": "b",
-                "value": button.get("value", ""),
-                "action_ts": str(time.time()),
-            }
-        ],
-    }
-    status, _ = stack.post(action_body(payload), "application/x-www-form-urlencoded")
-    return status
+    """Click the button `action_id` of `message` as `user`."""
+    return stack.click(message, action_id, user=user)
 
 
 def session_stopped(stack: Stack, channel: str, thread_ts: str, *, user: str = "UALICE") -> int:

@@ -4,25 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 
-import pytest
 import redis
 
 from workers.store import EVENT_TTL, Keys, RunRecord, RunStatus, Store, new_run_id
-
-
-@pytest.fixture
-def conn(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def store(conn: redis.Redis) -> Store:
-    return Store(conn)
 
 
 def run_record() -> RunRecord:

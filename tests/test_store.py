@@ -6,7 +6,6 @@ import json
 import threading
 import time
 import zlib
-from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -15,18 +14,6 @@ import redis
 from harness.state import Decision, StateError, Verdict
 from workers.services import enqueue_job, make_queue
 from workers.store import Accepted, BadId, DecideOutcome, Keys, RunRecord, RunStatus, Store, new_run_id
-
-
-@pytest.fixture
-def conn(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def store(conn: redis.Redis) -> Store:
-    return Store(conn)
 
 
 def record(**overrides: object) -> RunRecord:

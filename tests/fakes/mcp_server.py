@@ -92,7 +92,7 @@ def explode() -> str:
 def slow(seconds: float) -> str:
     """Takes `seconds` to answer."""
     _log("slow", {"seconds": seconds})
-    time.sleep(seconds)
+    time.sleep(seconds)  # the behaviour under test (a tool that takes long), not synchronisation
     return f"slept {seconds}"
 
 
