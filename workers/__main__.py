@@ -208,8 +208,7 @@ def _relayed(svc: Services, relay: RelayServer) -> Catalog:
     assert svc.catalog is not None
     longest = max((s.timeout_seconds for s in svc.config.mcp_servers), default=60.0)
     client = RelayClient(relay.path, call_timeout=longest)
-    static = svc.catalog
-    return Catalog(static.static, host=client, servers=static.servers, timeout_seconds=static.timeout_seconds)
+    return svc.catalog.with_host(client)
 
 
 def audit(limit: int) -> int:

@@ -52,6 +52,10 @@ class Catalog:
             static.append(found)
         return cls(static, host=host, servers=servers, timeout_seconds=config.limits.tool_timeout_seconds)
 
+    def with_host(self, host: McpHost) -> Catalog:
+        """The same built-in and module tools, with MCP tools listed by `host`."""
+        return Catalog(self.static, host=host, servers=self.servers, timeout_seconds=self.timeout_seconds)
+
     def registry(self) -> ToolRegistry:
         """The tools to offer now; rebuilt only when the MCP listing changed."""
         if self.host is None:
@@ -80,6 +84,4 @@ def open_catalog(config: Config, environ: Mapping[str, str] | None = None) -> It
         return
     catalog = Catalog.from_config(config)  # modules first: a ConfigError before any server starts
     with McpHub(servers) as hub:
-        yield Catalog(
-            catalog.static, host=hub, servers=catalog.servers, timeout_seconds=catalog.timeout_seconds
-        )
+        yield catalog.with_host(hub)

@@ -57,10 +57,6 @@ class ToolRegistry:
     def schemas(self) -> list[dict[str, Any]]:
         return self._schemas
 
-    @property
-    def timeout_seconds(self) -> float:
-        return self._timeout
-
     def run(self, name: str, raw_input: Any, ctx: ToolContext) -> ToolResult:
         """Validate `raw_input` against the tool's schema, run it, and cut what it returns."""
         found = self._tools.get(name)

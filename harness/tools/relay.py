@@ -26,7 +26,7 @@ from typing import Any
 
 from harness import texts
 from harness.tools.base import ToolResult
-from harness.tools.mcp import Listing, McpHub
+from harness.tools.mcp import SEPARATOR, Listing, McpHub
 
 log = logging.getLogger("harness.mcp")
 
@@ -130,7 +130,7 @@ class RelayClient:
             # The call may have reached the hub: a side-effecting one's outcome is unknown.
             text = texts.MCP_LOST_OUTCOME_UNKNOWN if side_effects else texts.MCP_LOST
             log.error("MCP relay at %s failed during %s__%s: %s", self.path, server, tool, exc)
-            return ToolResult(text.format(server=server, name=f"{server}__{tool}"), True)
+            return ToolResult(text.format(server=server, name=f"{server}{SEPARATOR}{tool}"), True)
 
     def _ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         if self._pid != os.getpid():
