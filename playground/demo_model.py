@@ -1,0 +1,394 @@
+"""The offline demo model: a scripted, stateless stand-in for the Messages API's `POST /v1/messages`.
+
+`respond(request) -> message` answers a request body as `messages.create` sends it, with no network
+and no key, so the playground runs the real harness end to end. It is not Claude: everything is
+decided from `request["messages"]` and the names in `request["tools"]`, the same request always
+gets the same reply, and every final answer says so in its last line.
+
+The task is the text of the last user message that has text; the run so far is the turns after it.
+Its keywords (case-insensitive, anywhere in the task, checked in this order) pick a scenario:
+
+- "secret": `write_file` secrets/token.txt; then says what became of it (a `secrets/**` deny rule
+  refuses it).
+- "delete" or "remove": `list_files` ., then `delete_file` on the first plain file listed, then
+  says whether it was deleted.
+- "forever", "loop" or "valve": `list_files` . on every turn, never wrapping up, until the
+  harness's no-progress valve stops the run.
+- anything else: `get_time` and `list_files` . in one turn, then `write_file` notes.md (quoting the
+  task and the time), then `read_file` notes.md unless the write failed or was declined, then an
+  answer.
+
+Every turn that calls tools starts with a text block saying what it is about to do (the intent an
+approval card quotes). A scenario whose tools are not all offered answers at once, naming the
+missing ones. Tool results are never trusted to have any shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness import texts
+
+FOOTER = "_(offline demo model: scripted, not Claude)_"
+NOTES_PATH = "notes.md"
+SECRET_PATH = "secrets/token.txt"
+SECRET_CONTENT = "demo-token-0000 (not a real secret)\n"
+TASK_QUOTE_CHARS = 200
+RESULT_QUOTE_CHARS = 300
+NOTE_LINES_SHOWN = 8
+CHARS_PER_TOKEN = 4
+
+# The line `list_files` ends a long listing with ("… and 12 more"): a note, not a file name.
+_MORE_ENTRIES = re.compile(re.escape(texts.FILE_MORE_ENTRIES).replace(re.escape("{more}"), r"[\d,]+"))
+
+
+class DemoModelError(Exception):
+    """A request the demo model cannot answer, as the Messages API would refuse it."""
+
+    def __init__(self, message: str, status: int = 400, error_type: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.error_type = error_type
+
+
+def error_body(exc: DemoModelError) -> dict[str, Any]:
+    """The Messages API's error body for `exc`."""
+    return {"type": "error", "error": {"type": exc.error_type, "message": exc.message}}
+
+
+# --- what the run has done so far ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """One tool call of an earlier turn and what came back for it."""
+
+    name: str
+    input: Mapping[str, Any]
+    result: str
+    is_error: bool
+
+
+Turn = tuple[Call, ...]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the script says next: an intent or answer, and the calls (name, input) to make."""
+
+    text: str
+    calls: tuple[tuple[str, dict[str, Any]], ...] = ()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A script: picked by `keywords`, needing the tools `needs`, `next_reply(task, turns)` says what next."""
+
+    name: str
+    keywords: tuple[str, ...]
+    needs: tuple[str, ...]
+    next_reply: Callable[[str, tuple[Turn, ...]], Reply] = field(repr=False)
+
+
+# --- the front door --------------------------------------------------------------------------
+
+
+def respond(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The demo model's reply to a Messages API request body; `DemoModelError` if it is unusable."""
+    messages, offered = _checked(request)
+    start, task = _task(messages)
+    reply = _next_reply(task, messages[start + 1 :], offered)
+    # The new reply's position makes its ids unique in the conversation, even if a task repeats.
+    content = _content(reply, seed=f"{len(messages)}:{task}")
+    return {
+        "id": "msg_demo_" + _digest(_dumps(messages))[:24],
+        "type": "message",
+        "role": "assistant",
+        "model": request["model"],
+        "content": content,
+        "stop_reason": "tool_use" if reply.calls else "end_turn",
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": _tokens([messages, request.get("system"), request.get("tools")]),
+            "output_tokens": _tokens(content),
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
+    }
+
+
+def pick_scenario(task: str) -> Scenario:
+    """The first scenario one of whose keywords the task contains; the default one if none."""
+    lowered = task.lower()
+    return next(s for s in SCENARIOS if not s.keywords or any(k in lowered for k in s.keywords))
+
+
+def _next_reply(task: str, after_task: list[dict[str, Any]], offered: set[str]) -> Reply:
+    """What the task's scenario does next, or an answer naming the tools it needs and lacks."""
+    scenario = pick_scenario(task)
+    missing = [name for name in scenario.needs if name not in offered]
+    if missing:
+        return _missing_tools(scenario, missing)
+    return scenario.next_reply(task, _turns(after_task))
+
+
+def _checked(request: Mapping[str, Any]) -> tuple[list[dict[str, Any]], set[str]]:
+    """The request's messages and offered tool names, or `DemoModelError` saying what is wrong."""
+    if not isinstance(request, Mapping):
+        raise DemoModelError("the request body must be a JSON object")
+    if request.get("stream"):
+        raise DemoModelError("stream: the offline demo model does not stream; send stream=false")
+    if not isinstance(request.get("model"), str) or not request["model"]:
+        raise DemoModelError("model: a model name is required")
+    max_tokens = request.get("max_tokens")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise DemoModelError("max_tokens: a positive integer is required")
+    messages = request.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise DemoModelError("messages: at least one message is required")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            raise DemoModelError(f"messages.{index}: each message needs a role of user or assistant")
+    if messages[-1]["role"] != "user":
+        raise DemoModelError("messages: the last message must be from the user (no prefilled replies)")
+    return messages, _offered(request)
+
+
+def _offered(request: Mapping[str, Any]) -> set[str]:
+    tools = request.get("tools") or []
+    if not isinstance(tools, list):
+        raise DemoModelError("tools: must be a list of tools")
+    choice = request.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "none":
+        return set()  # the caller forbids tool use: as if none were offered
+    return {t["name"] for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)}
+
+
+def _task(messages: list[dict[str, Any]]) -> tuple[int, str]:
+    """The index and text of the last user message that has text (not only tool results)."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message["role"] == "user" and (text := _own_text(message.get("content")).strip()):
+            return index, text
+    raise DemoModelError("messages: no user message has any text, so there is no task")
+
+
+def _own_text(content: Any) -> str:
+    """The text a message says itself: its string, or its text blocks (not text inside tool results)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    return "\n".join(b["text"] for b in content if _is(b, "text") and isinstance(b.get("text"), str))
+
+
+def _turns(after_task: list[dict[str, Any]]) -> tuple[Turn, ...]:
+    """The turns of tool calls since the task, each call with its result (an error if none came)."""
+    turns = []
+    for index, message in enumerate(after_task):
+        uses = [b for b in _blocks(message) if _is(b, "tool_use")] if message["role"] == "assistant" else []
+        if not uses:
+            continue
+        following = after_task[index + 1] if index + 1 < len(after_task) else {}
+        results = {b.get("tool_use_id"): b for b in _blocks(following) if _is(b, "tool_result")}
+        turns.append(tuple(_call(use, results.get(use.get("id"))) for use in uses))
+    return tuple(turns)
+
+
+def _call(use: dict[str, Any], result: dict[str, Any] | None) -> Call:
+    name, arguments = use.get("name"), use.get("input")
+    name = name if isinstance(name, str) else ""
+    arguments = arguments if isinstance(arguments, dict) else {}
+    if result is None:
+        return Call(name, arguments, "(no result came back for this call)", True)
+    return Call(name, arguments, result_text(result.get("content")), result.get("is_error") is True)
+
+
+def result_text(content: Any) -> str:
+    """A tool result's content as text: a string, or its text blocks, with other blocks named."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return str(content)
+    parts = []
+    for block in content:
+        if _is(block, "text"):
+            parts.append(str(block.get("text", "")))
+        else:
+            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+            parts.append(f"[{kind}]")
+    return "\n".join(parts)
+
+
+def _blocks(message: Mapping[str, Any]) -> list[Any]:
+    content = message.get("content")
+    return content if isinstance(content, list) else []
+
+
+def _is(block: Any, kind: str) -> bool:
+    return isinstance(block, dict) and block.get("type") == kind
+
+
+# --- the scenarios ---------------------------------------------------------------------------
+
+
+def _default(task: str, turns: tuple[Turn, ...]) -> Reply:
+    if not turns:
+        return Reply(
+            "Let me check the time and see what is in the workspace.",
+            (("get_time", {}), ("list_files", {"path": "."})),
+        )
+    last = {call.name: call for call in turns[-1]}
+    if "write_file" in last:
+        wrote = last["write_file"]
+        if wrote.is_error:
+            return Reply(f"I did not write `{NOTES_PATH}`. The harness said:\n{_quote(wrote.result)}")
+        return Reply(
+            f"Wrote `{NOTES_PATH}`; let me read it back to check.", (("read_file", {"path": NOTES_PATH}),)
+        )
+    if "read_file" in last:
+        return _read_back(last["read_file"])
+    if "get_time" in last or "list_files" in last:
+        return Reply(
+            f"I'll write a short note to `{NOTES_PATH}` quoting your task and the time.",
+            (("write_file", {"path": NOTES_PATH, "content": _note(task, last)}),),
+        )
+    return Reply("I have nothing more to do for this task.")
+
+
+def _note(task: str, last: Mapping[str, Call]) -> str:
+    clock = last.get("get_time")
+    time = (
+        clock.result.strip() if clock and not clock.is_error and clock.result.strip() else "an unknown time"
+    )
+    listing = last.get("list_files")
+    files = len(_plain_files(listing.result)) if listing and not listing.is_error else 0
+    held = "1 file" if files == 1 else f"{files} files"
+    lines = [
+        "# Notes",
+        "",
+        "The task:",
+        "",
+        _quote(task, TASK_QUOTE_CHARS),
+        "",
+        f"Written at {time} by the offline demo model; the workspace held {held} besides folders.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _read_back(read: Call) -> Reply:
+    if read.is_error:
+        return Reply(f"I wrote `{NOTES_PATH}`, but reading it back failed:\n{_quote(read.result)}")
+    lines = [line for line in read.result.splitlines() if line.strip()]
+    shown = lines[:NOTE_LINES_SHOWN] + (["…"] if len(lines) > NOTE_LINES_SHOWN else [])
+    return Reply(f"I wrote `{NOTES_PATH}`. Reading it back, it says:\n" + _quote("\n".join(shown)))
+
+
+def _delete(task: str, turns: tuple[Turn, ...]) -> Reply:
+    if not turns:
+        return Reply("Let me see what is in the workspace first.", (("list_files", {"path": "."}),))
+    last = {call.name: call for call in turns[-1]}
+    if "delete_file" in last:
+        gone = last["delete_file"]
+        path = gone.input.get("path", "the file")
+        if gone.is_error:
+            return Reply(f"I did not delete `{path}`. The harness said:\n{_quote(gone.result)}")
+        return Reply(f"I deleted `{path}`. The tool said:\n{_quote(gone.result)}")
+    listing = last.get("list_files")
+    if listing is None or listing.is_error:
+        why = listing.result if listing else "no listing came back"
+        return Reply(f"I could not list the workspace, so I deleted nothing:\n{_quote(why)}")
+    files = _plain_files(listing.result)
+    if not files:
+        return Reply("There is nothing to delete: the workspace has no plain files, only folders or nothing.")
+    return Reply(
+        f"I'll delete `{files[0]}`, the first file in the workspace.", (("delete_file", {"path": files[0]}),)
+    )
+
+
+def _plain_files(listing: str) -> list[str]:
+    """The file names of a `list_files` result: its lines, less folders (ending in "/") and notes."""
+    notes = (texts.FILE_EMPTY_DIRECTORY, "")
+    lines = listing.splitlines()
+    return [n for n in lines if n not in notes and not n.endswith("/") and not _MORE_ENTRIES.fullmatch(n)]
+
+
+def _secret(task: str, turns: tuple[Turn, ...]) -> Reply:
+    if not turns:
+        return Reply(
+            f"I'll store the token in `{SECRET_PATH}`.",
+            (("write_file", {"path": SECRET_PATH, "content": SECRET_CONTENT}),),
+        )
+    wrote = next((c for c in turns[-1] if c.name == "write_file"), None)
+    if wrote is None or not wrote.is_error:
+        said = _quote(wrote.result) if wrote else "> (no result came back)"
+        return Reply(f"Nothing stopped me writing `{SECRET_PATH}`:\n{said}\nA `secrets/**` deny rule would.")
+    who = "The policy refused" if "policy" in wrote.result.lower() else "The harness refused"
+    return Reply(
+        f"{who} to let me write `{SECRET_PATH}`, so nothing was written. Why:\n{_quote(wrote.result)}"
+    )
+
+
+def _forever(task: str, turns: tuple[Turn, ...]) -> Reply:
+    # Deliberately the same turn every time: the harness's no-progress valve is what ends the run.
+    return Reply("Checking the folder again…", (("list_files", {"path": "."}),))
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("secret", ("secret",), ("write_file",), _secret),
+    Scenario("delete", ("delete", "remove"), ("list_files", "delete_file"), _delete),
+    Scenario("forever", ("forever", "loop", "valve"), ("list_files",), _forever),
+    Scenario("default", (), ("get_time", "list_files", "write_file", "read_file"), _default),
+)
+
+
+def _missing_tools(scenario: Scenario, missing: Sequence[str]) -> Reply:
+    names = ", ".join(f"`{name}`" for name in missing)
+    return Reply(f"I cannot run the {scenario.name} demo: it needs {names}, which this run does not offer.")
+
+
+# --- the reply -------------------------------------------------------------------------------
+
+
+def _content(reply: Reply, seed: str) -> list[dict[str, Any]]:
+    """The reply's content blocks: the text, then one `tool_use` per call, or the answer with a footer."""
+    if not reply.calls:
+        return [{"type": "text", "text": f"{reply.text}\n\n{FOOTER}"}]
+    uses = [
+        {"type": "tool_use", "id": tool_use_id(seed, index), "name": name, "input": arguments}
+        for index, (name, arguments) in enumerate(reply.calls)
+    ]
+    return [{"type": "text", "text": reply.text}, *uses]
+
+
+def tool_use_id(seed: str, index: int) -> str:
+    """A `toolu_demo_…` id from the reply's position in the conversation, the task and the call's index."""
+    return "toolu_demo_" + _digest(f"{seed}:{index}")[:24]
+
+
+def _quote(text: str, limit: int = RESULT_QUOTE_CHARS) -> str:
+    """`text` cut to `limit` characters as a quote block (each line starting "> ")."""
+    text = text.strip() or "(nothing)"
+    cut = text if len(text) <= limit else text[:limit].rstrip() + "…"
+    return "\n".join(f"> {line}".rstrip() for line in cut.splitlines())
+
+
+def _tokens(value: Any) -> int:
+    return max(1, math.ceil(len(_dumps(value)) / CHARS_PER_TOKEN))
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
