@@ -106,6 +106,7 @@ def main() -> int:
     serve(
         wsgi_app(app, connection, signing_secret=signing_secret),
         int(env.get("PORT") or 3000),
+        host=env.get("HOST") or "0.0.0.0",  # `make run` sets 127.0.0.1: a laptop's bot is not a server
         workers=workers,
         threads=4,
     )

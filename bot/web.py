@@ -316,12 +316,13 @@ class Server(BaseApplication):
         return self.application
 
 
-def serve(application: Any, port: int, *, workers: int = 2, threads: int = 8) -> None:
-    """Serve `application` on 0.0.0.0:`port` until SIGTERM/SIGINT."""
+def serve(application: Any, port: int, *, host: str = "0.0.0.0", workers: int = 2, threads: int = 8) -> None:
+    """Serve `application` on `host`:`port` until SIGTERM/SIGINT."""
+    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     Server(
         application,
         {
-            "bind": f"0.0.0.0:{port}",
+            "bind": bind,
             "workers": workers,
             "worker_class": "gthread",
             "threads": threads,

@@ -21,7 +21,14 @@ import pytest
 import redis
 
 from tests.stack import RedisServer
-from workers.dev import check_settings, find_redis, redis_answers, start_private_redis
+from workers.dev import (
+    check_settings,
+    find_redis,
+    playground_envs,
+    redis_answers,
+    start_private_redis,
+    wants_playground,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {"SLACK_BOT_TOKEN": "xoxb-test", "SLACK_SIGNING_SECRET": "secret", "ANTHROPIC_API_KEY": "sk-test"}
@@ -194,24 +201,49 @@ def run_dev(tmp_path: Path) -> Iterator[Callable[..., Dev]]:
 def test_missing_settings_print_one_line_each_and_start_nothing(
     dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
 ) -> None:
+    """Some Slack settings but not all (none at all is the playground): a mistake, named line by line."""
     marker = tmp_path / "started"
     for name in SETTINGS:
         del dev_env[name]
+    dev_env["SLACK_APP_TOKEN"] = "xapp-test"  # Socket Mode meant, but the bot token and the key forgotten
     dev_env["HARNESS_DEV_WEB_CMD"] = python_cmd(f"open({str(marker)!r}, 'w')")
     dev = run_dev(dev_env, "--data-dir", str(tmp_path / "data"))
 
     assert dev.finish() == 2
     lines = dev.stderr.splitlines()
-    assert [line.split()[0] for line in lines] == [
-        "SLACK_BOT_TOKEN",
-        "SLACK_SIGNING_SECRET",
-        "ANTHROPIC_API_KEY",
-    ]
+    assert [line.split()[0] for line in lines] == ["SLACK_BOT_TOKEN", "ANTHROPIC_API_KEY"]
     assert "https://api.slack.com/apps" in lines[0] and "OAuth & Permissions" in lines[0]
-    assert "Basic Information" in lines[1]
-    assert "https://console.anthropic.com/settings/keys" in lines[2]
+    assert "https://console.anthropic.com/settings/keys" in lines[1]
+    assert "Basic Information" in check_settings({"SLACK_BOT_TOKEN": "xoxb-1", "ANTHROPIC_API_KEY": "k"})[0]
     assert dev.lines == []
     assert not marker.exists() and not (tmp_path / "data").exists() and not (tmp_path / "workspace").exists()
+
+
+def test_no_slack_setting_at_all_means_the_playground_with_its_own_slack_and_model() -> None:
+    assert wants_playground({}) and wants_playground({"SLACK_BOT_TOKEN": "  ", "ANTHROPIC_API_KEY": "k"})
+    assert not wants_playground({"SLACK_SIGNING_SECRET": "s"})
+    assert check_settings({}) == []
+    envs, page = playground_envs({"PORT": "4321"})
+    assert page == "http://127.0.0.1:4321/"
+    web, worker, play = envs["web"], envs["worker"], envs["playground"]
+    assert web["SLACK_BOT_TOKEN"] == worker["SLACK_BOT_TOKEN"] == play["SLACK_BOT_TOKEN"]
+    assert web["SLACK_BOT_TOKEN"].startswith("xoxb-") and len(web["SLACK_SIGNING_SECRET"]) >= 32
+    assert worker["SLACK_API_URL"] == page + "api/" and worker["ANTHROPIC_BASE_URL"] == page + "model"
+    assert play["PORT"] == "4321" and web["PORT"] != "4321" and web["HOST"] == "127.0.0.1"
+    assert play["PLAYGROUND_BOT_URL"] == f"http://127.0.0.1:{web['PORT']}/slack/events"
+    assert worker["HARNESS_CONFIG"].endswith("playground/config.toml")
+    again, _ = playground_envs({})
+    assert again["web"]["SLACK_SIGNING_SECRET"] != web["SLACK_SIGNING_SECRET"]  # fresh per start
+
+    with_key, _ = playground_envs({"ANTHROPIC_API_KEY": "sk-real", "HARNESS_CONFIG": "mine.toml"})
+    assert (
+        "ANTHROPIC_BASE_URL" not in with_key["worker"]
+        and "PLAYGROUND_DEMO_MODEL" not in with_key["playground"]
+    )
+    assert (
+        with_key["worker"]["ANTHROPIC_API_KEY"] == "sk-real"
+        and with_key["worker"]["HARNESS_CONFIG"] == "mine.toml"
+    )
 
 
 def test_an_app_token_replaces_the_signing_secret() -> None:

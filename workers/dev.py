@@ -1,6 +1,10 @@
 """`python -m workers.dev`: the web process, one worker and, if needed, a private Redis on this machine.
 
-`make run` calls this. It checks the settings first, picks a Redis (``REDIS_URL``, else one answering
+`make run` calls this. With no Slack setting at all (none of ``SLACK_BOT_TOKEN``,
+``SLACK_SIGNING_SECRET``, ``SLACK_APP_TOKEN``) it starts the playground too (`python -m playground`:
+a page on http://127.0.0.1:$PORT/ with its own stand-in for Slack, and the offline demo model when
+``ANTHROPIC_API_KEY`` is not set either) and points the bot and the worker at it. Otherwise it checks
+the settings first, picks a Redis (``REDIS_URL``, else one answering
 on localhost:6379, else a private ``redis-server`` keeping its data in ``./.redis-data/``, with a
 fresh password per start), gives the bot a workspace folder of its own (``HARNESS_WORKSPACE``, else
 ``./workspace/``, created), starts ``python -m bot`` and ``python -m workers`` with ``REDIS_URL`` and
@@ -39,7 +43,13 @@ DEFAULT_WORKSPACE = Path("workspace")
 STOP_TIMEOUT = 10.0
 REDIS_START_TIMEOUT = 10.0
 POLL_INTERVAL = 0.1
-PREFIXES = {"web": "web  | ", "worker": "worker | ", "redis": "redis | ", "dev": "dev  | "}
+PREFIXES = {
+    "web": "web  | ",
+    "worker": "worker | ",
+    "redis": "redis | ",
+    "dev": "dev  | ",
+    "playground": "play | ",
+}
 
 SLACK_APPS = "https://api.slack.com/apps"
 MISSING_BOT_TOKEN = (
@@ -105,8 +115,21 @@ class Child:
     proc: subprocess.Popen[bytes]
 
 
+SLACK_SETTINGS = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN")
+PLAYGROUND_PORT = 3000
+PLAYGROUND_CONFIG = Path(__file__).resolve().parents[1] / "playground" / "config.toml"
+PLAYGROUND_START_TIMEOUT = 15.0
+
+
+def wants_playground(env: Mapping[str, str]) -> bool:
+    """No Slack setting at all: the playground (a half-set Slack is a mistake to report instead)."""
+    return not any(env.get(name, "").strip() for name in SLACK_SETTINGS)
+
+
 def check_settings(env: Mapping[str, str]) -> list[str]:
     """Return one line per missing setting, naming what to set and where to get it."""
+    if wants_playground(env):
+        return []  # the playground brings its own Slack, and the demo model stands in for a key
     missing = []
     if not env.get("SLACK_BOT_TOKEN", "").strip():
         missing.append(MISSING_BOT_TOKEN)
@@ -303,7 +326,11 @@ def redact(url: str) -> str:
 
 def child_commands(env: Mapping[str, str]) -> dict[str, list[str]]:
     """The web and worker commands: `python -m bot` / `python -m workers`, or the test overrides."""
-    commands = {"web": [sys.executable, "-m", "bot"], "worker": [sys.executable, "-m", "workers"]}
+    commands = {
+        "playground": [sys.executable, "-m", "playground"],
+        "web": [sys.executable, "-m", "bot"],
+        "worker": [sys.executable, "-m", "workers"],
+    }
     for name, variable in (("web", "HARNESS_DEV_WEB_CMD"), ("worker", "HARNESS_DEV_WORKER_CMD")):
         if env.get(variable, "").strip():
             commands[name] = shlex.split(env[variable])
@@ -336,6 +363,7 @@ class Settings:
     env: dict[str, str]
     redis_url: str | None  # None: start a private redis-server
     stop_timeout: float
+    playground: bool = False
 
 
 def prepare(env: Mapping[str, str]) -> tuple[Settings | None, list[str]]:
@@ -351,7 +379,7 @@ def prepare(env: Mapping[str, str]) -> tuple[Settings | None, list[str]]:
         problems.append(MISSING_REDIS_SERVER.format(probe=f"{probe[0]}:{probe[1]}"))
     if problems:
         return None, problems
-    return Settings(dict(env), url, stop_timeout), []
+    return Settings(dict(env), url, stop_timeout, wants_playground(env)), []
 
 
 @contextlib.contextmanager
@@ -386,6 +414,58 @@ def supervise(children: Sequence[Child], stop: threading.Event) -> Child | None:
     return None
 
 
+def playground_envs(env: Mapping[str, str]) -> tuple[dict[str, dict[str, str]], str]:
+    """The environment of each child in the playground, and the page's address.
+
+    The playground listens on ``$PORT`` (3000) and the bot on a free port behind it; all three
+    share a bot token and signing secret made for this start. Without ``ANTHROPIC_API_KEY``
+    the worker's SDK talks to the playground's offline demo model. Without ``HARNESS_CONFIG``
+    the playground's own settings give the demo users their roles.
+    """
+    host = env.get("HOST") or "127.0.0.1"
+    port = int(env.get("PORT") or PLAYGROUND_PORT)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    page = f"http://{shown}:{port}/"
+    bot_port = free_port()
+    common = dict(env)
+    common.update(
+        SLACK_BOT_TOKEN=f"xoxb-playground-{secrets.token_hex(16)}",
+        SLACK_SIGNING_SECRET=secrets.token_hex(32),
+        SLACK_API_URL=f"{page}api/",
+    )
+    common.setdefault("HARNESS_CONFIG", str(PLAYGROUND_CONFIG))
+    if not env.get("ANTHROPIC_API_KEY", "").strip():
+        common.update(
+            ANTHROPIC_API_KEY="playground-demo-model",
+            ANTHROPIC_BASE_URL=f"{page}model",
+            PLAYGROUND_DEMO_MODEL="1",
+        )
+    web = {**common, "PORT": str(bot_port), "HOST": "127.0.0.1"}
+    playground = {
+        **common,
+        "PORT": str(port),
+        "HOST": host,
+        "PLAYGROUND_BOT_URL": f"http://127.0.0.1:{bot_port}/slack/events",
+    }
+    return {"playground": playground, "web": web, "worker": common}, page
+
+
+def wait_for_page(proc: subprocess.Popen[bytes], page: str, stop: threading.Event) -> None:
+    """Wait until the playground answers (the bot checks its token against it at start)."""
+    parts = urlsplit(page)
+    deadline = time.monotonic() + PLAYGROUND_START_TIMEOUT
+    while time.monotonic() < deadline and proc.poll() is None and not stop.is_set():
+        try:
+            with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80), timeout=0.5):
+                return
+        except OSError:
+            stop.wait(POLL_INTERVAL)
+    if proc.poll() is not None:
+        raise DevError(f"the playground exited (code {proc.returncode}); see its output above")
+    if not stop.is_set():
+        raise DevError(f"the playground did not answer at {page} within {PLAYGROUND_START_TIMEOUT:g} s")
+
+
 def run(
     settings: Settings,
     commands: Mapping[str, Sequence[str]],
@@ -412,12 +492,21 @@ def run(
                 output.say("dev", f"using Redis at {redact(url)}")
             env["REDIS_URL"] = url
             env.setdefault("PYTHONUNBUFFERED", "1")  # so that the children's lines show up as they come
-            for name in ("web", "worker"):
+            env.setdefault("HOST", "127.0.0.1")  # a laptop's bot listens on loopback unless told otherwise
+            envs = {"web": env, "worker": env}
+            names = ["web", "worker"]
+            if settings.playground:
+                envs, page = playground_envs(env)
+                names.insert(0, "playground")
+            for name in names:
                 if not stop.is_set():
-                    children.append(spawn(name, commands[name], env, output))
+                    children.append(spawn(name, commands[name], envs[name], output))
                     output.say(
                         "dev", f"started {name} (pid {children[-1].proc.pid}): {shlex.join(commands[name])}"
                     )
+                if name == "playground" and not stop.is_set():
+                    wait_for_page(children[-1].proc, page, stop)
+                    output.say("dev", f"the playground is ready: open {page} in a browser")
             died = supervise(children + redis, stop)
             if died is not None:
                 output.say("dev", f"{died.name} exited (code {died.proc.returncode}); stopping the others")

@@ -1,0 +1,80 @@
+"""`python -m playground`: the playground's page, Slack stand-in and demo model on 127.0.0.1:$PORT.
+
+`make run` (`python -m workers.dev`) starts it, with the bot and a worker, when no Slack settings
+are given; run alone it needs what `workers.dev` hands it: ``PLAYGROUND_BOT_URL`` (the bot's
+``/slack/events``), ``SLACK_SIGNING_SECRET`` and ``SLACK_BOT_TOKEN`` (the bot's, which it checks),
+``PLAYGROUND_DEMO_MODEL=1`` to answer as the offline demo model, ``PORT`` (3000) and ``HOST``
+(127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping
+
+from harness.config import ConfigError, load_config
+from playground.bot_client import Bot
+from playground.server import Playground, Server
+from playground.slack import PEOPLE, Workspace
+
+DEMO_LABEL = "Offline demo model: scripted replies, not Claude. Set ANTHROPIC_API_KEY to use Claude."
+GROUPS = {"S01REVIEWERS": ["U01ALICE", "U02BOB"]}  # a user group to name in `approvers`
+
+
+def notes(approvers: tuple[str, ...], self_approval: bool) -> dict[str, str]:
+    """What each demo user may do with a card, shown beside their name in the user switcher."""
+    if not approvers:
+        return {p.id: "decides their own runs" if self_approval else "" for p in PEOPLE}
+    members = {u for a in approvers for u in GROUPS.get(a, [a])}
+    return {p.id: "approver" if p.id in members else "not an approver" for p in PEOPLE}
+
+
+def main(env: Mapping[str, str] = os.environ) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    missing = [n for n in ("PLAYGROUND_BOT_URL", "SLACK_SIGNING_SECRET", "SLACK_BOT_TOKEN") if not env.get(n)]
+    if missing:
+        print(f"error: {', '.join(missing)} not set: start the playground with `make run`", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(env=env)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    host, port = env.get("HOST") or "127.0.0.1", int(env.get("PORT") or 3000)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    base_url = f"http://{shown}:{port}/"
+    demo = env.get("PLAYGROUND_DEMO_MODEL") == "1"
+    playground = Playground(
+        workspace=Workspace(token=env["SLACK_BOT_TOKEN"], usergroups=GROUPS, permalink_base=base_url),
+        bot=Bot(env["PLAYGROUND_BOT_URL"], env["SLACK_SIGNING_SECRET"]),
+        base_url=base_url,
+        demo=demo,
+        model_label=DEMO_LABEL if demo else f"Claude ({config.model})",
+        notes=notes(config.approvals.approvers, config.approvals.self_approval),
+    )
+    try:
+        server = Server((host, port), playground)
+    except OSError as exc:
+        print(
+            f"error: the playground cannot listen on {host}:{port} ({exc.strerror}): set PORT",
+            file=sys.stderr,
+        )
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    logging.getLogger(__name__).info("the playground is at %s", base_url)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stopping = True
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

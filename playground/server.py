@@ -1,0 +1,426 @@
+"""The playground's HTTP server: the page, the page's actions, Slack's Web API and the demo model.
+
+One `ThreadingHTTPServer` (standard library) on 127.0.0.1 answers:
+
+- ``GET /`` and ``/static/…``: the page (plain HTML, CSS and JavaScript, no build step);
+- ``GET /play/state`` and ``GET /play/events`` (server-sent events: the state's version, each
+  time it changes); ``POST /play/{mention,action,submit,close,home}``: what a person does on the
+  page, turned into the signed request Slack would send the bot (`playground.bot_client`);
+- ``POST /play/respond/<id>``: the `response_url` of a click;
+- ``POST /api/<method>``: the Slack Web API the bot and workers call (`SLACK_API_URL`);
+- ``POST /model/v1/messages``: the offline demo model (`ANTHROPIC_BASE_URL`), when there is no key.
+
+The page's own endpoints refuse a request whose ``Host`` is not this machine's loopback name (a
+web page elsewhere cannot reach them by DNS rebinding) and a POST without the page's
+``X-Playground`` header (a form or a simple cross-site request cannot carry it, so another tab
+cannot make the bot act).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from playground import bot_client, demo_model
+from playground.bot_client import Bot, BotUnreachable
+from playground.slack import BOT_USER_ID, ApiError, Person, Workspace
+
+log = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+STATIC = Path(__file__).parent / "static"
+ASSETS = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/style.css": ("style.css", "text/css; charset=utf-8"),
+}
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+PAGE_HEADER = "X-Playground"
+KEEPALIVE_SECONDS = 15.0
+RESPONSE_URL_SECONDS = 30 * 60  # as Slack: a response_url works for 30 minutes …
+RESPONSE_URL_USES = 5  # … and five times
+MAX_BODY = 1 << 20
+
+
+class PageError(Exception):
+    """A page action that cannot be done, with the reason shown on the page."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class ResponseUrl:
+    """What a click's `response_url` acts on."""
+
+    user: str
+    message_ts: str
+    thread_ts: str | None
+    expires: float
+    uses: int = RESPONSE_URL_USES
+
+
+@dataclass
+class Playground:
+    """The page's actions on the workspace, sent to the bot as Slack would send them."""
+
+    workspace: Workspace
+    bot: Bot
+    base_url: str
+    demo: bool
+    model_label: str
+    notes: Mapping[str, str] = field(default_factory=dict)
+    _responses: dict[str, ResponseUrl] = field(default_factory=dict)
+
+    def state(self) -> Json:
+        """The page's snapshot: the workspace plus who the people are and which model answers."""
+        return {
+            **self.workspace.snapshot(),
+            "users": [
+                {"id": p.id, "name": p.name, "real_name": p.real_name, "note": self.notes.get(p.id, "")}
+                for p in self.workspace.people.values()
+            ],
+            "model": {"demo": self.demo, "label": self.model_label},
+        }
+
+    def person(self, user: Any) -> Person:
+        found = self.workspace.people.get(user) if isinstance(user, str) else None
+        if found is None:
+            raise PageError(f"no such user: {user!r}")
+        return found
+
+    def mention(self, user: Any, text: Any, thread_ts: Any = None) -> Json:
+        """Post a person's message mentioning the bot, and send the bot its `app_mention`."""
+        person = self.person(user)
+        if not isinstance(text, str) or not text.strip():
+            raise PageError("write something for the bot to do")
+        if thread_ts is not None and not isinstance(thread_ts, str):
+            raise PageError("thread_ts must be a message timestamp")
+        mention = f"<@{BOT_USER_ID}>"
+        body = text.strip()
+        if mention not in body:
+            body = f"{mention} {body.removeprefix('@harness').lstrip()}"
+        try:
+            message = self.workspace.post_as(person.id, body, thread_ts)
+        except ApiError as exc:
+            raise PageError(f"cannot post: {exc.error}") from None
+        self._deliver(lambda: self.bot.send_event(bot_client.app_mention(person, message)))
+        return {"ok": True, "ts": message["ts"]}
+
+    def action(self, request: Json) -> Json:
+        """A click on a button the bot posted: in a message, an ephemeral message, a modal or Home."""
+        person = self.person(request.get("user"))
+        action_id, block_id = request.get("action_id"), request.get("block_id")
+        trigger = self.workspace.new_trigger(person.id)
+        view_id = request.get("view_id")
+        if view_id:
+            view = self.workspace.view(str(view_id), person.id)
+            if view is None:
+                raise PageError("that view is no longer open")
+            element = _element(view.get("blocks"), block_id, action_id)
+            payload = bot_client.block_actions(
+                person, element, trigger_id=trigger, response_url="", view=view
+            )
+        elif request.get("ephemeral"):
+            ts = str(request.get("message_ts") or "")
+            item = self.workspace.ephemeral(ts, person.id)
+            if item is None:
+                raise PageError("that message is gone")
+            element = _element(item.get("blocks"), block_id, action_id)
+            url = self._response_url(person.id, ts, item.get("thread_ts"))
+            payload = bot_client.block_actions(
+                person, element, trigger_id=trigger, response_url=url, ephemeral_ts=ts
+            )
+        else:
+            ts = str(request.get("message_ts") or "")
+            message = self.workspace.message(ts)
+            if message is None:
+                raise PageError("that message is gone")
+            element = _element(message.get("blocks"), block_id, action_id)
+            url = self._response_url(person.id, ts, message.get("thread_ts"))
+            payload = bot_client.block_actions(
+                person, element, trigger_id=trigger, response_url=url, message=message
+            )
+        self._deliver(lambda: self.bot.send_interaction(payload))
+        return {"ok": True}
+
+    def submit(self, user: Any, view_id: Any, typed: Any) -> Json:
+        """Submit a modal; the bot may keep it open with errors, update it, or close it."""
+        person = self.person(user)
+        view = self.workspace.view(str(view_id), person.id)
+        if view is None:
+            raise PageError("that view is no longer open")
+        values = _state_values(view, typed if isinstance(typed, dict) else {})
+        trigger = self.workspace.new_trigger(person.id)
+        reply = self._deliver(
+            lambda: self.bot.send_interaction(
+                bot_client.view_submission(person, view, values, trigger_id=trigger)
+            )
+        )
+        answer = reply.body if isinstance(reply.body, dict) else {}
+        if answer.get("response_action") == "errors":
+            errors = {str(k): str(v) for k, v in (answer.get("errors") or {}).items()}
+            self.workspace.close_view(view["id"], person.id, errors=errors)
+            return {"ok": False, "errors": errors}
+        self.workspace.close_view(view["id"], person.id)
+        return {"ok": True}
+
+    def close(self, user: Any, view_id: Any) -> Json:
+        """Close a modal with its close button (the bot hears of it when the view asked to)."""
+        person = self.person(user)
+        view = self.workspace.view(str(view_id), person.id)
+        if view is None:
+            return {"ok": True}
+        self.workspace.close_view(view["id"], person.id)
+        if view.get("notify_on_close"):
+            self._deliver(lambda: self.bot.send_interaction(bot_client.view_closed(person, view)))
+        return {"ok": True}
+
+    def home(self, user: Any) -> Json:
+        """A person opened the app's Home tab."""
+        person = self.person(user)
+        home = self.workspace.snapshot()["homes"].get(person.id)
+        self._deliver(lambda: self.bot.send_event(bot_client.app_home_opened(person, home)))
+        return {"ok": True}
+
+    def respond(self, key: str, body: Json) -> None:
+        """A POST to a click's `response_url`."""
+        target = self._responses.get(key)
+        if target is None or target.expires < time.monotonic() or target.uses <= 0:
+            raise PageError("expired_url", status=404)
+        target.uses -= 1
+        self.workspace.respond(target.user, (target.message_ts, target.thread_ts), body)
+
+    def _response_url(self, user: str, message_ts: str, thread_ts: str | None) -> str:
+        now = time.monotonic()
+        self._responses = {k: r for k, r in self._responses.items() if r.expires > now}
+        key = secrets.token_urlsafe(16)
+        self._responses[key] = ResponseUrl(user, message_ts, thread_ts, now + RESPONSE_URL_SECONDS)
+        return f"{self.base_url}play/respond/{key}"
+
+    @staticmethod
+    def _deliver(send: Any) -> bot_client.Reply:
+        try:
+            reply: bot_client.Reply = send()
+        except BotUnreachable as exc:
+            raise PageError(
+                f"{exc}; it may still be starting, or it stopped: see the terminal", 502
+            ) from None
+        if reply.status >= 300:
+            raise PageError(f"the bot answered HTTP {reply.status}: {str(reply.body)[:300]}", 502)
+        return reply
+
+
+def _element(blocks: Any, block_id: Any, action_id: Any) -> Json:
+    """The interactive element `action_id` of block `block_id`, as a click reports it."""
+    for block in blocks if isinstance(blocks, list) else []:
+        if not isinstance(block, dict) or block.get("block_id") != block_id:
+            continue
+        candidates = list(block.get("elements") or [])
+        if isinstance(block.get("accessory"), dict):
+            candidates.append(block["accessory"])
+        for element in candidates:
+            if isinstance(element, dict) and element.get("action_id") == action_id:
+                action = {"type": element.get("type", "button"), "action_id": action_id, "block_id": block_id}
+                for key in ("text", "value", "style"):
+                    if key in element:
+                        action[key] = element[key]
+                return action
+    raise PageError("that button is no longer there (the message changed)")
+
+
+def _state_values(view: Json, typed: Json) -> Json:
+    """A view's `state.values` from what the page typed: every input block, typed or not."""
+    values: Json = {}
+    for block in view.get("blocks") or []:
+        if not isinstance(block, dict) or block.get("type") != "input":
+            continue
+        element = block.get("element") or {}
+        block_id, action_id = str(block.get("block_id")), str(element.get("action_id"))
+        given = (typed.get(block_id) or {}).get(action_id) if isinstance(typed.get(block_id), dict) else None
+        value = given if isinstance(given, str) else element.get("initial_value")
+        values[block_id] = {
+            action_id: {"type": element.get("type", "plain_text_input"), "value": value or None}
+        }
+    return values
+
+
+class Server(ThreadingHTTPServer):
+    """The playground's HTTP server; `allowed_hosts` are the Host headers the page may use."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 64
+
+    def __init__(self, address: tuple[str, int], playground: Playground) -> None:
+        super().__init__(address, Handler)
+        self.playground = playground
+        self.stopping = False
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Routes one request."""
+
+    server: Server
+    server_version = "HarnessPlayground/1.0"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server naming
+        path = urlsplit(self.path).path
+        if path == "/healthz":
+            return self._json(200, {"ok": True})
+        if not self._local_host():
+            return None
+        if path in ASSETS:
+            name, kind = ASSETS[path]
+            return self._send(200, (STATIC / name).read_bytes(), kind, cache=False)
+        if path == "/play/state":
+            return self._json(200, self.server.playground.state())
+        if path == "/play/events":
+            return self._events()
+        return self._json(404, {"ok": False, "error": "not_found"})
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server naming
+        split = urlsplit(self.path)
+        raw = self._body()
+        if raw is None:
+            return
+        if split.path.startswith("/api/"):
+            return self._web_api(split.path.removeprefix("/api/"), split.query, raw)
+        if split.path == "/model/v1/messages" and self.server.playground.demo:
+            return self._model(raw)
+        if split.path.startswith("/play/respond/"):
+            return self._page(lambda _: self.server.playground.respond(split.path.rsplit("/", 1)[1], _), raw)
+        if not self._local_host():
+            return None
+        if self.headers.get(PAGE_HEADER) != "1":
+            return self._json(403, {"ok": False, "error": f"the page's {PAGE_HEADER} header is missing"})
+        play = self.server.playground
+        routes = {
+            "/play/mention": lambda r: play.mention(r.get("user"), r.get("text"), r.get("thread_ts")),
+            "/play/action": play.action,
+            "/play/submit": lambda r: play.submit(r.get("user"), r.get("view_id"), r.get("values")),
+            "/play/close": lambda r: play.close(r.get("user"), r.get("view_id")),
+            "/play/home": lambda r: play.home(r.get("user")),
+        }
+        route = routes.get(split.path)
+        if route is None:
+            return self._json(404, {"ok": False, "error": "not_found"})
+        return self._page(route, raw)
+
+    # -- routes ------------------------------------------------------------------------------
+
+    def _page(self, route: Any, raw: bytes) -> None:
+        try:
+            request = json.loads(raw or b"{}")
+            if not isinstance(request, dict):
+                raise PageError("the request must be a JSON object")
+            answer = route(request)
+        except ValueError:
+            return self._json(400, {"ok": False, "error": "the request is not JSON"})
+        except PageError as exc:
+            return self._json(exc.status, {"ok": False, "error": str(exc)})
+        return self._json(200, answer if isinstance(answer, dict) else {"ok": True})
+
+    def _web_api(self, method: str, query: str, raw: bytes) -> None:
+        params: Json = dict(parse_qsl(query, keep_blank_values=True))
+        kind = self.headers.get("Content-Type") or ""
+        text = raw.decode("utf-8", errors="replace")
+        if "json" in kind:
+            try:
+                body = json.loads(text or "{}")
+            except ValueError:
+                return self._json(200, {"ok": False, "error": "invalid_json"})
+            params.update(body if isinstance(body, dict) else {})
+        else:
+            params.update(parse_qsl(text, keep_blank_values=True))
+        auth = self.headers.get("Authorization") or ""
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else params.pop("token", None)
+        try:
+            answer = self.server.playground.workspace.call(method, params, token)
+        except ApiError as exc:
+            return self._json(exc.status, {"ok": False, "error": exc.error})
+        return self._json(200, answer)
+
+    def _model(self, raw: bytes) -> None:
+        try:
+            request = json.loads(raw)
+            if not isinstance(request, dict):
+                raise demo_model.DemoModelError("the body must be an object")
+            return self._json(200, demo_model.respond(request))
+        except ValueError:
+            error = demo_model.DemoModelError("the body is not JSON")
+            return self._json(400, demo_model.error_body(error))
+        except demo_model.DemoModelError as exc:
+            return self._json(exc.status, demo_model.error_body(exc))
+
+    def _events(self) -> None:
+        """Server-sent events: the version now, then each new one (a comment line keeps it open)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        workspace = self.server.playground.workspace
+        seen = -1
+        try:
+            while not self.server.stopping:
+                version = workspace.wait_change(seen, KEEPALIVE_SECONDS)
+                line = f"data: {version}\n\n" if version != seen else ": keepalive\n\n"
+                self.wfile.write(line.encode())
+                self.wfile.flush()
+                seen = version
+        except OSError:
+            pass  # the page went away
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _local_host(self) -> bool:
+        host = urlsplit("//" + (self.headers.get("Host") or "")).hostname or ""
+        if host in LOOPBACK_NAMES or host == self.server.server_address[0]:
+            return True
+        self._json(421, {"ok": False, "error": f"open the playground at 127.0.0.1, not {host!r}"})
+        return False
+
+    def _body(self) -> bytes | None:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY:
+            self._json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"ok": False, "error": "body too large"})
+            return None
+        return self.rfile.read(length) if length else b""
+
+    def _json(self, status: int, body: Any) -> None:
+        self._send(status, json.dumps(body).encode("utf-8"), "application/json; charset=utf-8")
+
+    def _send(self, status: int, data: bytes, kind: str, *, cache: bool = False) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("X-Content-Type-Options", "nosniff")
+        if kind.startswith("text/html"):
+            self.send_header(
+                "Content-Security-Policy",
+                "default-src 'self'; img-src 'self' data: https:; object-src 'none'; base-uri 'none'; "
+                "frame-ancestors 'none'",
+            )
+        if not cache:
+            self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(data)

@@ -1,0 +1,568 @@
+"""The playground's Slack: one workspace, one channel, a few people, and the Web API methods the bot calls.
+
+`Workspace` holds everything a person sees on the page (messages and threads, reactions, their
+ephemeral replies, their open modals, their App Home) and answers the bot's Web API calls
+(`call`), the way Slack answers them: the same methods, the same `ok`/`error` shape, the same
+error names for the mistakes the bot could make (an unknown message, an expired trigger id, a
+view hash that no longer matches). Every change bumps `version`, which the page follows.
+
+It is a stand-in for trying the product, not a test fake: it validates what the bot relies on and
+keeps whatever Slack would keep; it does not enforce Block Kit's limits (the tests' fake does).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Json = dict[str, Any]
+
+TEAM_ID = "T0PLAYGND"
+TEAM_NAME = "Playground"
+CHANNEL_ID = "C0PLAYGND"
+CHANNEL_NAME = "playground"
+BOT_USER_ID = "U0HARNESS"
+BOT_ID = "B0HARNESS"
+APP_ID = "A0HARNESS"
+BOT_NAME = "harness"
+TRIGGER_SECONDS = 3.0  # a trigger_id is good for 3 s, as in Slack
+MAX_MESSAGES = 5000  # the oldest go first; a playground is not an archive
+
+
+@dataclass(frozen=True)
+class Person:
+    """A demo user of the playground's workspace."""
+
+    id: str
+    name: str
+    real_name: str
+
+
+PEOPLE = (
+    Person("U01ALICE", "alice", "Alice"),
+    Person("U02BOB", "bob", "Bob"),
+    Person("U03CAROL", "carol", "Carol"),
+)
+
+
+class ApiError(Exception):
+    """A Web API call Slack would answer with ``{"ok": false, "error": ...}``."""
+
+    def __init__(self, error: str, status: int = 200) -> None:
+        super().__init__(error)
+        self.error = error
+        self.status = status
+
+
+@dataclass
+class Trigger:
+    """Who a trigger_id was made for, and until when it may open a modal."""
+
+    user: str
+    expires: float
+
+
+class Workspace:
+    """The playground's Slack state, safe to use from many threads; `changed` wakes the page."""
+
+    def __init__(
+        self,
+        *,
+        token: str,
+        people: Iterable[Person] = PEOPLE,
+        usergroups: Mapping[str, list[str]] | None = None,
+        permalink_base: str = "http://127.0.0.1/",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.token = token
+        self.people = {p.id: p for p in people}
+        self.usergroups = dict(usergroups or {})
+        self.permalink_base = permalink_base
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.changed = threading.Condition(self._lock)
+        self.version = 0
+        self._last_ts = 0.0
+        self._ids = itertools.count(1)
+        self.messages: list[Json] = []
+        self.ephemerals: list[Json] = []
+        self.views: list[Json] = []  # open modals, oldest first
+        self.homes: dict[str, Json] = {}
+        self.statuses: list[Json] = []
+        self._triggers: dict[str, Trigger] = {}
+
+    # -- what the page does -------------------------------------------------------------------
+
+    def post_as(self, user: str, text: str, thread_ts: str | None) -> Json:
+        """A person's message in the channel (or a thread of it); the message as stored."""
+        with self._lock:
+            if user not in self.people:
+                raise ApiError("user_not_found")
+            if thread_ts is not None:
+                parent = self._find(thread_ts)
+                if parent is None:
+                    raise ApiError("thread_not_found")
+                thread_ts = parent["thread_ts"] or parent["ts"]
+            message = self._store(user=user, bot_id=None, text=text, blocks=None, thread_ts=thread_ts)
+            self._bump()
+            return copy.deepcopy(message)
+
+    def message(self, ts: str) -> Json | None:
+        """A copy of the message with this ts, as Slack echoes it in a click's payload."""
+        with self._lock:
+            found = self._find(ts)
+            return self._as_slack(found) if found else None
+
+    def ephemeral(self, ts: str, user: str) -> Json | None:
+        """A copy of `user`'s ephemeral message with this ts."""
+        with self._lock:
+            for item in self.ephemerals:
+                if item["ts"] == ts and item["user"] == user:
+                    return copy.deepcopy(item)
+            return None
+
+    def view(self, view_id: str, user: str) -> Json | None:
+        """A copy of an open modal or App Home view of `user`, with its id and hash."""
+        with self._lock:
+            for entry in self.views:
+                if entry["id"] == view_id and entry["user"] == user:
+                    return self._view_out(entry)
+            home = self.homes.get(user)
+            if home and home["id"] == view_id:
+                return self._view_out(home)
+            return None
+
+    def new_trigger(self, user: str) -> str:
+        """A trigger_id for one click or submission by `user`, good for `TRIGGER_SECONDS`."""
+        trigger = f"{next(self._ids)}.{int(self._clock())}.{secrets.token_hex(16)}"
+        with self._lock:
+            now = time.monotonic()
+            self._triggers = {k: t for k, t in self._triggers.items() if t.expires > now}
+            self._triggers[trigger] = Trigger(user, now + TRIGGER_SECONDS)
+        return trigger
+
+    def close_view(self, view_id: str, user: str, errors: Mapping[str, str] | None = None) -> None:
+        """Take a modal off the page; with `errors`, keep it open and show them instead."""
+        with self._lock:
+            for entry in self.views:
+                if entry["id"] == view_id and entry["user"] == user:
+                    if errors:
+                        entry["errors"] = dict(errors)
+                    else:
+                        self.views.remove(entry)
+                    self._bump()
+                    return
+
+    def respond(self, user: str, channel_ts: tuple[str, str | None], body: Mapping[str, Any]) -> None:
+        """A `response_url` POST: replace or delete the clicked message, or an ephemeral reply."""
+        message_ts, thread_ts = channel_ts
+        text, blocks = str(body.get("text") or ""), _blocks(body.get("blocks"))
+        with self._lock:
+            target = self._find(message_ts)
+            if body.get("delete_original") and target is not None and target["bot_id"]:
+                self.messages.remove(target)
+            elif body.get("replace_original") and target is not None and target["bot_id"]:
+                target.update(text=text, blocks=blocks, edited=True)
+            elif body.get("response_type") == "in_channel":
+                self._store(user=BOT_USER_ID, bot_id=BOT_ID, text=text, blocks=blocks, thread_ts=thread_ts)
+            else:
+                self._ephemeral(user, text, blocks, thread_ts)
+            self._bump()
+
+    def snapshot(self) -> Json:
+        """Everything the page shows (all users' parts: the page shows the chosen user's)."""
+        with self._lock:
+            return {
+                "version": self.version,
+                "team": {"id": TEAM_ID, "name": TEAM_NAME},
+                "channel": {"id": CHANNEL_ID, "name": CHANNEL_NAME},
+                "bot": {"user_id": BOT_USER_ID, "bot_id": BOT_ID, "name": BOT_NAME},
+                "messages": [self._for_page(m) for m in self.messages],
+                "ephemerals": copy.deepcopy(self.ephemerals),
+                "views": [
+                    {"id": e["id"], "user": e["user"], "view": self._view_out(e), "errors": e["errors"]}
+                    for e in self.views
+                ],
+                "homes": {user: self._view_out(entry) for user, entry in self.homes.items()},
+            }
+
+    def wait_change(self, seen: int, timeout: float) -> int:
+        """Block until `version` passes `seen` or `timeout` passes; the version then."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.version != seen, timeout)
+            return self.version
+
+    # -- what the bot does: the Web API ----------------------------------------------------
+
+    def call(self, method: str, params: Mapping[str, Any], token: str | None) -> Json:
+        """Answer one Web API call: ``{"ok": true, ...}`` or raise `ApiError`."""
+        handler = self._methods().get(method)
+        if handler is None:
+            raise ApiError("unknown_method", status=404)
+        if method != "api.test":
+            if not token:
+                raise ApiError("not_authed")
+            if not secrets.compare_digest(token, self.token):
+                raise ApiError("invalid_auth")
+        with self._lock:
+            result = handler(dict(params))
+            self._bump()
+        return {"ok": True, **result}
+
+    def _methods(self) -> dict[str, Callable[[Json], Json]]:
+        return {
+            "api.test": lambda params: {"args": params},
+            "auth.test": self._auth_test,
+            "chat.postMessage": self._post_message,
+            "chat.update": self._update,
+            "chat.delete": self._delete,
+            "chat.postEphemeral": self._post_ephemeral,
+            "chat.getPermalink": self._permalink,
+            "reactions.add": self._reaction(add=True),
+            "reactions.remove": self._reaction(add=False),
+            "conversations.replies": self._replies,
+            "users.info": self._user_info,
+            "usergroups.users.list": self._group_members,
+            "views.open": self._views_open,
+            "views.push": self._views_open,
+            "views.update": self._views_update,
+            "views.publish": self._views_publish,
+            "assistant.threads.setStatus": self._set_status,
+        }
+
+    def _auth_test(self, params: Json) -> Json:
+        return {
+            "url": self.permalink_base,
+            "team": TEAM_NAME,
+            "user": BOT_NAME,
+            "team_id": TEAM_ID,
+            "user_id": BOT_USER_ID,
+            "bot_id": BOT_ID,
+            "is_enterprise_install": False,
+        }
+
+    def _post_message(self, params: Json) -> Json:
+        self._channel(params)
+        text, blocks = _content(params)
+        thread_ts = params.get("thread_ts") or None
+        if thread_ts is not None:
+            parent = self._find(str(thread_ts))
+            if parent is None:
+                raise ApiError("thread_not_found")
+            thread_ts = parent["thread_ts"] or parent["ts"]
+        message = self._store(
+            user=BOT_USER_ID,
+            bot_id=BOT_ID,
+            text=text,
+            blocks=blocks,
+            thread_ts=thread_ts,
+            metadata=_metadata(params.get("metadata")),
+        )
+        return {"channel": CHANNEL_ID, "ts": message["ts"], "message": self._as_slack(message)}
+
+    def _update(self, params: Json) -> Json:
+        self._channel(params)
+        message = self._own(str(params.get("ts") or ""), "cant_update_message")
+        text, blocks = _content(params, required=False)
+        if "text" in params:
+            message["text"] = text
+        if "blocks" in params:  # omitted blocks are kept, as Slack does
+            message["blocks"] = blocks
+        if "metadata" in params:
+            message["metadata"] = _metadata(params["metadata"])
+        message["edited"] = True
+        return {"channel": CHANNEL_ID, "ts": message["ts"], "text": message["text"]}
+
+    def _delete(self, params: Json) -> Json:
+        self._channel(params)
+        message = self._own(str(params.get("ts") or ""), "cant_delete_message")
+        self.messages.remove(message)
+        return {"channel": CHANNEL_ID, "ts": message["ts"]}
+
+    def _post_ephemeral(self, params: Json) -> Json:
+        self._channel(params)
+        user = str(params.get("user") or "")
+        if user not in self.people:
+            raise ApiError("user_not_in_channel")
+        text, blocks = _content(params)
+        thread_ts = params.get("thread_ts") or None
+        item = self._ephemeral(user, text, blocks, str(thread_ts) if thread_ts else None)
+        return {"message_ts": item["ts"]}
+
+    def _permalink(self, params: Json) -> Json:
+        self._channel(params)
+        message = self._find(str(params.get("message_ts") or ""))
+        if message is None:
+            raise ApiError("message_not_found")
+        return {"channel": CHANNEL_ID, "permalink": f"{self.permalink_base}#{message['ts']}"}
+
+    def _reaction(self, *, add: bool) -> Callable[[Json], Json]:
+        def react(params: Json) -> Json:
+            self._channel(params)
+            message = self._find(str(params.get("timestamp") or ""))
+            if message is None:
+                raise ApiError("message_not_found")
+            name = str(params.get("name") or "").strip(":")
+            if not name:
+                raise ApiError("invalid_name")
+            users = message["reactions"].setdefault(name, [])
+            if add:
+                if BOT_USER_ID in users:
+                    raise ApiError("already_reacted")
+                users.append(BOT_USER_ID)
+            else:
+                if BOT_USER_ID not in users:
+                    raise ApiError("no_reaction")
+                users.remove(BOT_USER_ID)
+                if not users:
+                    del message["reactions"][name]
+            return {}
+
+        return react
+
+    def _replies(self, params: Json) -> Json:
+        self._channel(params)
+        parent = self._find(str(params.get("ts") or ""))
+        if parent is None:
+            raise ApiError("thread_not_found")
+        root = parent["thread_ts"] or parent["ts"]
+        thread = [m for m in self.messages if m["ts"] == root or m["thread_ts"] == root]
+        with_metadata = str(params.get("include_all_metadata")).lower() in ("1", "true")
+        found = [self._as_slack(m, metadata=with_metadata) for m in thread]
+        return {"messages": found, "has_more": False, "response_metadata": {"next_cursor": ""}}
+
+    def _user_info(self, params: Json) -> Json:
+        person = self.people.get(str(params.get("user") or ""))
+        if person is None:
+            raise ApiError("user_not_found")
+        return {
+            "user": {
+                "id": person.id,
+                "team_id": TEAM_ID,
+                "name": person.name,
+                "real_name": person.real_name,
+                "is_bot": False,
+                "deleted": False,
+                "tz": "UTC",
+                "profile": {"real_name": person.real_name, "display_name": person.name},
+            }
+        }
+
+    def _group_members(self, params: Json) -> Json:
+        group = str(params.get("usergroup") or "")
+        if group not in self.usergroups:
+            raise ApiError("no_such_subteam")
+        return {"users": list(self.usergroups[group])}
+
+    def _views_open(self, params: Json) -> Json:
+        trigger = self._triggers.pop(str(params.get("trigger_id") or ""), None)
+        if trigger is None:
+            raise ApiError("invalid_trigger_id")
+        if trigger.expires < time.monotonic():
+            raise ApiError("expired_trigger_id")
+        view = _view(params, "modal")
+        entry = {
+            "id": self._view_id(),
+            "hash": self._hash(),
+            "user": trigger.user,
+            "view": view,
+            "errors": {},
+        }
+        self.views.append(entry)
+        return {"view": self._view_out(entry)}
+
+    def _views_update(self, params: Json) -> Json:
+        view_id, external_id = params.get("view_id"), params.get("external_id")
+        view = _view(params, "modal")
+        for entry in self.views:
+            if entry["id"] == view_id or (external_id and entry["view"].get("external_id") == external_id):
+                if params.get("hash") and params["hash"] != entry["hash"]:
+                    raise ApiError("hash_conflict")
+                entry.update(view=view, hash=self._hash(), errors={})
+                return {"view": self._view_out(entry)}
+        raise ApiError("not_found")
+
+    def _views_publish(self, params: Json) -> Json:
+        user = str(params.get("user_id") or "")
+        if user not in self.people:
+            raise ApiError("user_not_found")
+        view = _view(params, "home")
+        entry = self.homes.get(user)
+        if params.get("hash") and (entry is None or params["hash"] != entry["hash"]):
+            raise ApiError("hash_conflict")
+        view_id = entry["id"] if entry else self._view_id()
+        self.homes[user] = {"id": view_id, "hash": self._hash(), "user": user, "view": view, "errors": {}}
+        return {"view": self._view_out(self.homes[user])}
+
+    def _set_status(self, params: Json) -> Json:
+        self.statuses.append({k: params.get(k) for k in ("channel_id", "thread_ts", "status")})
+        return {}
+
+    # -- helpers (the caller holds the lock) ------------------------------------------------
+
+    def _bump(self) -> None:
+        self.version += 1
+        self.changed.notify_all()
+
+    def _next_ts(self) -> str:
+        now = max(self._clock(), self._last_ts + 0.000001)
+        self._last_ts = now
+        return f"{now:.6f}"
+
+    def _store(
+        self,
+        *,
+        user: str,
+        bot_id: str | None,
+        text: str,
+        blocks: list[Json] | None,
+        thread_ts: str | None,
+        metadata: Json | None = None,
+    ) -> Json:
+        message = {
+            "ts": self._next_ts(),
+            "thread_ts": thread_ts,
+            "user": user,
+            "bot_id": bot_id,
+            "text": text,
+            "blocks": blocks,
+            "metadata": metadata,
+            "reactions": {},
+            "edited": False,
+        }
+        self.messages.append(message)
+        del self.messages[:-MAX_MESSAGES]
+        return message
+
+    def _ephemeral(self, user: str, text: str, blocks: list[Json] | None, thread_ts: str | None) -> Json:
+        item = {"ts": self._next_ts(), "thread_ts": thread_ts, "user": user, "text": text, "blocks": blocks}
+        self.ephemerals.append(item)
+        del self.ephemerals[:-MAX_MESSAGES]
+        return item
+
+    def _find(self, ts: str) -> Json | None:
+        return next((m for m in self.messages if m["ts"] == ts), None)
+
+    def _own(self, ts: str, refused: str) -> Json:
+        message = self._find(ts)
+        if message is None:
+            raise ApiError("message_not_found")
+        if message["bot_id"] != BOT_ID:
+            raise ApiError(refused)
+        return message
+
+    @staticmethod
+    def _channel(params: Json) -> None:
+        if params.get("channel", CHANNEL_ID) != CHANNEL_ID and params.get("channel_id") != CHANNEL_ID:
+            raise ApiError("channel_not_found")
+
+    def _view_id(self) -> str:
+        return f"V{next(self._ids):010d}"
+
+    def _hash(self) -> str:
+        return f"{int(self._clock())}.{secrets.token_hex(4)}"
+
+    def _view_out(self, entry: Json) -> Json:
+        return {
+            **copy.deepcopy(entry["view"]),
+            "id": entry["id"],
+            "hash": entry["hash"],
+            "team_id": TEAM_ID,
+            "app_id": APP_ID,
+            "bot_id": BOT_ID,
+        }
+
+    def _as_slack(self, message: Json, *, metadata: bool = False) -> Json:
+        """A message as Slack's API returns it."""
+        out: Json = {"type": "message", "ts": message["ts"], "text": message["text"], "user": message["user"]}
+        if message["bot_id"]:
+            out.update(bot_id=message["bot_id"], app_id=APP_ID)
+        if message["blocks"] is not None:
+            out["blocks"] = copy.deepcopy(message["blocks"])
+        if message["thread_ts"]:
+            out["thread_ts"] = message["thread_ts"]
+        if metadata and message["metadata"]:
+            out["metadata"] = copy.deepcopy(message["metadata"])
+        if message["reactions"]:
+            out["reactions"] = [
+                {"name": name, "users": list(users), "count": len(users)}
+                for name, users in message["reactions"].items()
+            ]
+        out["team"] = TEAM_ID
+        return out
+
+    @staticmethod
+    def _for_page(message: Json) -> Json:
+        return {
+            "ts": message["ts"],
+            "thread_ts": message["thread_ts"],
+            "user": message["user"],
+            "bot_id": message["bot_id"],
+            "text": message["text"],
+            "blocks": copy.deepcopy(message["blocks"]),
+            "reactions": [
+                {"name": name, "users": list(users), "count": len(users)}
+                for name, users in message["reactions"].items()
+            ],
+            "edited": message["edited"],
+        }
+
+
+def _decoded(value: Any) -> Any:
+    """A form field that carries JSON (blocks, view, metadata) as its text, decoded."""
+    if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
+        try:
+            return json.loads(value)
+        except ValueError:
+            raise ApiError("invalid_arguments") from None
+    return value
+
+
+def _blocks(value: Any) -> list[Json] | None:
+    value = _decoded(value)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, list) or not all(isinstance(b, dict) and "type" in b for b in value):
+        raise ApiError("invalid_blocks")
+    return _with_block_ids(value)
+
+
+def _with_block_ids(blocks: list[Json]) -> list[Json]:
+    """A copy of `blocks` in which each block without a `block_id` has one, as Slack gives them."""
+    return [{**copy.deepcopy(b), "block_id": b.get("block_id") or secrets.token_urlsafe(4)} for b in blocks]
+
+
+def _content(params: Json, *, required: bool = True) -> tuple[str, list[Json] | None]:
+    text, blocks = params.get("text"), _blocks(params.get("blocks"))
+    if required and not text and not blocks:
+        raise ApiError("no_text")
+    if text is not None and not isinstance(text, str):
+        raise ApiError("invalid_arguments")
+    return text or "", blocks
+
+
+def _metadata(value: Any) -> Json | None:
+    value = _decoded(value)
+    if value is None or value == "":
+        return None
+    if not (isinstance(value, dict) and isinstance(value.get("event_type"), str)):
+        raise ApiError("invalid_metadata_schema")
+    if not isinstance(value.get("event_payload"), dict):
+        raise ApiError("invalid_metadata_schema")
+    return copy.deepcopy(value)
+
+
+def _view(params: Json, kind: str) -> Json:
+    view = _decoded(params.get("view"))
+    if not isinstance(view, dict) or view.get("type") != kind:
+        raise ApiError("invalid_arguments")
+    if not isinstance(view.get("blocks"), list) or not all(isinstance(b, dict) for b in view["blocks"]):
+        raise ApiError("invalid_arguments")
+    return {**copy.deepcopy(view), "blocks": _with_block_ids(view["blocks"])}

@@ -1,0 +1,197 @@
+"""The playground's stand-in for Slack, through the real `slack_sdk` client, and its page API's guards."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
+
+from playground.bot_client import Bot
+from playground.server import Playground, Server
+from playground.slack import BOT_USER_ID, CHANNEL_ID, Workspace
+from tests.playground_support import ALICE, CAROL, Page
+from tests.stack import free_port
+
+TOKEN = "xoxb-playground-test"
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Server, WebClient, Page]]:
+    """A playground server with no bot behind it (the bot's address refuses connections)."""
+    workspace = Workspace(token=TOKEN, usergroups={"S01REVIEWERS": [ALICE]})
+    bot = Bot(f"http://127.0.0.1:{free_port()}/slack/events", "secret")
+    server = Server(("127.0.0.1", 0), Playground(workspace, bot, "http://127.0.0.1/", True, "demo"))
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    try:
+        yield server, WebClient(token=TOKEN, base_url=url + "api/"), Page(url)
+    finally:
+        server.stopping = True
+        server.shutdown()
+        server.server_close()
+
+
+def test_posts_updates_and_metadata_come_back_as_slack_returns_them(served: Any) -> None:
+    server, client, page = served
+    parent = page.state()  # nothing yet
+    assert parent["messages"] == []
+    ts = server.playground.workspace.post_as(ALICE, f"<@{BOT_USER_ID}> hi", None)["ts"]
+    meta = {"event_type": "harness_post", "event_payload": {"run": "r1", "key": "turn:1"}}
+    posted = client.chat_postMessage(
+        channel=CHANNEL_ID, thread_ts=ts, text="t", blocks=[{"type": "divider"}], metadata=meta
+    )
+    assert posted["message"]["blocks"][0]["block_id"]  # Slack gives every block an id
+
+    client.chat_update(channel=CHANNEL_ID, ts=posted["ts"], text="changed")  # blocks omitted: kept
+    replies = client.conversations_replies(channel=CHANNEL_ID, ts=ts, include_all_metadata=True)
+    assert [m["text"] for m in replies["messages"]] == [f"<@{BOT_USER_ID}> hi", "changed"]
+    assert (
+        replies["messages"][1]["metadata"] == meta
+        and replies["messages"][1]["blocks"][0]["type"] == "divider"
+    )
+    without = client.conversations_replies(channel=CHANNEL_ID, ts=ts)
+    assert "metadata" not in without["messages"][1]
+    shown = page.thread(ts)
+    assert shown[1]["edited"] is True and shown[1]["bot_id"]
+
+
+@pytest.mark.filterwarnings("ignore:The top-level `text` argument is missing")
+def test_the_mistakes_slack_refuses_are_refused_with_slacks_error_names(served: Any) -> None:
+    server, client, _ = served
+    ts = server.playground.workspace.post_as(ALICE, "hello", None)["ts"]
+    cases = [
+        (lambda: WebClient(token="xoxb-wrong", base_url=client.base_url).auth_test(), "invalid_auth"),
+        (lambda: client.chat_update(channel=CHANNEL_ID, ts=ts, text="x"), "cant_update_message"),
+        (lambda: client.chat_postMessage(channel="C0OTHER", text="x"), "channel_not_found"),
+        (lambda: client.chat_postMessage(channel=CHANNEL_ID, thread_ts="1.2", text="x"), "thread_not_found"),
+        (lambda: client.chat_postMessage(channel=CHANNEL_ID), "no_text"),
+        (lambda: client.views_open(trigger_id="made-up", view=_modal()), "invalid_trigger_id"),
+        (lambda: client.usergroups_users_list(usergroup="S0NOPE"), "no_such_subteam"),
+        (lambda: client.api_call("chat.scheduleMessage", json={}), "unknown_method"),
+    ]
+    for call, error in cases:
+        with pytest.raises(SlackApiError) as refused:
+            call()
+        assert refused.value.response["error"] == error
+    client.reactions_add(channel=CHANNEL_ID, timestamp=ts, name="eyes")
+    with pytest.raises(SlackApiError, match="already_reacted"):
+        client.reactions_add(channel=CHANNEL_ID, timestamp=ts, name="eyes")
+    assert client.usergroups_users_list(usergroup="S01REVIEWERS")["users"] == [ALICE]
+    assert server.playground.workspace.messages[0]["text"] == "hello"  # nothing changed it
+
+
+def test_a_trigger_opens_one_modal_for_the_person_who_clicked(served: Any) -> None:
+    server, client, page = served
+    trigger = server.playground.workspace.new_trigger(CAROL)
+    opened = client.views_open(trigger_id=trigger, view=_modal())["view"]
+    with pytest.raises(SlackApiError, match="invalid_trigger_id"):
+        client.views_open(trigger_id=trigger, view=_modal())  # used up
+    views = page.state()["views"]
+    assert [(v["id"], v["user"]) for v in views] == [(opened["id"], CAROL)]
+    with pytest.raises(SlackApiError, match="hash_conflict"):
+        client.views_update(view_id=opened["id"], hash="stale", view=_modal("Two"))
+    client.views_update(view_id=opened["id"], hash=opened["hash"], view=_modal("Two"))
+    assert page.state()["views"][0]["view"]["title"]["text"] == "Two"
+    client.views_publish(user_id=ALICE, view={"type": "home", "blocks": []})
+    assert page.state()["homes"][ALICE]["type"] == "home"
+
+
+def _modal(title: str = "One") -> dict[str, Any]:
+    return {
+        "type": "modal",
+        "callback_id": "c",
+        "title": {"type": "plain_text", "text": title},
+        "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": "hi"}}],
+    }
+
+
+def test_the_page_api_refuses_other_sites_and_says_why(served: Any) -> None:
+    server, _, page = served
+    body = {"user": ALICE, "text": "write a note"}
+    status, answer = page.request("POST", "play/mention", body, headers={"X-Playground": ""})
+    assert status == 403 and "X-Playground" in answer["error"]
+    status, answer = page.request("POST", "play/mention", body, headers={"Host": "evil.example:80"})
+    assert status == 421 and "127.0.0.1" in answer["error"]
+    status, _ = page.request("GET", "play/state", headers={"Host": "evil.example"})
+    assert status == 421
+    assert server.playground.workspace.messages == []  # nothing was posted
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "says"),
+    [
+        ("play/mention", {"user": ALICE, "text": "   "}, "write something"),
+        ("play/mention", {"user": "U0NOBODY", "text": "hi"}, "no such user"),
+        ("play/mention", {"user": ALICE, "text": "hi", "thread_ts": 5}, "thread_ts"),
+        (
+            "play/action",
+            {"user": ALICE, "action_id": "approve", "block_id": "b", "message_ts": "1.0"},
+            "gone",
+        ),
+        ("play/submit", {"user": ALICE, "view_id": "V0NOPE", "values": {}}, "no longer open"),
+        ("play/mention", [1, 2], "JSON object"),
+    ],
+)
+def test_bad_page_requests_get_a_clear_error_and_change_nothing(
+    served: Any, path: str, body: Any, says: str
+) -> None:
+    server, _, page = served
+    status, answer = page.request("POST", path, body)
+    assert status == 400 and says in answer["error"] and answer["ok"] is False
+    assert server.playground.workspace.messages == [] and server.playground.workspace.version == 0
+
+
+def test_a_mention_the_bot_cannot_hear_is_posted_and_the_page_says_the_bot_is_down(served: Any) -> None:
+    server, _, page = served
+    status, answer = page.request("POST", "play/mention", {"user": ALICE, "text": "hello"})
+    assert status == 502 and "does not answer" in answer["error"]
+    assert [m["text"] for m in page.state()["messages"]] == [f"<@{BOT_USER_ID}> hello"]
+
+
+def test_the_page_is_served_with_a_strict_content_security_policy(served: Any) -> None:
+    _, _, page = served
+    port = int(page.url.rsplit(":", 1)[1].strip("/"))
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", "/")
+    answer = conn.getresponse()
+    html = answer.read().decode()
+    assert answer.status == 200 and answer.getheader("Content-Type", "").startswith("text/html")
+    assert "default-src 'self'" in (answer.getheader("Content-Security-Policy") or "")
+    assert "/static/app.js" in html and "/static/style.css" in html
+    for asset in ("/static/app.js", "/static/style.css"):
+        conn.request("GET", asset)
+        reply = conn.getresponse()
+        assert reply.status == 200 and reply.read()
+
+
+def test_the_event_stream_sends_the_version_now_and_after_each_change(served: Any) -> None:
+    server, _, page = served
+    port = int(page.url.rsplit(":", 1)[1].strip("/"))
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/play/events")
+    stream = conn.getresponse()
+    assert stream.getheader("Content-Type") == "text/event-stream"
+    assert stream.readline() == b"data: 0\n" and stream.readline() == b"\n"
+    server.playground.workspace.post_as(ALICE, "hello", None)
+    assert stream.readline() == b"data: 1\n"
+    conn.close()
+
+
+def test_the_demo_model_answers_on_the_playground_only_when_it_is_on(served: Any) -> None:
+    server, _, page = served
+    request = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+    status, answer = page.request("POST", "model/v1/messages", request)
+    assert status == 200 and answer["type"] == "message"
+    status, answer = page.request("POST", "model/v1/messages", {"messages": []})
+    assert status == 400 and answer["type"] == "error"
+    server.playground.demo = False
+    status, _ = page.request("POST", "model/v1/messages", request)
+    assert status == 404
+    assert json.dumps(page.state()["model"]) == json.dumps({"demo": False, "label": "demo"})
