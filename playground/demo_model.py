@@ -125,9 +125,13 @@ def respond(request: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def pick_scenario(task: str) -> Scenario:
-    """The first scenario one of whose keywords the task contains; the default one if none."""
+    """The first scenario one of whose keywords starts a word of the task; the default one if none."""
     lowered = task.lower()
-    return next(s for s in SCENARIOS if not s.keywords or any(k in lowered for k in s.keywords))
+    return next(
+        s
+        for s in SCENARIOS
+        if not s.keywords or any(re.search(rf"\b{re.escape(k)}", lowered) for k in s.keywords)
+    )
 
 
 def _next_reply(task: str, after_task: list[dict[str, Any]], offered: set[str]) -> Reply:
