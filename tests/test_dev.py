@@ -520,3 +520,16 @@ def test_make_run_brings_up_a_working_bot_with_a_private_redis(
         assert password and password not in dev.output()
         sent = json.dumps(model.requests)
         assert "# My project" in sent and "# the repository" not in sent
+
+
+def test_the_socket_mode_manifest_is_the_http_one_with_socket_mode_on_and_no_urls() -> None:
+    yaml = pytest.importorskip("yaml")
+    http = yaml.safe_load((ROOT / "manifest.yml").read_text())
+    socket_mode = yaml.safe_load((ROOT / "manifest.socket.yml").read_text())
+
+    assert socket_mode["settings"]["socket_mode_enabled"] is True
+    assert "request_url" not in socket_mode["settings"]["event_subscriptions"]
+    assert "request_url" not in socket_mode["settings"]["interactivity"]
+    del http["settings"]["event_subscriptions"]["request_url"], http["settings"]["interactivity"]["request_url"]
+    http["settings"]["socket_mode_enabled"] = True
+    assert socket_mode == http
