@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench clean
+.PHONY: run test test-fast lint bench screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ test: $(STAMP)
 # The inner loop: everything but the end-to-end tests that start the bot and worker processes.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not e2e"
+
+# The README's pictures of the playground, taken by its browser tests (Debian's chromium needed).
+screenshots: $(STAMP)
+	PLAYGROUND_SCREENSHOTS=docs $(BIN)/python -m pytest tests/test_playground_browser.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -49,7 +49,7 @@ def main(env: Mapping[str, str] = os.environ) -> int:
     base_url = f"http://{shown}:{port}/"
     demo = env.get("PLAYGROUND_DEMO_MODEL") == "1"
     playground = Playground(
-        workspace=Workspace(token=env["SLACK_BOT_TOKEN"], usergroups=GROUPS, permalink_base=base_url),
+        workspace=Workspace(token=env["SLACK_BOT_TOKEN"], usergroups=GROUPS),
         bot=Bot(env["PLAYGROUND_BOT_URL"], env["SLACK_SIGNING_SECRET"]),
         base_url=base_url,
         demo=demo,

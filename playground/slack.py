@@ -32,6 +32,7 @@ BOT_USER_ID = "U0HARNESS"
 BOT_ID = "B0HARNESS"
 APP_ID = "A0HARNESS"
 BOT_NAME = "harness"
+WORKSPACE_URL = "https://playground.slack.com/"  # Slack's form, which the bot's permalink check accepts
 TRIGGER_SECONDS = 3.0  # a trigger_id is good for 3 s, as in Slack
 MAX_MESSAGES = 5000  # the oldest go first; a playground is not an archive
 
@@ -78,13 +79,11 @@ class Workspace:
         token: str,
         people: Iterable[Person] = PEOPLE,
         usergroups: Mapping[str, list[str]] | None = None,
-        permalink_base: str = "http://127.0.0.1/",
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.token = token
         self.people = {p.id: p for p in people}
         self.usergroups = dict(usergroups or {})
-        self.permalink_base = permalink_base
         self._clock = clock
         self._lock = threading.Lock()
         self.changed = threading.Condition(self._lock)
@@ -239,7 +238,7 @@ class Workspace:
 
     def _auth_test(self, params: Json) -> Json:
         return {
-            "url": self.permalink_base,
+            "url": WORKSPACE_URL,
             "team": TEAM_NAME,
             "user": BOT_NAME,
             "team_id": TEAM_ID,
@@ -301,7 +300,11 @@ class Workspace:
         message = self._find(str(params.get("message_ts") or ""))
         if message is None:
             raise ApiError("message_not_found")
-        return {"channel": CHANNEL_ID, "permalink": f"{self.permalink_base}#{message['ts']}"}
+        # Slack's own form (the bot accepts nothing else); the page turns it into "scroll to that message".
+        link = f"{WORKSPACE_URL}archives/{CHANNEL_ID}/p{message['ts'].replace('.', '')}"
+        if message["thread_ts"]:
+            link += f"?thread_ts={message['thread_ts']}&cid={CHANNEL_ID}"
+        return {"channel": CHANNEL_ID, "permalink": link}
 
     def _reaction(self, *, add: bool) -> Callable[[Json], Json]:
         def react(params: Json) -> Json:

@@ -1,0 +1,180 @@
+"""The playground in a real browser: `make run` as a user starts it, driven in headless Chromium.
+
+Debian's `chromium` driven by Playwright for Python through `executable_path` (Playwright's own
+browser download cannot work on a machine without the internet). Without either the tests skip,
+saying why; `.ci/run` installs the browser when it may.
+
+The screenshots in the README come from here: with ``PLAYGROUND_SCREENSHOTS=DIR`` (``make
+screenshots``) the tests save them into DIR as well as into their own temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.playground_support import ALICE, CAROL, Page, Running, playground
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = [
+    "--no-sandbox",  # CI runs as root, where Chromium's sandbox refuses to start
+    "--disable-gpu",
+    "--disable-background-networking",  # no calls home on a machine without the internet
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+TIMEOUT_MS = 60_000
+
+
+def _browser_or_skip() -> Any:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip(
+            "browser tests skipped: Playwright for Python is not installed (pip install -e '.[test]')"
+        )
+    if CHROMIUM is None:
+        pytest.skip(
+            "browser tests skipped: no Chromium on PATH; install Debian's `chromium` "
+            "(.ci/run does when it runs as root) or set CHROMIUM to a Chromium binary"
+        )
+    return sync_playwright
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_playwright = _browser_or_skip()
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("browser-workspace")
+
+
+@pytest.fixture(scope="module")
+def running(browser: Any, redis_server: Any, workspace: Path) -> Iterator[Running]:
+    """The README's run command, `make run`, with no Slack settings and no API key."""
+    url = redis_server.url.rsplit("/", 1)[0] + "/15"
+    with playground(url, workspace, make=True) as started:
+        yield started
+
+
+@pytest.fixture
+def tab(browser: Any, running: Running) -> Iterator[Any]:
+    """A fresh page on the playground; fails the test on any console error or page error."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.goto(running.url)
+    yield page
+    context.close()
+    assert problems == [], problems
+
+
+def shoot(tab: Any, name: str, tmp_path: Path) -> None:
+    tab.screenshot(path=str(tmp_path / name))
+    folder = os.environ.get("PLAYGROUND_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        shutil.copy(tmp_path / name, Path(folder) / name)
+
+
+def mention(tab: Any, text: str) -> Any:
+    """Type a mention in the composer and send it; the thread's parent message, once shown."""
+    tab.fill("#composer", text)
+    tab.press("#composer", "Enter")
+    parent = tab.locator("#messages [data-ts]", has_text=text).last
+    parent.wait_for()
+    return parent
+
+
+def as_user(tab: Any, user: str) -> None:
+    tab.select_option("#user", user)
+
+
+def test_a_first_approval_in_the_browser(tab: Any, running: Running, workspace: Path, tmp_path: Path) -> None:
+    expect = pytest.importorskip("playwright.sync_api").expect
+    expect(tab.locator("#model-banner")).to_contain_text("Offline demo model")
+    as_user(tab, ALICE)
+    mention(tab, "write a note about today's plan")
+
+    turn = tab.locator("#messages [data-ts]", has_text="Turn 1").first
+    expect(turn).to_contain_text("get_time")
+    expect(turn).to_contain_text("list_files")
+    approve = tab.locator("button[data-action-id=approve]").last
+    approve.wait_for()
+    assert approve.inner_text().strip() == "Approve"  # the Block Kit button's own text
+    assert not (workspace / "notes.md").exists()
+    shoot(tab, "playground-approval.png", tmp_path)
+
+    approve.click()
+    expect(tab.get_by_text("Approved by").first).to_be_visible()
+    footer = tab.get_by_text("That took 3 turns of tool calls across 4 model requests.")
+    expect(footer.first).to_be_visible()
+    expect(tab.get_by_text("offline demo model").last).to_be_visible()
+    assert "today's plan" in (workspace / "notes.md").read_text()
+    shoot(tab, "playground-answer.png", tmp_path)
+
+
+def test_decline_with_a_reason_in_the_modal(tab: Any, workspace: Path, tmp_path: Path) -> None:
+    expect = pytest.importorskip("playwright.sync_api").expect
+    before = sorted(p.name for p in workspace.iterdir())
+    as_user(tab, ALICE)
+    mention(tab, "write a note for the retro")
+    tab.locator("button[data-action-id=decline_with_reason]").last.click()
+    modal = tab.locator("#modal")
+    expect(modal).to_be_visible()
+    modal.locator("textarea, input[type=text]").first.fill("we agreed to keep notes elsewhere")
+    shoot(tab, "playground-decline-modal.png", tmp_path)
+    tab.click("#modal-submit")
+    expect(modal).to_be_hidden()
+
+    expect(tab.get_by_text("Declined").first).to_be_visible()
+    answer = tab.get_by_text("I did not write").last
+    expect(answer).to_be_visible()
+    expect(tab.get_by_text("we agreed to keep notes elsewhere").last).to_be_visible()
+    assert sorted(p.name for p in workspace.iterdir()) == before
+
+
+def test_someone_not_allowed_gets_a_reply_only_they_see(tab: Any, running: Running) -> None:
+    expect = pytest.importorskip("playwright.sync_api").expect
+    as_user(tab, ALICE)
+    parent = mention(tab, "write a note about lunch")
+    ts = parent.get_attribute("data-ts")
+    tab.locator("button[data-action-id=approve]").last.wait_for()
+    as_user(tab, CAROL)
+    tab.locator("button[data-action-id=approve]").last.click()
+    only_carol = tab.get_by_text("Only visible to you")
+    expect(only_carol.first).to_be_visible()
+    expect(tab.get_by_text("may decide this approval").first).to_be_visible()
+    as_user(tab, ALICE)
+    expect(only_carol).to_have_count(0)
+    tab.locator("button[data-action-id=decline]").last.click()  # tidy: the run ends
+    Page(running.url).wait_text(str(ts), "That took")
+
+
+def test_model_and_user_text_is_shown_never_run(tab: Any, running: Running) -> None:
+    expect = pytest.importorskip("playwright.sync_api").expect
+    as_user(tab, ALICE)
+    payload = 'loop <img src=x onerror="window.pwned=1"> <script>window.pwned=2</script> <b>bold?</b>'
+    mention(tab, payload)
+    expect(tab.get_by_text("no-progress").first).to_be_visible()
+    assert tab.evaluate("window.pwned") is None
+    assert tab.locator("#messages img[src=x], #messages script").count() == 0
+    assert tab.locator("#messages b, #messages strong", has_text="bold?").count() == 0
+    expect(tab.get_by_text('<img src=x onerror="window.pwned=1">').first).to_be_visible()
