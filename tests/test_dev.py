@@ -530,6 +530,9 @@ def test_the_socket_mode_manifest_is_the_http_one_with_socket_mode_on_and_no_url
     assert socket_mode["settings"]["socket_mode_enabled"] is True
     assert "request_url" not in socket_mode["settings"]["event_subscriptions"]
     assert "request_url" not in socket_mode["settings"]["interactivity"]
-    del http["settings"]["event_subscriptions"]["request_url"], http["settings"]["interactivity"]["request_url"]
+    del (
+        http["settings"]["event_subscriptions"]["request_url"],
+        http["settings"]["interactivity"]["request_url"],
+    )
     http["settings"]["socket_mode_enabled"] = True
     assert socket_mode == http
