@@ -23,37 +23,60 @@ MISSING_SIGNING_SECRET = (
 )
 
 
+# Bot scopes the bot cannot work without, and those whose absence only costs a feature.
+REQUIRED_SCOPES = ("app_mentions:read", "chat:write", "reactions:write")
+USEFUL_SCOPES = {
+    "channels:history": "after a worker crash a run may repeat its last post in a public channel",
+    "groups:history": "after a worker crash a run may repeat its last post in a private channel",
+    "usergroups:read": "a user group (S…) in approvers or escalate_to will have no members",
+}
+
+
 def _check_token(client: WebClient) -> str | None:
     """`auth.test` before anything else: None, or why the bot cannot start, in one line.
 
     Bolt would make the same call in its constructor, but its failures are a traceback (or a
-    `BoltError` with the whole response) after several log lines of retries.
+    `BoltError` with the whole response) after several log lines of retries. Slack names the
+    token's scopes in the `x-oauth-scopes` header of every answer: a missing one the bot needs is
+    a reason not to start, one that only costs a feature a warning.
     """
     quiet = logging.getLogger("slack_sdk")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)  # the retry handler logs each attempt; the one line below says it all
     try:
-        client.auth_test()
+        reply = client.auth_test()
     except SlackApiError as exc:
         return _refused(str(exc.response.get("error")))
     except OSError as exc:  # urllib's URLError and socket errors: Slack could not be reached at all
         return _unreachable(client.base_url, exc)
     finally:
         quiet.setLevel(level)
+    headers = {str(k).lower(): str(v) for k, v in (reply.headers or {}).items()}
+    if "x-oauth-scopes" not in headers:
+        return None  # a proxy or stand-in that does not say: the first call that needs a scope will
+    granted = {scope.strip() for scope in headers["x-oauth-scopes"].split(",")}
+    missing = [scope for scope in REQUIRED_SCOPES if scope not in granted]
+    if missing:
+        return _refused("missing_scope", detail=", ".join(missing))
+    for scope, cost in USEFUL_SCOPES.items():
+        if scope not in granted:
+            logging.getLogger(__name__).warning("the app lacks the %s scope: %s", scope, cost)
     return None
 
 
-def _refused(error: str) -> str:
+def _refused(error: str, detail: str = "") -> str:
     """Why Slack refused the bot token at start, and what to do, in one line."""
     hints = {
         "invalid_auth": "SLACK_BOT_TOKEN is not a valid token: copy the Bot User OAuth Token (xoxb-…)",
         "not_authed": "SLACK_BOT_TOKEN is empty: copy the Bot User OAuth Token (xoxb-…)",
         "account_inactive": "the app's token was revoked or its workspace deleted: reinstall the app",
         "token_revoked": "SLACK_BOT_TOKEN was revoked: reinstall the app and copy the new token",
-        "missing_scope": "the app lacks a scope: paste manifest.yml again and reinstall the app",
+        "missing_scope": "the app lacks a scope it needs: paste manifest.yml (or manifest.socket.yml) "
+        "again under App Manifest and reinstall the app",
     }
     hint = hints.get(error, "check SLACK_BOT_TOKEN")
-    return f"Slack refused SLACK_BOT_TOKEN ({error}): {hint} from https://api.slack.com/apps"
+    what = f"{error}: {detail}" if detail else error
+    return f"Slack refused SLACK_BOT_TOKEN ({what}): {hint} (https://api.slack.com/apps)"
 
 
 def _unreachable(base_url: str, exc: OSError) -> str:

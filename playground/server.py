@@ -49,6 +49,15 @@ KEEPALIVE_SECONDS = 15.0
 RESPONSE_URL_SECONDS = 30 * 60  # as Slack: a response_url works for 30 minutes …
 RESPONSE_URL_USES = 5  # … and five times
 MAX_BODY = 1 << 20
+# What the app's manifest asks for; Slack names a token's scopes on every Web API answer.
+SCOPES = (
+    "app_mentions:read",
+    "channels:history",
+    "chat:write",
+    "groups:history",
+    "reactions:write",
+    "usergroups:read",
+)
 
 
 class PageError(Exception):
@@ -353,7 +362,7 @@ class Handler(BaseHTTPRequestHandler):
             answer = self.server.playground.workspace.call(method, params, token)
         except ApiError as exc:
             return self._json(exc.status, {"ok": False, "error": exc.error})
-        return self._json(200, answer)
+        return self._json(200, answer, headers={"x-oauth-scopes": ",".join(SCOPES)})
 
     def _model(self, raw: bytes) -> None:
         try:
@@ -406,11 +415,23 @@ class Handler(BaseHTTPRequestHandler):
             return None
         return self.rfile.read(length) if length else b""
 
-    def _json(self, status: int, body: Any) -> None:
-        self._send(status, json.dumps(body).encode("utf-8"), "application/json; charset=utf-8")
+    def _json(self, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
+        self._send(
+            status, json.dumps(body).encode("utf-8"), "application/json; charset=utf-8", headers=headers
+        )
 
-    def _send(self, status: int, data: bytes, kind: str, *, cache: bool = False) -> None:
+    def _send(
+        self,
+        status: int,
+        data: bytes,
+        kind: str,
+        *,
+        cache: bool = False,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(data)))
         self.send_header("X-Content-Type-Options", "nosniff")

@@ -51,13 +51,13 @@ class Running:
         return "\n".join(self.lines)
 
     def wait_ready(self, timeout: float = 60) -> None:
-        """Until the worker listens and the bot answers behind the page (or the process died)."""
+        """Until it says the page is worth opening (the bot listens behind it) and the worker listens."""
 
         def ready() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"the playground exited ({self.proc.returncode}):\n{self.output()}")
             text = self.output()
-            return "Listening on" in text and "Booting worker" in text
+            return f"the playground is ready: open {self.url}" in text and "Listening on" in text
 
         wait_until(ready, timeout=timeout, interval=0.1)
 

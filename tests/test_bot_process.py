@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import pytest
 import redis
+from slack_sdk import WebClient
 
+import bot.__main__ as bot_main
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.fakes.socket_mode import APP_TOKEN, SocketModeServer, SocketModeSlack
@@ -100,6 +103,25 @@ def test_a_token_slack_refuses_or_a_slack_it_cannot_reach_is_one_line_not_a_trac
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and named in lines[0] and "Traceback" not in done.stderr
+
+
+def test_a_token_without_a_scope_the_bot_needs_stops_it_and_one_it_can_miss_is_a_warning(
+    redis_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    lacking = tuple(s for s in bot_main.REQUIRED_SCOPES + tuple(bot_main.USEFUL_SCOPES) if s != "chat:write")
+    with FakeSlackAPI(bot_token="xoxb-test", scopes=lacking) as slack, FakeMessagesAPI() as model:
+        done = run_module(Stack(redis_url, slack, model, tmp_path), "bot")
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "missing_scope: chat:write" in lines[0] and "reinstall" in lines[0]
+
+    without_groups = bot_main.REQUIRED_SCOPES + ("channels:history", "groups:history")
+    with FakeSlackAPI(bot_token="xoxb-test", scopes=without_groups) as slack:
+        client = WebClient(token="xoxb-test", base_url=slack.base_url)
+        with caplog.at_level(logging.WARNING, logger="bot.__main__"):
+            assert bot_main._check_token(client) is None
+    warnings = [r.getMessage() for r in caplog.records if r.name == "bot.__main__"]
+    assert len(warnings) == 1 and "usergroups:read" in warnings[0] and "no members" in warnings[0]
 
 
 def run_ids(client: redis.Redis) -> list[str]:

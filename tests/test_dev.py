@@ -246,6 +246,22 @@ def test_no_slack_setting_at_all_means_the_playground_with_its_own_slack_and_mod
     )
 
 
+def test_a_playground_port_already_taken_is_one_line_naming_port_and_nothing_keeps_running(
+    dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
+) -> None:
+    for name in SETTINGS:
+        del dev_env[name]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        dev_env["PORT"] = str(taken.getsockname()[1])
+        dev = run_dev(dev_env, "--data-dir", str(tmp_path / "data"))
+        assert dev.finish(timeout=30) == 1
+    assert f"cannot listen on 127.0.0.1:{dev_env['PORT']}" in dev.output() and "set PORT" in dev.output()
+    assert "started web" not in dev.output()  # the bot would only have failed its token check
+    assert "playground exited" in dev.stderr and "Traceback" not in dev.output()
+
+
 def test_an_app_token_replaces_the_signing_secret() -> None:
     env = {**SETTINGS, "SLACK_APP_TOKEN": "xapp-test"}
     del env["SLACK_SIGNING_SECRET"]

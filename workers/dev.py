@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,7 @@ SLACK_SETTINGS = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN")
 PLAYGROUND_PORT = 3000
 PLAYGROUND_CONFIG = Path(__file__).resolve().parents[1] / "playground" / "config.toml"
 PLAYGROUND_START_TIMEOUT = 15.0
+BOT_START_TIMEOUT = 60.0
 
 
 def wants_playground(env: Mapping[str, str]) -> bool:
@@ -450,20 +452,31 @@ def playground_envs(env: Mapping[str, str]) -> tuple[dict[str, dict[str, str]], 
     return {"playground": playground, "web": web, "worker": common}, page
 
 
-def wait_for_page(proc: subprocess.Popen[bytes], page: str, stop: threading.Event) -> None:
-    """Wait until the playground answers (the bot checks its token against it at start)."""
-    parts = urlsplit(page)
-    deadline = time.monotonic() + PLAYGROUND_START_TIMEOUT
+def wait_until_healthy(
+    child: Child, url: str, stop: threading.Event, timeout: float = PLAYGROUND_START_TIMEOUT
+) -> None:
+    """Wait until `child` answers ``GET {url}healthz`` with 200: the playground before the bot starts
+    (the bot checks its token against it), the bot before the page is worth opening.
+
+    Asking over HTTP, not just connecting, so that another program on the same port is not taken
+    for the child.
+    """
+    proc = child.proc
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None and not stop.is_set():
         try:
-            with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80), timeout=0.5):
-                return
-        except OSError:
-            stop.wait(POLL_INTERVAL)
+            with urllib.request.urlopen(f"{url}healthz", timeout=1.0) as answer:
+                if answer.status == 200:
+                    return
+        except (OSError, ValueError):
+            pass
+        stop.wait(POLL_INTERVAL)
     if proc.poll() is not None:
-        raise DevError(f"the playground exited (code {proc.returncode}); see its output above")
+        raise DevError(f"{child.name} exited (code {proc.returncode}); see its output above")
     if not stop.is_set():
-        raise DevError(f"the playground did not answer at {page} within {PLAYGROUND_START_TIMEOUT:g} s")
+        raise DevError(
+            f"{child.name} did not answer at {url}healthz within {timeout:g} s; see its output above"
+        )
 
 
 def run(
@@ -505,8 +518,11 @@ def run(
                         "dev", f"started {name} (pid {children[-1].proc.pid}): {shlex.join(commands[name])}"
                     )
                 if name == "playground" and not stop.is_set():
-                    wait_for_page(children[-1].proc, page, stop)
-                    output.say("dev", f"the playground is ready: open {page} in a browser")
+                    wait_until_healthy(children[-1], page, stop)
+            if settings.playground and not stop.is_set():
+                bot = f"http://127.0.0.1:{envs['web']['PORT']}/"
+                wait_until_healthy(children[1], bot, stop, timeout=BOT_START_TIMEOUT)
+                output.say("dev", f"the playground is ready: open {page} in a browser")
             died = supervise(children + redis, stop)
             if died is not None:
                 output.say("dev", f"{died.name} exited (code {died.proc.returncode}); stopping the others")

@@ -299,6 +299,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
+        if self.server.fake.scopes is not None:
+            self.send_header("x-oauth-scopes", ",".join(self.server.fake.scopes))
         for name, value in headers.items():
             self.send_header(name, value)
         self.end_headers()
@@ -378,8 +380,11 @@ class FakeSlackAPI:
         bot_user_id: str = "UBOT",
         bot_id: str = "BBOT",
         team_id: str = "T1",
+        scopes: tuple[str, ...] | None = None,
     ) -> None:
         self.bot_token = bot_token
+        # Slack names a token's scopes in the `x-oauth-scopes` header of every answer; None: no header.
+        self.scopes = scopes
         self.bot_user_id = bot_user_id
         self.bot_id = bot_id
         self.team_id = team_id
