@@ -53,7 +53,7 @@ from slack_sdk.models.blocks import (
 )
 from slack_sdk.models.views import View
 
-from bot import texts
+from bot import markdown, texts
 from harness.policy import Tier
 from harness.state import PendingCall, Verdict
 from harness.texts import FOOTER
@@ -863,10 +863,10 @@ def approval_card(
         actions = ActionsBlock(block_id="approval", elements=[*buttons, *more]).to_dict()
         said = []
         if intent.strip():
-            words = cut(_visible(intent.strip(), "answer"), _n(1200, scale, 80))
-            said = [
-                _section(f"*What the model said with it:*\n>{escape(words).replace(chr(10), chr(10) + '>')}")
-            ]
+            words, room = _answer_mrkdwn(intent), _n(1200, scale, 80)
+            if _units(words) > room:
+                words = words[: _take_mrkdwn(words, room - len(ELLIPSIS))] + ELLIPSIS
+            said = [_section(f"*What the model said with it:*\n>{words.replace(chr(10), chr(10) + '>')}")]
         change = []
         if preview:
             limit = _n(2400, scale, 100)
@@ -950,19 +950,41 @@ def decided_card(
 # --- endings --------------------------------------------------------------------------------------
 
 
+def _answer_mrkdwn(answer: str) -> str:
+    """The model's Markdown as mrkdwn, every piece of its text made visible and escaped."""
+    return markdown.to_mrkdwn(answer.strip(), lambda text: escape(_visible(text, "answer")))
+
+
+def _take_mrkdwn(text: str, room: int) -> int:
+    """How many leading characters of mrkdwn (already escaped) fit in `room`, never ending in an entity."""
+    n = len(text)
+    used = 0
+    for i, ch in enumerate(text):
+        used += 1 if ch < "\U00010000" else 2
+        if used > room:
+            n = i
+            break
+    entity = text.rfind("&", max(0, n - 4), n)  # "&amp;", "&lt;", "&gt;": never cut one in two
+    if entity != -1 and ";" not in text[entity:n]:
+        n = entity
+    return n
+
+
 def _split_answer(answer: str, total: int) -> list[str]:
-    """Escaped `answer` cut to `total` and split into section texts of <= SECTION_MAX characters.
+    """`answer` (Markdown) as mrkdwn, cut to `total` and split into sections of <= SECTION_MAX.
 
     Splits prefer line breaks, never fall inside an escaped entity, and a ``` block that spans a
     split is closed at the end of one section and reopened at the start of the next.
     """
-    rest = cut(_visible(answer.strip(), "answer"), total)
+    rest = _answer_mrkdwn(answer)
+    if _units(rest) > total:
+        rest = rest[: _take_mrkdwn(rest, total - len(ELLIPSIS))] + ELLIPSIS
     chunks: list[str] = []
     in_fence = False
     while rest:
         prefix = f"{FENCE}\n" if in_fence else ""
         room = SECTION_MAX - len(prefix) - len(FENCE) - 1
-        n = _take(rest, room)
+        n = _take_mrkdwn(rest, room)
         if n < len(rest):
             newline = rest.rfind("\n", 0, n)
             if newline > n // 2:
@@ -976,13 +998,12 @@ def _split_answer(answer: str, total: int) -> list[str]:
         if not piece.strip() and not in_fence:
             continue
         in_fence = (piece.count(FENCE) % 2 == 1) != in_fence
-        chunk = prefix + escape(piece) + (f"\n{FENCE}" if in_fence else "")
-        chunks.append(chunk)
+        chunks.append(prefix + piece + (f"\n{FENCE}" if in_fence else ""))
     return chunks
 
 
 def final_answer(answer: str, turns: int, requests: int) -> Message:
-    """The model's answer (escaped, split over sections, cut to fit) and the footer."""
+    """The model's answer (its Markdown as mrkdwn, escaped, split over sections, cut to fit), the footer."""
     footer = _footer(turns, requests)
 
     def build(scale: float) -> list[dict[str, Any]]:

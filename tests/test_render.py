@@ -28,6 +28,9 @@ HUGE = "x<!channel>&" * 10_000  # 120k characters
 # Our own markup: the only `<…>` allowed to survive in a rendered message.
 TRUSTED = re.compile(rf"<@(?:{REQ}|{APP})>|<!date\^\d+\^\{{date_short_pretty\}} at \{{time\}}\|[0-9: -]+UTC>")
 
+# The one `>` we write ourselves: a quote at the start of a line (Markdown quotes, the model's words).
+QUOTE = re.compile(r"^>+", re.MULTILINE)
+
 PAYLOADS = [
     "<!channel>",
     "<!here>",
@@ -93,7 +96,7 @@ def assert_inert(msg: Message | dict[str, Any]) -> None:
     """Apart from our own mentions and dates, no `<` or `>` survives anywhere."""
     everything = [msg.text, *strings(msg.blocks)] if isinstance(msg, Message) else strings(msg)
     for s in everything:
-        rest = TRUSTED.sub("", s)
+        rest = QUOTE.sub("", TRUSTED.sub("", s))
         assert "<" not in rest and ">" not in rest, s
         for token in ("<!", "<@", "<#", "<http"):
             assert s.count(token) == sum(m.group().startswith(token) for m in TRUSTED.finditer(s)), s
