@@ -240,11 +240,98 @@ def test_views_open_and_update(fake: FakeSlackAPI, client: WebClient) -> None:
     assert len(fake.views) == 1
 
 
-def test_users_info_and_assistant_status(fake: FakeSlackAPI, client: WebClient) -> None:
+def test_users_info(fake: FakeSlackAPI, client: WebClient) -> None:
     user = client.users_info(user="UABC")["user"]
     assert user["id"] == "UABC" and user["name"] == "uabc" and user["real_name"]
-    client.assistant_threads_setStatus(channel_id=CH, thread_ts="1.2", status="is thinking...")
-    assert fake.statuses == [{"channel_id": CH, "thread_ts": "1.2", "status": "is thinking..."}]
+
+
+# -- the assistant pane and agent sessions ------------------------------------------------------------
+
+DM = "D1ALICE"
+
+
+def test_assistant_status_needs_channel_thread_and_status_and_an_empty_one_clears(
+    fake: FakeSlackAPI, client: WebClient
+) -> None:
+    root = fake.add_message(DM, "hello", user="UALICE")
+    client.assistant_threads_setStatus(channel_id=DM, thread_ts=root, status="is thinking...")
+    client.assistant_threads_setStatus(channel_id=DM, thread_ts=root, status="")
+    assert [s["status"] for s in fake.statuses] == ["is thinking...", ""]
+    refused = [
+        ({"thread_ts": root, "status": "x"}, "invalid_arguments"),  # no channel_id
+        ({"channel_id": DM, "status": "x"}, "invalid_arguments"),  # no thread_ts
+        ({"channel_id": DM, "thread_ts": root}, "invalid_arguments"),  # no status at all
+        ({"channel_id": "DNOPE", "thread_ts": root, "status": "x"}, "channel_not_found"),
+        ({"channel_id": DM, "thread_ts": "1.2", "status": "x"}, "invalid_thread_ts"),
+    ]
+    for params, error in refused:
+        with pytest.raises(SlackApiError) as exc:
+            client.api_call("assistant.threads.setStatus", json=params)
+        assert exc.value.response["error"] == error, params
+    assert len(fake.statuses) == 2
+
+
+def test_suggested_prompts_take_one_to_four_prompts_of_title_and_message(
+    fake: FakeSlackAPI, client: WebClient
+) -> None:
+    root = fake.add_message(DM, "thread root", user="UBOT")
+    prompts = [{"title": "Time", "message": "What time is it?"}]
+    client.assistant_threads_setSuggestedPrompts(channel_id=DM, thread_ts=root, title="Try", prompts=prompts)
+    assert fake.suggestions == [{"channel_id": DM, "thread_ts": root, "title": "Try", "prompts": prompts}]
+    for bad in ([], prompts * 5, [{"title": "Time"}], [{"title": "", "message": "x"}], ["What time?"]):
+        with pytest.raises(SlackApiError, match="invalid_arguments"):
+            client.assistant_threads_setSuggestedPrompts(channel_id=DM, thread_ts=root, prompts=bad)
+    with pytest.raises(SlackApiError, match="invalid_thread_ts"):
+        client.assistant_threads_setSuggestedPrompts(channel_id=DM, thread_ts="1.2", prompts=prompts)
+    assert len(fake.suggestions) == 1
+
+
+def test_agent_sessions_are_for_agents_and_take_the_four_statuses(
+    fake: FakeSlackAPI, client: WebClient
+) -> None:
+    root = fake.add_message(CH, "<@UBOT> hi", user="UALICE")
+    with pytest.raises(SlackApiError, match="not_an_agent"):
+        client.agents_sessions_setStatus(channel_id=CH, thread_ts=root, status="processing")
+    fake.agent = True
+    try:
+        for status in ("processing", "suspended", "active", "closed"):
+            answer = client.agents_sessions_setStatus(
+                channel_id=CH, thread_ts=root, status=status, title="hi", initiator_user_id="UALICE"
+            )
+            assert answer["status"] == status
+        refused = [
+            {"channel_id": CH, "thread_ts": root, "status": "busy"},
+            {"channel_id": CH, "status": "processing"},
+            {"thread_ts": root, "status": "processing"},
+            {"channel_id": CH, "thread_ts": root, "status": "processing", "title": "x" * 201},
+        ]
+        for params in refused:
+            with pytest.raises(SlackApiError, match="invalid_arguments"):
+                client.api_call("agents.sessions.setStatus", json=params)
+        with pytest.raises(SlackApiError, match="invalid_thread_ts"):
+            client.agents_sessions_setStatus(channel_id=CH, thread_ts="1.2", status="closed")
+    finally:
+        fake.agent = False
+    assert [s["status"] for s in fake.sessions] == ["processing", "suspended", "active", "closed"]
+    assert fake.sessions[0] == {
+        "channel_id": CH,
+        "thread_ts": root,
+        "status": "processing",
+        "title": "hi",
+        "initiator_user_id": "UALICE",
+    }
+
+
+@pytest.mark.parametrize(
+    "method",
+    ["agents.sessions.setStatus", "assistant.threads.setStatus", "assistant.threads.setSuggestedPrompts"],
+)
+def test_the_status_methods_can_be_rate_limited(fake: FakeSlackAPI, client: WebClient, method: str) -> None:
+    fake.fail_next(method, status=429, headers={"Retry-After": "3"})
+    with pytest.raises(SlackApiError) as exc:
+        client.api_call(method, json={"channel_id": CH, "thread_ts": "1.2", "status": "processing"})
+    assert exc.value.response.status_code == 429 and exc.value.response.headers.get("Retry-After") == "3"
+    assert (fake.calls[-1].method, fake.calls[-1].error) == (method, "ratelimited")
 
 
 def test_response_url(fake: FakeSlackAPI) -> None:

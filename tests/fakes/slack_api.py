@@ -56,6 +56,12 @@ CONTEXT_ELEMENTS_MAX = 10
 BUTTON_TEXT_MAX = 75
 BUTTON_VALUE_MAX = 2000
 ID_MAX = 255
+MAX_SUGGESTED_PROMPTS = 4
+AGENT_SESSION_STATUSES = ("active", "processing", "suspended", "closed")
+AGENT_SESSION_TITLE_MAX = 200
+# What an app not set up as an agent hears from agents.sessions.setStatus. Slack's reference does
+# not name it; the bot treats any refusal alike, so the name is this fake's own.
+NOT_AN_AGENT = "not_an_agent"
 
 _TS_BASE_MICROS = 1_700_000_000_000_000
 _TS_STEP_MICROS = 100
@@ -381,8 +387,11 @@ class FakeSlackAPI:
         bot_id: str = "BBOT",
         team_id: str = "T1",
         scopes: tuple[str, ...] | None = None,
+        agent: bool = False,
     ) -> None:
         self.bot_token = bot_token
+        # Whether the app is set up as an agent: only then may it call agents.sessions.setStatus.
+        self.agent = agent
         # Slack names a token's scopes in the `x-oauth-scopes` header of every answer; None: no header.
         self.scopes = scopes
         self.bot_user_id = bot_user_id
@@ -406,6 +415,8 @@ class FakeSlackAPI:
             "conversations.replies": self._conversations_replies,
             "users.info": self._users_info,
             "assistant.threads.setStatus": self._assistant_set_status,
+            "assistant.threads.setSuggestedPrompts": self._assistant_set_suggested_prompts,
+            "agents.sessions.setStatus": self._agents_sessions_set_status,
             "usergroups.users.list": self._usergroups_users_list,
             "views.publish": self._views_publish,
             "chat.getPermalink": self._chat_get_permalink,
@@ -422,6 +433,8 @@ class FakeSlackAPI:
         self._views: list[dict[str, Any]] = []
         self._responses: list[dict[str, Any]] = []
         self._statuses: list[dict[str, Any]] = []
+        self._sessions: list[dict[str, Any]] = []
+        self._suggestions: list[dict[str, Any]] = []
         self._texts: list[str] = []
         self._failures: dict[str, deque[_Failure]] = {}
         self._usergroups: dict[str, list[str]] = {}
@@ -536,6 +549,20 @@ class FakeSlackAPI:
         """``assistant.threads.setStatus`` calls: ``{"channel_id","thread_ts","status"}``."""
         with self._lock:
             return copy.deepcopy(self._statuses)
+
+    @property
+    def sessions(self) -> list[dict[str, Any]]:
+        """``agents.sessions.setStatus`` calls answered ok: ``{"channel_id","thread_ts","status",
+        "title","initiator_user_id"}``, in order."""
+        with self._lock:
+            return copy.deepcopy(self._sessions)
+
+    @property
+    def suggestions(self) -> list[dict[str, Any]]:
+        """``assistant.threads.setSuggestedPrompts`` calls answered ok:
+        ``{"channel_id","thread_ts","title","prompts"}``."""
+        with self._lock:
+            return copy.deepcopy(self._suggestions)
 
     def home(self, user: str) -> dict[str, Any] | None:
         """The Home tab view last published (``views.publish``) for ``user``, or ``None``."""
@@ -1136,7 +1163,26 @@ class FakeSlackAPI:
             link += f"?thread_ts={msg['thread_ts']}&cid={channel}"
         return {"channel": channel, "permalink": link}
 
+    @staticmethod
+    def _require_args(params: dict[str, Any], *names: str) -> None:
+        """Slack's answer to a required argument left out (or not a string): ``invalid_arguments``."""
+        missing = [n for n in names if not isinstance(params.get(n), str) or not params[n]]
+        if missing:
+            raise _ApiError("invalid_arguments", errors=[f"missing required field: {n}" for n in missing])
+
+    def _thread_root(self, channel: str, thread_ts: str) -> None:
+        """A thread that is not there: ``channel_not_found`` or ``invalid_thread_ts``."""
+        if channel not in self._messages:
+            raise _ApiError("channel_not_found")
+        if self._find_message(channel, thread_ts) is None:
+            raise _ApiError("invalid_thread_ts")
+
     def _assistant_set_status(self, params: dict[str, Any]) -> dict[str, Any]:
+        # `status` is required but may be "": an empty status clears the line.
+        self._require_args(params, "channel_id", "thread_ts")
+        if not isinstance(params.get("status"), str):
+            raise _ApiError("invalid_arguments", errors=["missing required field: status"])
+        self._thread_root(params["channel_id"], params["thread_ts"])
         self._statuses.append(
             {
                 "channel_id": params.get("channel_id"),
@@ -1145,3 +1191,45 @@ class FakeSlackAPI:
             }
         )
         return {}
+
+    def _assistant_set_suggested_prompts(self, params: dict[str, Any]) -> dict[str, Any]:
+        self._require_args(params, "channel_id")
+        prompts = params.get("prompts")
+        if isinstance(prompts, str):
+            with contextlib.suppress(json.JSONDecodeError):
+                prompts = json.loads(prompts)
+        fine = isinstance(prompts, list) and 1 <= len(prompts) <= MAX_SUGGESTED_PROMPTS
+        if not fine or not all(
+            isinstance(p, dict)
+            and set(p) == {"title", "message"}
+            and all(isinstance(v, str) and v for v in p.values())
+            for p in prompts
+        ):
+            raise _ApiError("invalid_arguments", errors=["prompts: 1 to 4 objects of title and message"])
+        if "thread_ts" in params:
+            self._thread_root(params["channel_id"], str(params["thread_ts"]))
+        self._suggestions.append(
+            {
+                "channel_id": params["channel_id"],
+                "thread_ts": params.get("thread_ts"),
+                "title": params.get("title"),
+                "prompts": copy.deepcopy(prompts),
+            }
+        )
+        return {}
+
+    def _agents_sessions_set_status(self, params: dict[str, Any]) -> dict[str, Any]:
+        status = params.get("status")
+        if status not in AGENT_SESSION_STATUSES:
+            raise _ApiError("invalid_arguments", errors=[f"status must be one of {AGENT_SESSION_STATUSES}"])
+        # The bot's sessions are thread-based: in a channel or DM both ids are required.
+        self._require_args(params, "channel_id", "thread_ts")
+        title = params.get("title")
+        if title is not None and (not isinstance(title, str) or len(title) > AGENT_SESSION_TITLE_MAX):
+            raise _ApiError("invalid_arguments", errors=["title: at most 200 characters"])
+        if not self.agent:
+            raise _ApiError(NOT_AN_AGENT)
+        self._thread_root(params["channel_id"], params["thread_ts"])
+        fields = ("channel_id", "thread_ts", "status", "title", "initiator_user_id")
+        self._sessions.append({k: params.get(k) for k in fields})
+        return {"status": status}
