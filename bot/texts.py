@@ -109,3 +109,16 @@ LIMIT_ALREADY = "This limit was already answered ({verdict}) by {{who}}. Nothing
 LIMIT_ALREADY_EXPIRED = "This limit's question has expired; the run stopped. Nothing was changed."
 LIMIT_STOP_REASON = "{reason} Stop was chosen at the limit."
 LIMIT_EXPIRED_REASON = "{reason} Nobody chose Continue or Stop before the question expired."
+
+# What Slack shows while a run works (workers.thread_status): the assistant thread's status line,
+# which Slack shows as "harness <status>"; and what a new thread of the assistant pane suggests.
+STATUS_WORKING = "is working on it…"
+STATUS_WAITING_ON_YOU = "is waiting for your decision on the card above"
+STATUS_WAITING_ON_APPROVERS = "is waiting for a decision from an approver"
+SUGGESTED_PROMPTS_TITLE = "Try one of these"
+SUGGESTED_PROMPTS = (  # Slack shows at most four; manifest.yml lists the same ones
+    ("Read a file", "Read the first lines of README.md and tell me what this project is."),
+    ("List the folder", "List the files in the workspace and group them by kind."),
+    ("Write a note", "Write a short notes.md that summarises README.md."),
+    ("What time is it?", "What time is it?"),
+)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import uuid
@@ -19,6 +20,7 @@ from rq.job import JobStatus
 from rq.serializers import JSONSerializer
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry import HttpRequest, HttpResponse, RetryState
 from slack_sdk.http_retry.builtin_handlers import (
     ConnectionErrorRetryHandler,
     RateLimitErrorRetryHandler,
@@ -38,6 +40,8 @@ DEFAULT_SLACK_API_URL = "https://slack.com/api/"
 RUN_JOB_TIMEOUT = 3600  # a whole run between two parks: (max_turns + 1) requests with retries
 MESSAGE_EVENT_TYPE = "harness_message"  # Slack message metadata that names a run's post
 RETRY_INTERVALS = [1, 5, 15]
+COURTESY_TIMEOUT = 5  # seconds: a status line is not worth a stalled run
+COURTESY_MAX_WAIT = 5  # seconds of a 429's Retry-After a courtesy call waits out (once); longer: skipped
 
 
 def make_queue(connection: redis.Redis) -> rq.Queue:
@@ -120,6 +124,32 @@ def slack_client(env: Mapping[str, str] | None = None) -> WebClient:
     )
 
 
+class ShortRateLimitRetry(RateLimitErrorRetryHandler):
+    """Waits out a 429 once, and only when Slack asks for at most `COURTESY_MAX_WAIT` seconds.
+
+    slack_sdk's own handler sleeps whatever Retry-After says, in the calling thread.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(max_retry_count=1)
+
+    def _can_retry(
+        self,
+        *,
+        state: RetryState,
+        request: HttpRequest,
+        response: HttpResponse | None = None,
+        error: Exception | None = None,
+    ) -> bool:
+        if response is None or response.status_code != 429:
+            return False
+        wait = next((v for k, v in response.headers.items() if k.lower() == "retry-after"), ["1"])
+        try:
+            return int(wait[0]) <= COURTESY_MAX_WAIT
+        except (IndexError, ValueError):
+            return False
+
+
 def redis_connection(env: Mapping[str, str] | None = None) -> redis.Redis:
     env = os.environ if env is None else env
     return redis.Redis.from_url(
@@ -156,6 +186,17 @@ class Services:
             config=config,
             model=make_client(),
             catalog=Catalog.from_config(config),
+        )
+
+    @functools.cached_property
+    def courtesy_slack(self) -> WebClient:
+        """The client for calls a run can do without (its status line): short timeout, short 429 waits."""
+        return WebClient(
+            token=self.slack.token,
+            base_url=self.slack.base_url,
+            timeout=COURTESY_TIMEOUT,
+            headers=self.slack.headers,
+            retry_handlers=[ConnectionErrorRetryHandler(max_retry_count=1), ShortRateLimitRetry()],
         )
 
     def post(

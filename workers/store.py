@@ -37,6 +37,7 @@ AUDIT_MAX_AGE = 90 * DAY
 AUDIT_PREVIEW_CHARS = 500
 EXPIRES_FIELD = "~expires"  # never a call id: those are [A-Za-z0-9_-]
 LIMIT_CALL = "limit"  # the one "call" of a park at a limit (on_limit = "ask"); tool_use ids are toolu_…
+IM = "im"  # RunRecord.surface of a run asked for in a direct message (or the assistant pane)
 GROUP_TTL = 60  # seconds a user group's members are trusted before they are read from Slack again
 
 _ID = {
@@ -275,6 +276,10 @@ class RunRecord:
     call_tools: dict[str, dict[str, Any]] = field(default_factory=dict)
     working_ts: str | None = None  # the "Working on it…" message that carries the Stop button
     stopped_by: str | None = None  # who pressed Stop, once the run ended because of it
+    surface: str = "channel"  # where it was asked for: "channel" (a mention) or IM (a direct message)
+    # What Slack shows of the run (workers.thread_status): per status method, the status it last
+    # showed, or "refused" once Slack refused it for this run (then it is not called again).
+    status_shown: dict[str, str] = field(default_factory=dict)
 
     @property
     def thread(self) -> tuple[str, str, str]:

@@ -1,0 +1,119 @@
+"""What Slack shows of a run while it works, waits for a person, and ends.
+
+Three ways, the first that works for the run:
+
+1. The agent session of the thread (`agents.sessions.setStatus`): `processing` (Slack adds its own
+   stop button, which sends `agent_session_stopped`), `suspended` while the run waits for a
+   decision, `closed` when it ends. Only an app set up as an agent may call it.
+2. In a direct message (the assistant pane's threads are DM threads), the assistant thread's status
+   line (`assistant.threads.setStatus`, shown as "harness is working on it…"). Slack clears it
+   whenever the app posts in the thread, and after two minutes without a post, so it is set again
+   before every model request; an empty status clears it.
+3. The :eyes: reaction the bot adds to every message that starts a run, whatever happens here.
+
+Every call is a courtesy: a refusal never fails a run. A method Slack refuses (an app that is no
+agent, a missing scope, a thread that is no assistant thread) is remembered in the run's record
+and not called again for that run; a rate limit or an outage only skips this one change.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from enum import StrEnum
+
+from slack_sdk.errors import SlackApiError
+
+from bot import texts
+from workers.services import Services
+from workers.store import IM, RunRecord
+
+log = logging.getLogger(__name__)
+
+SESSION = "agents.sessions.setStatus"
+ASSISTANT = "assistant.threads.setStatus"
+REFUSED = "refused"
+TITLE_CHARS = 200  # Slack's limit for an agent session's title
+
+
+class Phase(StrEnum):
+    """Where the run is in its life, named as Slack names the agent session's status."""
+
+    WORKING = "processing"
+    WAITING = "suspended"
+    ENDED = "closed"
+
+
+def show(svc: Services, record: RunRecord, phase: Phase) -> RunRecord:
+    """Show `phase` of the run in Slack, as far as Slack lets it; `record` with what was learned.
+
+    The first method not refused for this run is the one in charge; the next is tried only once
+    Slack has refused the one before it.
+    """
+    shown = dict(record.status_shown)
+    for method in (SESSION, ASSISTANT) if record.surface == IM else (SESSION,):
+        last = shown.get(method)
+        if last == REFUSED:
+            continue
+        if not _worth_calling(method, last, phase):
+            break
+        outcome = _call(svc, method, record, phase)
+        if outcome is not None:
+            shown[method] = outcome
+        if outcome != REFUSED:
+            break
+    return replace(record, status_shown=shown)
+
+
+def _worth_calling(method: str, last: str | None, phase: Phase) -> bool:
+    """Whether a call would change what Slack shows (`last`: what this method showed last)."""
+    if phase is Phase.ENDED:
+        return last not in (None, "", phase.value)  # nothing opened is closed, nothing cleared twice
+    return method == ASSISTANT or last != phase.value  # every post clears the assistant's line
+
+
+def _call(svc: Services, method: str, record: RunRecord, phase: Phase) -> str | None:
+    """Call `method` for `phase`: what it now shows, REFUSED, or None when Slack could not say."""
+    client = svc.courtesy_slack
+    try:
+        if method == SESSION:
+            client.agents_sessions_setStatus(
+                channel_id=record.channel,
+                thread_ts=record.thread_ts,
+                status=phase.value,
+                title=_title(record.task),  # used when this call creates the session
+                initiator_user_id=record.requester,
+            )
+            return phase.value
+        status = _assistant_text(svc, record, phase)
+        client.assistant_threads_setStatus(
+            channel_id=record.channel, thread_ts=record.thread_ts, status=status
+        )
+        return status
+    except SlackApiError as exc:
+        error = exc.response.get("error")
+        if exc.response.status_code == 429 or exc.response.status_code >= 500:
+            log.info("run %s: %s skipped for now (%s)", record.run_id, method, error)
+            return None
+        log.info("run %s: Slack refused %s (%s); not called again for this run", record.run_id, method, error)
+        return REFUSED
+    except OSError as exc:  # Slack could not be reached: try again at the next change
+        log.info("run %s: %s skipped for now (%s)", record.run_id, method, exc)
+        return None
+
+
+def _assistant_text(svc: Services, record: RunRecord, phase: Phase) -> str:
+    if phase is Phase.WORKING:
+        return texts.STATUS_WORKING
+    if phase is Phase.ENDED:
+        return ""  # clears it
+    approvers = svc.config.approvals.approvers
+    return texts.STATUS_WAITING_ON_YOU if not approvers else texts.STATUS_WAITING_ON_APPROVERS
+
+
+def _title(task: str) -> str:
+    """The session's title: the task as asked, without the leading mention of the bot."""
+    words = task.split()
+    while words and words[0].startswith("<@") and words[0].endswith(">"):
+        words.pop(0)
+    return " ".join(words)[:TITLE_CHARS] or "harness"
