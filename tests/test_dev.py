@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
+from bot import texts
 from tests.stack import RedisServer
 from workers.dev import (
     check_settings,
@@ -340,27 +341,44 @@ def test_procfile_runs_web_and_worker() -> None:
     assert "web: python -m bot" in lines and "worker: python -m workers" in lines
 
 
+BOT_SCOPES = [
+    "app_mentions:read",
+    "assistant:write",
+    "channels:history",
+    "chat:write",
+    "groups:history",
+    "im:history",
+    "reactions:write",
+    "usergroups:read",
+]
+BOT_EVENTS = [
+    "agent_session_stopped",
+    "app_home_opened",
+    "app_mention",
+    "assistant_thread_started",
+    "message.im",
+]
+
+
 def test_manifest_asks_for_exactly_what_the_bot_needs() -> None:
     yaml = pytest.importorskip("yaml")
     manifest = yaml.safe_load((ROOT / "manifest.yml").read_text())
 
     assert manifest["_metadata"] == {"major_version": 1, "minor_version": 1}
     assert manifest["features"]["bot_user"] == {"display_name": "harness", "always_online": True}
-    assert sorted(manifest["oauth_config"]["scopes"]["bot"]) == [
-        "app_mentions:read",
-        "channels:history",
-        "chat:write",
-        "groups:history",
-        "reactions:write",
-        "usergroups:read",
-    ]
+    assert sorted(manifest["oauth_config"]["scopes"]["bot"]) == BOT_SCOPES
     assert "user" not in manifest["oauth_config"]["scopes"]
     settings = manifest["settings"]
     assert settings["event_subscriptions"] == {
         "request_url": "https://YOUR-HOST/slack/events",
-        "bot_events": ["agent_session_stopped", "app_home_opened", "app_mention"],
+        "bot_events": BOT_EVENTS,
     }
-    assert manifest["features"]["app_home"]["home_tab_enabled"] is True
+    assert manifest["features"]["app_home"] == {
+        "home_tab_enabled": True,
+        "messages_tab_enabled": True,  # people write to the bot there
+        "messages_tab_read_only_enabled": False,
+    }
+    assert len(manifest["display_information"]["description"]) <= 140  # Slack's limit
     assert settings["interactivity"] == {"is_enabled": True, "request_url": "https://YOUR-HOST/slack/events"}
     assert settings["socket_mode_enabled"] is False
     assert settings["org_deploy_enabled"] is False
@@ -376,17 +394,18 @@ def test_manifest_lists_exactly_the_scopes_and_events_without_yaml() -> None:
         assert block, f"no list under {key}"
         return [line.strip()[2:].split("#")[0].strip() for line in block.group(2).splitlines()]
 
-    assert items_under("bot") == [
-        "app_mentions:read",
-        "channels:history",
-        "chat:write",
-        "groups:history",
-        "reactions:write",
-        "usergroups:read",
-    ]
-    assert items_under("bot_events") == ["agent_session_stopped", "app_home_opened", "app_mention"]
+    assert items_under("bot") == BOT_SCOPES
+    assert items_under("bot_events") == BOT_EVENTS
     assert text.count("request_url: https://YOUR-HOST/slack/events") == 2
     assert re.search(r"^\s*socket_mode_enabled: false$", text, re.MULTILINE)
+
+
+def test_the_assistant_pane_suggests_in_the_manifest_what_the_bot_suggests_in_a_new_thread() -> None:
+    yaml = pytest.importorskip("yaml")
+    view = yaml.safe_load((ROOT / "manifest.yml").read_text())["features"]["assistant_view"]
+    assert set(view) == {"assistant_description", "suggested_prompts"} and view["assistant_description"]
+    prompts = [(p["title"], p["message"]) for p in view["suggested_prompts"]]
+    assert prompts == list(texts.SUGGESTED_PROMPTS) and 1 <= len(prompts) <= 4  # Slack shows four
 
 
 def test_redis_url_wins_then_an_unprotected_answering_redis_then_a_private_one() -> None:
