@@ -42,8 +42,11 @@ from slack_sdk.models.blocks import (
     ActionsBlock,
     ButtonElement,
     ConfirmObject,
+    ContextActionsBlock,
     ContextBlock,
     DividerBlock,
+    FeedbackButtonObject,
+    FeedbackButtonsElement,
     HeaderBlock,
     InputBlock,
     MarkdownTextObject,
@@ -75,6 +78,7 @@ CARD_NAME_MAX = 150  # escaped characters of an argument's name on a card
 MODAL_NAME_MAX = 2000
 
 ELLIPSIS = "…"
+FEEDBACK_GOOD, FEEDBACK_BAD = "good", "bad"  # the feedback buttons' values: "good:RUN", "bad:RUN"
 FENCE = "```"
 FENCE_SAFE = "ˋˋˋ"  # modifier-letter grave accents: look like a fence, do not close one
 TICK_SAFE = "ˋ"  # the same for the single backtick that would close `inline code`
@@ -1002,15 +1006,37 @@ def _split_answer(answer: str, total: int) -> list[str]:
     return chunks
 
 
-def final_answer(answer: str, turns: int, requests: int) -> Message:
-    """The model's answer (its Markdown as mrkdwn, escaped, split over sections, cut to fit), the footer."""
+def final_answer(answer: str, turns: int, requests: int, *, run_id: str | None = None) -> Message:
+    """The model's answer (its Markdown as mrkdwn, escaped, split over sections, cut to fit), the footer,
+    and with `run_id` Slack's feedback buttons (`feedback`: ``good:RUN`` or ``bad:RUN``)."""
     footer = _footer(turns, requests)
+    feedback = [] if run_id is None else [feedback_buttons(run_id)]
 
     def build(scale: float) -> list[dict[str, Any]]:
         chunks = _split_answer(answer, _n(ANSWER_LIMIT, scale, 500)) or ["_(the model gave no answer)_"]
-        return [*(_section(chunk) for chunk in chunks), _context(footer)]
+        return [*(_section(chunk) for chunk in chunks), _context(footer), *feedback]
 
     return Message(text=_with_tail(answer, footer, mode="answer"), blocks=_fit(build))
+
+
+def feedback_buttons(run_id: str) -> dict[str, Any]:
+    """Thumbs up and down under an answer, as Slack shows them for AI apps (`context_actions`)."""
+    return ContextActionsBlock(
+        block_id="feedback",
+        elements=[
+            FeedbackButtonsElement(
+                action_id="feedback",
+                positive_button=FeedbackButtonObject(
+                    text="👍", value=f"{FEEDBACK_GOOD}:{run_id}", accessibility_label="This answer helped"
+                ),
+                negative_button=FeedbackButtonObject(
+                    text="👎",
+                    value=f"{FEEDBACK_BAD}:{run_id}",
+                    accessibility_label="This answer did not help",
+                ),
+            )
+        ],
+    ).to_dict()
 
 
 def stopped(reason: str, turns: int, requests: int) -> Message:
@@ -1420,6 +1446,7 @@ __all__ = [
     "grant_notice",
     "escape",
     "failed",
+    "feedback_buttons",
     "final_answer",
     "fully_reviewable",
     "is_target",

@@ -136,7 +136,7 @@ class Playground:
             view = self.workspace.view(str(view_id), person.id)
             if view is None:
                 raise PageError("that view is no longer open")
-            element = _element(view.get("blocks"), block_id, action_id)
+            element = _element(view.get("blocks"), block_id, action_id, request.get("value"))
             payload = bot_client.block_actions(
                 person, element, trigger_id=trigger, response_url="", view=view
             )
@@ -145,7 +145,7 @@ class Playground:
             item = self.workspace.ephemeral(ts, person.id)
             if item is None:
                 raise PageError("that message is gone")
-            element = _element(item.get("blocks"), block_id, action_id)
+            element = _element(item.get("blocks"), block_id, action_id, request.get("value"))
             url = self._response_url(person.id, ts, item.get("thread_ts"))
             payload = bot_client.block_actions(
                 person, element, trigger_id=trigger, response_url=url, ephemeral_ts=ts
@@ -155,7 +155,7 @@ class Playground:
             message = self.workspace.message(ts)
             if message is None:
                 raise PageError("that message is gone")
-            element = _element(message.get("blocks"), block_id, action_id)
+            element = _element(message.get("blocks"), block_id, action_id, request.get("value"))
             url = self._response_url(person.id, ts, message.get("thread_ts"))
             payload = bot_client.block_actions(
                 person, element, trigger_id=trigger, response_url=url, message=message
@@ -230,8 +230,9 @@ class Playground:
         return reply
 
 
-def _element(blocks: Any, block_id: Any, action_id: Any) -> Json:
-    """The interactive element `action_id` of block `block_id`, as a click reports it."""
+def _element(blocks: Any, block_id: Any, action_id: Any, value: Any = None) -> Json:
+    """The interactive element `action_id` of block `block_id`, as a click reports it (`value`
+    picks the half of a feedback_buttons element that was clicked)."""
     for block in blocks if isinstance(blocks, list) else []:
         if not isinstance(block, dict) or block.get("block_id") != block_id:
             continue
@@ -241,6 +242,12 @@ def _element(blocks: Any, block_id: Any, action_id: Any) -> Json:
         for element in candidates:
             if isinstance(element, dict) and element.get("action_id") == action_id:
                 action = {"type": element.get("type", "button"), "action_id": action_id, "block_id": block_id}
+                if action["type"] == "feedback_buttons":  # one element, two buttons: the value says which
+                    halves = [element.get(h) or {} for h in ("positive_button", "negative_button")]
+                    chosen = next((h for h in halves if h.get("value") == value), None)
+                    if chosen is None:
+                        raise PageError("no such feedback button")
+                    return {**action, "text": chosen.get("text"), "value": chosen["value"]}
                 for key in ("text", "value", "style"):
                     if key in element:
                         action[key] = element[key]

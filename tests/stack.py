@@ -310,8 +310,10 @@ class Stack:
         user: str = "UALICE",
         team: str = "T1",
         block_id: str | None = "approval",
+        kind: str = "button",
     ) -> tuple[int, str]:
-        """Click `action_id` on `message` as if its button carried `value` (a forged or stale one).
+        """Click `action_id` on `message` as if its button carried `value` (a forged or stale one);
+        `kind` is the element's type (`feedback_buttons` for the thumbs under an answer).
 
         Returns the HTTP status and body of the answer.
         """
@@ -323,7 +325,7 @@ class Stack:
             "response_url": self.slack.response_url(),
             "actions": [
                 {
-                    "type": "button",
+                    "type": kind,
                     "action_id": action_id,
                     "block_id": block_id or "approval",
                     "value": value,

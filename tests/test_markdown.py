@@ -87,3 +87,14 @@ def test_any_markdown_answer_is_valid_and_inert(text: str) -> None:
     assert_inert(msg)
     sections = [b["text"]["text"] for b in msg.blocks if b["type"] == "section"]
     assert all(not re.search(r"&(?!amp;|lt;|gt;)", s) for s in sections)  # no entity cut in two
+
+
+def test_an_answer_with_a_run_carries_feedback_buttons_under_its_footer() -> None:
+    msg = assert_valid(render.final_answer("**Done.**", 2, 3, run_id="run1"))
+    *_, footer, feedback = msg.blocks
+    assert footer["type"] == "context" and feedback["type"] == "context_actions"
+    (buttons,) = feedback["elements"]
+    assert buttons["type"] == "feedback_buttons" and buttons["action_id"] == "feedback"
+    values = (buttons["positive_button"]["value"], buttons["negative_button"]["value"])
+    assert values == ("good:run1", "bad:run1")
+    assert render.final_answer("Done.", 2, 3).blocks[-1]["type"] == "context"  # none without a run

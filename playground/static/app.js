@@ -334,8 +334,27 @@ function setPending(node, on) {
   else node.setAttribute('aria-disabled', on ? 'true' : 'false');
 }
 
+/** Feedback buttons (in a context_actions block): each half is a button sending its own value. */
+function renderFeedback(element, blockId, ctx) {
+  const box = el('span', 'bk-feedback');
+  for (const [half, label] of [['positive_button', 'good'], ['negative_button', 'bad']]) {
+    const choice = element[half] || {};
+    const node = renderButton(
+      { type: 'button', action_id: element.action_id, text: choice.text, value: choice.value },
+      blockId,
+      ctx,
+    );
+    node.classList.add('bk-feedback-button');
+    node.dataset.feedback = label;
+    if (choice.accessibility_label) node.setAttribute('aria-label', choice.accessibility_label);
+    box.append(node);
+  }
+  return box;
+}
+
 function renderElement(element, blockId, ctx) {
   if (element.type === 'button') return renderButton(element, blockId, ctx);
+  if (element.type === 'feedback_buttons') return renderFeedback(element, blockId, ctx);
   const ph = button(element.type || 'element', 'bk-button bk-unsupported');
   ph.disabled = true;
   ph.title = `${element.type} elements are not supported in the playground`;
@@ -464,7 +483,8 @@ function renderBlock(block, ctx, index) {
     case 'rich_text': node = renderRichText(block); break;
     case 'markdown': node = renderMrkdwn(block.text); break;
     case 'actions':
-      node = el('div', 'bk-actions');
+    case 'context_actions':
+      node = el('div', block.type === 'actions' ? 'bk-actions' : 'bk-actions bk-context-actions');
       (block.elements || []).forEach((e) => node.append(renderElement(e, block.block_id, ctx)));
       break;
     case 'input': node = ctx.modal ? renderInput(block, index, ctx) : placeholder('input'); break;
