@@ -35,6 +35,7 @@ BOT_NAME = "harness"
 WORKSPACE_URL = "https://playground.slack.com/"  # Slack's form, which the bot's permalink check accepts
 TRIGGER_SECONDS = 3.0  # a trigger_id is good for 3 s, as in Slack
 MAX_MESSAGES = 5000  # the oldest go first; a playground is not an archive
+SESSION_STATUSES = ("active", "processing", "suspended", "closed")  # agents.sessions.setStatus
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,9 @@ class Workspace:
         self.ephemerals: list[Json] = []
         self.views: list[Json] = []  # open modals, oldest first
         self.homes: dict[str, Json] = {}
-        self.statuses: list[Json] = []
+        self.statuses: list[Json] = []  # assistant.threads.setStatus calls, oldest first
+        self.sessions: dict[str, str] = {}  # thread ts -> its agent session's status
+        self.suggestions: list[Json] = []  # assistant.threads.setSuggestedPrompts calls
         self._triggers: dict[str, Trigger] = {}
 
     # -- what the page does -------------------------------------------------------------------
@@ -234,6 +237,8 @@ class Workspace:
             "views.update": self._views_update,
             "views.publish": self._views_publish,
             "assistant.threads.setStatus": self._set_status,
+            "assistant.threads.setSuggestedPrompts": self._suggest_prompts,
+            "agents.sessions.setStatus": self._session_status,
         }
 
     def _auth_test(self, params: Json) -> Json:
@@ -405,7 +410,32 @@ class Workspace:
         return {"view": self._view_out(self.homes[user])}
 
     def _set_status(self, params: Json) -> Json:
+        self._thread(params)
+        if not isinstance(params.get("status"), str):  # required; "" clears the line
+            raise ApiError("invalid_arguments")
         self.statuses.append({k: params.get(k) for k in ("channel_id", "thread_ts", "status")})
+        del self.statuses[:-MAX_MESSAGES]
+        return {}
+
+    def _session_status(self, params: Json) -> Json:
+        """An agent session's status: `processing`, `suspended`, `closed` (or `active`), per thread."""
+        status = params.get("status")
+        if status not in SESSION_STATUSES:
+            raise ApiError("invalid_arguments")
+        self.sessions[self._thread(params)] = str(status)
+        return {"status": status}
+
+    def _suggest_prompts(self, params: Json) -> Json:
+        self._channel_id(params)
+        prompts = _decoded(params.get("prompts"))
+        if not isinstance(prompts, list) or not 1 <= len(prompts) <= 4:
+            raise ApiError("invalid_arguments")
+        if not all(
+            isinstance(p, dict) and isinstance(p.get("title"), str) and p.get("message") for p in prompts
+        ):
+            raise ApiError("invalid_arguments")
+        self.suggestions.append({"thread_ts": params.get("thread_ts"), "prompts": copy.deepcopy(prompts)})
+        del self.suggestions[:-MAX_MESSAGES]
         return {}
 
     # -- helpers (the caller holds the lock) ------------------------------------------------
@@ -460,6 +490,22 @@ class Workspace:
         if message["bot_id"] != BOT_ID:
             raise ApiError(refused)
         return message
+
+    def _thread(self, params: Json) -> str:
+        """The thread a status call names (`channel_id` and `thread_ts`, both required): its ts."""
+        self._channel_id(params)
+        thread = self._find(str(params.get("thread_ts") or ""))
+        if thread is None:
+            raise ApiError("invalid_thread_ts")
+        return str(thread["thread_ts"] or thread["ts"])
+
+    @staticmethod
+    def _channel_id(params: Json) -> None:
+        """The assistant and agent methods name their channel `channel_id`, and must."""
+        if not params.get("channel_id"):
+            raise ApiError("invalid_arguments")
+        if params["channel_id"] != CHANNEL_ID:
+            raise ApiError("channel_not_found")
 
     @staticmethod
     def _channel(params: Json) -> None:

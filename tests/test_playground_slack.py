@@ -90,6 +90,42 @@ def test_the_mistakes_slack_refuses_are_refused_with_slacks_error_names(served: 
     assert server.playground.workspace.messages[0]["text"] == "hello"  # nothing changed it
 
 
+def test_the_status_methods_the_worker_calls_are_answered_and_kept(served: Any) -> None:
+    server, client, _ = served
+    workspace = server.playground.workspace
+    ts = workspace.post_as(ALICE, f"<@{BOT_USER_ID}> hi", None)["ts"]
+    for status in ("processing", "suspended", "closed"):
+        answer = client.agents_sessions_setStatus(
+            channel_id=CHANNEL_ID, thread_ts=ts, status=status, title="hi", initiator_user_id=ALICE
+        )
+        assert answer["status"] == status
+    assert workspace.sessions == {ts: "closed"}
+    client.assistant_threads_setStatus(channel_id=CHANNEL_ID, thread_ts=ts, status="is working on it…")
+    client.assistant_threads_setStatus(channel_id=CHANNEL_ID, thread_ts=ts, status="")  # clears it
+    assert [s["status"] for s in workspace.statuses] == ["is working on it…", ""]
+    prompts = [{"title": "Time", "message": "What time is it?"}]
+    client.assistant_threads_setSuggestedPrompts(channel_id=CHANNEL_ID, thread_ts=ts, prompts=prompts)
+    assert workspace.suggestions == [{"thread_ts": ts, "prompts": prompts}]
+
+    session, status = "agents.sessions.setStatus", "assistant.threads.setStatus"
+    refused = [
+        (session, {"channel_id": CHANNEL_ID, "thread_ts": ts, "status": "busy"}, "invalid_arguments"),
+        (session, {"channel_id": "C0OTHER", "thread_ts": ts, "status": "closed"}, "channel_not_found"),
+        (session, {"channel_id": CHANNEL_ID, "thread_ts": "1.2", "status": "closed"}, "invalid_thread_ts"),
+        (status, {"thread_ts": ts, "status": "x"}, "invalid_arguments"),
+        (
+            "assistant.threads.setSuggestedPrompts",
+            {"channel_id": CHANNEL_ID, "prompts": prompts * 5},
+            "invalid_arguments",
+        ),
+    ]
+    for method, params, error in refused:
+        with pytest.raises(SlackApiError) as exc:
+            client.api_call(method, json=params)
+        assert exc.value.response["error"] == error, (method, params)
+    assert workspace.sessions == {ts: "closed"} and len(workspace.statuses) == 2
+
+
 def test_a_trigger_opens_one_modal_for_the_person_who_clicked(served: Any) -> None:
     server, client, page = served
     trigger = server.playground.workspace.new_trigger(CAROL)
