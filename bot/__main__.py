@@ -14,6 +14,7 @@ from bot import socket_mode
 from bot.app import BotDeps, create_app
 from bot.web import serve, wsgi_app
 from harness.config import ConfigError, load_config
+from workers import logs
 from workers.services import SettingsError, make_queue, redis_connection, slack_client
 from workers.store import Store
 
@@ -89,7 +90,7 @@ def _unreachable(base_url: str, exc: OSError) -> str:
 
 def main() -> int:
     """Check settings, build the app (auth.test runs here, not in Slack's 3 s window), serve."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure()  # text, or JSON lines with LOG_FORMAT=json
     logging.getLogger("slack_bolt").setLevel(logging.WARNING)  # it logs whole bodies at INFO
     env = os.environ
     app_token = env.get("SLACK_APP_TOKEN")

@@ -20,6 +20,7 @@ from harness.config import ConfigError, load_config
 from playground.bot_client import Bot
 from playground.server import Playground, Server
 from playground.slack import PEOPLE, Workspace
+from workers import logs
 
 DEMO_LABEL = "Offline demo model: scripted replies, not Claude. Set ANTHROPIC_API_KEY to use Claude."
 GROUPS = {"S01REVIEWERS": ["U01ALICE", "U02BOB"]}  # a user group to name in `approvers`
@@ -34,7 +35,7 @@ def notes(approvers: tuple[str, ...], self_approval: bool) -> dict[str, str]:
 
 
 def main(env: Mapping[str, str] = os.environ) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure()  # text, or JSON lines with LOG_FORMAT=json
     missing = [n for n in ("PLAYGROUND_BOT_URL", "SLACK_SIGNING_SECRET", "SLACK_BOT_TOKEN") if not env.get(n)]
     if missing:
         print(f"error: {', '.join(missing)} not set: start the playground with `make run`", file=sys.stderr)
