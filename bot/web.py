@@ -13,18 +13,26 @@ retry can help: Redis is unavailable (see `bolt_error_handler`).
 
 from __future__ import annotations
 
+import json
 import logging
 import re
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+from urllib.parse import parse_qs
 
 import redis
+from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from slack_bolt import App, BoltRequest, BoltResponse
 from slack_bolt.adapter.wsgi.http_request import WsgiHttpRequest
 from slack_bolt.adapter.wsgi.http_response import WsgiHttpResponse
 from slack_bolt.request.internals import parse_body
 from slack_sdk.signature import SignatureVerifier
+
+from workers import health, logs, metrics
+from workers.services import make_queue
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +53,17 @@ RETRYABLE_ERRORS: tuple[type[Exception], ...] = (
 def wsgi_app(app: App, connection: redis.Redis, *, signing_secret: str) -> WsgiApp:
     """The whole HTTP surface of the bot as one WSGI callable."""
     verifier = SignatureVerifier(signing_secret)
+    figures = metrics.registry(connection, make_queue(connection))
 
     def application(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        started = time.monotonic()
         path = environ.get("PATH_INFO", "")
         if path == "/healthz" and environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
+            if _deep(environ):
+                return _deep_healthz(connection, start_response)
             return _healthz(connection, start_response)
+        if path == "/metrics" and environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
+            return _metrics(figures, start_response)
         if path != "/slack/events":
             return _plain(start_response, "404 Not Found", "not found\n")
         try:
@@ -67,9 +81,30 @@ def wsgi_app(app: App, connection: redis.Redis, *, signing_secret: str) -> WsgiA
         if problem:
             log.info("refused a signed request: %s", problem)
             return _plain(start_response, "400 Bad Request", problem + "\n")
-        return _dispatch(app, environ, body.decode("utf-8"), start_response)
+        kind = "event" if environ.get("CONTENT_TYPE", "").startswith("application/json") else "interaction"
+        answer = _dispatch(app, environ, body.decode("utf-8"), start_response)
+        return _Timed(answer, lambda: _record_ack(connection, kind, time.monotonic() - started))
 
     return application
+
+
+class _Timed:
+    """The body of an answer to Slack; `on_close` runs once the server has sent it (WSGI's close),
+    so what it does (a metrics write) never delays the answer."""
+
+    def __init__(self, body: Iterable[bytes], on_close: Callable[[], None]) -> None:
+        self.body = body
+        self.on_close = on_close
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.body)
+
+    def close(self) -> None:
+        self.on_close()
+
+
+def _record_ack(connection: redis.Redis, kind: str, seconds: float) -> None:
+    metrics.observe(connection, metrics.ACK_SECONDS, seconds, kind=kind)
 
 
 def is_signed(verifier: SignatureVerifier, body: bytes, environ: dict[str, Any]) -> bool:
@@ -292,12 +327,48 @@ def _healthz(connection: redis.Redis, start_response: StartResponse) -> Iterable
     return _plain(start_response, "200 OK", "ok\n")
 
 
+def _deep(environ: dict[str, Any]) -> bool:
+    values = parse_qs(environ.get("QUERY_STRING") or "").get("deep") or [""]
+    return values[-1].lower() in ("1", "true", "yes")
+
+
+def _deep_healthz(connection: redis.Redis, start_response: StartResponse) -> Iterable[bytes]:
+    """Whether a worker is alive and how deep the queue is, as JSON; 503 when no worker is alive."""
+    try:
+        healthy, report = health.deep_health(connection, make_queue(connection), time.time())
+    except redis.RedisError as exc:
+        healthy, report = False, {"ok": False, "redis": f"unreachable: {type(exc).__name__}"}
+    data = (json.dumps(report, indent=1) + "\n").encode()
+    status = "200 OK" if healthy else "503 Service Unavailable"
+    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+    return [data]
+
+
+def _metrics(figures: Any, start_response: StartResponse) -> Iterable[bytes]:
+    """Prometheus text of the whole product (figures in Redis, gauges read now); 503 without Redis."""
+    try:
+        data = generate_latest(figures)
+    except redis.RedisError as exc:
+        return _plain(start_response, "503 Service Unavailable", f"redis unreachable: {type(exc).__name__}\n")
+    start_response("200 OK", [("Content-Type", CONTENT_TYPE_PLAIN_0_0_4), ("Content-Length", str(len(data)))])
+    return [data]
+
+
 def _plain(start_response: StartResponse, status: str, body: str) -> Iterable[bytes]:
     data = body.encode()
     start_response(
         status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))]
     )
     return [data]
+
+
+class GunicornLogger(glogging.Logger):
+    """gunicorn's own error and access lines in the process's format (JSON lines with LOG_FORMAT=json)."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        logs.restyle(self.error_log)
+        logs.restyle(self.access_log)
 
 
 class Server(BaseApplication):
@@ -329,6 +400,7 @@ def serve(application: Any, port: int, *, host: str = "0.0.0.0", workers: int = 
             "timeout": 30,
             "graceful_timeout": 10,
             "accesslog": "-",
+            "logger_class": GunicornLogger,
             "limit_request_line": 8190,
             # gunicorn 25+ opens a control socket in $HOME/.gunicorn by default: nothing of ours
             # belongs in the user's home, and nobody here uses `gunicornc`.

@@ -1,6 +1,7 @@
 """`python -m workers`: an RQ worker (with its scheduler) for the bot's queue, plus its watchdog.
 
-`python -m workers audit [--limit N]` prints the approval audit log instead.
+`python -m workers audit [--limit N]` prints the approval audit log instead; `python -m workers
+status` the runs in flight, parked (and who must decide) and failed.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from rq.serializers import JSONSerializer
 
 from bot import render
 from harness.client import warm_up
-from harness.config import ConfigError, ResolvedServer
+from harness.config import ConfigError, ResolvedServer, load_config
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub
 from harness.tools.relay import RelayClient, RelayServer
-from workers import jobs
+from workers import jobs, logs, metrics, status
 from workers.driver import lease_seconds
+from workers.health import WORKER_TTL
 from workers.services import (
     Services,
     SettingsError,
@@ -63,6 +65,7 @@ def watchdog(store: Store, stop: threading.Event, svc: Services | None = None) -
             for run_id in store.orphans(now - seconds, lambda job_id: job_waiting(queue, job_id)):
                 log.warning("run %s has no driver; continuing it on another worker", run_id)
                 enqueue_run_job(store, queue, jobs.recover_run, run_id)
+                metrics.incr(store.redis, metrics.RECOVERED)
         except redis.RedisError as exc:
             log.warning("watchdog cannot reach Redis (%s); trying again", exc)
         except Exception:  # the watchdog must outlive any one bad run
@@ -129,11 +132,27 @@ class _StopAware:
         super().handle_warm_shutdown_request()  # type: ignore[misc]
 
 
-class HarnessWorker(_StopAware, Worker):
+class _Observed:
+    """A job's log lines name its run; a failed job counts as retried or failed in the metrics."""
+
+    connection: redis.Redis
+
+    def perform_job(self, job: Any, queue: Any, execution: Any) -> bool:
+        run_id = job.args[0] if job.args and isinstance(job.args[0], str) else None
+        with logs.bound(run_id=run_id):  # the driver adds the run's team, channel and thread
+            return bool(super().perform_job(job, queue, execution))  # type: ignore[misc]
+
+    def handle_job_failure(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> None:
+        retried = job.should_retry and getattr(self, "_stopped_job_id", None) != job.id
+        super().handle_job_failure(job, queue, *args, **kwargs)  # type: ignore[misc]
+        metrics.incr(self.connection, metrics.JOBS_RETRIED if retried else metrics.JOBS_FAILED)
+
+
+class HarnessWorker(_Observed, _StopAware, Worker):
     """RQ's forking worker: every job in a fresh work horse."""
 
 
-class HarnessSimpleWorker(_StopAware, SimpleWorker):
+class HarnessSimpleWorker(_Observed, _StopAware, SimpleWorker):
     """RQ's worker that runs jobs in its own process."""
 
 
@@ -171,7 +190,9 @@ def work() -> int:
     try:
         backoff = 1.0
         while True:
-            worker = worker_class([svc.queue], connection=svc.store.redis, serializer=JSONSerializer)
+            worker = worker_class(
+                [svc.queue], connection=svc.store.redis, serializer=JSONSerializer, worker_ttl=WORKER_TTL
+            )
             worker.work(with_scheduler=True, logging_level="INFO")
             if worker.stop_requested:
                 break
@@ -233,15 +254,32 @@ def audit(limit: int) -> int:
     return 0
 
 
+def print_status() -> int:
+    """`python -m workers status`: what is in flight, parked and failed now."""
+    try:
+        config = load_config()
+        print(status.report(Store(redis_connection()), config))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except redis.RedisError as exc:
+        print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers")
     sub = parser.add_subparsers(dest="command")
     audit_parser = sub.add_parser("audit", help="print the approval audit log")
     audit_parser.add_argument("--limit", type=int, default=100)
+    sub.add_parser("status", help="print the runs in flight, parked (and who must decide) and failed")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure()  # text, or JSON lines with LOG_FORMAT=json (work horses inherit it)
     if args.command == "audit":
         return audit(args.limit)
+    if args.command == "status":
+        return print_status()
     return work()
 
 

@@ -1,0 +1,186 @@
+"""The metrics module on a real Redis: bounded labels, exactly-once run accounting, the collector's
+Prometheus text, and writes that never raise when Redis is gone."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import redis
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from harness import texts as harness_texts
+from harness.loop import TurnDone
+from harness.policy import Tier
+from harness.state import Decision, PendingCall, RunState, Usage, Verdict
+from harness.tools import ToolResult
+from harness.valves import Valve
+from tests.stack import free_port
+from workers import metrics
+from workers.services import make_queue
+from workers.store import Keys, RunRecord, RunStatus, new_run_id
+
+
+def scrape(conn: redis.Redis) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the collector's text, by (name, sorted labels)."""
+    text = generate_latest(metrics.registry(conn, make_queue(conn))).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def call(tier: Tier, *, verdict: Verdict | None = None, result: ToolResult | None = None) -> PendingCall:
+    decision = Decision(verdict, by="UANN") if verdict else None
+    return PendingCall(f"toolu_{time.time_ns()}", "write_file", {"path": "a"}, tier, decision, result)
+
+
+OK = ToolResult("done")
+STOPPED_NOTE = harness_texts.RESULT_NOT_RUN_STOPPED.format(valve=Valve.STOPPED_BY_USER)
+BROKEN = ToolResult("Error: no such file", is_error=True)
+
+
+@pytest.mark.parametrize(
+    ("pending", "outcome"),
+    [
+        (call(Tier.ALLOW, result=OK), "ran"),
+        (call(Tier.ALLOW, result=BROKEN), "error"),
+        (call(Tier.ASK, verdict=Verdict.APPROVED, result=OK), "ran"),
+        (call(Tier.ASK, verdict=Verdict.DECLINED, result=ToolResult("Not executed", True)), "declined"),
+        (call(Tier.ASK, verdict=Verdict.EXPIRED, result=ToolResult("expired", True)), "expired"),
+        (call(Tier.DENY, result=ToolResult("forbidden", True)), "denied"),
+        (
+            call(Tier.ALLOW, result=ToolResult(harness_texts.RESULT_NOT_RUN_STOPPED.format(valve="x"), True)),
+            "error",  # not a valve's note: a tool may say anything
+        ),
+        (
+            call(
+                Tier.ASK,
+                verdict=Verdict.APPROVED,
+                result=ToolResult(
+                    harness_texts.RESULT_NOT_RUN_STOPPED.format(valve=Valve.STOPPED_BY_USER), True
+                ),
+            ),
+            "not_run",
+        ),
+        (
+            call(
+                Tier.ALLOW,
+                result=ToolResult(harness_texts.RESULT_OUTCOME_UNKNOWN.format(name="write_file"), True),
+            ),
+            "unknown",
+        ),
+    ],
+)
+def test_what_became_of_a_call_is_one_of_a_few_outcomes(pending: PendingCall, outcome: str) -> None:
+    assert metrics.call_outcome(pending) == outcome
+
+
+def test_a_label_value_outside_its_list_counts_as_other_so_label_sets_stay_bounded(conn: redis.Redis) -> None:
+    metrics.mention(conn, "new")
+    for _ in range(50):  # ids, free text: never a label value of their own
+        metrics.mention(conn, new_run_id())
+        metrics.incr(conn, metrics.RUNS, outcome="stopped", valve=f"U{time.time_ns()}")
+    metrics.observe(conn, metrics.ACK_SECONDS, 0.02, kind="C0123 channel")
+
+    fields = {f.decode() for f in conn.hkeys(metrics.MetricKeys.counters())}
+    assert fields == {
+        "c|harness_mentions|new",
+        "c|harness_mentions|other",
+        "c|harness_runs_ended|stopped|other",
+        "b|harness_ack_seconds|other|0.025",
+        "s|harness_ack_seconds|other",
+    }
+    samples = scrape(conn)
+    assert samples[("harness_mentions_total", (("result", "other"),))] == 50
+    assert samples[("harness_mentions_total", (("result", "new"),))] == 1
+    assert samples[("harness_runs_ended_total", (("outcome", "stopped"), ("valve", "other")))] == 50
+
+
+def test_every_family_declares_only_fixed_label_values() -> None:
+    for family in metrics.FAMILIES:
+        for name, allowed in family.labels.items():
+            assert allowed and all(isinstance(v, str) and "|" not in v for v in allowed), (family.name, name)
+            assert name not in ("run_id", "user", "channel", "team", "thread_ts")
+
+
+def test_a_step_counts_the_state_totals_as_deltas_and_a_turns_calls_once(conn: redis.Redis) -> None:
+    run_id = new_run_id()
+    calls = (call(Tier.ALLOW, result=OK), call(Tier.ASK, verdict=Verdict.APPROVED, result=OK))
+    state = RunState(messages=(), turns=1, requests=1, usage=Usage(100, 10, 5, 1))
+    done = TurnDone(1, calls, state.usage.total)
+
+    metrics.stepped(conn, run_id, state, (done,))
+    metrics.stepped(conn, run_id, state, (done,))  # a driver re-doing the step after a crash
+    later = RunState(messages=(), turns=1, requests=2, usage=Usage(250, 30, 5, 1))
+    metrics.stepped(conn, run_id, later, ())
+
+    samples = scrape(conn)
+    assert samples[("harness_turns_total", ())] == 1
+    assert samples[("harness_model_requests_total", ())] == 2
+    tokens = {k: samples[("harness_tokens_total", (("kind", k),))] for k in metrics.TOKEN_KINDS}
+    assert tokens == {"input": 250, "output": 30, "cache_creation": 5, "cache_read": 1}
+    tools = {k[1]: v for k, v in samples.items() if k[0] == "harness_tool_calls_total"}
+    assert tools == {(("outcome", "ran"), ("tier", "allow")): 1, (("outcome", "ran"), ("tier", "ask")): 1}
+    assert 0 < conn.ttl(metrics.MetricKeys.run(run_id)) <= metrics.RUN_MARK_TTL
+
+
+def test_the_collector_shows_cumulative_buckets_sums_and_the_gauges_read_at_scrape(conn: redis.Redis) -> None:
+    for seconds in (0.2, 0.7, 90.0):
+        metrics.observe(conn, metrics.RESUME_SECONDS, seconds)
+    now = time.time()
+    open_park, past_park = f"{new_run_id()}:1", f"{new_run_id()}:1"
+    conn.zadd(Keys.expiries(), {open_park: now + 600, past_park: now - 1})
+    conn.zadd(Keys.active(), {new_run_id(): now})
+    conn.rpush(make_queue(conn).key, "job-a", "job-b")
+
+    samples = scrape(conn)
+    bucket = {
+        dict(k[1])["le"]: v for k, v in samples.items() if k[0] == "harness_click_to_resume_seconds_bucket"
+    }
+    assert bucket["0.1"] == 0 and bucket["0.25"] == 1 and bucket["1.0"] == 2 and bucket["60.0"] == 2
+    assert bucket["+Inf"] == 3 == samples[("harness_click_to_resume_seconds_count", ())]
+    assert samples[("harness_click_to_resume_seconds_sum", ())] == pytest.approx(90.9)
+    assert samples[("harness_approvals_pending", ())] == 1  # the other park's time has passed
+    assert samples[("harness_runs_active", ())] == 1
+    assert samples[("harness_queue_depth", ())] == 2
+    assert samples[("harness_turns_total", ())] == 0  # an unlabelled counter is there from the start
+
+
+def test_a_click_then_the_resume_observes_the_time_between_once(conn: redis.Redis) -> None:
+    record = RunRecord(new_run_id(), "T1", "C1", "1.2", "UALICE", "task", status=RunStatus.AWAITING_APPROVAL)
+    record.park_id, record.expires_at = 1, time.time() + 3600 - 42  # parked 42 s ago (60 min expiry)
+    metrics.decided(conn, record, Verdict.APPROVED, 60)
+    decisions = {"toolu_1": Decision(Verdict.APPROVED, by="UANN")}
+    metrics.resumed(conn, record.run_id, 1, decisions)
+    metrics.resumed(conn, record.run_id, 1, decisions)  # a second driver: nothing left to observe
+
+    samples = scrape(conn)
+    assert samples[("harness_click_to_resume_seconds_count", ())] == 1
+    assert samples[("harness_approval_decision_seconds_count", (("verdict", "approved"),))] == 1
+    assert samples[("harness_approval_decision_seconds_sum", (("verdict", "approved"),))] == pytest.approx(
+        42, abs=5
+    )
+
+
+def test_no_write_raises_when_redis_is_gone_and_the_failure_is_logged_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(metrics._Warned, "done", False)
+    gone = redis.Redis(port=free_port(), socket_connect_timeout=0.5, socket_timeout=0.5)
+    record = RunRecord(new_run_id(), "T1", "C1", "1.2", "UALICE", "task", status=RunStatus.FINISHED)
+    record.expires_at = time.time()
+    state = RunState(messages=(), turns=1, requests=1)
+    with caplog.at_level(logging.DEBUG, logger="workers.metrics"):
+        metrics.mention(gone, "new")
+        metrics.observe(gone, metrics.ACK_SECONDS, 0.1, kind="event")
+        metrics.stepped(gone, record.run_id, state, (TurnDone(1, (call(Tier.ALLOW, result=OK),), 5),))
+        metrics.run_ended(gone, record, "")
+        metrics.decided(gone, record, Verdict.DECLINED, 60)
+        metrics.resumed(gone, record.run_id, 1, {})
+    warnings = [r for r in caplog.records if r.name == "workers.metrics" and r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "said once per process" in warnings[0].getMessage()
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records if r.name == "workers.metrics") >= 5

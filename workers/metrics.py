@@ -1,0 +1,435 @@
+"""The product's figures, kept in Redis so that the bot's `/metrics` shows every process's.
+
+Why Redis and not prometheus_client's multiprocess mode: that mode sums files that the processes of
+ONE host write into a shared directory. Our figures come from gunicorn's workers, from RQ work
+horses that are forked per job and exit when it ends, from watchdogs, and from workers that may
+run on other hosts than the bot. They all share one thing, Redis, so that is where the figures live:
+
+- `harness:metrics:counters`, one hash holding every counter and every histogram bucket. A write
+  is one HINCRBY (a histogram: a bucket and its sum, in one pipeline); a scrape is one HGETALL,
+  pipelined with the gauges it computes (`Collector`). No TTL: the label sets are bounded (every
+  label takes its values from a fixed list here, anything else counts as `other`; never a run id,
+  user id or channel), so the hash stays a few hundred fields, forever.
+- `harness:metrics:run:{run_id}`, what of a run has been counted already: a run's turns, model
+  requests and tokens are counted as deltas of its state's own totals, and its tool calls once per
+  turn, so a run resumed, retried or re-driven after a crash is never counted twice.
+- `harness:metrics:clicked:{run_id}:{park}`, when the click that completed a park happened, so the
+  worker that resumes it can observe the click-to-resume time.
+
+A metrics write never fails a run or an ack: every function here catches and logs (once per
+process, then at debug level) and goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import CollectorRegistry
+
+from harness import texts as harness_texts
+from harness.loop import TurnDone
+from harness.policy import Tier
+from harness.state import PendingCall, RunState, Verdict
+from harness.valves import Valve
+from workers.store import DAY, PREFIX, Keys, check_id
+
+log = logging.getLogger(__name__)
+
+OTHER = "other"  # the value a label takes when it is given one not in its list
+NONE = "none"
+RUN_MARK_TTL = 8 * DAY  # a run record lives 7 days after its last write; a retry can come until then
+CLICK_TTL = DAY
+
+
+@dataclass(frozen=True)
+class Family:
+    """One metric: its name, help, labels (each with the only values it may take) and buckets."""
+
+    name: str  # for a counter, without `_total` (prometheus_client adds it)
+    help: str
+    labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    buckets: tuple[float, ...] = ()  # a histogram's upper bounds; empty: a counter
+
+    @property
+    def histogram(self) -> bool:
+        return bool(self.buckets)
+
+    def values(self, given: Mapping[str, Any]) -> tuple[str, ...]:
+        """The label values of `given`, each one of its label's allowed values, else `other`."""
+        out = []
+        for name, allowed in self.labels.items():
+            value = str(given.get(name) or NONE)
+            out.append(value if value in allowed else OTHER)
+        return tuple(out)
+
+
+RUN_OUTCOMES = ("finished", "stopped", "failed", NONE)
+RUN_VALVES = (*(v.value for v in Valve), "expired", "refused", NONE)
+TOKEN_KINDS = ("input", "output", "cache_creation", "cache_read")
+TIERS = tuple(t.value for t in Tier)
+CALL_OUTCOMES = ("ran", "error", "declined", "denied", "expired", "not_run", "unknown")
+MENTION_RESULTS = ("new", "duplicate", "user_busy", "channel_busy")
+VERDICTS = tuple(v.value for v in Verdict)
+ACK_KINDS = ("event", "interaction")
+
+RUNS = Family(
+    "harness_runs_ended",
+    "Runs that ended, by outcome (finished, stopped, failed) and the valve that stopped them.",
+    {"outcome": RUN_OUTCOMES, "valve": RUN_VALVES},
+)
+TURNS = Family("harness_turns", "Turns of tool calls taken by runs.")
+REQUESTS = Family("harness_model_requests", "Model requests made by runs.")
+TOKENS = Family("harness_tokens", "Tokens billed to runs, by kind.", {"kind": TOKEN_KINDS})
+TOOL_CALLS = Family(
+    "harness_tool_calls",
+    "Tool calls the model asked for, by policy tier and what became of them.",
+    {"tier": TIERS, "outcome": CALL_OUTCOMES},
+)
+MENTIONS = Family(
+    "harness_mentions",
+    "Mentions of the bot delivered by Slack: new (a run was started), duplicate, or refused by a bound.",
+    {"result": MENTION_RESULTS},
+)
+JOBS_RETRIED = Family("harness_jobs_retried", "RQ jobs that failed and were scheduled to run again.")
+JOBS_FAILED = Family("harness_jobs_failed", "RQ jobs that failed with no retry left.")
+RECOVERED = Family(
+    "harness_runs_recovered", "Runs whose driver died, handed to another worker by a watchdog."
+)
+DECISION_SECONDS = Family(
+    "harness_approval_decision_seconds",
+    "Time from a park (approval card or limit card posted) to the click that decided it.",
+    {"verdict": VERDICTS},
+    buckets=(5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, DAY),
+)
+RESUME_SECONDS = Family(
+    "harness_click_to_resume_seconds",
+    "Time from the click that completed a park to the worker resuming the run.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+ACK_SECONDS = Family(
+    "harness_ack_seconds",
+    "Time the bot took to answer a signed Slack request (events and interactivity), listeners included.",
+    {"kind": ACK_KINDS},
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5),
+)
+FAMILIES = (
+    RUNS,
+    TURNS,
+    REQUESTS,
+    TOKENS,
+    TOOL_CALLS,
+    MENTIONS,
+    JOBS_RETRIED,
+    JOBS_FAILED,
+    RECOVERED,
+    DECISION_SECONDS,
+    RESUME_SECONDS,
+    ACK_SECONDS,
+)
+
+
+class MetricKeys:
+    """The metrics' keys (all under `harness:metrics:`)."""
+
+    @staticmethod
+    def counters() -> str:
+        return f"{PREFIX}metrics:counters"
+
+    @staticmethod
+    def run(run_id: str) -> str:
+        return f"{PREFIX}metrics:run:{check_id('run', run_id)}"
+
+    @staticmethod
+    def clicked(run_id: str, park_id: int) -> str:
+        return f"{PREFIX}metrics:clicked:{check_id('run', run_id)}:{int(park_id)}"
+
+
+# --- the hash's fields -------------------------------------------------------------------------------
+# counter   c|name|v1|v2…          histogram bucket   b|name|v1…|le      histogram sum   s|name|v1…
+
+
+def counter_field(family: Family, **labels: Any) -> str:
+    return "|".join(("c", family.name, *family.values(labels)))
+
+
+def _bucket_field(family: Family, values: tuple[str, ...], bound: float) -> str:
+    return "|".join(("b", family.name, *values, _le(bound)))
+
+
+def _sum_field(family: Family, values: tuple[str, ...]) -> str:
+    return "|".join(("s", family.name, *values))
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+# --- writes: never raise -----------------------------------------------------------------------------
+
+
+class _Warned:
+    """Log the first failed write of this process as a warning, later ones at debug level."""
+
+    done = False
+
+
+def _failed(what: str, exc: Exception) -> None:
+    if _Warned.done:
+        log.debug("metrics: cannot record %s (%s)", what, exc)
+        return
+    _Warned.done = True
+    log.warning("metrics: cannot record %s (%s); going on without it (said once per process)", what, exc)
+
+
+def incr(connection: redis.Redis, family: Family, amount: int = 1, **labels: Any) -> None:
+    """Add `amount` to a counter."""
+    try:
+        connection.hincrby(MetricKeys.counters(), counter_field(family, **labels), amount)
+    except Exception as exc:  # a figure is never worth a failed run or ack
+        _failed(family.name, exc)
+
+
+def observe(connection: redis.Redis, family: Family, seconds: float, **labels: Any) -> None:
+    """Count one observation of a histogram (its bucket and its sum, in one round trip)."""
+    try:
+        values = family.values(labels)
+        seconds = max(0.0, float(seconds))
+        bound = next((b for b in family.buckets if seconds <= b), float("inf"))
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.hincrby(MetricKeys.counters(), _bucket_field(family, values, bound), 1)
+            pipe.hincrbyfloat(MetricKeys.counters(), _sum_field(family, values), seconds)
+            pipe.execute()
+    except Exception as exc:
+        _failed(family.name, exc)
+
+
+# KEYS[1] the run's mark, KEYS[2] the counters. ARGV[1] mark TTL, ARGV[2] the turn whose calls follow
+# (0: none), ARGV[3] n, then n triples (mark field, the run's total now, counter field), then the
+# counter fields of the turn's calls. Idempotent: run twice, it counts once.
+_ACCOUNT = """
+local turn = tonumber(ARGV[2])
+local i = 4
+for _ = 1, tonumber(ARGV[3]) do
+  local total = tonumber(ARGV[i + 1])
+  local seen = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
+  if total > seen then
+    redis.call('HINCRBY', KEYS[2], ARGV[i + 2], total - seen)
+    redis.call('HSET', KEYS[1], ARGV[i], total)
+  end
+  i = i + 3
+end
+if turn > tonumber(redis.call('HGET', KEYS[1], '~calls') or '0') then
+  for j = i, #ARGV do redis.call('HINCRBY', KEYS[2], ARGV[j], 1) end
+  redis.call('HSET', KEYS[1], '~calls', turn)
+end
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
+return 1
+"""
+
+
+def stepped(connection: redis.Redis, run_id: str, state: RunState, events: Iterable[Any] = ()) -> None:
+    """Count what a step of `run_id` added: turns, requests and tokens (as deltas of the state's
+    totals) and the calls of a turn just done (once per turn number)."""
+    try:
+        usage = state.usage
+        totals = [
+            ("turns", state.turns, counter_field(TURNS)),
+            ("requests", state.requests, counter_field(REQUESTS)),
+            *((kind, getattr(usage, kind), counter_field(TOKENS, kind=kind)) for kind in TOKEN_KINDS),
+        ]
+        turn, calls = 0, tuple[PendingCall, ...]()
+        for event in events:
+            if isinstance(event, TurnDone):
+                turn, calls = event.turn, event.calls
+        args: list[Any] = [RUN_MARK_TTL, turn, len(totals)]
+        for name, total, counter in totals:
+            args += [name, int(total), counter]
+        args += [counter_field(TOOL_CALLS, tier=c.tier.value, outcome=call_outcome(c)) for c in calls]
+        connection.register_script(_ACCOUNT)(keys=[MetricKeys.run(run_id), MetricKeys.counters()], args=args)
+    except Exception as exc:
+        _failed("a run's step", exc)
+
+
+def call_outcome(call: PendingCall) -> str:
+    """What became of a call whose turn is done: ran, error, declined, denied, expired, not_run, unknown."""
+    if call.tier is Tier.DENY:
+        return "denied"
+    decision = call.decision
+    if call.tier is Tier.ASK and decision is not None and decision.verdict is not Verdict.APPROVED:
+        return "expired" if decision.verdict is Verdict.EXPIRED else "declined"
+    result = call.result
+    if result is None:
+        return "not_run"
+    if result.is_error and isinstance(result.content, str):
+        if result.content == harness_texts.RESULT_OUTCOME_UNKNOWN.format(name=call.name):
+            return "unknown"
+        if result.content in _NOT_RUN:
+            return "not_run"
+    return "error" if result.is_error else "ran"
+
+
+_NOT_RUN = frozenset(harness_texts.RESULT_NOT_RUN_STOPPED.format(valve=v.value) for v in Valve)
+
+
+def run_ended(connection: redis.Redis, record: Any, valve: str = "") -> None:
+    """Count a run that ended (`record.status`: finished, stopped or failed), and log it."""
+    status = getattr(record.status, "value", str(record.status))
+    label = str(getattr(valve, "value", valve) or NONE)
+    incr(connection, RUNS, outcome=status, valve=label)
+    log.info("run ended: %s%s", status, f" ({label})" if label != NONE else "")
+
+
+def decided(connection: redis.Redis, record: Any, verdict: Verdict, expire_after_minutes: float) -> None:
+    """A click decided a park's call (or its limit): observe the time since the park, and note
+    when it happened for the click-to-resume time. One round trip."""
+    try:
+        now = time.time()
+        if record.expires_at is None:
+            return
+        parked_at = float(record.expires_at) - float(expire_after_minutes) * 60
+        values = DECISION_SECONDS.values({"verdict": verdict.value})
+        seconds = max(0.0, now - parked_at)
+        bound = next((b for b in DECISION_SECONDS.buckets if seconds <= b), float("inf"))
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.hincrby(MetricKeys.counters(), _bucket_field(DECISION_SECONDS, values, bound), 1)
+            pipe.hincrbyfloat(MetricKeys.counters(), _sum_field(DECISION_SECONDS, values), seconds)
+            pipe.set(MetricKeys.clicked(record.run_id, record.park_id), repr(now), ex=CLICK_TTL)
+            pipe.execute()
+    except Exception as exc:
+        _failed(DECISION_SECONDS.name, exc)
+
+
+def resumed(connection: redis.Redis, run_id: str, park_id: int, decisions: Mapping[str, Any]) -> None:
+    """Every decision of a park is in and a worker resumes the run: observe the time since the click
+    that completed it (once: the note is taken). A park completed by its expiry is not a click's."""
+    try:
+        clicked = connection.getdel(MetricKeys.clicked(run_id, park_id))
+        if clicked is None:
+            return
+        if any(getattr(d, "verdict", None) is Verdict.EXPIRED for d in decisions.values()):
+            return
+        observe(connection, RESUME_SECONDS, time.time() - float(_text(clicked)))
+    except Exception as exc:
+        _failed(RESUME_SECONDS.name, exc)
+
+
+def mention(connection: redis.Redis, result: str) -> None:
+    """Count a mention delivered to the bot, by what became of it (`Accepted`)."""
+    incr(connection, MENTIONS, result=result)
+
+
+# --- the scrape ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """The RQ keys the gauges read: the queue's list, its scheduled registry, its workers' set."""
+
+    queue: str
+    scheduled: str
+    workers: str
+
+    @classmethod
+    def of(cls, queue: Any) -> QueueKeys:
+        from rq.worker_registration import WORKERS_BY_QUEUE_KEY
+
+        return cls(queue.key, queue.scheduled_job_registry.key, WORKERS_BY_QUEUE_KEY % queue.name)
+
+
+class Collector:
+    """A prometheus_client collector of the figures in Redis plus gauges read at scrape time.
+
+    One round trip per scrape: HGETALL of the counters pipelined with the gauges' reads. When
+    Redis does not answer, the scrape raises (the bot answers 503: no figures rather than zeros).
+    """
+
+    def __init__(self, connection: redis.Redis, queue: QueueKeys) -> None:
+        self.connection = connection
+        self.queue = queue
+
+    def collect(self) -> Iterator[Metric]:
+        now = time.time()
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.hgetall(MetricKeys.counters())
+            pipe.zcount(Keys.expiries(), f"({now!r}", "+inf")
+            pipe.llen(self.queue.queue)
+            pipe.zcard(self.queue.scheduled)
+            pipe.zcard(Keys.active())
+            pipe.scard(self.queue.workers)
+            raw, parked, depth, scheduled, active, workers = pipe.execute()
+        stored = {_text(k): _text(v) for k, v in raw.items()}
+        for family in FAMILIES:
+            yield _histogram(family, stored) if family.histogram else _counter(family, stored)
+        yield GaugeMetricFamily(
+            "harness_approvals_pending", "Parks waiting for a decision (approval or limit cards).", parked
+        )
+        yield GaugeMetricFamily("harness_queue_depth", "Jobs waiting in the RQ queue.", depth)
+        yield GaugeMetricFamily(
+            "harness_jobs_scheduled", "Jobs scheduled to run later (RQ retries).", scheduled
+        )
+        yield GaugeMetricFamily("harness_runs_active", "Runs that need a driver now, or have one.", active)
+        yield GaugeMetricFamily(
+            "harness_workers_registered", "RQ workers registered on the queue (see /healthz?deep=1).", workers
+        )
+
+
+def _counter(family: Family, stored: Mapping[str, str]) -> Metric:
+    metric = CounterMetricFamily(family.name, family.help, labels=list(family.labels))
+    prefix = f"c|{family.name}|" if family.labels else f"c|{family.name}"
+    for key, value in stored.items():
+        if family.labels and key.startswith(prefix):
+            values = key[len(prefix) :].split("|")
+            if _allowed(family, values):
+                metric.add_metric(values, float(value))
+        elif not family.labels and key == prefix:
+            metric.add_metric([], float(value))
+    if not family.labels and not metric.samples:
+        metric.add_metric([], 0.0)  # an unlabelled counter exists from the start
+    return metric
+
+
+def _histogram(family: Family, stored: Mapping[str, str]) -> Metric:
+    metric = HistogramMetricFamily(family.name, family.help, labels=list(family.labels))
+    bounds = [_le(b) for b in (*family.buckets, float("inf"))]
+    series: dict[tuple[str, ...], dict[str, float]] = {}
+    for key, value in stored.items():
+        parts = key.split("|")
+        if parts[0] == "b" and len(parts) == len(family.labels) + 3 and parts[1] == family.name:
+            values, bound = tuple(parts[2:-1]), parts[-1]
+            if _allowed(family, values) and bound in bounds:
+                series.setdefault(values, {})[bound] = float(value)
+    if not family.labels:
+        series.setdefault((), {})
+    for values, counts in sorted(series.items()):
+        running, buckets = 0.0, []
+        for bound in bounds:
+            running += counts.get(bound, 0.0)
+            buckets.append((bound, running))
+        total = float(stored.get(_sum_field(family, values), 0.0))
+        metric.add_metric(list(values), buckets, total)
+    return metric
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _allowed(family: Family, values: Sequence[str]) -> bool:
+    return len(values) == len(family.labels) and all(
+        v in (*allowed, OTHER) for v, allowed in zip(values, family.labels.values(), strict=True)
+    )
+
+
+def registry(connection: redis.Redis, queue: Any) -> CollectorRegistry:
+    """A registry holding only the product's collector (none of prometheus_client's process ones:
+    they would describe one gunicorn worker of several, picked at random by each scrape)."""
+    found = CollectorRegistry(auto_describe=False)
+    found.register(Collector(connection, QueueKeys.of(queue)))
+    return found

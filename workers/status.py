@@ -1,0 +1,169 @@
+"""`python -m workers status`: the runs in flight, parked (and who must decide) and failed, from the store.
+
+In flight: the members of `harness:active` (queued, running, or parked with every decision in),
+each with whether a driver holds it now. Parked: the open parks of `harness:expiries`, the soonest
+to expire first. Failed: run records whose status is `failed` (a model API error; their thread has
+a Retry button), found by a SCAN of `harness:run:*`, so this reads every run of the last 7 days:
+an operator's command, not something to poll.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from harness.config import Config
+from harness.state import PendingCall, StateError
+from workers.services import make_queue
+from workers.store import LIMIT_CALL, PREFIX, BadId, Keys, RunRecord, RunStatus, Store, unpack
+
+SCAN_BATCH = 200
+
+
+@dataclass(frozen=True)
+class Parked:
+    record: RunRecord
+    park_id: int
+    undecided: tuple[str, ...]  # the tools (or "limit") still waiting for a decision
+
+
+def deciders(config: Config, record: RunRecord, now: float) -> list[str]:
+    """Who may decide the park now: `approvers` (or the requester), and `escalate_to` once it is
+    past `escalate_after_minutes`. The bot's `BotDeps.deciders` answers the same for a click."""
+    approvals = config.approvals
+    named = list(approvals.approvers or (record.requester,))
+    if approvals.escalate_after_minutes and record.expires_at is not None:
+        parked_at = record.expires_at - approvals.expire_after_minutes * 60
+        if now >= parked_at + approvals.escalate_after_minutes * 60:
+            named += [who for who in approvals.escalate_to if who not in named]
+    return named
+
+
+def in_flight(store: Store) -> list[tuple[RunRecord, bool]]:
+    """The runs marked active, with whether a driver holds each now (its lease)."""
+    found = []
+    for member in store.redis.zrange(Keys.active(), 0, -1):
+        run_id = _text(member)
+        record = _load(store, run_id)
+        if record is not None:
+            found.append((record, bool(store.redis.exists(Keys.lease(run_id)))))
+    return found
+
+
+def parked(store: Store, now: float, limit: int = 500) -> list[Parked]:
+    """The open parks, the soonest to expire first, with what each still waits for."""
+    found = []
+    for run_id, park_id in store.parked(now, limit):
+        record = _load(store, run_id)
+        if record is None or record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park_id:
+            continue
+        tools = {c.id: c.name for c in _pending(record)}
+        decisions = store.decisions(run_id, park_id)
+        waiting = [
+            "limit" if call_id == LIMIT_CALL else tools.get(call_id, call_id)
+            for call_id, decision in decisions.items()
+            if decision is None
+        ]
+        found.append(Parked(record, park_id, tuple(waiting)))
+    return found
+
+
+def failed(store: Store) -> Iterator[RunRecord]:
+    """Every run record in the store whose run failed (SCAN, in batches of `SCAN_BATCH`)."""
+    batch: list[bytes] = []
+    for key in store.redis.scan_iter(match=f"{PREFIX}run:*", count=SCAN_BATCH):
+        batch.append(key)
+        if len(batch) >= SCAN_BATCH:
+            yield from _failed_in(store, batch)
+            batch = []
+    yield from _failed_in(store, batch)
+
+
+def report(store: Store, config: Config, now: float | None = None) -> str:
+    """The whole status, as text for a terminal."""
+    now = time.time() if now is None else now
+    lines: list[str] = []
+    flying = in_flight(store)
+    lines.append(f"In flight: {len(flying)}")
+    for record, driven in flying:
+        how = "driven now" if driven else "waiting for a worker"
+        lines.append(
+            f"  {_where(record)} {record.status.value}, {how}, started {_ago(now - record.created_at)}"
+        )
+    waiting = parked(store, now)
+    lines.append(f"Parked: {len(waiting)}")
+    for park in waiting:
+        record = park.record
+        expires_at = record.expires_at or now
+        since = expires_at - config.approvals.expire_after_minutes * 60
+        lines.append(
+            f"  {_where(record)} park {park.park_id}, parked {_ago(now - since)}, "
+            f"expires in {_span(expires_at - now)}; waiting for: {', '.join(park.undecided) or '-'}; "
+            f"must decide: {', '.join(deciders(config, record, now))}"
+        )
+    broken = sorted(failed(store), key=lambda r: r.created_at)
+    lines.append(f"Failed: {len(broken)}")
+    for record in broken:
+        error = (record.error or "").splitlines()[0][:200] if record.error else "(no error recorded)"
+        lines.append(f"  {_where(record)} started {_ago(now - record.created_at)}: {error}")
+    queue = make_queue(store.redis)
+    lines.append(
+        f"Queue {queue.name}: {queue.count} waiting, {queue.scheduled_job_registry.count} scheduled, "
+        f"{queue.failed_job_registry.count} failed jobs"
+    )
+    return "\n".join(lines)
+
+
+def _where(record: RunRecord) -> str:
+    return (
+        f"run {record.run_id} in {record.team}/{record.channel} thread {record.thread_ts} "
+        f"asked by {record.requester}:"
+    )
+
+
+def _load(store: Store, run_id: str) -> RunRecord | None:
+    try:
+        return store.load_run(run_id)
+    except (BadId, StateError):
+        return None
+
+
+def _pending(record: RunRecord) -> tuple[PendingCall, ...]:
+    try:
+        return record.run_state().pending
+    except StateError:
+        return ()
+
+
+def _failed_in(store: Store, keys: list[bytes]) -> Iterator[RunRecord]:
+    if not keys:
+        return
+    for raw in store.redis.mget(keys):
+        if raw is None:
+            continue
+        try:
+            record = RunRecord.from_json(unpack(raw))
+        except StateError:
+            continue
+        if record.status is RunStatus.FAILED:
+            yield record
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _span(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 2 * 3600:
+        return f"{seconds // 60} min"
+    if seconds < 2 * 86400:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 86400} days"
+
+
+def _ago(seconds: float) -> str:
+    return f"{_span(seconds)} ago"
