@@ -12,6 +12,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness import texts as harness_texts
+from harness.config import Approvals
 from harness.loop import TurnDone
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, RunState, Usage, Verdict
@@ -86,7 +87,7 @@ def test_a_label_value_outside_its_list_counts_as_other_so_label_sets_stay_bound
         metrics.incr(conn, metrics.RUNS, outcome="stopped", valve=f"U{time.time_ns()}")
     metrics.observe(conn, metrics.ACK_SECONDS, 0.02, kind="C0123 channel")
 
-    fields = {f.decode() for f in conn.hkeys(metrics.MetricKeys.counters())}
+    fields = {f.decode() if isinstance(f, bytes) else f for f in conn.hkeys(metrics.MetricKeys.counters())}
     assert fields == {
         "c|harness_mentions|new",
         "c|harness_mentions|other",
@@ -153,7 +154,7 @@ def test_the_collector_shows_cumulative_buckets_sums_and_the_gauges_read_at_scra
 def test_a_click_then_the_resume_observes_the_time_between_once(conn: redis.Redis) -> None:
     record = RunRecord(new_run_id(), "T1", "C1", "1.2", "UALICE", "task", status=RunStatus.AWAITING_APPROVAL)
     record.park_id, record.expires_at = 1, time.time() + 3600 - 42  # parked 42 s ago (60 min expiry)
-    metrics.decided(conn, record, Verdict.APPROVED, 60)
+    metrics.decided(conn, record, Verdict.APPROVED, Approvals(expire_after_minutes=60))
     decisions = {"toolu_1": Decision(Verdict.APPROVED, by="UANN")}
     metrics.resumed(conn, record.run_id, 1, decisions)
     metrics.resumed(conn, record.run_id, 1, decisions)  # a second driver: nothing left to observe
@@ -179,7 +180,7 @@ def test_no_write_raises_when_redis_is_gone_and_the_failure_is_logged_once(
         metrics.observe(gone, metrics.ACK_SECONDS, 0.1, kind="event")
         metrics.stepped(gone, record.run_id, state, (TurnDone(1, (call(Tier.ALLOW, result=OK),), 5),))
         metrics.run_ended(gone, record, "")
-        metrics.decided(gone, record, Verdict.DECLINED, 60)
+        metrics.decided(gone, record, Verdict.DECLINED, Approvals())
         metrics.resumed(gone, record.run_id, 1, {})
     warnings = [r for r in caplog.records if r.name == "workers.metrics" and r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "said once per process" in warnings[0].getMessage()

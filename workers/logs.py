@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar, Token
@@ -171,3 +172,41 @@ def restyle(logger: logging.Logger) -> None:
     for handler in logger.handlers:
         handler.setFormatter(formatter())
         handler.addFilter(ContextFilter())
+
+
+def bind(**fields: str | None) -> None:
+    """Add `fields` to the context until the enclosing `bound` block (or `enter`) is left."""
+    enter(**fields)
+
+
+_RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def slack_fields(body: Any) -> dict[str, str]:
+    """The context fields a Slack request names: its team, channel and thread, and for a button or
+    a modal of ours the run its value names (`run…:…`). Ill-typed fields are left out."""
+    if not isinstance(body, dict):
+        return {}
+    parts = ("event", "message", "container", "channel")
+    event, message, container, channel = (_dict(body.get(k)) for k in parts)
+    actions = body.get("actions")
+    action = _dict(actions[0]) if isinstance(actions, list) and actions else {}
+    value = action.get("value") or _dict(body.get("view")).get("private_metadata")
+    run_id = value.split(":", 1)[0] if isinstance(value, str) else ""
+    found = {
+        "team": body.get("team_id") or _dict(body.get("team")).get("id"),
+        "channel": event.get("channel")
+        or _dict(body.get("channel")).get("id")
+        or container.get("channel_id"),
+        "thread_ts": event.get("thread_ts")
+        or event.get("ts")
+        or message.get("thread_ts")
+        or message.get("ts")
+        or container.get("thread_ts"),
+        "run_id": run_id if _RUN_ID.fullmatch(run_id) else None,
+    }
+    return {k: v for k, v in found.items() if isinstance(v, str) and v}
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}

@@ -34,6 +34,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
 from harness import texts as harness_texts
+from harness.config import Approvals
 from harness.loop import TurnDone
 from harness.policy import Tier
 from harness.state import PendingCall, RunState, Verdict
@@ -286,14 +287,15 @@ def run_ended(connection: redis.Redis, record: Any, valve: str = "") -> None:
     log.info("run ended: %s%s", status, f" ({label})" if label != NONE else "")
 
 
-def decided(connection: redis.Redis, record: Any, verdict: Verdict, expire_after_minutes: float) -> None:
-    """A click decided a park's call (or its limit): observe the time since the park, and note
-    when it happened for the click-to-resume time. One round trip."""
+def decided(connection: redis.Redis, record: Any, verdict: Verdict, approvals: Approvals) -> None:
+    """A click decided a park's call (or its limit): observe the time since the park (its expiry
+    less `expire_after_minutes`), and note when it happened for the click-to-resume time. One
+    round trip."""
     try:
         now = time.time()
         if record.expires_at is None:
             return
-        parked_at = float(record.expires_at) - float(expire_after_minutes) * 60
+        parked_at = float(record.expires_at) - approvals.expire_after_minutes * 60
         values = DECISION_SECONDS.values({"verdict": verdict.value})
         seconds = max(0.0, now - parked_at)
         bound = next((b for b in DECISION_SECONDS.buckets if seconds <= b), float("inf"))
