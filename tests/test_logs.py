@@ -132,3 +132,31 @@ def test_a_slack_body_names_its_team_channel_thread_and_the_run_of_a_button() ->
     forged = {"team": ["T1"], "channel": "C1", "actions": [{"value": "not-a-run:x"}]}
     assert logs.slack_fields(forged) == {}
     assert logs.slack_fields("not a body") == {}
+
+
+def test_workers_dev_with_log_format_json_writes_every_childs_line_as_json_naming_it() -> None:
+    from workers.dev import PrefixedOutput
+
+    stream = io.StringIO()
+    output = PrefixedOutput(stream, json_lines=True)
+    entry = {"time": "t", "level": "WARNING", "logger": "workers.jobs", "message": "m"}
+    child_line = json.dumps(entry)
+    output.say("worker", child_line + "\n")
+    output.say("redis", "12:M 01 Jan 2026 * Ready to accept connections tcp\r\n")
+    output.say("dev", "started web (pid 42)")
+    worker, redis_line, dev = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert worker == {
+        "process": "worker",
+        "time": "t",
+        "level": "WARNING",
+        "logger": "workers.jobs",
+        "message": "m",
+    }
+    assert redis_line["process"] == "redis" and redis_line["message"].endswith(
+        "Ready to accept connections tcp"
+    )
+    assert dev["process"] == "dev" and dev["message"] == "started web (pid 42)" and dev["level"] == "INFO"
+
+    text = io.StringIO()
+    PrefixedOutput(text, json_lines=False).say("worker", child_line)
+    assert text.getvalue() == f"worker | {child_line}\n"  # the default stays the prefixed text

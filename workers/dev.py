@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import IO, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
+from workers import logs
+
 DEFAULT_PROBE = ("localhost", 6379)
 DEFAULT_DATA_DIR = Path(".redis-data")
 DEFAULT_WORKSPACE = Path("workspace")
@@ -77,16 +79,23 @@ class DevError(Exception):
 
 @dataclass
 class PrefixedOutput:
-    """Copies each child's output to one stream, line by line, behind the child's prefix."""
+    """Copies each child's output to one stream, line by line, behind the child's prefix.
+
+    With LOG_FORMAT=json (which the children inherit) every line is a JSON object instead, naming
+    its `process`: a child's JSON line gains that field, any other line becomes the message of one.
+    """
 
     stream: TextIO
     lock: threading.Lock = field(default_factory=threading.Lock)
     pumps: list[threading.Thread] = field(default_factory=list)
+    json_lines: bool = field(default_factory=logs.json_mode)
 
     def say(self, name: str, line: str) -> None:
-        """Write one line behind the prefix of `name`."""
+        """Write one line behind the prefix of `name` (or as a JSON object naming it)."""
+        text = line.rstrip("\r\n")
+        out = logs.as_json_line(name, text) if self.json_lines else PREFIXES.get(name, f"{name} | ") + text
         with self.lock:
-            self.stream.write(PREFIXES.get(name, f"{name} | ") + line.rstrip("\r\n") + "\n")
+            self.stream.write(out + "\n")
             self.stream.flush()
 
     def follow(self, name: str, pipe: IO[bytes]) -> None:

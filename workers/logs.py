@@ -210,3 +210,16 @@ def slack_fields(body: Any) -> dict[str, str]:
 
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
+
+
+def as_json_line(process: str, line: str) -> str:
+    """One line of a child process as a JSON object naming the `process`: its own JSON object with
+    that field added, or (any other line: a banner, a crash's traceback) an object holding it."""
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        entry = None
+    if not isinstance(entry, dict):
+        now = datetime.now(UTC).isoformat(timespec="milliseconds")
+        entry = {"time": now, "level": "INFO", "logger": process, "message": line}
+    return json.dumps({"process": process, **entry}, ensure_ascii=True)
