@@ -1,0 +1,95 @@
+"""`python -m workers status` from a store holding one run of each kind (the end-to-end test, with
+real processes, is in test_operations.py)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import redis
+
+from harness.config import Approvals, load_config
+from harness.policy import Tier
+from harness.state import PendingCall, Status, new_run
+from workers import status
+from workers.store import Keys, RunRecord, RunStatus, Store, new_run_id, pack
+
+
+def put(conn: redis.Redis, record: RunRecord) -> RunRecord:
+    conn.set(Keys.run(record.run_id), pack(record.to_json()))
+    return record
+
+
+NOW = time.time()
+
+
+def run(status_: RunStatus, channel: str, *, age: float, **fields: object) -> RunRecord:
+    """A run record of `status_` created `age` seconds before `NOW`."""
+    record = RunRecord(new_run_id(), "T1", channel, "1.2", "UALICE", "task", status=status_)
+    return replace(record, created_at=NOW - age, **fields)  # type: ignore[arg-type]
+
+
+def test_the_status_lists_runs_in_flight_parked_with_who_decides_and_failed(
+    conn: redis.Redis, tmp_path: Path
+) -> None:
+    store, now = Store(conn), NOW
+    config_file = tmp_path / "harness.toml"
+    config_file.write_text('[approvals]\napprovers = ["UANN", "S0OPS"]\nexpire_after_minutes = 60\n')
+    config = load_config(env={"HARNESS_CONFIG": str(config_file)})
+
+    driven = put(conn, run(RunStatus.RUNNING, "C1", age=90))
+    orphan = put(conn, run(RunStatus.QUEUED, "C2", age=5))
+    conn.zadd(Keys.active(), {driven.run_id: now, orphan.run_id: now})
+    conn.set(Keys.lease(driven.run_id), "token")
+
+    call = PendingCall("toolu_1", "write_file", {"path": "a"}, Tier.ASK)
+    state = replace(new_run("write a"), status=Status.AWAITING_APPROVAL, pending=(call,))
+    waiting = put(
+        conn,
+        run(
+            RunStatus.AWAITING_APPROVAL,
+            "C3",
+            age=600,
+            state=state.to_json(),
+            park_id=1,
+            expires_at=now + 3000,
+        ),
+    )
+    conn.hset(Keys.approvals(waiting.run_id, 1), mapping={"toolu_1": "", "~expires": repr(now + 3000)})
+    conn.zadd(Keys.expiries(), {f"{waiting.run_id}:1": now + 3000})
+
+    error = "Model API error: 529 overloaded_error\nmore"
+    broken = put(conn, run(RunStatus.FAILED, "C4", age=7200, error=error))
+    put(conn, run(RunStatus.FINISHED, "C5", age=60))
+
+    out = status.report(store, config, now)
+    lines = out.splitlines()
+    assert "In flight: 2" in lines and "Parked: 1" in lines and "Failed: 1" in lines
+    driven_line = next(line for line in lines if driven.run_id in line)
+    assert "running, driven now, started 90 s ago" in driven_line and "T1/C1 thread 1.2" in driven_line
+    assert "queued, waiting for a worker" in next(line for line in lines if orphan.run_id in line)
+    parked_line = next(line for line in lines if waiting.run_id in line)
+    assert "park 1, parked 10 min ago, expires in 50 min" in parked_line
+    assert "waiting for: write_file" in parked_line and "must decide: UANN, S0OPS" in parked_line
+    failed_line = next(line for line in lines if broken.run_id in line)
+    assert failed_line.endswith("started 2 h ago: Model API error: 529 overloaded_error")
+    assert "C5" not in out  # a finished run is none of these
+    assert lines[-1] == "Queue harness: 0 waiting, 0 scheduled, 0 failed jobs"
+
+
+def test_who_must_decide_is_the_requester_without_approvers_and_escalate_to_once_escalated() -> None:
+    record = run(RunStatus.AWAITING_APPROVAL, "C1", age=0, expires_at=1000.0 + 3600)
+    config = load_config(env={})
+    assert status.deciders(config, record, now=1000.0) == ["UALICE"]
+    escalating = replace(
+        config,
+        approvals=Approvals(
+            approvers=("UANN",),
+            expire_after_minutes=60,
+            escalate_after_minutes=30,
+            escalate_to=("UBOSS", "UANN"),
+        ),
+    )
+    assert status.deciders(escalating, record, now=1000.0 + 29 * 60) == ["UANN"]
+    assert status.deciders(escalating, record, now=1000.0 + 30 * 60) == ["UANN", "UBOSS"]
