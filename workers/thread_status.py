@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 SESSION = "agents.sessions.setStatus"
 ASSISTANT = "assistant.threads.setStatus"
 REFUSED = "refused"
+ASSISTANT_POSTED = "assistant.posted"  # RunRecord.posted when the line was set: a post since clears it
 TITLE_CHARS = 200  # Slack's limit for an agent session's title
 
 
@@ -48,48 +49,52 @@ def show(svc: Services, record: RunRecord, phase: Phase) -> RunRecord:
     """Show `phase` of the run in Slack, as far as Slack lets it; `record` with what was learned.
 
     The first method not refused for this run is the one in charge; the next is tried only once
-    Slack has refused the one before it.
+    Slack has refused the one before it. A call that would change nothing is not made.
     """
     shown = dict(record.status_shown)
     for method in (SESSION, ASSISTANT) if record.surface == IM else (SESSION,):
-        last = shown.get(method)
-        if last == REFUSED:
+        if shown.get(method) == REFUSED:
             continue
-        if not _worth_calling(method, last, phase):
+        wanted = phase.value if method == SESSION else _assistant_text(svc, phase)
+        if not _changes_anything(record, shown, method, wanted):
             break
-        outcome = _call(svc, method, record, phase)
+        outcome = _call(svc, method, record, wanted)
         if outcome is not None:
             shown[method] = outcome
+            if method == ASSISTANT:
+                shown[ASSISTANT_POSTED] = str(record.posted)
         if outcome != REFUSED:
             break
     return replace(record, status_shown=shown)
 
 
-def _worth_calling(method: str, last: str | None, phase: Phase) -> bool:
-    """Whether a call would change what Slack shows (`last`: what this method showed last)."""
-    if phase is Phase.ENDED:
-        return last not in (None, "", phase.value)  # nothing opened is closed, nothing cleared twice
-    return method == ASSISTANT or last != phase.value  # every post clears the assistant's line
+def _changes_anything(record: RunRecord, shown: dict[str, str], method: str, wanted: str) -> bool:
+    """Whether setting `wanted` would change what Slack shows now."""
+    last = shown.get(method)
+    if wanted in ("", Phase.ENDED.value):
+        return last not in (None, "", Phase.ENDED.value)  # nothing opened is closed, nothing cleared twice
+    if method == ASSISTANT and shown.get(ASSISTANT_POSTED) != str(record.posted):
+        return True  # a post since it was set has cleared it
+    return last != wanted
 
 
-def _call(svc: Services, method: str, record: RunRecord, phase: Phase) -> str | None:
-    """Call `method` for `phase`: what it now shows, REFUSED, or None when Slack could not say."""
+def _call(svc: Services, method: str, record: RunRecord, wanted: str) -> str | None:
+    """Set `wanted` with `method`: what it now shows, REFUSED, or None when Slack could not say."""
     client = svc.courtesy_slack
     try:
         if method == SESSION:
             client.agents_sessions_setStatus(
                 channel_id=record.channel,
                 thread_ts=record.thread_ts,
-                status=phase.value,
+                status=wanted,
                 title=_title(record.task),  # used when this call creates the session
                 initiator_user_id=record.requester,
             )
-            return phase.value
-        status = _assistant_text(svc, record, phase)
-        client.assistant_threads_setStatus(
-            channel_id=record.channel, thread_ts=record.thread_ts, status=status
-        )
-        return status
+        else:
+            client.assistant_threads_setStatus(
+                channel_id=record.channel, thread_ts=record.thread_ts, status=wanted
+            )
+        return wanted
     except SlackApiError as exc:
         error = exc.response.get("error")
         if exc.response.status_code == 429 or exc.response.status_code >= 500:
@@ -102,7 +107,7 @@ def _call(svc: Services, method: str, record: RunRecord, phase: Phase) -> str | 
         return None
 
 
-def _assistant_text(svc: Services, record: RunRecord, phase: Phase) -> str:
+def _assistant_text(svc: Services, phase: Phase) -> str:
     if phase is Phase.WORKING:
         return texts.STATUS_WORKING
     if phase is Phase.ENDED:
