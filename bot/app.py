@@ -32,6 +32,7 @@ from harness.state import Decision, PendingCall, StateError, Verdict
 from workers.services import enqueue_run_job
 from workers.store import (
     ENDED,
+    IM,
     LIMIT_CALL,
     Accepted,
     BadId,
@@ -184,7 +185,9 @@ def create_app(
     deps.groups.bind(client)
     app.event("app_home_opened")(_then(deps, _on_home_opened, _home_publisher(deps)))
     app.event("app_mention")(_then(deps, _on_mention(deps), _acknowledge_visibly))
-    app.event("message")(_ignore)  # subscribed by some manifests; answered, never retried
+    # Direct messages start runs like mentions; any other message is answered and left alone.
+    app.event("message")(_then(deps, _on_direct_message(deps), _acknowledge_visibly))
+    app.event("assistant_thread_started")(_then(deps, _on_assistant_thread_started(deps), _suggest_prompts))
     for action_id, verdict in (("approve", Verdict.APPROVED), ("decline", Verdict.DECLINED)):
         app.action(action_id)(_then(deps, _on_decision(deps, verdict), _tell_clicker))
     app.action("approve_thread")(_then(deps, _on_decision(deps, Verdict.APPROVED, grant=True), _tell_clicker))
@@ -249,6 +252,7 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
         if not isinstance(text, str):
             log.warning("ignoring an app_mention whose text is not a string")
             return
+        direct = event.get("channel_type") == IM or channel.startswith("D")  # app_mention has no type
         record = RunRecord(
             run_id=new_run_id(),
             team=team,
@@ -256,11 +260,13 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
             thread_ts=thread_ts,
             requester=user,
             task=text[:MAX_TASK_CHARS],
+            surface=IM if direct else "channel",
+            asked_ts=ts,
         )
         limits = deps.config.limits
         accepted = deps.store.accept_event(
             team,
-            event_id,
+            _message_key(channel, ts) if direct else event_id,
             record,
             lambda pipe: _enqueue_start(deps, record.run_id, pipe),
             max_per_user=limits.max_runs_per_user,
@@ -299,8 +305,56 @@ def _acknowledge_visibly(body: dict[str, Any], context: BoltContext, client: Web
         log.info("could not acknowledge the mention: %s", exc.response.get("error"))
 
 
-def _ignore() -> None:
-    return None
+def _message_key(channel: str, ts: str) -> str:
+    """The dedup key of a direct message: Slack sends a DM that mentions the bot twice, as an
+    `app_mention` and as a `message`, each with its own event id (and retries each)."""
+    return check_id("event", f"im-{channel}-{ts.replace('.', '-')}")
+
+
+def _on_direct_message(deps: BotDeps) -> Callable[..., None]:
+    """`message`: one a person sends the bot directly (`message.im`, the assistant pane's too) starts
+    or continues a run like a mention; channel messages, edits and bots' messages are left alone."""
+    start = _on_mention(deps)
+
+    def on_direct_message(body: dict[str, Any], event: dict[str, Any], context: BoltContext) -> None:
+        if event.get("channel_type") == IM:
+            start(body=body, event=event, context=context)  # it leaves subtypes and bots alone
+
+    return on_direct_message
+
+
+def _on_assistant_thread_started(deps: BotDeps) -> Callable[..., None]:
+    """A person opened a new thread in the assistant pane: note where to suggest prompts (once)."""
+
+    def on_thread_started(body: dict[str, Any], event: dict[str, Any], context: BoltContext) -> None:
+        thread = _dict(event.get("assistant_thread"))
+        try:
+            team = check_id("team", body.get("team_id") or context.team_id)
+            event_id = check_id("event", body.get("event_id"))
+            channel = check_id("channel", thread.get("channel_id"))
+            thread_ts = check_id("ts", thread.get("thread_ts"))
+        except BadId as exc:
+            log.warning("ignoring a malformed assistant_thread_started: %s", exc)
+            return
+        if deps.store.first_delivery(team, event_id):
+            context["suggest_in"] = (channel, thread_ts)
+
+    return on_thread_started
+
+
+def _suggest_prompts(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:
+    """After Slack has its answer: the suggested prompts of a new assistant thread."""
+    where = context.get("suggest_in")
+    if not where:
+        return
+    channel, thread_ts = where
+    prompts = [{"title": title, "message": message} for title, message in texts.SUGGESTED_PROMPTS]
+    try:
+        client.assistant_threads_setSuggestedPrompts(
+            channel_id=channel, thread_ts=thread_ts, title=texts.SUGGESTED_PROMPTS_TITLE, prompts=prompts
+        )
+    except SlackApiError as exc:
+        log.warning("could not suggest prompts in %s: %s", channel, exc.response.get("error"))
 
 
 # --- the Home tab: who is waiting on me -------------------------------------------------------------

@@ -3,7 +3,8 @@
 The requests are realistic payloads (tests/fakes/payloads.py) corrupted field by field: each key
 removed, each value replaced by every other JSON type, each string by odd unicode. Whatever
 arrives, the answer is a 2xx or a 4xx (never a 5xx: Slack would retry it), and a run starts only
-for a well-formed `app_mention` with string text.
+for a well-formed `app_mention` or direct message (a person's `message` with `channel_type` im and no
+subtype) with string text.
 """
 
 from __future__ import annotations
@@ -104,13 +105,17 @@ FRESH = Fresh("B")  # one numbering for every example, so none is taken for a re
 
 
 def well_formed_mention(payload: Any) -> bool:
-    """An `app_mention` whose fields a run is made of are all strings: the only thing that may start a run."""
+    """An `app_mention`, or a person's direct message, whose fields a run is made of are all strings:
+    the only things that may start a run."""
     if not isinstance(payload, dict) or payload.get("type") != "event_callback":
         return False
     event = payload.get("event")
+    if not isinstance(event, dict):
+        return False
+    person = not event.get("subtype") and not event.get("bot_id")
+    direct = event.get("type") == "message" and event.get("channel_type") == "im" and person
     return (
-        isinstance(event, dict)
-        and event.get("type") == "app_mention"
+        (event.get("type") == "app_mention" or direct)
         and isinstance(payload.get("event_id"), str)
         and all(isinstance(event.get(key), str) for key in ("text", "user", "channel", "ts"))
     )

@@ -45,7 +45,7 @@ from harness.state import (
     record_decisions,
 )
 from harness.valves import Stop, Valve, token_limit
-from workers import outbox
+from workers import outbox, thread_status
 from workers.driver import Driver, park_ttl
 from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
 from workers.store import LIMIT_CALL, BadId, Grant, RunRecord, RunStatus, Store
@@ -252,6 +252,7 @@ def _advance(svc: Services, driver: Driver, state: RunState) -> str | None:
 
     agent = _agent(svc, driver)
     while True:
+        driver.record = thread_status.show(svc, driver.record, thread_status.Phase.WORKING)
         result = step(state, agent)
         state = result.state
         _owe_summaries(driver, result.events, agent, state)
@@ -326,6 +327,7 @@ def _end(driver: Driver, status: RunStatus) -> str | None:
         driver.record = outbox.owe_update(record, record.working_ts, closed)  # its Stop button goes
     driver.save(status=status)
     driver.deliver()
+    driver.record = thread_status.show(driver.svc, driver.record, thread_status.Phase.ENDED)
     return driver.finish()
 
 
@@ -349,6 +351,7 @@ def _park(
         driver.owe(_approval_card(svc, driver.record, call), role=outbox.CARD, call=call.id)
     driver.park(state, waiting, park_ttl(minutes), expires_at.timestamp())
     driver.deliver()
+    driver.record = thread_status.show(svc, driver.record, thread_status.Phase.WAITING)  # after the cards
     return _resume_if_decided(svc, driver)
 
 
@@ -526,6 +529,7 @@ def _park_at_limit(svc: Services, driver: Driver, state: RunState, outcome: Awai
     driver.owe(card, role=outbox.CARD, call=LIMIT_CALL)
     driver.park_limit(state, park_ttl(minutes), expires_at.timestamp())
     driver.deliver()
+    driver.record = thread_status.show(svc, driver.record, thread_status.Phase.WAITING)
     return _resume_if_decided(svc, driver)
 
 

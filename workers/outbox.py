@@ -40,8 +40,8 @@ def owe_update(record: RunRecord, ts: str, msg: Message) -> RunRecord:
 
 
 def owe_reaction(record: RunRecord, name: str, *, remove: str | None = None) -> RunRecord:
-    """`record` owing a reaction on the mention that started it."""
-    entry = {"op": "react", "ts": record.thread_ts, "name": name, "remove": remove}
+    """`record` owing a reaction on the message that started it (inside a thread, not its root)."""
+    entry = {"op": "react", "ts": record.asked_ts or record.thread_ts, "name": name, "remove": remove}
     return replace(record, outbox=[*record.outbox, entry])
 
 

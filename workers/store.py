@@ -277,6 +277,7 @@ class RunRecord:
     working_ts: str | None = None  # the "Working on it…" message that carries the Stop button
     stopped_by: str | None = None  # who pressed Stop, once the run ended because of it
     surface: str = "channel"  # where it was asked for: "channel" (a mention) or IM (a direct message)
+    asked_ts: str | None = None  # the message that asked (it carries the :eyes:); None: thread_ts
     # What Slack shows of the run (workers.thread_status): per status method, the status it last
     # showed, or "refused" once Slack refused it for this run (then it is not called again).
     status_shown: dict[str, str] = field(default_factory=dict)

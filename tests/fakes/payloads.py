@@ -313,9 +313,29 @@ def _file_share() -> Json:
     return message
 
 
+def direct_message(
+    text: str,
+    *,
+    user: str = "UALICE",
+    channel: str = "D1BOT",
+    ts: str | None = None,
+    thread_ts: str | None = None,
+    **extra: Any,
+) -> Json:
+    """A `message` event a person sends the bot directly (`message.im`): in the DM, or in one of its
+    threads (the assistant pane's threads are DM threads too)."""
+    event = channel_message(text, user=user, channel=channel, channel_type="im", **extra)
+    if ts:
+        event["ts"] = event["event_ts"] = ts
+    if thread_ts:
+        event["thread_ts"] = thread_ts
+        event["parent_user_id"] = user
+    return event
+
+
 def _im_thread_message() -> Json:
     """A reply in a DM thread with the bot: Bolt treats it as an assistant-thread message."""
-    return channel_message("and then?", channel="D1BOT", channel_type="im", thread_ts=ts_now(-9_000_000))
+    return direct_message("and then?", thread_ts=ts_now(-9_000_000))
 
 
 def _reaction_added() -> Json:
@@ -442,14 +462,17 @@ def _link_shared() -> Json:
     }
 
 
-def _assistant_thread_started() -> Json:
+def assistant_thread_started(
+    *, user: str = "UALICE", channel: str = "D1BOT", thread_ts: str | None = None, viewing: str = "C1"
+) -> Json:
+    """A person opened a new thread in the assistant pane (`viewing`: the channel they had open)."""
     return {
         "type": "assistant_thread_started",
         "assistant_thread": {
-            "user_id": "UALICE",
-            "context": {"channel_id": "C1", "team_id": TEAM, "enterprise_id": None},
-            "channel_id": "D1BOT",
-            "thread_ts": ts_now(-1_000_000),
+            "user_id": user,
+            "context": {"channel_id": viewing, "team_id": TEAM, "enterprise_id": None},
+            "channel_id": channel,
+            "thread_ts": thread_ts or ts_now(-1_000_000),
         },
         "event_ts": ts_now(),
     }
@@ -912,6 +935,7 @@ def deliveries() -> list[Delivery]:
         ),
         event("message", channel_message("hello team")),
         event("message in a thread", channel_message("reply", thread_ts=ts_now(-9_000_000))),
+        event("message in a DM", direct_message("what time is it?")),
         event("message in a DM thread", _im_thread_message()),
         event("message from a bot (bot_message)", _bot_message()),
         event("message from a bot (bot_profile)", _modern_bot_message()),
@@ -925,7 +949,7 @@ def deliveries() -> list[Delivery]:
         event("channel_created", _channel_created()),
         event("team_join", _team_join()),
         event("link_shared", _link_shared()),
-        event("assistant_thread_started", _assistant_thread_started()),
+        event("assistant_thread_started", assistant_thread_started()),
         event("function_executed", _function_executed()),
         event("tokens_revoked", _tokens_revoked()),
         event("app_uninstalled", {"type": "app_uninstalled", "event_ts": ts_now()}),
