@@ -30,6 +30,7 @@ USEFUL_SCOPES = {
     "channels:history": "after a worker crash a run may repeat its last post in a public channel",
     "groups:history": "after a worker crash a run may repeat its last post in a private channel",
     "usergroups:read": "a user group (S…) in approvers or escalate_to will have no members",
+    "files:write": "an answer too long for a message is cut instead of coming whole as a file",
     "im:history": "a direct message to the bot (or the assistant pane) starts nothing",
     "assistant:write": "the assistant pane suggests no prompts and its threads show no status line",
 }

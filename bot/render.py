@@ -70,6 +70,7 @@ PRIVATE_METADATA_MAX = 3000
 MODAL_BLOCKS_MAX = 100
 
 ARG_LIMIT = 300  # per call in a turn summary
+RESULT_FILE_MIN = 2000  # a tool result longer than this also comes whole, in a file with its turn
 RESULT_LIMIT = 300
 ANSWER_LIMIT = 10500  # total escaped characters of a final answer across its sections
 CARD_ARGS_BUDGET = 8000  # escaped characters of arguments on a card, before shrinking to fit
@@ -104,11 +105,22 @@ _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
 
 @dataclass(frozen=True)
+class Attachment:
+    """A file posted in the thread right after its message: what the message had to cut, whole."""
+
+    filename: str
+    title: str
+    content: str
+
+
+@dataclass(frozen=True)
 class Message:
-    """One Slack message: the notification/fallback `text` and its Block Kit `blocks`."""
+    """One Slack message: the notification/fallback `text`, its Block Kit `blocks`, and maybe the
+    file that holds in full what it cut (`attachment`)."""
 
     text: str
     blocks: list[dict[str, Any]]
+    attachment: Attachment | None = None
 
 
 # --- characters nobody can see --------------------------------------------------------------------
@@ -733,9 +745,37 @@ def turn_summary(turn: int, calls: Sequence[PendingCall], tokens: int, budget: i
         else:
             hi = mid - 1
     blocks = build(lo)
+    long = [c for c in calls if c.result is not None and len(c.result.text) > RESULT_FILE_MIN]
+    if long:  # the note goes above the token count, when it fits
+        noted = [*blocks[:-1], _context(texts.RESULTS_IN_FILE), blocks[-1]]
+        blocks = noted if fits(noted) else blocks
     names = ", ".join(call.name for call in calls) or "no tool calls"
     text = _with_tail(f"Turn {turn}: {names}", usage, " — ")
-    return Message(text=text, blocks=blocks)
+    whole = (
+        Attachment(f"turn-{turn}.md", texts.RESULTS_FILE_TITLE.format(turn=turn), _turn_file(calls))
+        if long
+        else None
+    )
+    return Message(text=text, blocks=blocks, attachment=whole)
+
+
+def _turn_file(calls: Sequence[PendingCall]) -> str:
+    """Every call of a turn with its arguments and result in full, as a Markdown file (a file is
+    not mrkdwn: nothing in it can ping, so it is not escaped; hidden characters are shown)."""
+    parts = []
+    for call in calls:
+        arguments = json.dumps(call.input, ensure_ascii=False, indent=2, default=str).replace(
+            FENCE, FENCE_SAFE
+        )
+        result = visible(call.result.text if call.result is not None else "(not run)").replace(
+            FENCE, FENCE_SAFE
+        )
+        error = " (error)" if call.result is not None and call.result.is_error else ""
+        parts.append(
+            f"## {call.name}\n\nArguments:\n\n{FENCE}json\n{arguments}\n{FENCE}\n\n"
+            f"Result{error}:\n\n{FENCE}\n{result}\n{FENCE}\n"
+        )
+    return "\n".join(parts)
 
 
 # --- approvals ------------------------------------------------------------------------------------
@@ -980,8 +1020,15 @@ def _split_answer(answer: str, total: int) -> list[str]:
     Splits prefer line breaks, never fall inside an escaped entity, and a ``` block that spans a
     split is closed at the end of one section and reopened at the start of the next.
     """
+    chunks, _ = _answer_sections(answer, total)
+    return chunks
+
+
+def _answer_sections(answer: str, total: int) -> tuple[list[str], bool]:
+    """`_split_answer`, and whether the answer had to be cut."""
     rest = _answer_mrkdwn(answer)
-    if _units(rest) > total:
+    was_cut = _units(rest) > total
+    if was_cut:
         rest = rest[: _take_mrkdwn(rest, total - len(ELLIPSIS))] + ELLIPSIS
     chunks: list[str] = []
     in_fence = False
@@ -1003,20 +1050,30 @@ def _split_answer(answer: str, total: int) -> list[str]:
             continue
         in_fence = (piece.count(FENCE) % 2 == 1) != in_fence
         chunks.append(prefix + piece + (f"\n{FENCE}" if in_fence else ""))
-    return chunks
+    return chunks, was_cut
 
 
 def final_answer(answer: str, turns: int, requests: int, *, run_id: str | None = None) -> Message:
-    """The model's answer (its Markdown as mrkdwn, escaped, split over sections, cut to fit), the footer,
-    and with `run_id` Slack's feedback buttons (`feedback`: ``good:RUN`` or ``bad:RUN``)."""
+    """The model's answer (its Markdown as mrkdwn, escaped, split over sections), the footer, and
+    with `run_id` Slack's feedback buttons (`feedback`: ``good:RUN`` or ``bad:RUN``).
+
+    An answer longer than a message can hold is cut, says so, and comes whole as a file.
+    """
     footer = _footer(turns, requests)
     feedback = [] if run_id is None else [feedback_buttons(run_id)]
+    cut_off = [False]
 
     def build(scale: float) -> list[dict[str, Any]]:
-        chunks = _split_answer(answer, _n(ANSWER_LIMIT, scale, 500)) or ["_(the model gave no answer)_"]
-        return [*(_section(chunk) for chunk in chunks), _context(footer), *feedback]
+        chunks, cut_off[0] = _answer_sections(answer, _n(ANSWER_LIMIT, scale, 500))
+        chunks = chunks or ["_(the model gave no answer)_"]
+        note = [_context(texts.ANSWER_IN_FILE)] if cut_off[0] else []
+        return [*(_section(chunk) for chunk in chunks), *note, _context(footer), *feedback]
 
-    return Message(text=_with_tail(answer, footer, mode="answer"), blocks=_fit(build))
+    blocks = _fit(build)
+    whole = (
+        Attachment("answer.md", texts.ANSWER_FILE_TITLE, visible(answer, answer=True)) if cut_off[0] else None
+    )
+    return Message(text=_with_tail(answer, footer, mode="answer"), blocks=blocks, attachment=whole)
 
 
 def feedback_buttons(run_id: str) -> dict[str, Any]:
@@ -1429,6 +1486,7 @@ def card_stopped(*, call: PendingCall, requester: str, by: str | None, at: datet
 
 __all__ = [
     "TARGET_WORDS",
+    "Attachment",
     "HomeItem",
     "Message",
     "approval_card",

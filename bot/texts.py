@@ -10,6 +10,18 @@ QUEUED_IN_THREAD = (
 )
 RETRY_BUSY = "Another request is running in this thread. Press Retry again once it has finished."
 RETRY_TAKEN = "Someone already pressed Retry on this failure."
+ANSWER_IN_FILE = "_The answer is longer than a message can hold: the whole of it is in the file below._"
+ANSWER_FILE_TITLE = "The whole answer"
+FILE_NOT_POSTED = (
+    "Slack refused the file \u201c{title}\u201d, so the message above stays cut "
+    "(the app may lack the files:write scope: paste manifest.yml again and reinstall it)."
+)
+RESULTS_IN_FILE = (
+    "_Some results are longer than a message can hold: every call in full is in the file below._"
+)
+RESULTS_FILE_TITLE = "Turn {turn}: every call in full"
+FEEDBACK_THANKS = "Thanks: your feedback on this answer is recorded."
+FEEDBACK_UNKNOWN = "This answer can no longer take feedback (its run is gone). Nothing was recorded."
 NOT_ALLOWED = "Only {who} may decide this approval. Nothing was changed."
 NOT_ALLOWED_RETRY = "Only {who} may retry this run. Nothing was changed."
 ALREADY_DECIDED = "This approval was already decided. Nothing was changed."

@@ -57,6 +57,7 @@ def main(env: Mapping[str, str] = os.environ) -> int:
         model_label=DEMO_LABEL if demo else f"Claude ({config.model})",
         notes=notes(config.approvals.approvers, config.approvals.self_approval),
     )
+    playground.workspace.upload_base = f"{base_url}upload/"
     try:
         server = Server((host, port), playground)
     except OSError as exc:

@@ -6,7 +6,8 @@ decided from `request["messages"]` and the names in `request["tools"]`, the same
 gets the same reply, and every final answer says so in its last line.
 
 The task is the text of the last user message that has text; the run so far is the turns after it.
-Its keywords (case-insensitive, anywhere in the task, checked in this order) pick a scenario:
+Its keywords (case-insensitive, at the start of a word of the task, checked in this order) pick a
+scenario:
 
 - "secret": `write_file` secrets/token.txt; then says what became of it (a `secrets/**` deny rule
   refuses it).
@@ -14,6 +15,8 @@ Its keywords (case-insensitive, anywhere in the task, checked in this order) pic
   says whether it was deleted.
 - "forever", "loop" or "valve": `list_files` . on every turn, never wrapping up, until the
   harness's no-progress valve stops the run.
+- "report": `list_files` ., then a Markdown report with a 400-row table, longer than a Slack
+  message holds (the product posts it cut, and whole as a file).
 - anything else: `get_time` and `list_files` . in one turn, then `write_file` notes.md (quoting the
   task and the time), then `read_file` notes.md unless the write failed or was declined, then an
   answer.
@@ -347,10 +350,25 @@ def _forever(task: str, turns: tuple[Turn, ...]) -> Reply:
     return Reply("Checking the folder again…", (("list_files", {"path": "."}),))
 
 
+def _report(task: str, turns: tuple[Turn, ...]) -> Reply:
+    """A report longer than a Slack message holds: the product posts it cut, and whole as a file."""
+    if not turns:
+        return Reply(
+            "I'll list the folder, then write up a long report on it.", (("list_files", {"path": "."}),)
+        )
+    listing = turns[0][0].result.strip() or "(nothing)"
+    rows = "\n".join(f"| {n} | check {n} of the workspace | fine |" for n in range(1, 401))
+    return Reply(
+        f"# A long report\n\nThe folder holds:\n\n```\n{listing}\n```\n\n## Every check\n\n"
+        f"| # | What | Outcome |\n|---|---|---|\n{rows}\n\nAll 400 checks passed.\n\n{FOOTER}"
+    )
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("secret", ("secret",), ("write_file",), _secret),
     Scenario("delete", ("delete", "remove"), ("list_files", "delete_file"), _delete),
     Scenario("forever", ("forever", "loop", "valve"), ("list_files",), _forever),
+    Scenario("report", ("report",), ("list_files",), _report),
     Scenario("default", (), ("get_time", "list_files", "write_file", "read_file"), _default),
 )
 

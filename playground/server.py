@@ -52,9 +52,12 @@ MAX_BODY = 1 << 20
 # What the app's manifest asks for; Slack names a token's scopes on every Web API answer.
 SCOPES = (
     "app_mentions:read",
+    "assistant:write",
     "channels:history",
     "chat:write",
+    "files:write",
     "groups:history",
+    "im:history",
     "reactions:write",
     "usergroups:read",
 )
@@ -314,6 +317,9 @@ class Handler(BaseHTTPRequestHandler):
         raw = self._body()
         if raw is None:
             return
+        if split.path.startswith("/upload/"):  # the upload URL files.getUploadURLExternal hands out
+            stored = self.server.playground.workspace.upload(split.path.removeprefix("/upload/"), raw)
+            return self._json(200 if stored else 400, {"ok": stored})
         if split.path.startswith("/api/"):
             return self._web_api(split.path.removeprefix("/api/"), split.query, raw)
         if split.path == "/model/v1/messages" and self.server.playground.demo:

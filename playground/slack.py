@@ -35,6 +35,7 @@ BOT_NAME = "harness"
 WORKSPACE_URL = "https://playground.slack.com/"  # Slack's form, which the bot's permalink check accepts
 TRIGGER_SECONDS = 3.0  # a trigger_id is good for 3 s, as in Slack
 MAX_MESSAGES = 5000  # the oldest go first; a playground is not an archive
+MAX_FILE_BYTES = 1 << 20  # a file the bot posts (a long answer, a turn's results in full)
 SESSION_STATUSES = ("active", "processing", "suspended", "closed")  # agents.sessions.setStatus
 
 
@@ -99,6 +100,8 @@ class Workspace:
         self.sessions: dict[str, str] = {}  # thread ts -> its agent session's status
         self.suggestions: list[Json] = []  # assistant.threads.setSuggestedPrompts calls
         self._triggers: dict[str, Trigger] = {}
+        self.files: dict[str, Json] = {}  # file id -> name, length, title, data (once uploaded)
+        self.upload_base = "http://127.0.0.1/upload/"  # where uploads go: the server sets its own
 
     # -- what the page does -------------------------------------------------------------------
 
@@ -239,6 +242,8 @@ class Workspace:
             "assistant.threads.setStatus": self._set_status,
             "assistant.threads.setSuggestedPrompts": self._suggest_prompts,
             "agents.sessions.setStatus": self._session_status,
+            "files.getUploadURLExternal": self._upload_url,
+            "files.completeUploadExternal": self._complete_upload,
         }
 
     def _auth_test(self, params: Json) -> Json:
@@ -409,6 +414,53 @@ class Workspace:
         self.homes[user] = {"id": view_id, "hash": self._hash(), "user": user, "view": view, "errors": {}}
         return {"view": self._view_out(self.homes[user])}
 
+    def _upload_url(self, params: Json) -> Json:
+        name, length = str(params.get("filename") or ""), str(params.get("length") or "")
+        if not name or not length.isdigit() or not 0 < int(length) <= MAX_FILE_BYTES:
+            raise ApiError("invalid_arguments")
+        file_id = f"F{next(self._ids):010d}"
+        self.files[file_id] = {"id": file_id, "name": name, "length": int(length), "data": None}
+        return {"file_id": file_id, "upload_url": f"{self.upload_base}{file_id}"}
+
+    def upload(self, file_id: str, data: bytes) -> bool:
+        """The bytes of a file, POSTed to its upload URL: they must be exactly the length asked for."""
+        with self._lock:
+            entry = self.files.get(file_id)
+            if entry is None or entry["data"] is not None or len(data) != entry["length"]:
+                return False
+            entry["data"] = bytes(data)
+            return True
+
+    def _complete_upload(self, params: Json) -> Json:
+        files = _decoded(params.get("files"))
+        if not isinstance(files, list) or not files or not all(isinstance(f, dict) for f in files):
+            raise ApiError("invalid_arguments")
+        done = []
+        for item in files:
+            entry = self.files.get(str(item.get("id")))
+            if entry is None:
+                raise ApiError("file_not_found")
+            if entry["data"] is None:
+                raise ApiError("upload_incomplete")
+            entry["title"] = str(item.get("title") or entry["name"])
+            done.append(
+                {"id": entry["id"], "name": entry["name"], "title": entry["title"], "size": entry["length"]}
+            )
+        if params.get("channel_id"):
+            self._channel({"channel": params["channel_id"]})
+            thread_ts = params.get("thread_ts") or None
+            if thread_ts is not None:
+                parent = self._find(str(thread_ts))
+                if parent is None:
+                    raise ApiError("invalid_thread_ts")
+                thread_ts = parent["thread_ts"] or parent["ts"]
+            text = str(params.get("initial_comment") or "")
+            message = self._store(
+                user=BOT_USER_ID, bot_id=BOT_ID, text=text, blocks=None, thread_ts=thread_ts
+            )
+            message["files"] = done
+        return {"files": done}
+
     def _set_status(self, params: Json) -> Json:
         self._thread(params)
         if not isinstance(params.get("status"), str):  # required; "" clears the line
@@ -539,6 +591,8 @@ class Workspace:
             out["thread_ts"] = message["thread_ts"]
         if metadata and message["metadata"]:
             out["metadata"] = copy.deepcopy(message["metadata"])
+        if message.get("files"):
+            out["files"] = copy.deepcopy(message["files"])
         if message["reactions"]:
             out["reactions"] = [
                 {"name": name, "users": list(users), "count": len(users)}
@@ -547,8 +601,12 @@ class Workspace:
         out["team"] = TEAM_ID
         return out
 
-    @staticmethod
-    def _for_page(message: Json) -> Json:
+    def file_text(self, file_id: str) -> str:
+        """A file's content as text, for the page (the caller holds the lock)."""
+        data = (self.files.get(file_id) or {}).get("data") or b""
+        return data.decode("utf-8", errors="replace")
+
+    def _for_page(self, message: Json) -> Json:
         return {
             "ts": message["ts"],
             "thread_ts": message["thread_ts"],
@@ -561,6 +619,10 @@ class Workspace:
                 for name, users in message["reactions"].items()
             ],
             "edited": message["edited"],
+            "files": [
+                {"name": f["name"], "title": f["title"], "text": self.file_text(f["id"])}
+                for f in message.get("files") or []
+            ],
         }
 
 

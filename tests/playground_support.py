@@ -104,6 +104,9 @@ def playground(
     try:
         running.wait_ready()
         yield running
+    except BaseException:
+        print(f"--- what the playground printed (last lines) ---\n{running.output()[-8000:]}")
+        raise
     finally:
         running.stop()
 

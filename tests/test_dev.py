@@ -346,6 +346,7 @@ BOT_SCOPES = [
     "assistant:write",
     "channels:history",
     "chat:write",
+    "files:write",
     "groups:history",
     "im:history",
     "reactions:write",

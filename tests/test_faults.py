@@ -338,6 +338,27 @@ def test_the_answer_reaches_the_thread_exactly_once_across_a_crash(stack: Stack)
             assert call.params.get("unfurl_links") is False and call.params.get("unfurl_media") is False
 
 
+def test_the_file_of_a_long_answer_reaches_the_thread_exactly_once_across_a_crash(stack: Stack) -> None:
+    long_answer = "A long answer. " * 2000  # 30,000 characters: more than a message holds
+    stack.model.script(reply(text(long_answer)))
+    held = stack.slack.hold_next("files.completeUploadExternal")  # its bytes are up; the share is on the wire
+    stack.start_bot()
+    doomed = stack.start_worker()
+    _, ts, _ = stack.mention("filekill: hi", channel="C27", user="UANN")
+    assert held.arrived.wait(30)
+    doomed.kill_group()
+    count("workers SIGKILLed mid-run")
+    held.release.set()
+    wait_until(lambda: any(m.get("files") for m in posts(stack, "C27", ts)))
+    stack.start_worker()
+    wait_until(lambda: runs(stack)[0].outbox == [] and runs(stack)[0].status is RunStatus.FINISHED)
+    stack.settled()
+    shared = [f for f in stack.slack.files() if f.get("shared")]
+    assert len(shared) == 1 and shared[0]["text"] == long_answer.strip()
+    assert len([m for m in posts(stack, "C27", ts) if m.get("files")]) == 1
+    assert len([m for m in posts(stack, "C27", ts) if "whole of it is in the file" in str(m["blocks"])]) == 1
+
+
 def test_an_answer_lost_with_its_worker_is_posted_by_the_next(stack: Stack) -> None:
     stack.model.script(reply(text("posted by the next worker")))
     held = stack.slack.hold_next("chat.postMessage", unless=WORKING)  # the answer

@@ -134,6 +134,15 @@ def test_a_valve_and_a_deny_show_in_the_thread(page: Page, workspace: Path) -> N
     assert not (workspace / "secrets").exists()
 
 
+def test_a_long_report_is_posted_cut_and_whole_as_a_file(page: Page) -> None:
+    ts = page.mention(ALICE, "write a long report on the folder")
+    answer = page.wait_text(ts, FOOTER)
+    assert "whole of it is in the file below" in str(answer["blocks"])
+    shared = page.wait(lambda s: [f for m in page.thread(ts, s) for f in m["files"]])
+    assert shared[0]["title"] == "The whole answer" and "All 400 checks passed." in shared[0]["text"]
+    assert "| 400 | check 400 of the workspace | fine |" in shared[0]["text"]
+
+
 def test_a_mention_inside_the_thread_continues_the_conversation(page: Page) -> None:
     ts = page.mention(BOB, "list the files forever")
     page.wait_text(ts, "no-progress")

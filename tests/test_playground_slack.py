@@ -31,6 +31,7 @@ def served() -> Iterator[tuple[Server, WebClient, Page]]:
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}/"
+    workspace.upload_base = url + "upload/"
     try:
         yield server, WebClient(token=TOKEN, base_url=url + "api/"), Page(url)
     finally:
@@ -63,6 +64,23 @@ def test_posts_updates_and_metadata_come_back_as_slack_returns_them(served: Any)
     assert shown[1]["edited"] is True and shown[1]["bot_id"]
     link = client.chat_getPermalink(channel=CHANNEL_ID, message_ts=posted["ts"])["permalink"]
     assert _PERMALINK.fullmatch(link) and f"thread_ts={ts}" in link  # the Home tab links to cards
+
+
+@pytest.mark.filterwarnings("ignore:The top-level `text` argument is missing")
+def test_a_file_the_bot_uploads_lands_in_its_thread_and_on_the_page(served: Any) -> None:
+    server, client, page = served
+    ts = server.playground.workspace.post_as(ALICE, "hello", None)["ts"]
+    text = "# The whole answer\n\n<!channel> stays text in a file\n"
+    done = client.files_upload_v2(
+        channel=CHANNEL_ID, thread_ts=ts, content=text, filename="a.md", title="Whole"
+    )
+    assert done["file"]["title"] == "Whole"
+    (shared,) = [m for m in page.thread(ts) if m["files"]]
+    assert shared["files"] == [{"name": "a.md", "title": "Whole", "text": text}]
+    replies = client.conversations_replies(channel=CHANNEL_ID, ts=ts)["messages"]
+    assert replies[1]["files"][0]["name"] == "a.md"  # how a recovering worker finds it again
+    status, _ = page.request("POST", "upload/F0000000999", {"x": 1})
+    assert status == 400  # no such upload
 
 
 @pytest.mark.filterwarnings("ignore:The top-level `text` argument is missing")

@@ -14,8 +14,9 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from bot import render, texts
 from bot.render import Message
-from workers.services import Services
+from workers.services import Services, file_key, upload_name
 from workers.store import RunRecord
 
 log = logging.getLogger(__name__)
@@ -27,10 +28,17 @@ MESSAGE = "message"  # anything else
 
 
 def owe_post(record: RunRecord, msg: Message, role: str = MESSAGE, call: str | None = None) -> RunRecord:
-    """`record` owing one more post in its thread."""
+    """`record` owing one more post in its thread (and the file that comes with it, if any)."""
     key = str(record.posted + 1)
-    entry = {"op": "post", "key": key, "role": role, "call": call, "text": msg.text, "blocks": msg.blocks}
-    return replace(record, outbox=[*record.outbox, entry], posted=record.posted + 1)
+    entry: dict[str, Any] = {"op": "post", "key": key, "role": role, "call": call, "text": msg.text}
+    entry["blocks"] = msg.blocks
+    owed = [entry]
+    if msg.attachment is not None:
+        file = msg.attachment
+        owed.append(
+            {"op": "upload", "key": key, "name": file.filename, "title": file.title, "content": file.content}
+        )
+    return replace(record, outbox=[*record.outbox, *owed], posted=record.posted + 1)
 
 
 def owe_update(record: RunRecord, ts: str, msg: Message) -> RunRecord:
@@ -55,7 +63,7 @@ def deliver(svc: Services, record: RunRecord, *, reconcile: bool) -> RunRecord:
     if not record.outbox:
         return record
     posted: dict[str, str] = {}
-    if reconcile and any(e["op"] == "post" for e in record.outbox):
+    if reconcile and any(e["op"] in ("post", "upload") for e in record.outbox):
         found = svc.find_posted(record.channel, record.thread_ts, record.run_id)
         posted = found or {}
     cards = dict(record.cards)
@@ -76,6 +84,14 @@ def _pay(svc: Services, record: RunRecord, entry: dict[str, Any], posted: dict[s
             return posted[entry["key"]]
         tag = {"run": record.run_id, "key": entry["key"]}
         return svc.post(record.channel, record.thread_ts, entry["text"], entry["blocks"], tag=tag)
+    if op == "upload":
+        if file_key(entry["key"]) in posted:
+            return None
+        name = upload_name(entry["name"], record.run_id, entry["key"])
+        if not svc.upload(record.channel, record.thread_ts, name, entry["title"], entry["content"]):
+            failed = render.notice(texts.FILE_NOT_POSTED.format(title=entry["title"]))
+            svc.post(record.channel, record.thread_ts, failed.text, failed.blocks)
+        return None
     if op == "update":
         svc.update(record.channel, entry["ts"], entry["text"], entry["blocks"])
         return None

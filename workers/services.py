@@ -6,6 +6,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from rq.exceptions import InvalidJobOperation
 from rq.job import JobStatus
 from rq.serializers import JSONSerializer
 from slack_sdk import WebClient
-from slack_sdk.errors import SlackApiError
+from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.http_retry import HttpRequest, HttpResponse, RetryState
 from slack_sdk.http_retry.builtin_handlers import (
     ConnectionErrorRetryHandler,
@@ -256,6 +257,10 @@ class Services:
                     payload = meta.get("event_payload") or {}
                     if meta.get("event_type") == MESSAGE_EVENT_TYPE and payload.get("run") == run_id:
                         found[str(payload.get("key"))] = str(message["ts"])
+                    for shared in message.get("files") or []:  # a file has no metadata: its name says
+                        named = re.fullmatch(rf"[\w.-]+?-{run_id}-(\d+)\.\w+", str(shared.get("name") or ""))
+                        if named:
+                            found[file_key(named.group(1))] = str(message["ts"])
                 cursor = (reply.get("response_metadata") or {}).get("next_cursor")
                 if not cursor:
                     break
@@ -266,6 +271,21 @@ class Services:
             return None
         return found
 
+    def upload(self, channel: str, thread_ts: str, filename: str, title: str, content: str) -> bool:
+        """Post a file in a thread (`files_upload_v2`); a failure is logged, never raised.
+
+        `filename` carries the run and key (see `upload_name`), so a file that reached Slack before
+        a crash is found in the thread instead of being posted twice.
+        """
+        try:
+            self.slack.files_upload_v2(
+                channel=channel, thread_ts=thread_ts, content=content, filename=filename, title=title
+            )
+            return True
+        except (SlackApiError, SlackRequestError, OSError) as exc:
+            log.error("could not upload %s to %s/%s: %s", filename, channel, thread_ts, _slack_error(exc))
+            return False
+
     def react(self, channel: str, ts: str, name: str, *, remove: str | None = None) -> None:
         """Best effort: a reaction is a courtesy, never a reason to fail a run."""
         try:
@@ -275,6 +295,17 @@ class Services:
             pass
         with contextlib.suppress(SlackApiError, OSError):
             self.slack.reactions_add(channel=channel, timestamp=ts, name=name)
+
+
+def file_key(key: str) -> str:
+    """The outbox key of the file that goes with post `key`."""
+    return f"{key}:file"
+
+
+def upload_name(stem: str, run_id: str, key: str) -> str:
+    """The name of a run's file in Slack, from which `find_posted` reads the run and key back."""
+    name, dot, ext = stem.rpartition(".")
+    return f"{name}-{run_id}-{key}.{ext}" if dot else f"{stem}-{run_id}-{key}.txt"
 
 
 def _slack_error(exc: Exception) -> str:

@@ -31,6 +31,7 @@ const SUGGESTIONS = [
   'Delete a file in the workspace',
   'List the files forever (shows a valve)',
   'Write my secret to secrets/token.txt (shows a deny)',
+  'Write a long report on the folder (shows a file)',
 ];
 
 const EMOJI = {
@@ -532,7 +533,10 @@ function renderMessage(msg, eph) {
   body.append(head);
   if (eph) body.append(el('div', 'eph-note', '👁 Only visible to you'));
   const ctx = { message_ts: msg.ts, ephemeral: !!eph };
-  body.append(Array.isArray(msg.blocks) && msg.blocks.length ? renderBlocks(msg.blocks, ctx) : renderMrkdwn(msg.text));
+  const files = Array.isArray(msg.files) ? msg.files : [];
+  if (Array.isArray(msg.blocks) && msg.blocks.length) body.append(renderBlocks(msg.blocks, ctx));
+  else if (msg.text || !files.length) body.append(renderMrkdwn(msg.text));
+  files.forEach((f) => body.append(renderFile(f)));
   if (msg.edited) body.append(el('span', 'edited', '(edited)'));
   if (Array.isArray(msg.reactions) && msg.reactions.length) {
     const row = el('div', 'reactions');
@@ -546,6 +550,17 @@ function renderMessage(msg, eph) {
   }
   node.append(body);
   return node;
+}
+
+/** A file the bot posted (a long answer, a turn's results in full): its title, and its text on demand. */
+function renderFile(file) {
+  const box = el('details', 'file');
+  box.dataset.fileName = file.name || '';
+  const summary = el('summary', 'file-head');
+  summary.append(el('span', 'file-icon', '📄'), el('span', 'file-title', file.title || file.name || 'file'));
+  summary.append(el('span', 'file-name', file.name || ''));
+  box.append(summary, el('pre', 'file-text', file.text || ''));
+  return box;
 }
 
 /** Top-level items and each thread's replies (messages and the user's ephemerals), by ts. */

@@ -65,7 +65,7 @@ NOT_AN_AGENT = "not_an_agent"
 
 _TS_BASE_MICROS = 1_700_000_000_000_000
 _TS_STEP_MICROS = 100
-_JSON_FIELDS = ("blocks", "attachments", "view", "metadata")
+_JSON_FIELDS = ("blocks", "attachments", "view", "metadata", "files")
 _TEXT_OBJECT_TYPES = ("mrkdwn", "plain_text")
 
 
@@ -420,6 +420,8 @@ class FakeSlackAPI:
             "usergroups.users.list": self._usergroups_users_list,
             "views.publish": self._views_publish,
             "chat.getPermalink": self._chat_get_permalink,
+            "files.getUploadURLExternal": self._files_get_upload_url,
+            "files.completeUploadExternal": self._files_complete_upload,
         }
         self._init_state()
 
@@ -428,6 +430,7 @@ class FakeSlackAPI:
         """(Re)initialise all recorded state.  Caller holds the lock (or is __init__)."""
         self._calls: list[Call] = []
         self._messages: dict[str, list[dict[str, Any]]] = {}
+        self._files: dict[str, dict[str, Any]] = {}  # file id -> name, length, title, data (once uploaded)
         self._ephemerals: list[dict[str, Any]] = []
         self._reactions: list[tuple[str, str, str]] = []
         self._views: list[dict[str, Any]] = []
@@ -690,6 +693,8 @@ class FakeSlackAPI:
         content_type = headers.get("Content-Type") or ""
         if url.path.startswith("/response_url/"):
             return self._handle_response_url(url.query, raw, content_type)
+        if url.path.startswith("/upload/"):
+            return self._handle_upload(url.path.removeprefix("/upload/"), raw)
         if not url.path.startswith("/api/"):
             return 404, {}, {"ok": False, "error": "not_found"}
         method = url.path[len("/api/") :].strip("/")
@@ -736,6 +741,18 @@ class FakeSlackAPI:
                 return 200, {}, body
             finally:
                 self._cond.notify_all()
+
+    def _handle_upload(self, file_id: str, raw: bytes) -> tuple[int, dict[str, str], dict[str, Any]]:
+        """The upload URL of `files.getUploadURLExternal`: the file's bytes, exactly `length` of them."""
+        with self._cond:
+            entry = self._files.get(file_id)
+            if entry is None:
+                return 404, {}, {"ok": False, "error": "file_not_found"}
+            if len(raw) != entry["length"]:
+                return 400, {}, {"ok": False, "error": "length_mismatch"}
+            entry["data"] = bytes(raw)
+            self._cond.notify_all()
+            return 200, {}, {"ok": True}
 
     def _handle_response_url(
         self, query: str, raw: bytes, content_type: str
@@ -860,6 +877,8 @@ class FakeSlackAPI:
             out["thread_ts"] = msg["ts"]
         if with_metadata and msg.get("metadata"):
             out["metadata"] = copy.deepcopy(msg["metadata"])
+        if msg.get("files"):
+            out["files"] = copy.deepcopy(msg["files"])
         return out
 
     @staticmethod
@@ -1176,6 +1195,58 @@ class FakeSlackAPI:
             raise _ApiError("channel_not_found")
         if self._find_message(channel, thread_ts) is None:
             raise _ApiError("invalid_thread_ts")
+
+    def _files_get_upload_url(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = params.get("filename")
+        length = params.get("length")
+        if not isinstance(name, str) or not name:
+            raise _ApiError("invalid_arguments", errors=["missing required field: filename"])
+        if not str(length).isdigit() or int(str(length)) < 1:
+            raise _ApiError("invalid_arguments", errors=["length must be a positive integer"])
+        self._seq += 1
+        file_id = f"F{self._seq:010d}"
+        self._files[file_id] = {"id": file_id, "name": name, "length": int(str(length)), "data": None}
+        return {"upload_url": f"{self.root_url}upload/{file_id}", "file_id": file_id}
+
+    def _files_complete_upload(self, params: dict[str, Any]) -> dict[str, Any]:
+        files = params.get("files")
+        if not isinstance(files, list) or not files or not all(isinstance(f, dict) for f in files):
+            raise _ApiError("invalid_arguments", errors=["files must be a non-empty list of objects"])
+        done = []
+        for item in files:
+            entry = self._files.get(str(item.get("id")))
+            if entry is None:
+                raise _ApiError("file_not_found")
+            if entry["data"] is None:
+                raise _ApiError("upload_incomplete")  # completed before its bytes arrived
+            entry["title"] = item.get("title") or entry["name"]
+            done.append(
+                {"id": entry["id"], "name": entry["name"], "title": entry["title"], "size": entry["length"]}
+            )
+        channel, thread_ts = params.get("channel_id"), params.get("thread_ts")
+        if channel:
+            if thread_ts and self._find_message(str(channel), str(thread_ts)) is None:
+                raise _ApiError("invalid_thread_ts")
+            ts = self._store_message(
+                str(channel), str(params.get("initial_comment") or ""), [], thread_ts, self.bot_user_id
+            )
+            message = self._find_message(str(channel), ts)
+            assert message is not None
+            message["files"] = copy.deepcopy(done)
+            for entry in done:
+                self._files[entry["id"]]["shared"] = {"channel": channel, "thread_ts": thread_ts, "ts": ts}
+        return {"files": done}
+
+    def files(self) -> list[dict[str, Any]]:
+        """Every file uploaded: id, name, title, its text and where it was shared (if it was)."""
+        with self._lock:
+            return [
+                {
+                    **{k: v for k, v in f.items() if k != "data"},
+                    "text": (f["data"] or b"").decode("utf-8", "replace"),
+                }
+                for f in self._files.values()
+            ]
 
     def _assistant_set_status(self, params: dict[str, Any]) -> dict[str, Any]:
         # `status` is required but may be "": an empty status clears the line.
