@@ -8,6 +8,7 @@ answer (ephemeral replies). The one exception is `views.open`, whose trigger_id 
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import logging
 import os
@@ -29,6 +30,7 @@ from bot import edits, render, texts
 from bot.web import bolt_error_handler
 from harness.config import Config
 from harness.state import Decision, PendingCall, StateError, Verdict
+from workers import logs, metrics
 from workers.services import enqueue_run_job
 from workers.store import (
     ENDED,
@@ -73,7 +75,7 @@ class Background:
             if self._pool is None or self._pid != os.getpid():  # a forked child has no threads
                 self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="slack-after")
                 self._pid = os.getpid()
-            self._pool.submit(_logged, fn, *args)
+            self._pool.submit(contextvars.copy_context().run, _logged, fn, *args)  # its lines name the run
 
 
 def _logged(fn: Callable[..., None], *args: Any) -> None:
@@ -200,6 +202,7 @@ def create_app(
     app.action("view_args")(_then(deps, _on_view_args(deps), _tell_clicker))
     app.action("continue")(_then(deps, _on_continue(deps), _tell_clicker))
     app.action("stop")(_then(deps, _on_stop(deps), _tell_clicker))
+    app.action("feedback")(_then(deps, _on_feedback(deps), _tell_clicker))
     app.event("agent_session_stopped")(_then(deps, _on_session_stopped(deps), _tell_clicker))
     return app
 
@@ -223,10 +226,12 @@ def _then(deps: BotDeps, handler: Callable[..., None], after: Callable[..., None
     ) -> None:
         given = {"ack": ack, "body": body, "context": context, "client": client}
         given.update(action=action, view=view, event=event)
+        token = logs.enter(**logs.slack_fields(body))  # every line logged meanwhile names the thread
         try:
             handler(**{name: given[name] for name in wanted})
         finally:
             deps.background.submit(after, body, context, client)
+            logs.leave(token)
 
     return listener
 
@@ -273,6 +278,7 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
             max_per_channel=limits.max_runs_per_channel,
         )
         context["accepted"] = accepted
+        metrics.mention(deps.store.redis, accepted.value)
         busy = {
             Accepted.USER_BUSY: limits.max_runs_per_user,
             Accepted.CHANNEL_BUSY: limits.max_runs_per_channel,
@@ -511,6 +517,7 @@ def _decide(
     if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED, DecideOutcome.COUNTED):
         deps.enqueue(APPLY_DECISIONS, record.run_id)
     if result.outcome is DecideOutcome.RECORDED:
+        metrics.decided(deps.store.redis, record, decision.verdict, deps.config.approvals)
         return
     if result.outcome is DecideOutcome.COUNTED:
         required = deps.config.approvals.required
@@ -786,6 +793,33 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
     return on_retry
 
 
+def _on_feedback(deps: BotDeps) -> Callable[..., None]:
+    """`feedback` (Slack's thumbs under an answer, value ``good:RUN`` or ``bad:RUN``): each click
+    goes into the audit log with who, which answer and where, and into `harness_feedback_total`;
+    the clicker is thanked in private."""
+
+    def on_feedback(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
+        ack()
+        clicker, channel = _clicker(body)
+        context["reply_channel"], context["reply_user"] = channel, clicker.user
+        verdict, _, run = str(action.get("value") or "").partition(":")
+        try:
+            good = verdict in (render.FEEDBACK_GOOD, render.FEEDBACK_BAD)
+            record = deps.store.load_run(check_id("run", run)) if good else None
+        except (BadId, StateError):
+            record = None
+        if record is None or clicker.team != record.team or channel != record.channel:
+            context[REPLY] = texts.FEEDBACK_UNKNOWN
+            return
+        where = {"team": record.team, "channel": record.channel, "thread_ts": record.thread_ts}
+        entry = {"event": "feedback", "run_id": record.run_id, "feedback": verdict, "by": clicker.user}
+        deps.store.append_audit({**entry, **where, "requester": record.requester})
+        metrics.incr(deps.store.redis, metrics.FEEDBACK, feedback=verdict)
+        context[REPLY] = texts.FEEDBACK_THANKS
+
+    return on_feedback
+
+
 # --- Stop, and limits that ask ---------------------------------------------------------------------
 
 
@@ -918,6 +952,7 @@ def _answer_limit(
     if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED):
         deps.enqueue(APPLY_DECISIONS, record.run_id)
     if result.outcome is DecideOutcome.RECORDED:
+        metrics.decided(deps.store.redis, record, verdict, deps.config.approvals)
         return
     standing = result.decision
     if result.outcome is DecideOutcome.UNKNOWN or standing is None:

@@ -7,8 +7,10 @@ its own channel and marks its task with a unique word, so tests share one stack 
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -403,6 +405,67 @@ def test_model_text_cannot_ping_or_smuggle_links(stack: Stack) -> None:
     posted = answer["text"] + str(answer["blocks"])
     for token in ("<!channel>", "<!here>", "<@U999>", "<!subteam", "<#C9>", "<https://evil"):
         assert token not in posted
+
+
+def test_a_markdown_answer_reads_as_written_and_feedback_on_it_is_recorded(stack: Stack) -> None:
+    channel = new_channel()
+    stack.model.script_for(
+        "mdfb", reply(text("## Result\n\n- **one** <!channel>\n- [docs](https://example.com)"))
+    )
+    _, ts, _ = stack.mention("mdfb: sum it up", channel=channel)
+    answer = wait_post(stack, channel, ts, lambda m: footer(0, 1) in m["text"])
+    sections = [b["text"]["text"] for b in answer["blocks"] if b["type"] == "section"]
+    assert sections == ["*Result*\n\n• *one* &lt;!channel&gt;\n• docs (https://example.com)"]
+
+    (buttons,) = answer["blocks"][-1]["elements"]
+    bad = buttons["negative_button"]["value"]
+    status, _ = stack.click_value(
+        answer, "feedback", bad, user="UBOB", block_id="feedback", kind="feedback_buttons"
+    )
+    assert status == 200
+    thanked = wait_until(lambda: [e for e in stack.slack.ephemerals if e["user"] == "UBOB"])
+    assert "feedback" in thanked[-1]["text"]
+    store = Store(redis.Redis.from_url(stack.redis_url))
+    (entry,) = [e for e in store.audit_entries() if e.get("event") == "feedback" and e["thread_ts"] == ts]
+    assert (entry["feedback"], entry["by"], entry["channel"]) == ("bad", "UBOB", channel)
+    with urllib.request.urlopen(f"{stack.url}/metrics", timeout=10) as scrape:
+        scraped = scrape.read().decode()
+    assert re.search(r'^harness_feedback_total\{feedback="bad"\} [1-9]', scraped, re.MULTILINE)
+
+    status, _ = stack.click_value(
+        answer, "feedback", "bad:nosuchrun", block_id="feedback", kind="feedback_buttons"
+    )
+    assert status == 200
+    wait_until(lambda: any("no longer" in e["text"] for e in stack.slack.ephemerals if e["user"] == "UALICE"))
+
+
+def test_an_answer_or_a_result_too_long_for_a_message_comes_whole_as_a_file(stack: Stack) -> None:
+    channel = new_channel()
+    many = stack.workspace / "many"
+    many.mkdir()
+    for n in range(150):
+        (many / f"report-{n:04d}.txt").touch()  # a listing of 2,700 characters
+    long_answer = "## Findings\n\n" + "- a finding <!channel>\n" * 1500
+    stack.model.script_for(
+        "longout", reply(tool_use("list_files", {"path": "many"})), reply(text(long_answer))
+    )
+    _, ts, _ = stack.mention("longout: read and report", channel=channel)
+    answer = wait_post(stack, channel, ts, lambda m: footer(1, 2) in m["text"])
+    assert "the whole of it is in the file below" in str(answer["blocks"])
+
+    def shared() -> list[dict[str, Any]]:
+        return [f for f in stack.slack.files() if f.get("shared", {}).get("thread_ts") == ts]
+
+    wait_until(lambda: len(shared()) == 2)
+    stack.settled()
+    files = shared()
+    by_title = {f["title"]: f for f in files}
+    assert set(by_title) == {"The whole answer", "Turn 1: every call in full"}
+    assert by_title["The whole answer"]["text"] == long_answer.strip()  # a file cannot ping: kept as written
+    turn_file = by_title["Turn 1: every call in full"]["text"]
+    assert "report-0000.txt" in turn_file and "report-0149.txt" in turn_file
+    summary = next(m for m in thread(stack, channel, ts) if "Turn 1" in m["text"])
+    assert "every call in full is in the file below" in str(summary["blocks"])
 
 
 def test_a_valve_stop_is_posted_in_plain_words(stack: Stack) -> None:

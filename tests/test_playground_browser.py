@@ -98,7 +98,8 @@ def mention(tab: Any, text: str) -> Any:
     """Type a mention in the composer and send it; the thread's parent message, once shown."""
     tab.fill("#composer", text)
     tab.press("#composer", "Enter")
-    parent = tab.locator("#messages [data-ts]", has_text=text).last
+    # The top-level message, not a reply that quotes the task (a card, a summary).
+    parent = tab.locator('#messages .message[data-thread-ts=""]', has_text=text).last
     parent.wait_for()
     return parent
 
@@ -130,6 +131,9 @@ def test_a_first_approval_in_the_browser(tab: Any, running: Running, workspace: 
     assert "today's plan" in (workspace / "notes.md").read_text()
     shoot(tab, "playground-answer.png", tmp_path)
 
+    tab.locator("button[data-feedback=good]").last.click()  # Slack's thumbs under the answer
+    expect(tab.get_by_text("your feedback on this answer is recorded").first).to_be_visible()
+
 
 def test_decline_with_a_reason_in_the_modal(tab: Any, workspace: Path, tmp_path: Path) -> None:
     expect = pytest.importorskip("playwright.sync_api").expect
@@ -159,11 +163,11 @@ def test_someone_not_allowed_gets_a_reply_only_they_see(tab: Any, running: Runni
     tab.locator("button[data-action-id=approve]").last.wait_for()
     as_user(tab, CAROL)
     tab.locator("button[data-action-id=approve]").last.click()
-    only_carol = tab.get_by_text("Only visible to you")
-    expect(only_carol.first).to_be_visible()
-    expect(tab.get_by_text("may decide this approval").first).to_be_visible()
+    refused = tab.locator(".ephemeral", has_text="may decide this approval")
+    expect(refused.first).to_be_visible()
+    expect(refused.first).to_contain_text("Only visible to you")
     as_user(tab, ALICE)
-    expect(only_carol).to_have_count(0)
+    expect(refused).to_have_count(0)
     tab.locator("button[data-action-id=decline]").last.click()  # tidy: the run ends
     Page(running.url).wait_text(str(ts), "That took")
 
@@ -178,3 +182,14 @@ def test_model_and_user_text_is_shown_never_run(tab: Any, running: Running) -> N
     assert tab.locator("#messages img[src=x], #messages script").count() == 0
     assert tab.locator("#messages b, #messages strong", has_text="bold?").count() == 0
     expect(tab.get_by_text('<img src=x onerror="window.pwned=1">').first).to_be_visible()
+
+
+def test_a_report_too_long_for_a_message_opens_whole_from_its_file(tab: Any) -> None:
+    expect = pytest.importorskip("playwright.sync_api").expect
+    as_user(tab, ALICE)
+    mention(tab, "write a long report on the folder")
+    expect(tab.get_by_text("the whole of it is in the file below").first).to_be_visible()
+    file = tab.locator("details.file", has_text="The whole answer").last
+    expect(file).to_be_visible()
+    file.locator("summary").click()
+    expect(file.locator("pre")).to_contain_text("All 400 checks passed.")

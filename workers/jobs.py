@@ -45,7 +45,7 @@ from harness.state import (
     record_decisions,
 )
 from harness.valves import Stop, Valve, token_limit
-from workers import outbox, thread_status
+from workers import logs, metrics, outbox, thread_status
 from workers.driver import Driver, park_ttl
 from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
 from workers.store import LIMIT_CALL, BadId, Grant, RunRecord, RunStatus, Store
@@ -177,7 +177,8 @@ def drive(run_id: str, *, recovering: bool = False) -> None:
     with Driver(svc, run_id) as driver:
         if driver is None:
             return  # someone else drives it, or there is no such run
-        following = _next_move(svc, driver, recovering)
+        with logs.bound(**logs.run_fields(driver.record)):  # every line logged meanwhile names the run
+            following = _next_move(svc, driver, recovering)
     if following:
         enqueue(svc, start_run, following)
 
@@ -279,6 +280,7 @@ def _agent(svc: Services, driver: Driver) -> Agent:
 
 
 def _owe_summaries(driver: Driver, events: tuple[Event, ...], agent: Agent, state: RunState) -> None:
+    metrics.stepped(driver.svc.store.redis, driver.run_id, state, events)  # after every step, once
     budget = token_limit(state, agent.limits)
     for event in events:
         if isinstance(event, TurnDone):
@@ -300,7 +302,7 @@ def _leave_loop(svc: Services, driver: Driver, state: RunState, agent: Agent, ou
         driver.record = replace(driver.record, state=state.to_json(), error=outcome.error, failure_ts=None)
         return _end(driver, RunStatus.FAILED)
     if isinstance(outcome, Finished):
-        driver.owe(render.final_answer(outcome.answer, state.turns, state.requests))
+        driver.owe(render.final_answer(outcome.answer, state.turns, state.requests, run_id=driver.run_id))
         status, reaction = RunStatus.FINISHED, "white_check_mark"
     elif outcome.valve is Valve.STOPPED_BY_USER:
         by = svc.store.stop_requested(driver.run_id)
@@ -313,11 +315,11 @@ def _leave_loop(svc: Services, driver: Driver, state: RunState, agent: Agent, ou
     driver.record = outbox.owe_reaction(
         replace(driver.record, state=state.to_json()), reaction, remove="eyes"
     )
-    return _end(driver, status)
+    return _end(driver, status, getattr(outcome, "valve", ""))
 
 
-def _end(driver: Driver, status: RunStatus) -> str | None:
-    """Save the run ended with what it owes, pay it, then let the thread go."""
+def _end(driver: Driver, status: RunStatus, valve: str = "") -> str | None:
+    """Save the run ended with what it owes, pay it, then let the thread go (`valve`: what stopped it)."""
     record = driver.record
     if record.working_ts and record.status in (RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL):
         by = record.stopped_by
@@ -326,6 +328,7 @@ def _end(driver: Driver, status: RunStatus) -> str | None:
         closed = render.working_closed(outcome=status.value, by=by)
         driver.record = outbox.owe_update(record, record.working_ts, closed)  # its Stop button goes
     driver.save(status=status)
+    metrics.run_ended(driver.svc.store.redis, driver.record, valve)
     driver.deliver()
     driver.record = thread_status.show(driver.svc, driver.record, thread_status.Phase.ENDED)
     return driver.finish()
@@ -458,6 +461,7 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
             break
         if not driver.settle():
             return None
+    metrics.resumed(svc.store.redis, record.run_id, record.park_id, decisions)  # click-to-resume time
     try:
         state = record.run_state()
     except StateError as exc:
@@ -565,12 +569,13 @@ def _resume_at_limit(
         return _advance(svc, driver, result.state)
     reason = info.get("reason") or harness_texts.STOP_BY_USER
     said = texts.LIMIT_EXPIRED_REASON if decision.verdict is Verdict.EXPIRED else texts.LIMIT_STOP_REASON
+    valve = "expired" if decision.verdict is Verdict.EXPIRED else state.at_limit
     state = stop_run(state, Valve(state.at_limit), reason)
     driver.owe(render.stopped(said.format(reason=reason), state.turns, state.requests))
     driver.record = outbox.owe_reaction(
         replace(driver.record, state=state.to_json()), "octagonal_sign", remove="eyes"
     )
-    return _end(driver, RunStatus.STOPPED)
+    return _end(driver, RunStatus.STOPPED, valve)
 
 
 def _stop_parked(svc: Services, driver: Driver, by: str) -> str | None:
@@ -602,13 +607,13 @@ def _stop_parked(svc: Services, driver: Driver, by: str) -> str | None:
     driver.record = outbox.owe_reaction(
         replace(driver.record, state=state.to_json(), stopped_by=by), "octagonal_sign", remove="eyes"
     )
-    return _end(driver, RunStatus.STOPPED)
+    return _end(driver, RunStatus.STOPPED, Valve.STOPPED_BY_USER)
 
 
 def _refuse(driver: Driver, reason: str) -> str | None:
     """Fail closed: say so in the thread, stop the run, run nothing."""
     driver.notify(driver.refuse_text(reason))
-    return _end(driver, RunStatus.STOPPED)
+    return _end(driver, RunStatus.STOPPED, "refused")
 
 
 def _give_up(driver: Driver) -> str | None:
@@ -626,7 +631,7 @@ def _give_up(driver: Driver) -> str | None:
     driver.record = replace(record, outbox=[], state=state)
     if record.recoveries <= MAX_RECOVERIES + 2:
         driver.notify(text)
-    return _end(driver, RunStatus.STOPPED)
+    return _end(driver, RunStatus.STOPPED, Valve.CRASHES)
 
 
 # --- helpers ---------------------------------------------------------------------------------------

@@ -120,6 +120,11 @@ ACK_SECONDS = Family(
     {"kind": ACK_KINDS},
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5),
 )
+FEEDBACK = Family(
+    "harness_feedback",
+    "Clicks on the thumbs under an answer, by which one.",
+    {"feedback": ("good", "bad")},
+)
 FAMILIES = (
     RUNS,
     TURNS,
@@ -133,6 +138,7 @@ FAMILIES = (
     DECISION_SECONDS,
     RESUME_SECONDS,
     ACK_SECONDS,
+    FEEDBACK,
 )
 
 
