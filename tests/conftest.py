@@ -120,12 +120,34 @@ def store(conn: Any) -> Any:
     return Store(conn)
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The fault-injection tallies behind the README's figures table."""
+def _fault_figures() -> dict[str, int]:
+    """This process's tallies of faults injected (tests/test_faults.py counts them)."""
     import sys
 
-    faults = sys.modules.get("tests.test_faults")
-    figures = getattr(faults, "FIGURES", None)
+    return dict(getattr(sys.modules.get("tests.test_faults"), "FIGURES", None) or {})
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In a pytest-xdist worker: hand this worker's fault tallies to the controller."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["fault_figures"] = _fault_figures()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """On the controller: add up what each xdist worker tallied."""
+    totals = node.config.stash.setdefault(_FIGURES, {})
+    for name, n in (getattr(node, "workeroutput", {}) or {}).get("fault_figures", {}).items():
+        totals[name] = totals.get(name, 0) + n
+
+
+_FIGURES = pytest.StashKey[dict[str, int]]()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The fault-injection tallies behind the README's figures table (summed over xdist workers)."""
+    figures = terminalreporter.config.stash.get(_FIGURES, None) or _fault_figures()
     if figures:
         terminalreporter.section("faults injected and survived")
         for name, n in sorted(figures.items()):

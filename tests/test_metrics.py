@@ -10,6 +10,8 @@ import pytest
 import redis
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from harness import texts as harness_texts
 from harness.config import Approvals
@@ -171,7 +173,10 @@ def test_no_write_raises_when_redis_is_gone_and_the_failure_is_logged_once(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(metrics._Warned, "done", False)
-    gone = redis.Redis(port=free_port(), socket_connect_timeout=0.5, socket_timeout=0.5)
+    # No retries: redis-py's default retries would only make the same failure slower to see.
+    gone = redis.Redis(
+        port=free_port(), socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(NoBackoff(), 0)
+    )
     record = RunRecord(new_run_id(), "T1", "C1", "1.2", "UALICE", "task", status=RunStatus.FINISHED)
     record.expires_at = time.time()
     state = RunState(messages=(), turns=1, requests=1)
