@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from harness.tools.catalog import Catalog
 from harness.tools.mcp import Listing, McpHub
 from harness.tools.relay import RelayClient, RelayServer
 from tests.mcp_support import TOKEN, HttpDesk, calls, http_table, stdio_table
-from tests.stack import wait_until
+from tests.stack import ROOT, wait_until
 
 
 def config_of(tmp_path: Path, toml: str) -> Config:
@@ -251,3 +253,34 @@ def test_a_relay_that_is_gone_answers_errors_not_exceptions(tmp_path: Path) -> N
     assert client.listing() == Listing()
     lost = client.call("desk", "close_ticket", {"id": "T-1"}, True)
     assert lost.is_error and "Outcome unknown" in lost.content
+
+
+FORK_WAITS_FOR_SPAWN = """
+import os, sys, threading, time
+from harness.tools.mcp import SPAWNING, guard_forks
+guard_forks()
+held, order = threading.Event(), []
+def spawn():  # stands for the hub's loop thread spawning a stdio server
+    with SPAWNING:
+        held.set()
+        time.sleep(0.3)  # the spawn in progress: the behaviour under test, not synchronisation
+        order.append("spawned")
+threading.Thread(target=spawn).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+order.append("forked")
+os.waitpid(pid, 0)
+print(",".join(order))
+"""
+
+
+def test_a_fork_waits_for_a_stdio_spawn_in_progress() -> None:
+    """RQ forking a work horse while the hub spawns a server would copy the spawn's error pipe into
+    the horse and stall the hub's loop, relay and all, until the horse exits (seen: 30 s)."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_WAITS_FOR_SPAWN], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "spawned,forked"

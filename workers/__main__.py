@@ -25,7 +25,7 @@ from bot import render
 from harness.client import warm_up
 from harness.config import ConfigError, ResolvedServer, load_config
 from harness.tools.catalog import Catalog
-from harness.tools.mcp import McpHub
+from harness.tools.mcp import McpHub, guard_forks
 from harness.tools.relay import RelayClient, RelayServer
 from workers import jobs, logs, metrics, status
 from workers.driver import lease_seconds
@@ -221,6 +221,7 @@ def _start_mcp(
     """
     if not servers:
         return None, None
+    guard_forks()  # RQ forks a horse per job while the hub may be spawning a stdio server
     hub = McpHub(servers).start()
     return hub, RelayServer(hub).start()
 

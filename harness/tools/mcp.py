@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +40,22 @@ _IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 _MAX_IMAGE_BASE64 = 5 * 1024 * 1024 * 4 // 3  # the API's 5 MB per image, as base64
 _MAX_IMAGES = 8
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 30.0
+
+# Held while a stdio server's process is being spawned. A process that also forks (an RQ worker
+# forking a work horse per job) takes it around every fork (`guard_forks`): a fork made while
+# `subprocess` waits on the spawn's error pipe would copy that pipe's write end into the work
+# horse, and the spawn, and with it the hub's whole loop (the relay included), would wait until
+# the horse exited. Reentrant: the loop thread may spawn two servers' processes at once.
+SPAWNING = threading.RLock()
+
+
+def guard_forks() -> None:
+    """Make every later `os.fork` of this process wait for a stdio spawn in progress (`SPAWNING`)."""
+    os.register_at_fork(
+        before=SPAWNING.acquire, after_in_parent=SPAWNING.release, after_in_child=SPAWNING.release
+    )
+
+
 _LIVENESS_SECONDS = 0.5
 _GRACE_SECONDS = 5.0
 
@@ -376,7 +393,8 @@ class _StdioTransport:
         self._cm = stdio_client(params, errlog=errlog) if errlog is not None else stdio_client(params)
 
     async def __aenter__(self) -> Any:
-        return await self._cm.__aenter__()
+        with SPAWNING:  # entering spawns the process and sets up its pipes; no await waits on others
+            return await self._cm.__aenter__()
 
     async def __aexit__(self, *exc: Any) -> Any:
         return await self._cm.__aexit__(*exc)
