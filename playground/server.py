@@ -325,7 +325,8 @@ class Handler(BaseHTTPRequestHandler):
         if split.path == "/model/v1/messages" and self.server.playground.demo:
             return self._model(raw)
         if split.path.startswith("/play/respond/"):
-            return self._page(lambda _: self.server.playground.respond(split.path.rsplit("/", 1)[1], _), raw)
+            key = split.path.rsplit("/", 1)[1]
+            return self._page(lambda body: self.server.playground.respond(key, body), raw)
         if not self._local_host():
             return None
         if self.headers.get(PAGE_HEADER) != "1":

@@ -169,6 +169,23 @@ def _modal(title: str = "One") -> dict[str, Any]:
     }
 
 
+def test_a_clicks_response_url_replaces_the_message_or_answers_the_clicker_five_times_at_most(
+    served: Any,
+) -> None:
+    server, client, page = served
+    posted = client.chat_postMessage(channel=CHANNEL_ID, text="a card", blocks=[{"type": "divider"}])
+    url = server.playground._response_url(ALICE, posted["ts"], None)
+    path = url.split("/", 3)[3]
+    assert page.request("POST", path, {"replace_original": True, "text": "replaced"})[0] == 200
+    assert [m["text"] for m in page.state()["messages"]] == ["replaced"]
+    assert page.request("POST", path, {"text": "only for you"})[0] == 200
+    assert [(e["user"], e["text"]) for e in page.state()["ephemerals"]] == [(ALICE, "only for you")]
+    for _ in range(3):
+        assert page.request("POST", path, {"text": "again"})[0] == 200
+    status, answer = page.request("POST", path, {"text": "a sixth time"})
+    assert status == 404 and answer["error"] == "expired_url"
+
+
 def test_the_page_api_refuses_other_sites_and_says_why(served: Any) -> None:
     server, _, page = served
     body = {"user": ALICE, "text": "write a note"}
