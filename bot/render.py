@@ -121,6 +121,7 @@ class Message:
     text: str
     blocks: list[dict[str, Any]]
     attachment: Attachment | None = None
+    stream: str | None = None  # Markdown to stream into the thread before the message settles as above
 
 
 # --- characters nobody can see --------------------------------------------------------------------
@@ -1057,7 +1058,8 @@ def final_answer(answer: str, turns: int, requests: int, *, run_id: str | None =
     """The model's answer (its Markdown as mrkdwn, escaped, split over sections), the footer, and
     with `run_id` Slack's feedback buttons (`feedback`: ``good:RUN`` or ``bad:RUN``).
 
-    An answer longer than a message can hold is cut, says so, and comes whole as a file.
+    An answer longer than a message can hold is cut, says so, and comes whole as a file. `stream`
+    is the answer as Slack streams it first (escaped Markdown), before the message settles.
     """
     footer = _footer(turns, requests)
     feedback = [] if run_id is None else [feedback_buttons(run_id)]
@@ -1073,7 +1075,9 @@ def final_answer(answer: str, turns: int, requests: int, *, run_id: str | None =
     whole = (
         Attachment("answer.md", texts.ANSWER_FILE_TITLE, visible(answer, answer=True)) if cut_off[0] else None
     )
-    return Message(text=_with_tail(answer, footer, mode="answer"), blocks=blocks, attachment=whole)
+    streamed = escape(visible(answer.strip(), answer=True)) or None  # inert while it streams too
+    text = _with_tail(answer, footer, mode="answer")
+    return Message(text=text, blocks=blocks, attachment=whole, stream=streamed)
 
 
 def feedback_buttons(run_id: str) -> dict[str, Any]:

@@ -242,6 +242,9 @@ class Workspace:
             "assistant.threads.setStatus": self._set_status,
             "assistant.threads.setSuggestedPrompts": self._suggest_prompts,
             "agents.sessions.setStatus": self._session_status,
+            "chat.startStream": self._start_stream,
+            "chat.appendStream": self._append_stream,
+            "chat.stopStream": self._stop_stream,
             "files.getUploadURLExternal": self._upload_url,
             "files.completeUploadExternal": self._complete_upload,
         }
@@ -279,6 +282,8 @@ class Workspace:
     def _update(self, params: Json) -> Json:
         self._channel(params)
         message = self._own(str(params.get("ts") or ""), "cant_update_message")
+        if message.get("streaming"):
+            raise ApiError("message_is_streaming")
         text, blocks = _content(params, required=False)
         if "text" in params:
             message["text"] = text
@@ -286,7 +291,7 @@ class Workspace:
             message["blocks"] = blocks
         if "metadata" in params:
             message["metadata"] = _metadata(params["metadata"])
-        message["edited"] = True
+        message["edited"] = not message.pop("streamed", False)  # settling a stream is no edit
         return {"channel": CHANNEL_ID, "ts": message["ts"], "text": message["text"]}
 
     def _delete(self, params: Json) -> Json:
@@ -413,6 +418,41 @@ class Workspace:
         view_id = entry["id"] if entry else self._view_id()
         self.homes[user] = {"id": view_id, "hash": self._hash(), "user": user, "view": view, "errors": {}}
         return {"view": self._view_out(self.homes[user])}
+
+    def _start_stream(self, params: Json) -> Json:
+        self._channel(params)
+        parent = self._find(str(params.get("thread_ts") or ""))
+        if parent is None:
+            raise ApiError("invalid_arguments")  # a stream always replies in a thread
+        if not (params.get("recipient_team_id") and params.get("recipient_user_id")):
+            raise ApiError("invalid_arguments")  # required in a channel
+        thread_ts = parent["thread_ts"] or parent["ts"]
+        text = str(params.get("markdown_text") or "")
+        message = self._store(user=BOT_USER_ID, bot_id=BOT_ID, text=text, blocks=None, thread_ts=thread_ts)
+        message.update(streaming=True, streamed=True)
+        return {"channel": CHANNEL_ID, "ts": message["ts"]}
+
+    def _streaming(self, params: Json) -> Json:
+        self._channel(params)
+        message = self._own(str(params.get("ts") or ""), "cant_update_message")
+        if not message.get("streaming"):
+            raise ApiError("message_not_in_streaming_state")
+        return message
+
+    def _append_stream(self, params: Json) -> Json:
+        message = self._streaming(params)
+        if not params.get("markdown_text"):
+            raise ApiError("invalid_arguments")
+        message["text"] += str(params["markdown_text"])
+        return {"channel": CHANNEL_ID, "ts": message["ts"]}
+
+    def _stop_stream(self, params: Json) -> Json:
+        message = self._streaming(params)
+        message["streaming"] = False
+        message["text"] += str(params.get("markdown_text") or "")
+        if params.get("metadata"):
+            message["metadata"] = _metadata(params["metadata"])
+        return {"channel": CHANNEL_ID, "ts": message["ts"]}
 
     def _upload_url(self, params: Json) -> Json:
         name, length = str(params.get("filename") or ""), str(params.get("length") or "")

@@ -468,6 +468,38 @@ def test_an_answer_or_a_result_too_long_for_a_message_comes_whole_as_a_file(stac
     assert "every call in full is in the file below" in str(summary["blocks"])
 
 
+def test_the_answer_streams_into_the_thread_then_settles_and_a_refused_stream_falls_back_to_a_post(
+    stack: Stack,
+) -> None:
+    channel = new_channel()
+    stack.model.script_for("streamit", reply(text("**Streamed** <!here> " + "word " * 200)))
+    _, ts, _ = stack.mention("streamit: go", channel=channel)
+    answer = wait_post(stack, channel, ts, lambda m: footer(0, 1) in m["text"])
+    methods = [c.method for c in stack.slack.calls if c.params.get("channel") == channel]
+    streamed = [m for m in methods if m.startswith("chat.") and "Stream" in m]
+    assert streamed[0] == "chat.startStream" and streamed[-1] == "chat.stopStream"
+    assert streamed.count("chat.appendStream") == 3  # 1,021 characters in chunks of 400
+    start = next(
+        c for c in stack.slack.calls if c.method == "chat.startStream" and c.params["channel"] == channel
+    )
+    assert (start.params["recipient_team_id"], start.params["recipient_user_id"]) == ("T1", "UALICE")
+    appended = "".join(
+        c.params["markdown_text"]
+        for c in stack.slack.calls
+        if c.method == "chat.appendStream" and c.params["channel"] == channel
+    )
+    assert "<!here>" not in appended and "&lt;!here&gt;" in appended  # inert while it streams too
+    assert answer["blocks"][0]["text"]["text"].startswith("*Streamed* &lt;!here&gt;")  # then settled
+    assert not any(s["streaming"] for s in stack.slack.streams())
+
+    refused = new_channel()
+    stack.slack.fail_next("chat.startStream", error="not_allowed_token_type")
+    stack.model.script_for("nostream", reply(text("posted instead")))
+    _, ts, _ = stack.mention("nostream: go", channel=refused)
+    wait_post(stack, refused, ts, lambda m: "posted instead" in m["text"] and footer(0, 1) in m["text"])
+    assert not [s for s in stack.slack.streams() if s["channel"] == refused]
+
+
 def test_a_valve_stop_is_posted_in_plain_words(stack: Stack) -> None:
     channel = new_channel()
     same = tool_use("read_file", {"path": "README.md"})

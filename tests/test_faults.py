@@ -38,6 +38,9 @@ FIGURES: dict[str, int] = {}
 WORKING = "Working on it"  # the run's first post, its Stop button: holds wait for the next one
 
 
+FOOTER_1 = "That took 0 turns of tool calls across 1 model requests."  # a run with no tool calls
+
+
 def count(name: str, n: int = 1) -> None:
     """Tally for the README's figures table (printed at the end of the session)."""
     FIGURES[name] = FIGURES.get(name, 0) + n
@@ -316,26 +319,63 @@ def test_a_worker_killed_as_a_run_starts_loses_no_run(stack: Stack) -> None:
 
 
 def test_the_answer_reaches_the_thread_exactly_once_across_a_crash(stack: Stack) -> None:
+    """The answer streams, then settles; a worker killed with the stream's stop on the wire leaves a
+    stopped but unsettled message, which the next worker settles instead of answering again."""
     stack.model.script(reply(text("the answer, exactly once")))
-    held = stack.slack.hold_next("chat.postMessage", unless=WORKING)  # the answer (no tool calls)
+    held = stack.slack.hold_next("chat.stopStream")
     stack.start_bot()
     doomed = stack.start_worker()
     _, ts, _ = stack.mention("answerkill: hi", channel="C24", user="UANN")
     assert held.arrived.wait(30)
-    doomed.kill_group()  # the run is saved finished; its answer is on the wire
+    doomed.kill_group()  # the run is saved finished; its answer streamed, its stop on the wire
     count("workers SIGKILLed mid-run")
     held.release.set()
-    wait_text(stack, "C24", ts, "the answer, exactly once")
     stack.start_worker()
     wait_until(lambda: runs(stack)[0].outbox == [] and runs(stack)[0].status is RunStatus.FINISHED)
     stack.settled()
     answers = [m for m in posts(stack, "C24", ts) if "the answer, exactly once" in m["text"]]
-    assert len(answers) == 1
+    assert len(answers) == 1 and FOOTER_1 in answers[0]["text"]  # settled as the finished answer
+    assert [s["streaming"] for s in stack.slack.streams()] == [False]  # one stream, closed
     assert len(stack.model.requests) == 1
     assert ("C24", ts, "white_check_mark") in stack.slack.reactions  # what it still owed was paid
     for call in stack.slack.calls:  # a link in model text is never fetched by Slack
         if call.method == "chat.postMessage":
             assert call.params.get("unfurl_links") is False and call.params.get("unfurl_media") is False
+
+
+def test_an_answer_lost_with_its_worker_is_posted_by_the_next(stack: Stack) -> None:
+    stack.model.script(reply(text("posted by the next worker")))
+    held = stack.slack.hold_next("chat.startStream")  # the answer's stream
+    stack.start_bot()
+    doomed = stack.start_worker()
+    _, ts, _ = stack.mention("answerlost: hi", channel="C25", user="UANN")
+    assert held.arrived.wait(30)
+    stack.slack.fail_next("chat.startStream", error="fatal_error")  # the held start never lands
+    doomed.kill_group()
+    count("workers SIGKILLed mid-run")
+    held.release.set()
+    stack.start_worker()
+    wait_text(stack, "C25", ts, "posted by the next worker", timeout=RECOVERY_BOUND)
+    stack.settled()
+    assert len([m for m in posts(stack, "C25", ts) if "posted by the next worker" in m["text"]]) == 1
+
+
+def test_a_stream_left_open_by_a_dead_worker_is_closed_and_settled_by_the_next(stack: Stack) -> None:
+    stack.model.script(reply(text("streamed " * 100)))  # 900 characters: three appends
+    held = stack.slack.hold_next("chat.appendStream")
+    stack.start_bot()
+    doomed = stack.start_worker()
+    _, ts, _ = stack.mention("streamkill: hi", channel="C28", user="UANN")
+    assert held.arrived.wait(30)
+    doomed.kill_group()  # the stream is open: nobody will append to it or stop it
+    count("workers SIGKILLed mid-run")
+    held.release.set()
+    stack.start_worker()
+    wait_until(lambda: runs(stack)[0].outbox == [] and runs(stack)[0].status is RunStatus.FINISHED)
+    stack.settled()
+    (stream,) = stack.slack.streams()
+    assert stream["streaming"] is False and FOOTER_1 in stream["text"]  # closed, and it is the answer
+    assert len([m for m in posts(stack, "C28", ts) if "streamed streamed" in m["text"]]) == 1
 
 
 def test_the_file_of_a_long_answer_reaches_the_thread_exactly_once_across_a_crash(stack: Stack) -> None:
@@ -357,23 +397,6 @@ def test_the_file_of_a_long_answer_reaches_the_thread_exactly_once_across_a_cras
     assert len(shared) == 1 and shared[0]["text"] == long_answer.strip()
     assert len([m for m in posts(stack, "C27", ts) if m.get("files")]) == 1
     assert len([m for m in posts(stack, "C27", ts) if "whole of it is in the file" in str(m["blocks"])]) == 1
-
-
-def test_an_answer_lost_with_its_worker_is_posted_by_the_next(stack: Stack) -> None:
-    stack.model.script(reply(text("posted by the next worker")))
-    held = stack.slack.hold_next("chat.postMessage", unless=WORKING)  # the answer
-    stack.start_bot()
-    doomed = stack.start_worker()
-    _, ts, _ = stack.mention("answerlost: hi", channel="C25", user="UANN")
-    assert held.arrived.wait(30)
-    stack.slack.fail_next("chat.postMessage", error="fatal_error")  # the held post never lands
-    doomed.kill_group()
-    count("workers SIGKILLed mid-run")
-    held.release.set()
-    stack.start_worker()
-    wait_text(stack, "C25", ts, "posted by the next worker", timeout=RECOVERY_BOUND)
-    stack.settled()
-    assert len([m for m in posts(stack, "C25", ts) if "posted by the next worker" in m["text"]]) == 1
 
 
 def test_a_run_that_keeps_killing_its_workers_is_stopped_with_a_message(stack: Stack) -> None:

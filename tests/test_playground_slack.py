@@ -186,6 +186,27 @@ def test_a_clicks_response_url_replaces_the_message_or_answers_the_clicker_five_
     assert status == 404 and answer["error"] == "expired_url"
 
 
+def test_a_stream_grows_on_the_page_then_settles_as_the_message_without_an_edit_mark(served: Any) -> None:
+    server, client, page = served
+    ts = server.playground.workspace.post_as(ALICE, "hello", None)["ts"]
+    with pytest.raises(SlackApiError, match="invalid_arguments"):
+        client.chat_startStream(channel=CHANNEL_ID, thread_ts=ts)  # a channel needs its recipient
+    opened = client.chat_startStream(
+        channel=CHANNEL_ID, thread_ts=ts, recipient_team_id="T0PLAYGND", recipient_user_id=ALICE
+    )
+    client.chat_appendStream(channel=CHANNEL_ID, ts=opened["ts"], markdown_text="Hello ")
+    client.chat_appendStream(channel=CHANNEL_ID, ts=opened["ts"], markdown_text="world")
+    assert page.thread(ts)[-1]["text"] == "Hello world"
+    with pytest.raises(SlackApiError, match="message_is_streaming"):
+        client.chat_update(channel=CHANNEL_ID, ts=opened["ts"], text="too early")
+    client.chat_stopStream(channel=CHANNEL_ID, ts=opened["ts"])
+    client.chat_update(channel=CHANNEL_ID, ts=opened["ts"], text="Hello world, settled")
+    settled = page.thread(ts)[-1]
+    assert (settled["text"], settled["edited"]) == ("Hello world, settled", False)
+    with pytest.raises(SlackApiError, match="message_not_in_streaming_state"):
+        client.chat_appendStream(channel=CHANNEL_ID, ts=opened["ts"], markdown_text="late")
+
+
 def test_the_page_api_refuses_other_sites_and_says_why(served: Any) -> None:
     server, _, page = served
     body = {"user": ALICE, "text": "write a note"}

@@ -17,7 +17,7 @@ from typing import Any
 from bot import render, texts
 from bot.render import Message
 from workers.services import Services, file_key, upload_name
-from workers.store import RunRecord
+from workers.store import DAY, Keys, RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,8 @@ def owe_post(record: RunRecord, msg: Message, role: str = MESSAGE, call: str | N
     key = str(record.posted + 1)
     entry: dict[str, Any] = {"op": "post", "key": key, "role": role, "call": call, "text": msg.text}
     entry["blocks"] = msg.blocks
+    if msg.stream:
+        entry["stream"] = msg.stream
     owed = [entry]
     if msg.attachment is not None:
         file = msg.attachment
@@ -77,12 +79,44 @@ def deliver(svc: Services, record: RunRecord, *, reconcile: bool) -> RunRecord:
     return replace(record, outbox=[], cards=cards, failure_ts=failure_ts)
 
 
+def _stream(svc: Services, record: RunRecord, entry: dict[str, Any], tag: dict[str, str]) -> str | None:
+    """Stream a post into the thread, then settle it as the post: its ts, or None to post it instead.
+
+    The stream's ts is kept in Redis while it streams: a driver that dies mid-stream leaves it
+    there, and the next one closes that stream and settles it, rather than leaving it open and
+    posting the answer a second time.
+    """
+    key = Keys.stream(record.run_id, entry["key"])
+    orphan = svc.store.redis.get(key)
+    if orphan is not None:
+        ts = orphan.decode() if isinstance(orphan, bytes) else str(orphan)
+        if svc.finish_stream(record.channel, ts, entry["text"], entry["blocks"], tag):
+            svc.store.redis.delete(key)
+            return ts
+    streamed = svc.stream(
+        record.channel,
+        record.thread_ts,
+        entry["stream"],
+        entry["text"],
+        entry["blocks"],
+        tag=tag,
+        recipient=(record.team, record.requester),
+        started=lambda ts: svc.store.redis.set(key, ts, ex=DAY),
+    )
+    svc.store.redis.delete(key)
+    return streamed
+
+
 def _pay(svc: Services, record: RunRecord, entry: dict[str, Any], posted: dict[str, str]) -> str | None:
     op = entry["op"]
     if op == "post":
         if entry["key"] in posted:
             return posted[entry["key"]]
         tag = {"run": record.run_id, "key": entry["key"]}
+        if entry.get("stream"):
+            streamed = _stream(svc, record, entry, tag)
+            if streamed:
+                return streamed
         return svc.post(record.channel, record.thread_ts, entry["text"], entry["blocks"], tag=tag)
     if op == "upload":
         if file_key(entry["key"]) in posted:

@@ -183,6 +183,11 @@ class Keys:
         return f"{PREFIX}escalations"
 
     @staticmethod
+    def stream(run_id: str, key: str) -> str:
+        """The ts of a run's answer while it streams (a successor closes a stream left open)."""
+        return f"{PREFIX}stream:{check_id('run', run_id)}:{int(key)}"
+
+    @staticmethod
     def stop_request(run_id: str) -> str:
         """Someone asked the run to stop (the value: who); its driver stops before its next step."""
         return f"{PREFIX}stop:{check_id('run', run_id)}"

@@ -420,6 +420,9 @@ class FakeSlackAPI:
             "usergroups.users.list": self._usergroups_users_list,
             "views.publish": self._views_publish,
             "chat.getPermalink": self._chat_get_permalink,
+            "chat.startStream": self._chat_start_stream,
+            "chat.appendStream": self._chat_append_stream,
+            "chat.stopStream": self._chat_stop_stream,
             "files.getUploadURLExternal": self._files_get_upload_url,
             "files.completeUploadExternal": self._files_complete_upload,
         }
@@ -1008,11 +1011,15 @@ class FakeSlackAPI:
             raise _ApiError("message_not_found")
         if msg["user"] != self.bot_user_id:
             raise _ApiError("cant_update_message")
+        if msg.get("streaming"):
+            raise _ApiError("message_is_streaming")  # stop the stream first
         text, blocks = self._validated_content(params)
         if text is not None:
             msg["text"] = text
         if blocks is not None:  # omitted blocks are kept, like Slack
             msg["blocks"] = copy.deepcopy(blocks)
+        if params.get("metadata") is not None:
+            msg["metadata"] = self._valid_metadata(params["metadata"])
         self._record_texts(text, blocks)
         return {
             "channel": channel,
@@ -1195,6 +1202,81 @@ class FakeSlackAPI:
             raise _ApiError("channel_not_found")
         if self._find_message(channel, thread_ts) is None:
             raise _ApiError("invalid_thread_ts")
+
+    def _valid_metadata(self, metadata: Any) -> dict[str, Any]:
+        if isinstance(metadata, str):
+            try:
+                metadata = json.loads(metadata)
+            except ValueError:
+                raise _ApiError("invalid_metadata_format") from None
+        if not (
+            isinstance(metadata, dict)
+            and isinstance(metadata.get("event_type"), str)
+            and isinstance(metadata.get("event_payload"), dict)
+        ):
+            raise _ApiError("invalid_metadata_schema")
+        return copy.deepcopy(metadata)
+
+    def _chat_start_stream(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Slack's rules: a stream replies in a thread; in a channel it names who it streams to."""
+        channel = self._require_str(params, "channel", "channel_not_found")
+        thread_ts = params.get("thread_ts")
+        if not isinstance(thread_ts, str) or not thread_ts:
+            raise _ApiError("invalid_arguments", errors=["missing required field: thread_ts"])
+        if self._find_message(channel, thread_ts) is None:
+            raise _ApiError("message_not_found")
+        if channel.startswith(("C", "G")) and not (
+            params.get("recipient_team_id") and params.get("recipient_user_id")
+        ):
+            raise _ApiError(
+                "invalid_arguments", errors=["recipient_team_id and recipient_user_id are required"]
+            )
+        ts = self._store_message(
+            channel, str(params.get("markdown_text") or ""), [], thread_ts, self.bot_user_id
+        )
+        msg = self._find_message(channel, ts)
+        assert msg is not None
+        msg["streaming"] = True
+        return {"channel": channel, "ts": ts}
+
+    def _streaming(self, params: dict[str, Any]) -> dict[str, Any]:
+        channel = self._require_str(params, "channel", "channel_not_found")
+        msg = self._find_message(channel, self._require_str(params, "ts", "message_not_found"))
+        if msg is None:
+            raise _ApiError("message_not_found")
+        if not msg.get("streaming"):
+            raise _ApiError("message_not_in_streaming_state")
+        return msg
+
+    def _chat_append_stream(self, params: dict[str, Any]) -> dict[str, Any]:
+        msg = self._streaming(params)
+        text = params.get("markdown_text")
+        if not isinstance(text, str) or not text:
+            raise _ApiError("invalid_arguments", errors=["missing required field: markdown_text"])
+        if len(text) > 12_000:
+            raise _ApiError("msg_too_long")
+        msg["text"] += text
+        self._record_texts(text, None)
+        return {"channel": msg["channel"], "ts": msg["ts"]}
+
+    def _chat_stop_stream(self, params: dict[str, Any]) -> dict[str, Any]:
+        msg = self._streaming(params)
+        msg["streaming"] = False
+        if params.get("markdown_text"):
+            msg["text"] += str(params["markdown_text"])
+        if params.get("metadata") is not None:
+            msg["metadata"] = self._valid_metadata(params["metadata"])
+        return {"channel": msg["channel"], "ts": msg["ts"], "message": self._slack_message(msg)}
+
+    def streams(self) -> list[dict[str, Any]]:
+        """Every message that was streamed: channel, ts, text now, and whether it still streams."""
+        with self._lock:
+            return [
+                {"channel": m["channel"], "ts": m["ts"], "text": m["text"], "streaming": m["streaming"]}
+                for msgs in self._messages.values()
+                for m in msgs
+                if "streaming" in m
+            ]
 
     def _files_get_upload_url(self, params: dict[str, Any]) -> dict[str, Any]:
         name = params.get("filename")
