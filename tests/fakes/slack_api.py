@@ -519,9 +519,12 @@ class FakeSlackAPI:
         it: the parent whose ts is ``thread_ts`` plus its replies.  Each message is
         ``{"channel", "ts", "thread_ts", "text", "blocks", "user"}``; ``thread_ts`` is
         ``None`` for top-level messages and ``blocks`` is a list of dicts (possibly empty).
+
+        A streamed message shows here once `chat.update` has settled it (a reader of a test sees
+        the answer as it ends up); `streams()` shows it from its start.
         """
         with self._lock:
-            msgs = self._messages.get(channel, [])
+            msgs = [m for m in self._messages.get(channel, []) if not m.get("unsettled")]
             if thread_ts is not None:
                 msgs = [m for m in msgs if m["ts"] == thread_ts or m["thread_ts"] == thread_ts]
             return copy.deepcopy(msgs)
@@ -1020,6 +1023,7 @@ class FakeSlackAPI:
             msg["blocks"] = copy.deepcopy(blocks)
         if params.get("metadata") is not None:
             msg["metadata"] = self._valid_metadata(params["metadata"])
+        msg.pop("unsettled", None)
         self._record_texts(text, blocks)
         return {
             "channel": channel,
@@ -1236,7 +1240,7 @@ class FakeSlackAPI:
         )
         msg = self._find_message(channel, ts)
         assert msg is not None
-        msg["streaming"] = True
+        msg["streaming"] = msg["unsettled"] = True
         return {"channel": channel, "ts": ts}
 
     def _streaming(self, params: dict[str, Any]) -> dict[str, Any]:
