@@ -27,6 +27,7 @@ FENCE_SAFE = "ˋˋˋ"  # modifier-letter grave accents: look like a fence, do no
 TICK_SAFE = "ˋ"  # the same for the single backtick that would close `inline code`
 BULLETS = ("•", "◦", "▪")
 RULE = "───────────"
+QUOTE_IN_LIST = "│ "
 INDENT = "    "
 
 _PARSER = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False}).enable(
@@ -77,7 +78,9 @@ def _blocks(tokens: Sequence[Token], out: _Out) -> None:
             inner = _Out(out.clean, out.depth)
             _blocks(tokens[i + 1 : end], inner)
             quoted = "\n\n".join(b for b in inner.blocks if b.strip())
-            out.blocks.append("\n".join(">" + line for line in quoted.split("\n")))
+            if quoted:  # mrkdwn quotes only a line that starts with ">": in a list, a bar stands in
+                mark = ">" if out.depth == 0 else QUOTE_IN_LIST
+                out.blocks.append("\n".join(mark + line for line in quoted.split("\n")))
             i = end
         elif kind == "table_open":
             end = _closing(tokens, i)

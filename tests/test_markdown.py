@@ -30,6 +30,7 @@ def test_lists_nest_and_number_from_where_they_start() -> None:
 
 def test_quotes_rules_and_code_blocks() -> None:
     assert mrkdwn("> said *this*\n> and that") == ">said _this_\n>and that"
+    assert mrkdwn("- > quoted in a list\n- >") == "• │ quoted in a list\n\n• "  # no ">" past a line start
     assert mrkdwn("a\n\n---\n\nb") == "a\n\n───────────\n\nb"
     fenced = mrkdwn("```python\nif a < b: print('```')\n```")
     assert fenced == "```\nif a &lt; b: print('ˋˋˋ')\n```"  # a fence inside cannot close the block
