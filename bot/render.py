@@ -57,6 +57,7 @@ from slack_sdk.models.blocks import (
 from slack_sdk.models.views import View
 
 from bot import markdown, texts
+from bot.markdown import FENCE, FENCE_SAFE, TICK_SAFE
 from harness.policy import Tier
 from harness.state import PendingCall, Verdict
 from harness.texts import FOOTER
@@ -80,9 +81,6 @@ MODAL_NAME_MAX = 2000
 
 ELLIPSIS = "…"
 FEEDBACK_GOOD, FEEDBACK_BAD = "good", "bad"  # the feedback buttons' values: "good:RUN", "bad:RUN"
-FENCE = "```"
-FENCE_SAFE = "ˋˋˋ"  # modifier-letter grave accents: look like a fence, do not close one
-TICK_SAFE = "ˋ"  # the same for the single backtick that would close `inline code`
 MARK = "[U+{:04X}]"  # how `visible` shows a character nobody could see
 
 # An argument whose name is one of these words, or has one among its words (`file_path`,
@@ -1015,18 +1013,13 @@ def _take_mrkdwn(text: str, room: int) -> int:
     return n
 
 
-def _split_answer(answer: str, total: int) -> list[str]:
-    """`answer` (Markdown) as mrkdwn, cut to `total` and split into sections of <= SECTION_MAX.
+def _answer_sections(answer: str, total: int) -> tuple[list[str], bool]:
+    """`answer` (Markdown) as mrkdwn, cut to `total` and split into sections of <= SECTION_MAX, and
+    whether it had to be cut.
 
     Splits prefer line breaks, never fall inside an escaped entity, and a ``` block that spans a
     split is closed at the end of one section and reopened at the start of the next.
     """
-    chunks, _ = _answer_sections(answer, total)
-    return chunks
-
-
-def _answer_sections(answer: str, total: int) -> tuple[list[str], bool]:
-    """`_split_answer`, and whether the answer had to be cut."""
     rest = _answer_mrkdwn(answer)
     was_cut = _units(rest) > total
     if was_cut:
