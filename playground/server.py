@@ -143,26 +143,16 @@ class Playground:
             payload = bot_client.block_actions(
                 person, element, trigger_id=trigger, response_url="", view=view
             )
-        elif request.get("ephemeral"):
-            ts = str(request.get("message_ts") or "")
-            item = self.workspace.ephemeral(ts, person.id)
-            if item is None:
-                raise PageError("that message is gone")
-            element = _element(item.get("blocks"), block_id, action_id, request.get("value"))
-            url = self._response_url(person.id, ts, item.get("thread_ts"))
-            payload = bot_client.block_actions(
-                person, element, trigger_id=trigger, response_url=url, ephemeral_ts=ts
-            )
         else:
             ts = str(request.get("message_ts") or "")
-            message = self.workspace.message(ts)
-            if message is None:
+            ephemeral = bool(request.get("ephemeral"))
+            found = self.workspace.ephemeral(ts, person.id) if ephemeral else self.workspace.message(ts)
+            if found is None:
                 raise PageError("that message is gone")
-            element = _element(message.get("blocks"), block_id, action_id, request.get("value"))
-            url = self._response_url(person.id, ts, message.get("thread_ts"))
-            payload = bot_client.block_actions(
-                person, element, trigger_id=trigger, response_url=url, message=message
-            )
+            element = _element(found.get("blocks"), block_id, action_id, request.get("value"))
+            url = self._response_url(person.id, ts, found.get("thread_ts"))
+            where: Json = {"ephemeral_ts": ts} if ephemeral else {"message": found}
+            payload = bot_client.block_actions(person, element, trigger_id=trigger, response_url=url, **where)
         self._deliver(lambda: self.bot.send_interaction(payload))
         return {"ok": True}
 

@@ -111,10 +111,7 @@ class Workspace:
             if user not in self.people:
                 raise ApiError("user_not_found")
             if thread_ts is not None:
-                parent = self._find(thread_ts)
-                if parent is None:
-                    raise ApiError("thread_not_found")
-                thread_ts = parent["thread_ts"] or parent["ts"]
+                thread_ts = self._root(thread_ts, "thread_not_found")
             message = self._store(user=user, bot_id=None, text=text, blocks=None, thread_ts=thread_ts)
             self._bump()
             return copy.deepcopy(message)
@@ -265,10 +262,7 @@ class Workspace:
         text, blocks = _content(params)
         thread_ts = params.get("thread_ts") or None
         if thread_ts is not None:
-            parent = self._find(str(thread_ts))
-            if parent is None:
-                raise ApiError("thread_not_found")
-            thread_ts = parent["thread_ts"] or parent["ts"]
+            thread_ts = self._root(str(thread_ts), "thread_not_found")
         message = self._store(
             user=BOT_USER_ID,
             bot_id=BOT_ID,
@@ -347,10 +341,7 @@ class Workspace:
 
     def _replies(self, params: Json) -> Json:
         self._channel(params)
-        parent = self._find(str(params.get("ts") or ""))
-        if parent is None:
-            raise ApiError("thread_not_found")
-        root = parent["thread_ts"] or parent["ts"]
+        root = self._root(str(params.get("ts") or ""), "thread_not_found")
         thread = [m for m in self.messages if m["ts"] == root or m["thread_ts"] == root]
         with_metadata = str(params.get("include_all_metadata")).lower() in ("1", "true")
         found = [self._as_slack(m, metadata=with_metadata) for m in thread]
@@ -421,12 +412,9 @@ class Workspace:
 
     def _start_stream(self, params: Json) -> Json:
         self._channel(params)
-        parent = self._find(str(params.get("thread_ts") or ""))
-        if parent is None:
-            raise ApiError("invalid_arguments")  # a stream always replies in a thread
+        thread_ts = self._root(str(params.get("thread_ts") or ""), "invalid_arguments")  # always in a thread
         if not (params.get("recipient_team_id") and params.get("recipient_user_id")):
             raise ApiError("invalid_arguments")  # required in a channel
-        thread_ts = parent["thread_ts"] or parent["ts"]
         text = str(params.get("markdown_text") or "")
         message = self._store(user=BOT_USER_ID, bot_id=BOT_ID, text=text, blocks=None, thread_ts=thread_ts)
         message.update(streaming=True, streamed=True)
@@ -490,10 +478,7 @@ class Workspace:
             self._channel({"channel": params["channel_id"]})
             thread_ts = params.get("thread_ts") or None
             if thread_ts is not None:
-                parent = self._find(str(thread_ts))
-                if parent is None:
-                    raise ApiError("invalid_thread_ts")
-                thread_ts = parent["thread_ts"] or parent["ts"]
+                thread_ts = self._root(str(thread_ts), "invalid_thread_ts")
             text = str(params.get("initial_comment") or "")
             message = self._store(
                 user=BOT_USER_ID, bot_id=BOT_ID, text=text, blocks=None, thread_ts=thread_ts
@@ -575,6 +560,13 @@ class Workspace:
     def _find(self, ts: str) -> Json | None:
         return next((m for m in self.messages if m["ts"] == ts), None)
 
+    def _root(self, ts: str, missing: str) -> str:
+        """The ts of the thread that message `ts` belongs to (its own when it starts one)."""
+        message = self._find(ts)
+        if message is None:
+            raise ApiError(missing)
+        return str(message["thread_ts"] or message["ts"])
+
     def _own(self, ts: str, refused: str) -> Json:
         message = self._find(ts)
         if message is None:
@@ -634,10 +626,7 @@ class Workspace:
         if message.get("files"):
             out["files"] = copy.deepcopy(message["files"])
         if message["reactions"]:
-            out["reactions"] = [
-                {"name": name, "users": list(users), "count": len(users)}
-                for name, users in message["reactions"].items()
-            ]
+            out["reactions"] = _reactions(message)
         out["team"] = TEAM_ID
         return out
 
@@ -654,16 +643,21 @@ class Workspace:
             "bot_id": message["bot_id"],
             "text": message["text"],
             "blocks": copy.deepcopy(message["blocks"]),
-            "reactions": [
-                {"name": name, "users": list(users), "count": len(users)}
-                for name, users in message["reactions"].items()
-            ],
+            "reactions": _reactions(message),
             "edited": message["edited"],
             "files": [
                 {"name": f["name"], "title": f["title"], "text": self.file_text(f["id"])}
                 for f in message.get("files") or []
             ],
         }
+
+
+def _reactions(message: Json) -> list[Json]:
+    """A message's reactions as Slack lists them."""
+    return [
+        {"name": name, "users": list(users), "count": len(users)}
+        for name, users in message["reactions"].items()
+    ]
 
 
 def _decoded(value: Any) -> Any:
