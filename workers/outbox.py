@@ -71,7 +71,7 @@ def deliver(svc: Services, record: RunRecord, *, reconcile: bool) -> RunRecord:
     cards = dict(record.cards)
     failure_ts = record.failure_ts
     for entry in record.outbox:
-        ts = _pay(svc, record, entry, posted)
+        ts = _pay(svc, record, entry, posted, reconcile=reconcile)
         if ts and entry.get("role") == CARD and entry.get("call"):
             cards[entry["call"]] = ts
         elif ts and entry.get("role") == FAILURE:
@@ -79,7 +79,9 @@ def deliver(svc: Services, record: RunRecord, *, reconcile: bool) -> RunRecord:
     return replace(record, outbox=[], cards=cards, failure_ts=failure_ts)
 
 
-def _stream(svc: Services, record: RunRecord, entry: dict[str, Any], tag: dict[str, str]) -> str | None:
+def _stream(
+    svc: Services, record: RunRecord, entry: dict[str, Any], tag: dict[str, str], *, reconcile: bool
+) -> str | None:
     """Stream a post into the thread, then settle it as the post: its ts, or None to post it instead.
 
     The stream's ts is kept in Redis while it streams: a driver that dies mid-stream leaves it
@@ -87,7 +89,7 @@ def _stream(svc: Services, record: RunRecord, entry: dict[str, Any], tag: dict[s
     posting the answer a second time.
     """
     key = Keys.stream(record.run_id, entry["key"])
-    orphan = svc.store.redis.get(key)
+    orphan = svc.store.redis.get(key) if reconcile else None  # only a driver that died leaves one
     if orphan is not None:
         ts = orphan.decode() if isinstance(orphan, bytes) else str(orphan)
         if svc.finish_stream(record.channel, ts, entry["text"], entry["blocks"], tag):
@@ -107,14 +109,16 @@ def _stream(svc: Services, record: RunRecord, entry: dict[str, Any], tag: dict[s
     return streamed
 
 
-def _pay(svc: Services, record: RunRecord, entry: dict[str, Any], posted: dict[str, str]) -> str | None:
+def _pay(
+    svc: Services, record: RunRecord, entry: dict[str, Any], posted: dict[str, str], *, reconcile: bool
+) -> str | None:
     op = entry["op"]
     if op == "post":
         if entry["key"] in posted:
             return posted[entry["key"]]
         tag = {"run": record.run_id, "key": entry["key"]}
         if entry.get("stream"):
-            streamed = _stream(svc, record, entry, tag)
+            streamed = _stream(svc, record, entry, tag, reconcile=reconcile)
             if streamed:
                 return streamed
         return svc.post(record.channel, record.thread_ts, entry["text"], entry["blocks"], tag=tag)
