@@ -9,13 +9,15 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cli_env(model: FakeMessagesAPI, workspace: Path, **extra: str) -> dict[str, str]:
+def cli_env(model: Any, workspace: Path, **extra: str) -> dict[str, str]:
+    """The terminal's environment, pointed at `model` (anything with a `base_url`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "HARNESS_"))}
     env.update(
         ANTHROPIC_BASE_URL=model.base_url,

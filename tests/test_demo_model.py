@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,6 +20,8 @@ from hypothesis import strategies as st
 from harness.tools import BUILTIN_TOOLS, ToolRegistry
 from playground.demo_model import FOOTER, DemoModelError, error_body, respond
 from tests.fakes.messages_api import validate_request
+from tests.test_cli import cli_env
+from tests.test_cli import harness as run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ToolRegistry(BUILTIN_TOOLS).schemas()
@@ -368,23 +368,8 @@ def folder(tmp_path: Path) -> Path:
 def harness(
     demo: DemoServer, workspace: Path, task: str, stdin: str = "", **extra: str
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "HARNESS_"))}
-    env.update(
-        ANTHROPIC_BASE_URL=demo.base_url,
-        ANTHROPIC_API_KEY="anything",
-        HARNESS_WORKSPACE=str(workspace),
-        PYTHONPATH=str(ROOT),
-        **extra,
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "harness", task],
-        input=stdin,
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    """`python -m harness TASK` against the demo model, as tests/test_cli.py runs it."""
+    done = run_cli(cli_env(demo, workspace, **extra), task, stdin)
     assert demo.problems == []
     return done
 

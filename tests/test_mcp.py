@@ -256,23 +256,23 @@ def test_a_relay_that_is_gone_answers_errors_not_exceptions(tmp_path: Path) -> N
 
 
 FORK_WAITS_FOR_SPAWN = """
-import os, sys, threading, time
+import os, threading
 from harness.tools.mcp import SPAWNING, guard_forks
 guard_forks()
-held, order = threading.Event(), []
+held, forking, order = threading.Event(), threading.Event(), []
+os.register_at_fork(before=forking.set)  # registered later, so it runs before the guard's hook
 def spawn():  # stands for the hub's loop thread spawning a stdio server
     with SPAWNING:
         held.set()
-        time.sleep(0.3)  # the spawn in progress: the behaviour under test, not synchronisation
+        forking.wait()  # the fork has begun: it must now wait for this spawn to end
         order.append("spawned")
 threading.Thread(target=spawn).start()
 held.wait()
 pid = os.fork()
-if pid == 0:
-    os._exit(0)
-order.append("forked")
-os.waitpid(pid, 0)
-print(",".join(order))
+if pid == 0:  # what the child copied: the spawn had ended before the fork
+    os._exit(0 if order == ["spawned"] else 1)
+_, status = os.waitpid(pid, 0)
+print("child saw the spawn done" if os.waitstatus_to_exitcode(status) == 0 else "child forked mid-spawn")
 """
 
 
@@ -283,4 +283,4 @@ def test_a_fork_waits_for_a_stdio_spawn_in_progress() -> None:
         [sys.executable, "-c", FORK_WAITS_FOR_SPAWN], capture_output=True, text=True, timeout=30, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "spawned,forked"
+    assert done.stdout.strip() == "child saw the spawn done"

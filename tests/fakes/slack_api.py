@@ -981,18 +981,8 @@ class FakeSlackAPI:
         channel = self._require_str(params, "channel", "channel_not_found")
         text, blocks = self._validated_content(params)
         thread_ts = params.get("thread_ts") or None
-        metadata = params.get("metadata")
-        if isinstance(metadata, str):
-            try:
-                metadata = json.loads(metadata)
-            except ValueError:
-                raise _ApiError("invalid_metadata_format") from None
-        if metadata is not None and not (
-            isinstance(metadata, dict)
-            and isinstance(metadata.get("event_type"), str)
-            and isinstance(metadata.get("event_payload"), dict)
-        ):
-            raise _ApiError("invalid_metadata_schema")
+        raw = params.get("metadata")
+        metadata = None if raw is None else self._valid_metadata(raw)
         ts = self._store_message(
             channel,
             text or "",
