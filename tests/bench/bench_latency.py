@@ -30,6 +30,8 @@ COMMAND = ".venv/bin/python -m tests.bench latency"
 SAMPLES = 50
 CLASSES = ("fork", "simple")
 GOAL_CLICK_P50_MS = 50.0
+# One user parks 53 runs at once here; the per-user and per-channel caps would refuse most.
+UNLIMITED = "[limits]\nmax_runs_per_user = 1000\nmax_runs_per_channel = 1000\n"
 
 
 class StampedSlack(FakeSlackAPI):
@@ -91,7 +93,13 @@ def idle(conn: redis.Redis) -> bool:
 
 
 def has_actions(message: dict[str, Any]) -> bool:
-    return any(b["type"] == "actions" for b in message.get("blocks") or [])
+    """The message is an approval card (the "Working on it…" message has a Stop button too)."""
+    return any(
+        e.get("action_id") == "approve"
+        for b in message.get("blocks") or []
+        if b["type"] == "actions"
+        for e in b["elements"]
+    )
 
 
 def post_mention(stack: Stack, channel: str, text_: str) -> tuple[str, float, float]:
@@ -178,7 +186,9 @@ def measure_class(
     model = Model()
     with StampedSlack() as slack, FakeMessagesAPI() as api, tempfile.TemporaryDirectory() as tmp:
         api.responder = model
-        stack = Stack(url, slack, api, Path(tmp), extra_env={"HARNESS_WORKER_CLASS": kind})
+        stack = Stack(
+            url, slack, api, Path(tmp), config=UNLIMITED, extra_env={"HARNESS_WORKER_CLASS": kind}
+        )
         try:
             stack.start_bot()
             stack.start_worker()
