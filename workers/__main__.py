@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import threading
 import time
@@ -18,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
-from rq import SimpleWorker, Worker
+from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
 
 from bot import render
@@ -27,7 +26,7 @@ from harness.config import ConfigError, ResolvedServer, load_config
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub, guard_forks
 from harness.tools.relay import RelayClient, RelayServer
-from workers import jobs, logs, metrics, status
+from workers import horses, jobs, logs, metrics, status
 from workers.driver import lease_seconds
 from workers.health import WORKER_TTL
 from workers.services import (
@@ -122,40 +121,6 @@ def _reminder(svc: Services, run_id: str, park_id: int, now: float) -> tuple[str
     return record.channel, record.thread_ts, msg, record.expires_at
 
 
-class _StopAware:
-    """Tells a warm shutdown (SIGTERM, SIGINT) apart from RQ quitting its loop on an error."""
-
-    stop_requested = False
-
-    def handle_warm_shutdown_request(self) -> None:
-        self.stop_requested = True
-        super().handle_warm_shutdown_request()  # type: ignore[misc]
-
-
-class _Observed:
-    """A job's log lines name its run; a failed job counts as retried or failed in the metrics."""
-
-    connection: redis.Redis
-
-    def perform_job(self, job: Any, queue: Any, execution: Any) -> bool:
-        run_id = job.args[0] if job.args and isinstance(job.args[0], str) else None
-        with logs.bound(run_id=run_id):  # the driver adds the run's team, channel and thread
-            return bool(super().perform_job(job, queue, execution))  # type: ignore[misc]
-
-    def handle_job_failure(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> None:
-        retried = job.should_retry and getattr(self, "_stopped_job_id", None) != job.id
-        super().handle_job_failure(job, queue, *args, **kwargs)  # type: ignore[misc]
-        metrics.incr(self.connection, metrics.JOBS_RETRIED if retried else metrics.JOBS_FAILED)
-
-
-class HarnessWorker(_Observed, _StopAware, Worker):
-    """RQ's forking worker: every job in a fresh work horse."""
-
-
-class HarnessSimpleWorker(_Observed, _StopAware, SimpleWorker):
-    """RQ's worker that runs jobs in its own process."""
-
-
 def work() -> int:
     """Check settings, then work the queue until SIGTERM/SIGINT (a warm shutdown)."""
     try:
@@ -172,6 +137,12 @@ def work() -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    try:
+        kind = horses.worker_class_name()
+        horses.Limits.from_env()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     hub, relay = _start_mcp(svc, servers)
     if relay is not None:
         svc = replace(svc, catalog=_relayed(svc, relay))
@@ -183,24 +154,13 @@ def work() -> int:
     threading.Thread(
         target=watchdog, args=(watch_store, stop, watch_svc), name="watchdog", daemon=True
     ).start()
-    # fork (default): each job in a fresh work horse, isolated from the others' crashes and leaks.
-    # simple: jobs in this process, no fork per job (faster; one bad job can take the worker down).
-    kind = os.environ.get("HARNESS_WORKER_CLASS", "fork")
-    worker_class = HarnessSimpleWorker if kind == "simple" else HarnessWorker
     try:
-        backoff = 1.0
-        while True:
-            worker = worker_class(
-                [svc.queue], connection=svc.store.redis, serializer=JSONSerializer, worker_ttl=WORKER_TTL
-            )
-            worker.work(with_scheduler=True, logging_level="INFO")
-            if worker.stop_requested:
-                break
-            # RQ quits its loop on any unexpected error (a Redis restart during its heartbeat,
-            # say): a worker process must outlive that, so start a new loop.
-            log.warning("the RQ worker loop stopped on an error; starting it again in %.0f s", backoff)
-            time.sleep(backoff)
-            backoff = min(backoff * 2, 10.0)
+        if kind == "prefork":
+            limits = horses.Limits.from_env()
+            scheduler = RQScheduler([svc.queue], connection=svc.store.redis, serializer=JSONSerializer)
+            horses.Supervisor(lambda: _serve_horse(svc, limits), svc.store.redis, scheduler).run()
+        else:
+            _serve(svc, horses.HarnessSimpleWorker if kind == "simple" else horses.HarnessWorker)
     finally:
         stop.set()
         if relay is not None:
@@ -208,6 +168,35 @@ def work() -> int:
         if hub is not None:
             hub.close()
     return 0
+
+
+def _serve(svc: Services, worker_class: type[horses.HarnessWorker | horses.HarnessSimpleWorker]) -> None:
+    """Work the queue in this process (`simple`, or RQ's `fork` per job) until asked to stop."""
+    backoff = 1.0
+    while True:
+        worker = worker_class(
+            [svc.queue], connection=svc.store.redis, serializer=JSONSerializer, worker_ttl=WORKER_TTL
+        )
+        worker.work(with_scheduler=True, logging_level="INFO")
+        if worker.stop_requested:
+            return
+        # RQ quits its loop on any unexpected error (a Redis restart during its heartbeat, say):
+        # a worker process must outlive that, so start a new loop.
+        log.warning("the RQ worker loop stopped on an error; starting it again in %.0f s", backoff)
+        time.sleep(backoff)
+        backoff = min(backoff * 2, 10.0)
+
+
+def _serve_horse(svc: Services, limits: horses.Limits) -> int:
+    """A prefork horse's life: work the queue until asked to stop or until `limits` says leave."""
+    worker = horses.HarnessHorseWorker(
+        [svc.queue], connection=svc.store.redis, serializer=JSONSerializer, worker_ttl=WORKER_TTL
+    )
+    worker.limits = limits
+    worker.work(logging_level="INFO")  # RQ's scheduler runs in the worker process, beside the horse
+    if worker.stop_requested:
+        return horses.exit_status(None)
+    return horses.exit_status(worker.leaving or horses.LOOP)
 
 
 def _start_mcp(

@@ -100,6 +100,12 @@ MENTIONS = Family(
 )
 JOBS_RETRIED = Family("harness_jobs_retried", "RQ jobs that failed and were scheduled to run again.")
 JOBS_FAILED = Family("harness_jobs_failed", "RQ jobs that failed with no retry left.")
+HORSES_REPLACED = Family(
+    "harness_work_horses_replaced",
+    "Prefork work horses replaced, by why: crashed, memory, threads (one a tool left running), jobs, "
+    "loop (RQ quit on an error), stopped.",
+    {"reason": ("crashed", "memory", "threads", "jobs", "loop", "stopped")},
+)
 RECOVERED = Family(
     "harness_runs_recovered", "Runs whose driver died, handed to another worker by a watchdog."
 )
@@ -112,7 +118,7 @@ DECISION_SECONDS = Family(
 RESUME_SECONDS = Family(
     "harness_click_to_resume_seconds",
     "Time from the click that completed a park to the worker resuming the run.",
-    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
 ACK_SECONDS = Family(
     "harness_ack_seconds",
@@ -134,6 +140,7 @@ FAMILIES = (
     MENTIONS,
     JOBS_RETRIED,
     JOBS_FAILED,
+    HORSES_REPLACED,
     RECOVERED,
     DECISION_SECONDS,
     RESUME_SECONDS,

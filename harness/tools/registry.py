@@ -17,6 +17,9 @@ from harness.tools.base import RESULT_LIMIT_CHARS, BadInput, Tool, ToolContext, 
 Absent = Callable[[str], "ToolResult | None"]
 
 
+IDLE_LANE = "tool-lane"  # the name of a lane thread, until a call on it times out
+
+
 class _TimedOut(Exception):
     """A call that outlived the registry's timeout; its thread may still be running it."""
 
@@ -98,6 +101,7 @@ class ToolRegistry:
         if not call.done.wait(self._timeout):
             # A thread cannot be killed: the hung call keeps its lane, the next call gets a new one.
             self._lanes.lane = None
+            lane.thread.name = f"{IDLE_LANE} (hung in {found.name})"  # a worker counts hung lanes
             raise _TimedOut(found.name)
         if call.error is not None:
             raise call.error
@@ -130,7 +134,8 @@ class _Lane:
     def __init__(self) -> None:
         self.inbox: queue.SimpleQueue[_Call] = queue.SimpleQueue()
         self.pid = os.getpid()
-        threading.Thread(target=self._work, name="tool-lane", daemon=True).start()
+        self.thread = threading.Thread(target=self._work, name=IDLE_LANE, daemon=True)
+        self.thread.start()
 
     def usable(self) -> bool:
         return self.pid == os.getpid()  # a forked child has the object but not the thread

@@ -1,0 +1,315 @@
+"""Where a worker runs its jobs: `HARNESS_WORKER_CLASS`.
+
+- `prefork` (the default): one long-lived work horse, forked once from the warmed worker, runs
+  job after job in its own process. The worker process only supervises it: a horse that dies
+  (a segfault, `os._exit` in a tool, the kernel's OOM killer) is replaced at once by a fresh
+  fork, and a horse that grew past `HARNESS_WORKER_MAX_RSS_MB`, kept a thread a tool left
+  running, or ran `HARNESS_WORKER_MAX_JOBS` jobs finishes its job and is replaced the same way.
+  A job pays no fork, no new connections and no cold pages; the run a dead horse was driving is
+  continued by the watchdog once its lease expires, as with any dead driver.
+- `fork`: RQ's `Worker`, a work horse forked per job (RQ's default). The same isolation, paid on
+  every job: the fork, the copy-on-write faults, new connections to Redis, Slack and the model.
+- `simple`: RQ's `SimpleWorker`, jobs in the worker process itself; nothing replaces it when a
+  job kills it but the process manager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+import resource
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import redis
+from rq import SimpleWorker, Worker
+from rq.scheduler import RQScheduler
+
+from harness.tools.registry import IDLE_LANE
+from workers import logs, metrics
+
+log = logging.getLogger("workers.horses")
+
+CLASSES = ("prefork", "fork", "simple")
+DEFAULT_CLASS = "prefork"
+DEFAULT_MAX_RSS_MB = 1024
+RESTART_BACKOFF_MAX = 10.0  # seconds between horses that die young, at most
+SCHEDULER_CHECK_SECONDS = 15  # how often a worker checks that some worker runs RQ's scheduler
+
+# Why a horse was replaced (the label of `harness_work_horses_replaced_total`).
+CRASHED = "crashed"  # died mid-job or while idle: killed by a signal or an exit nobody asked for
+MEMORY = "memory"  # its resident memory passed HARNESS_WORKER_MAX_RSS_MB
+THREADS = "threads"  # a job left a thread running (a tool that timed out and never returned)
+JOBS = "jobs"  # it ran HARNESS_WORKER_MAX_JOBS jobs
+LOOP = "loop"  # RQ quit its loop on an error (a Redis restart during its heartbeat, say)
+STOPPED = "stopped"  # the horse alone was asked to stop (a SIGTERM sent to its pid)
+REASONS = (CRASHED, MEMORY, THREADS, JOBS, LOOP, STOPPED)
+
+# A horse's exit status says why it left, so the worker knows what to count.
+_EXIT_STATUS = {STOPPED: 0, MEMORY: 10, THREADS: 11, JOBS: 12, LOOP: 13}
+_REASON_OF_STATUS = {code: reason for reason, code in _EXIT_STATUS.items()}
+
+_PR_SET_PDEATHSIG = 1
+
+
+def worker_class_name() -> str:
+    """The configured class, checked: an unknown name is an error, not a silent default."""
+    kind = (os.environ.get("HARNESS_WORKER_CLASS") or DEFAULT_CLASS).strip()
+    if kind not in CLASSES:
+        raise ValueError(f"HARNESS_WORKER_CLASS must be one of {', '.join(CLASSES)} (got {kind!r})")
+    return kind
+
+
+def _positive_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number (got {raw!r})") from None
+    if value < 0:
+        raise ValueError(f"{name} must be 0 (no limit) or more (got {raw!r})")
+    return value
+
+
+class Limits:
+    """When a prefork horse is replaced after a job: too big, a thread left behind, or too many jobs."""
+
+    def __init__(self, max_rss_mb: int, max_jobs: int) -> None:
+        self.max_rss_bytes = max_rss_mb * 1024 * 1024
+        self.max_jobs = max_jobs
+        self.jobs = 0
+        self.threads: int | None = None  # the horse's own threads, counted before its first job
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        return cls(
+            _positive_int("HARNESS_WORKER_MAX_RSS_MB", DEFAULT_MAX_RSS_MB),
+            _positive_int("HARNESS_WORKER_MAX_JOBS", 0),
+        )
+
+    def before_job(self) -> None:
+        if self.threads is None:
+            self.threads = _threads()
+
+    def after_job(self) -> str | None:
+        """Why the horse should go now that a job ended; None: keep it."""
+        self.jobs += 1
+        if self.threads is not None and _threads() > self.threads:
+            return THREADS
+        if self.max_rss_bytes and resident_bytes() > self.max_rss_bytes:
+            return MEMORY
+        if self.max_jobs and self.jobs >= self.max_jobs:
+            return JOBS
+        return None
+
+
+def _threads() -> int:
+    """Threads alive here, not counting idle tool lanes: the registry keeps one per calling thread
+    for the process's life, and renames a lane whose call timed out, so a hung tool counts."""
+    return sum(1 for t in threading.enumerate() if t.name != IDLE_LANE)
+
+
+def resident_bytes() -> int:
+    """This process's resident set size now (Linux `/proc`; elsewhere its peak)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class _StopAware:
+    """Tells a warm shutdown (SIGTERM, SIGINT) apart from RQ quitting its loop on an error."""
+
+    stop_requested = False
+
+    def handle_warm_shutdown_request(self) -> None:
+        self.stop_requested = True
+        super().handle_warm_shutdown_request()  # type: ignore[misc]
+
+
+class _Observed:
+    """A job's log lines name its run; a failed job counts as retried or failed in the metrics."""
+
+    connection: redis.Redis
+
+    def perform_job(self, job: Any, queue: Any, execution: Any) -> bool:
+        run_id = job.args[0] if job.args and isinstance(job.args[0], str) else None
+        with logs.bound(run_id=run_id):  # the driver adds the run's team, channel and thread
+            return bool(super().perform_job(job, queue, execution))  # type: ignore[misc]
+
+    def handle_job_failure(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> None:
+        retried = job.should_retry and getattr(self, "_stopped_job_id", None) != job.id
+        super().handle_job_failure(job, queue, *args, **kwargs)  # type: ignore[misc]
+        metrics.incr(self.connection, metrics.JOBS_RETRIED if retried else metrics.JOBS_FAILED)
+
+
+class HarnessWorker(_Observed, _StopAware, Worker):
+    """RQ's forking worker: every job in a fresh work horse (`fork`)."""
+
+
+class HarnessSimpleWorker(_Observed, _StopAware, SimpleWorker):
+    """RQ's worker that runs jobs in its own process (`simple`)."""
+
+
+class HarnessHorseWorker(HarnessSimpleWorker):
+    """The RQ worker inside a prefork horse: jobs in-process, and it leaves when `limits` says so."""
+
+    limits: Limits
+    leaving: str | None = None
+
+    def execute_job(self, job: Any, queue: Any) -> None:
+        self.limits.before_job()
+        super().execute_job(job, queue)
+        reason = self.limits.after_job()
+        if reason is not None:
+            log.info("work horse %d leaves after this job (%s); a fresh one replaces it", os.getpid(), reason)
+            self.leaving = reason
+            self._stop_requested = True  # RQ's loop checks this before it takes the next job
+
+
+def _die_with_parent(signum: int) -> None:
+    """Ask Linux to send `signum` to this process when its parent dies (no-op elsewhere)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class Supervisor:
+    """The prefork worker process: keeps one work horse alive and passes stop signals to it.
+
+    `serve` runs in the horse and returns its exit status (0: asked to stop). A SIGTERM or SIGINT
+    here is passed to the horse once each, as RQ reads them: the first a warm shutdown (finish the
+    job, then leave), a second a cold one. The horse has its own process group, so a Ctrl-C in a
+    terminal reaches it once, through here, and it dies with this process whatever kills it.
+
+    RQ's scheduler (retries with a delay) runs beside the horses, not in them: a horse that stops
+    its own scheduler waits up to a second for it, and a replaced horse must leave at once.
+    """
+
+    def __init__(self, serve: Callable[[], int], connection: redis.Redis, scheduler: RQScheduler) -> None:
+        self.serve = serve
+        self.connection = connection
+        self.scheduler = scheduler
+        self.horse = 0
+        self.stopping = False
+        self._done = threading.Event()
+
+    def run(self) -> int:
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        # Our forks (the scheduler) stop with this process; a horse asks for a SIGKILL instead.
+        os.register_at_fork(after_in_child=lambda: _die_with_parent(signal.SIGTERM))
+        keeper = threading.Thread(target=self._keep_scheduler, name="rq-scheduler-keeper", daemon=True)
+        keeper.start()
+        backoff = 0.0
+        try:
+            while not self.stopping:
+                born = time.monotonic()
+                self.horse = self._fork()
+                status = self._wait(self.horse)
+                self.horse = 0
+                if self.stopping:
+                    break
+                reason = _reason(status)
+                metrics.incr(self.connection, metrics.HORSES_REPLACED, reason=reason)
+                if reason in (CRASHED, LOOP):
+                    log.error("work horse died (%s); forking a new one", _describe(status))
+                    # A horse that dies young again and again (Redis gone, a broken install) is
+                    # not forked in a tight loop; one that lived a while is replaced at once.
+                    young = time.monotonic() - born < 5
+                    backoff = min(max(backoff * 2, 0.5), RESTART_BACKOFF_MAX) if young else 0.0
+                else:
+                    log.info("work horse replaced (%s)", reason)
+                    backoff = 0.0
+                if backoff:
+                    time.sleep(backoff)
+        finally:
+            self._done.set()
+            keeper.join(5)
+            self._stop_scheduler()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return 0
+
+    def _keep_scheduler(self) -> None:
+        """Run RQ's scheduler while this worker holds its lock; take it over when its holder dies."""
+        while True:
+            try:
+                process = self.scheduler._process
+                if process is None or not process.is_alive():
+                    self.scheduler.acquire_locks(auto_start=True)
+            except redis.RedisError as exc:
+                log.warning("cannot reach Redis for RQ's scheduler lock (%s); trying again", exc)
+            if self._done.wait(SCHEDULER_CHECK_SECONDS):
+                return
+
+    def _stop_scheduler(self) -> None:
+        process = self.scheduler._process
+        if process is not None and process.is_alive():
+            process.terminate()  # SIGTERM: it releases its lock and stops
+            process.join(10)
+
+    def _fork(self) -> int:
+        parent = os.getpid()
+        pid = os.fork()
+        if pid:
+            return pid
+        status = 1
+        try:
+            os.setpgid(0, 0)  # signals to our group (a terminal's Ctrl-C) reach the horse through us only
+            _die_with_parent(signal.SIGKILL)
+            if os.getppid() != parent:  # the worker died before the line above
+                os._exit(1)
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, signal.SIG_DFL)  # RQ installs its own once it starts
+            status = self.serve()
+        except BaseException:
+            log.exception("work horse failed")
+        finally:
+            logging.shutdown()
+            os._exit(status)
+
+    def _wait(self, pid: int) -> int:
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                return status
+            except ChildProcessError:
+                return 0
+            except OSError as exc:  # pragma: no cover (waitpid retries EINTR itself)
+                if exc.errno != errno.EINTR:
+                    raise
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True
+        if self.horse:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.horse, signum)
+
+
+def _reason(status: int) -> str:
+    if os.WIFEXITED(status):
+        return _REASON_OF_STATUS.get(os.WEXITSTATUS(status), CRASHED)
+    return CRASHED
+
+
+def _describe(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exit status {os.WEXITSTATUS(status)}"
+
+
+def exit_status(reason: str | None) -> int:
+    """The status a horse leaves with: 0 when asked to stop, else one naming `reason`."""
+    return _EXIT_STATUS[reason or STOPPED]
