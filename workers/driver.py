@@ -8,11 +8,14 @@ stays in `harness:active`, where the watchdog finds it and hands it to another w
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -126,6 +129,47 @@ class Driver:
         self._owe_working()
         self.record = outbox.deliver(self.svc, self.record, reconcile=self._reconcile)
         self._reconcile = False
+        self._keep_working_ts()
+
+    @contextmanager
+    def delivering(self) -> Iterator[None]:
+        """Pay what the run owes Slack on a thread of its own while the block runs (a step: the
+        model request or the tools), so that no Slack round trip waits in front of it.
+
+        The block may save the run (a write-ahead) but must not owe anything: its saves still
+        carry the debts being paid, which is safe (a driver that dies before the next save pays
+        them again, reconciled by their keys, and an update or a reaction twice changes nothing).
+        Once both are done the paid debts leave the record, as `deliver` leaves them.
+        """
+        self._owe_working()
+        owed = self.record
+        if not owed.outbox:
+            yield
+            return
+        paid: list[RunRecord] = []
+        failed: list[BaseException] = []
+
+        def pay() -> None:
+            try:
+                paid.append(outbox.deliver(self.svc, owed, reconcile=self._reconcile))
+            except BaseException as exc:  # handed to the driver's thread when the block ends
+                failed.append(exc)
+
+        courier = threading.Thread(target=contextvars.copy_context().run, args=(pay,), name="outbox")
+        courier.start()
+        try:
+            yield
+        finally:
+            courier.join()
+        if failed:
+            raise failed[0]
+        self._reconcile = False
+        done = paid[0]
+        later = self.record.outbox[len(owed.outbox) :]  # owed by the block, despite the rule above
+        self.record = replace(self.record, outbox=later, cards=done.cards, failure_ts=done.failure_ts)
+        self._keep_working_ts()
+
+    def _keep_working_ts(self) -> None:
         if WORKING in self.record.cards:  # the Working message rode along as a card: keep its ts apart
             cards = dict(self.record.cards)
             self.record = replace(self.record, cards=cards, working_ts=cards.pop(WORKING))

@@ -244,23 +244,23 @@ def _start(svc: Services, driver: Driver) -> str | None:
         return _refuse(driver, str(exc))
     state = new_run(task, history)
     driver.save(status=RunStatus.RUNNING, state=state.to_json(), history_seq=seq)
-    driver.deliver()  # the "Working on it…" message and its Stop, before the first model request
-    return _advance(svc, driver, state)
+    return _advance(svc, driver, state)  # the "Working on it…" message goes out with the first request
 
 
 def _advance(svc: Services, driver: Driver, state: RunState) -> str | None:
-    """Step the run until it leaves the loop: after every step, save (with what it owes Slack), then pay."""
+    """Step the run until it leaves the loop: after every step, save (with what it owes Slack); the
+    next step pays it meanwhile (a turn's summary goes out while the model reads its results)."""
 
     agent = _agent(svc, driver)
     while True:
         driver.record = thread_status.show(svc, driver.record, thread_status.Phase.WORKING)
-        result = step(state, agent)
+        with driver.delivering():
+            result = step(state, agent)
         state = result.state
         _owe_summaries(driver, result.events, agent, state)
         if result.outcome is not None:
             return _leave_loop(svc, driver, state, agent, result.outcome)
         driver.save(state=state.to_json())
-        driver.deliver()
 
 
 def _agent(svc: Services, driver: Driver) -> Agent:
@@ -484,8 +484,7 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
     driver.save(status=RunStatus.RUNNING, state=state.to_json(), expires_at=None)
     svc.store.forget_expiry(record.run_id, record.park_id)
     svc.store.take_thread(driver.record, RUN_JOB_TIMEOUT)
-    driver.deliver()
-    return _advance(svc, driver, state)
+    return _advance(svc, driver, state)  # the decided cards are updated while the approved calls run
 
 
 def _retry_if_clicked(svc: Services, driver: Driver) -> str | None:
