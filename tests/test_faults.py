@@ -146,18 +146,31 @@ def test_a_worker_killed_during_a_model_request_loses_no_run(stack: Stack) -> No
 
 
 def test_a_worker_killed_while_posting_to_slack_loses_no_run(stack: Stack) -> None:
-    stack.model.script(reply(tool_use("read_file", {"path": "README.md"})), reply(text("after the crash")))
+    stack.model.script(
+        reply(tool_use("read_file", {"path": "README.md"})),
+        reply(text("lost with the worker")),
+        reply(text("after the crash")),
+    )
     held = stack.slack.hold_next("chat.postMessage", unless=WORKING)  # the turn summary
     stack.start_bot()
     doomed = stack.start_worker()
     _, ts, _ = stack.mention("postkill: read it", channel="C2", user="UANN")
     assert held.arrived.wait(30)
+    # The summary goes out while the model reads the turn's results: the worker dies with both
+    # under way, its answer unsaved.
+    assert stack.model.wait_for_requests(2, 30)
     doomed.kill_group()
     count("workers SIGKILLed mid-run")
-    held.release.set()
+    held.release.set()  # the summary reaches Slack after all, from a dead worker
     stack.start_worker()
     wait_text(stack, "C2", ts, "after the crash", timeout=120)
-    assert len(stack.model.requests) == 2  # the finished turn was checkpointed: not asked again
+    # The finished turn was checkpointed: the tool did not run again, and its summary, posted by
+    # the dead worker, is found by its key rather than posted twice. The request under way when
+    # the worker died is asked again (a model request changes nothing; its answer was never saved).
+    assert len(stack.model.requests) == 3
+    summaries = [m for m in posts(stack, "C2", ts) if "read_file" in m["text"]]
+    assert len(summaries) == 1
+    assert not any("lost with the worker" in m["text"] for m in posts(stack, "C2", ts))
 
 
 def test_a_side_effecting_call_whose_worker_died_is_never_run_again(stack: Stack) -> None:

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -132,9 +132,10 @@ class Driver:
         self._keep_working_ts()
 
     @contextmanager
-    def delivering(self) -> Iterator[None]:
+    def delivering(self, then: Callable[[RunRecord], RunRecord] | None = None) -> Iterator[None]:
         """Pay what the run owes Slack on a thread of its own while the block runs (a step: the
-        model request or the tools), so that no Slack round trip waits in front of it.
+        model request or the tools), so that no Slack round trip waits in front of it; `then`
+        runs after the payments (showing the run's status, which a post in a DM clears).
 
         The block may save the run (a write-ahead) but must not owe anything: its saves still
         carry the debts being paid, which is safe (a driver that dies before the next save pays
@@ -144,6 +145,8 @@ class Driver:
         self._owe_working()
         owed = self.record
         if not owed.outbox:
+            if then is not None:
+                self.record = then(owed)
             yield
             return
         paid: list[RunRecord] = []
@@ -151,7 +154,8 @@ class Driver:
 
         def pay() -> None:
             try:
-                paid.append(outbox.deliver(self.svc, owed, reconcile=self._reconcile))
+                done = outbox.deliver(self.svc, owed, reconcile=self._reconcile)
+                paid.append(then(done) if then is not None else done)
             except BaseException as exc:  # handed to the driver's thread when the block ends
                 failed.append(exc)
 
@@ -166,7 +170,13 @@ class Driver:
         self._reconcile = False
         done = paid[0]
         later = self.record.outbox[len(owed.outbox) :]  # owed by the block, despite the rule above
-        self.record = replace(self.record, outbox=later, cards=done.cards, failure_ts=done.failure_ts)
+        self.record = replace(
+            self.record,
+            outbox=later,
+            cards=done.cards,
+            failure_ts=done.failure_ts,
+            status_shown=done.status_shown,
+        )
         self._keep_working_ts()
 
     def _keep_working_ts(self) -> None:

@@ -10,6 +10,7 @@ on from the last write. No job ever waits for a human.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -252,9 +253,9 @@ def _advance(svc: Services, driver: Driver, state: RunState) -> str | None:
     next step pays it meanwhile (a turn's summary goes out while the model reads its results)."""
 
     agent = _agent(svc, driver)
+    working = functools.partial(thread_status.show, svc, phase=thread_status.Phase.WORKING)
     while True:
-        driver.record = thread_status.show(svc, driver.record, thread_status.Phase.WORKING)
-        with driver.delivering():
+        with driver.delivering(then=working):  # the status after the posts: a post in a DM clears it
             result = step(state, agent)
         state = result.state
         _owe_summaries(driver, result.events, agent, state)
