@@ -8,7 +8,7 @@ Three ways, the first that works for the run:
 2. In a direct message (the assistant pane's threads are DM threads), the assistant thread's status
    line (`assistant.threads.setStatus`, shown as "harness is working on it…"). Slack clears it
    whenever the app posts in the thread, and after two minutes without a post, so it is set again
-   before every model request; an empty status clears it.
+   after the posts that go out beside every step; an empty status clears it.
 3. The :eyes: reaction the bot adds to every message that starts a run, whatever happens here.
 
 Every call is a courtesy: a refusal never fails a run. A method Slack refuses (an app that is no
