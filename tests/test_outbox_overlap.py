@@ -1,9 +1,10 @@
 """What a run owes Slack goes out while its next step runs, never in front of it.
 
 A turn's summary is posted while the model reads that turn's results, and the decided approval
-card is updated while the approved call runs: Slack's round trips (100-300 ms each in real life)
-are not added to a turn or to a click's resume. Each test freezes the Slack call in the stand-in
-and shows the step going on without it, then that nothing is lost or reordered once it answers.
+card is updated while the approved call runs and the model reads its result: Slack's round trips
+(100-300 ms each in real life) are not added to a turn or to a click's resume. Each test freezes
+the Slack call in the stand-in and shows the step going on without it, then that nothing is lost
+or reordered once it answers.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def test_a_turns_summary_is_posted_while_the_model_reads_its_results(stack: Stac
     assert len(stack.model.requests) == 2
 
 
-def test_a_decided_card_is_updated_while_the_approved_call_runs(stack: Stack) -> None:
+def test_a_decided_card_is_updated_while_the_approved_call_and_the_next_request_run(stack: Stack) -> None:
     stack.model.script(
         reply(tool_use("write_file", {"path": "overlap.txt", "content": "written"})), reply(text("Done."))
     )
@@ -71,6 +72,7 @@ def test_a_decided_card_is_updated_while_the_approved_call_runs(stack: Stack) ->
     assert update.arrived.wait(30)  # the card's "Approved" is on its way, frozen in the stand-in
     target = stack.workspace / "overlap.txt"
     wait_until(lambda: target.exists() and target.read_text() == "written", 30)  # the call ran meanwhile
+    assert stack.model.wait_for_requests(2, 30)  # and the model has its result: Slack waits behind
     update.release.set()
 
     wait_until(lambda: any("Done." in t for t in texts(stack, "COV2", ts)), 30)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
+import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 
 
 WORKING = "~working"  # outbox key of the Working message while it is delivered (never a call id)
+
+
+# What the courier changes while it pays: only it writes them until `Driver.collect`.
+_COURIERS_OWN = frozenset({"outbox", "cards", "failure_ts", "status_shown", "working_ts"})
 
 
 class LostLease(Exception):
@@ -59,6 +63,8 @@ class Driver:
         self._stop = threading.Event()
         self._lost = threading.Event()
         self._beat: threading.Thread | None = None
+        self._courier: _Courier | None = None
+        self._handed = 0  # debts at the head of the outbox handed to the courier, not yet collected
 
     def __enter__(self) -> Driver | None:
         if not self.svc.store.acquire_lease(self.run_id, self.token, self.seconds):
@@ -80,6 +86,8 @@ class Driver:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if self._courier is not None:
+            self._courier.close()  # what it still carries is paid first (the next driver would else)
         self._stop.set()
         if self._beat is not None:
             self._beat.join(5)
@@ -115,6 +123,8 @@ class Driver:
 
     def save(self, *, ttl: int = FINISHED_RUN_TTL, **changes: Any) -> None:
         """Write the run with `changes` (fenced by the lease), outbox included."""
+        if _COURIERS_OWN.intersection(changes):
+            self.collect()
         record = replace(self.record, **changes)
         if self.lost or not self.svc.store.save(record, self.token, self.seconds, ttl=ttl):
             raise LostLease(self.run_id)
@@ -126,58 +136,50 @@ class Driver:
 
     def deliver(self) -> None:
         """Pay what the run owes Slack. Not saved here: the next write drops the paid debts."""
+        self.collect()
         self._owe_working()
         self.record = outbox.deliver(self.svc, self.record, reconcile=self._reconcile)
         self._reconcile = False
         self._keep_working_ts()
 
-    @contextmanager
-    def delivering(self, then: Callable[[RunRecord], RunRecord] | None = None) -> Iterator[None]:
-        """Pay what the run owes Slack on a thread of its own while the block runs (a step: the
-        model request or the tools), so that no Slack round trip waits in front of it; `then`
-        runs after the payments (showing the run's status, which a post in a DM clears).
+    def dispatch(self, then: Callable[[RunRecord], RunRecord] | None = None) -> None:
+        """Hand what the run owes Slack now to its courier, which pays it while the run steps on
+        (a model request, the tools), so that no Slack round trip waits in front of a step; `then`
+        runs after those payments (showing the run's status, which a post in a DM clears).
 
-        The block may save the run (a write-ahead) but must not owe anything: its saves still
-        carry the debts being paid, which is safe (a driver that dies before the next save pays
-        them again, reconciled by their keys, and an update or a reaction twice changes nothing).
-        Once both are done the paid debts leave the record, as `deliver` leaves them.
+        Saves meanwhile still carry the debts being paid, which is safe: a driver that dies before
+        the next save pays them again, reconciled by their keys (an update or a reaction twice
+        changes nothing). `collect` waits for the courier and drops what it paid.
         """
         self._owe_working()
-        owed = self.record
-        if not owed.outbox:
-            if then is not None:
-                self.record = then(owed)
-            yield
+        new = self.record.outbox[self._handed :]
+        if not new and then is None:
             return
-        paid: list[RunRecord] = []
-        failed: list[BaseException] = []
+        if self._courier is None:
+            self._courier = _Courier(self.svc, reconcile=self._reconcile)
+            self._reconcile = False
+        self._courier.send(replace(self.record, outbox=list(new)), then)
+        self._handed += len(new)
 
-        def pay() -> None:
-            try:
-                done = outbox.deliver(self.svc, owed, reconcile=self._reconcile)
-                paid.append(then(done) if then is not None else done)
-            except BaseException as exc:  # handed to the driver's thread when the block ends
-                failed.append(exc)
-
-        courier = threading.Thread(target=contextvars.copy_context().run, args=(pay,), name="outbox")
-        courier.start()
-        try:
-            yield
-        finally:
-            courier.join()
-        if failed:
-            raise failed[0]
-        self._reconcile = False
-        done = paid[0]
-        later = self.record.outbox[len(owed.outbox) :]  # owed by the block, despite the rule above
-        self.record = replace(
-            self.record,
-            outbox=later,
-            cards=done.cards,
-            failure_ts=done.failure_ts,
-            status_shown=done.status_shown,
-        )
-        self._keep_working_ts()
+    def collect(self) -> None:
+        """Wait until the courier paid everything handed to it; the record then shows what it paid."""
+        courier = self._courier
+        if courier is None:
+            return
+        view, error = courier.wait()
+        handed, self._handed = self._handed, 0
+        if error is not None:
+            self._reconcile = True  # some were paid, some not: look in the thread before paying again
+            raise error
+        if view is not None:
+            self.record = replace(
+                self.record,
+                outbox=self.record.outbox[handed:],
+                cards=view.cards,
+                failure_ts=view.failure_ts,
+                status_shown=view.status_shown,
+            )
+            self._keep_working_ts()
 
     def _keep_working_ts(self) -> None:
         if WORKING in self.record.cards:  # the Working message rode along as a card: keep its ts apart
@@ -198,6 +200,7 @@ class Driver:
 
     def park_limit(self, state: RunState, ttl: int, expires_at: float) -> None:
         """Save the run waiting at a limit: one pseudo-call, `LIMIT_CALL`, decided Continue or Stop."""
+        self.collect()
         record = replace(
             self.record,
             status=RunStatus.AWAITING_APPROVAL,
@@ -212,6 +215,7 @@ class Driver:
 
     def park(self, state: RunState, calls: tuple[PendingCall, ...], ttl: int, expires_at: float) -> None:
         """Save the run awaiting decisions on `calls`, its cards owed and its expiry scheduled."""
+        self.collect()
         record = replace(
             self.record,
             status=RunStatus.AWAITING_APPROVAL,
@@ -229,6 +233,7 @@ class Driver:
 
     def settle(self) -> bool:
         """Let go of a parked run; True when every decision is already in (keep driving it)."""
+        self.collect()
         ttl = park_ttl(self.svc.config.approvals.expire_after_minutes)
         outcome = self.svc.store.settle_park(self.record, self.token, self.seconds, ttl=ttl)
         if outcome == "lost":
@@ -241,6 +246,7 @@ class Driver:
 
         Returns the run queued next in the thread, if any.
         """
+        self.collect()
         record = self.record
         history = None
         if record.status in (RunStatus.FINISHED, RunStatus.STOPPED) and record.state is not None:
@@ -255,6 +261,7 @@ class Driver:
 
     def leave(self) -> None:
         """Let go of a run queued behind another in its thread."""
+        self.collect()
         self.svc.store.leave(self.record, self.token)
         self.released = True
 
@@ -265,3 +272,64 @@ class Driver:
     def refuse_text(self, reason: str) -> str:
         log.error("run %s refused: %s", self.run_id, reason)
         return texts.REFUSED_TO_CONTINUE.format(reason=reason)
+
+
+class _Courier:
+    """One thread per driver that pays the run's debts to Slack in the order they were handed to it.
+
+    Until the driver collects, the courier owns the fields a payment changes (cards, the failure
+    message, the status shown): each batch starts from what the one before it left.
+    """
+
+    def __init__(self, svc: Services, *, reconcile: bool) -> None:
+        self.svc = svc
+        self.reconcile = reconcile
+        self.inbox: queue.SimpleQueue[tuple[RunRecord, Callable[[RunRecord], RunRecord] | None] | None]
+        self.inbox = queue.SimpleQueue()
+        self.view: RunRecord | None = None
+        self.error: BaseException | None = None
+        self.pending = 0
+        self.idle = threading.Condition()
+        context = contextvars.copy_context()  # its log lines name the run, as the driver's do
+        self.thread = threading.Thread(target=context.run, args=(self._work,), name="outbox", daemon=True)
+        self.thread.start()
+
+    def send(self, owed: RunRecord, then: Callable[[RunRecord], RunRecord] | None) -> None:
+        with self.idle:
+            self.pending += 1
+        self.inbox.put((owed, then))
+
+    def wait(self) -> tuple[RunRecord | None, BaseException | None]:
+        """Block until every batch is paid; what the payments left, or the first error (both reset)."""
+        with self.idle:
+            while self.pending:
+                self.idle.wait()
+            view, error = self.view, self.error
+            self.view, self.error = None, None
+        return view, error
+
+    def close(self) -> None:
+        self.inbox.put(None)
+        self.thread.join()
+
+    def _work(self) -> None:
+        while (item := self.inbox.get()) is not None:
+            owed, then = item
+            try:
+                if self.error is None:  # after a failure the rest waits for the next driver
+                    if self.view is not None:
+                        owed = replace(
+                            owed,
+                            cards=self.view.cards,
+                            failure_ts=self.view.failure_ts,
+                            status_shown=self.view.status_shown,
+                        )
+                    done = outbox.deliver(self.svc, owed, reconcile=self.reconcile)
+                    self.reconcile = False
+                    self.view = then(done) if then is not None else done
+            except BaseException as exc:  # handed to the driver when it collects
+                self.error = exc
+            finally:
+                with self.idle:
+                    self.pending -= 1
+                    self.idle.notify_all()

@@ -255,11 +255,12 @@ def _advance(svc: Services, driver: Driver, state: RunState) -> str | None:
     agent = _agent(svc, driver)
     working = functools.partial(thread_status.show, svc, phase=thread_status.Phase.WORKING)
     while True:
-        with driver.delivering(then=working):  # the status after the posts: a post in a DM clears it
-            result = step(state, agent)
+        driver.dispatch(then=working)  # the status after the posts: a post in a DM clears it
+        result = step(state, agent)
         state = result.state
         _owe_summaries(driver, result.events, agent, state)
         if result.outcome is not None:
+            driver.collect()
             return _leave_loop(svc, driver, state, agent, result.outcome)
         driver.save(state=state.to_json())
 
