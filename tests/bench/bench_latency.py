@@ -186,9 +186,7 @@ def measure_class(
     model = Model()
     with StampedSlack() as slack, FakeMessagesAPI() as api, tempfile.TemporaryDirectory() as tmp:
         api.responder = model
-        stack = Stack(
-            url, slack, api, Path(tmp), config=UNLIMITED, extra_env={"HARNESS_WORKER_CLASS": kind}
-        )
+        stack = Stack(url, slack, api, Path(tmp), config=UNLIMITED, extra_env={"HARNESS_WORKER_CLASS": kind})
         try:
             stack.start_bot()
             stack.start_worker()

@@ -8,11 +8,16 @@ map them, so forked processes add up honestly) and USS (pages of that process al
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
+import sys
 import tempfile
 import threading
 import time
 import traceback
+import tracemalloc
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -182,15 +187,21 @@ class Rig:
 
 
 @contextmanager
-def rig(kind: str) -> Iterator[Rig]:
-    """A private redis-server, the stand-ins, `python -m bot` and `python -m workers` of `kind`."""
+def rig(kind: str, env: dict[str, str] | None = None) -> Iterator[Rig]:
+    """A private redis-server, the stand-ins, `python -m bot` and `python -m workers` of `kind`
+    (`env`: more environment for both)."""
     server = RedisServer().start()
     model = Model()
     try:
         with DoneSlack() as slack, FakeMessagesAPI() as api, tempfile.TemporaryDirectory() as tmp:
             api.responder = model
             stack = Stack(
-                server.url, slack, api, Path(tmp), config=CONFIG, extra_env={"HARNESS_WORKER_CLASS": kind}
+                server.url,
+                slack,
+                api,
+                Path(tmp),
+                config=CONFIG,
+                extra_env={"HARNESS_WORKER_CLASS": kind, **(env or {})},
             )
             for i in range(DOCS):  # real, varied text: the project's own source files
                 (stack.workspace / f"doc{i}.md").write_text(SOURCES[i % len(SOURCES)].read_text())
@@ -209,7 +220,7 @@ def rig(kind: str) -> Iterator[Rig]:
 def idle(rig_: Rig) -> None:
     """Wait until nothing is queued, driven or leased and the worker waits for its next job."""
     rig_.stack.settled(timeout=120)
-    wait_until(lambda: all(w.state == "idle" for w in Worker.all(connection=rig_.conn)), 30)
+    wait_until(lambda: all(w.get_state() == "idle" for w in Worker.all(connection=rig_.conn)), 30)
     wait_until(lambda: not rig_.conn.keys("harness:lease:*"), 30)
 
 
@@ -252,27 +263,30 @@ class ClassFigures:
 
 
 def measure_class(
-    kind: str, *, runs: int = RUNS, every: int = SAMPLE_EVERY, warmup: int = WARMUP
+    r: Rig, kind: str, *, runs: int = RUNS, every: int = SAMPLE_EVERY, warmup: int = WARMUP
 ) -> ClassFigures:
     """Idle after start and after `warmup` runs, with one run in flight, then `runs` runs sampled
-    every `every`."""
-    with rig(kind) as r:
+    every `every`; then the keys they left in Redis."""
+    idle(r)
+    started = sample_tree(r.worker_pid, r.conn)
+    run_batch(r, WARMUP_FIRST, warmup)  # the warm-up runs, numbered apart
+    idle(r)
+    warmed = sample_tree(r.worker_pid, r.conn)
+    in_flight = held_run(r)
+    idle(r)
+    figures = ClassFigures(kind, started, warmed, in_flight, warmup=warmup, every=every)
+    figures.series.append((0, sample_tree(r.worker_pid, r.conn), used_memory(r.conn)))
+    t0 = time.monotonic()
+    for done in range(0, runs, every):
+        run_batch(r, done, min(every, runs - done))
         idle(r)
-        started = sample_tree(r.worker_pid, r.conn)
-        run_batch(r, WARMUP_FIRST, warmup)  # the warm-up runs, numbered apart
-        idle(r)
-        warmed = sample_tree(r.worker_pid, r.conn)
-        in_flight = held_run(r)
-        idle(r)
-        figures = ClassFigures(kind, started, warmed, in_flight, warmup=warmup, every=every)
-        figures.series.append((0, sample_tree(r.worker_pid, r.conn), used_memory(r.conn)))
-        t0 = time.monotonic()
-        for done in range(0, runs, every):
-            run_batch(r, done, min(every, runs - done))
-            idle(r)
-            figures.series.append((done + every, sample_tree(r.worker_pid, r.conn), used_memory(r.conn)))
-        figures.seconds = time.monotonic() - t0
-        figures.keys = census(r.conn)
+        figures.series.append((done + every, sample_tree(r.worker_pid, r.conn), used_memory(r.conn)))
+        total = figures.series[-1][1].total
+        progress(
+            f"{kind}: {done + every} runs, tree RSS {_mib(total.rss):.1f} MiB, PSS {_mib(total.pss):.1f} MiB"
+        )
+    figures.seconds = time.monotonic() - t0
+    figures.keys = census(r.conn)
     return figures
 
 
@@ -287,6 +301,11 @@ def held_run(r: Rig) -> Sample:
     finally:
         r.model.release.set()
         assert r.slack.wait_for(lambda f: "mbh0" in f.done, 60)
+
+
+def progress(line: str) -> None:
+    """A line on stderr while a long benchmark runs (the report goes to stdout)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def used_memory(conn: redis.Redis) -> int:
@@ -375,55 +394,147 @@ def key_bytes(conn: redis.Redis, prefix: str) -> int:
 
 
 def measure_parked(
-    kind: str, *, sizes: Sequence[int] = PARKED_TURNS, runs: int = PARKED_RUNS
+    r: Rig, *, sizes: Sequence[int] = PARKED_TURNS, runs: int = PARKED_RUNS
 ) -> list[ParkedRow]:
     """Park `runs` runs after each number of turns in `sizes`; bytes in Redis per parked run."""
-    out = []
-    with rig(kind) as r:
-        run_batch(r, WARMUP_FIRST, 1)  # one warm-up, so the worker's own keys are in place before counting
-        idle(r)
-        store = Store(r.conn)
-        for turns in sizes:
-            before, rq_before = used_memory(r.conn), key_bytes(r.conn, "rq:")
-            runs_before = set(r.conn.scan_iter("harness:run:*"))
-            threads = []
-            for k in range(runs):
-                channel = f"CMBP{turns}X{k}"
-                ts, _, _ = post_mention(
-                    r.stack, channel, f"mbp{turns}x{k}: read the docs, then write a summary"
-                )
-                threads.append((channel, ts))
-            for channel, ts in threads:
-                wait_until(
-                    lambda c=channel, t=ts: any(has_actions(m) for m in r.stack.slack.messages(c, t)), 300
-                )
+    idle(r)
+    return [park_runs(r, turns, runs) for turns in sizes]
+
+
+def park_runs(r: Rig, turns: int, runs: int) -> ParkedRow:
+    """Park `runs` runs of `turns` turns each; what one costs Redis."""
+    before, rq_before = used_memory(r.conn), key_bytes(r.conn, "rq:")
+    runs_before = set(r.conn.scan_iter("harness:run:*"))
+    threads = []
+    for k in range(runs):
+        channel = f"CMBP{turns}X{k}"
+        ts, _, _ = post_mention(r.stack, channel, f"mbp{turns}x{k}: read the docs, then write a summary")
+        threads.append((channel, ts))
+    for channel, ts in threads:
+        wait_until(lambda c=channel, t=ts: any(has_actions(m) for m in r.stack.slack.messages(c, t)), 300)
+    idle(r)
+    used = used_memory(r.conn) - before
+    rq_used = key_bytes(r.conn, "rq:") - rq_before
+    new = sorted(set(r.conn.scan_iter("harness:run:*")) - runs_before)
+    assert len(new) == runs, (len(new), runs)
+    run_id = new[0].decode().rsplit(":", 1)[1]
+    record = Store(r.conn).load_run(run_id)
+    assert record is not None and record.status is RunStatus.AWAITING_APPROVAL, record
+    thread = ":".join(record.thread)
+    names = sorted(
+        k.decode()
+        for k in r.conn.scan_iter("harness:*", count=1000)
+        if run_id in k.decode() or thread in k.decode()
+    )
+    return ParkedRow(
+        turns,
+        runs,
+        len(record.run_state().dumps().encode()),
+        len(record.to_json().encode()),
+        sum(int(r.conn.memory_usage(n) or 0) for n in names),
+        tuple(pattern(n) for n in names),
+        used,
+        rq_used,
+    )
+
+
+# --- where the worker's own growth goes: tracemalloc in a `simple` worker ------------------------
+
+# Installed as `sitecustomize` for the worker only. The first SIGUSR2 starts tracemalloc (from
+# the start, imports under it would take the worker minutes); each later one dumps a snapshot
+# plus the count of live objects by type, after a full collection.
+TRACER = """\
+import os
+if os.environ.get("MEMTRACE_DIR") and b"workers" in open("/proc/self/cmdline", "rb").read():
+    import collections, gc, json, signal, tracemalloc
+    _pid, _n = os.getpid(), [0]
+
+    def _dump(signum, frame):
+        if os.getpid() != _pid:
+            return  # a fork of the worker inherited the handler
+        if not tracemalloc.is_tracing():
+            tracemalloc.start(int(os.environ.get("MEMTRACE_FRAMES", "8")))
+            open(os.path.join(os.environ["MEMTRACE_DIR"], "0.done"), "w").close()
+            return
+        gc.collect()
+        _n[0] += 1
+        where = os.path.join(os.environ["MEMTRACE_DIR"], str(_n[0]))
+        tracemalloc.take_snapshot().dump(where + ".snap")
+        types = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+        with open(where + ".types", "w") as out:
+            json.dump(types, out)
+        os.rename(where + ".snap", where + ".done")
+
+    signal.signal(signal.SIGUSR2, _dump)
+"""
+
+
+@dataclass(frozen=True)
+class Trace:
+    runs: int  # between the two snapshots
+    traced_growth: int  # bytes tracemalloc saw grow between them
+    top: list[tuple[str, int, int]]  # (where, bytes, blocks) of the largest growths
+    types: list[tuple[str, int]]  # (type, live objects gained) of the largest gains
+    rss_growth: int  # KiB of worker RSS between them
+
+
+def snapshot(r: Rig, tmp: Path, n: int) -> tuple[Any, dict[str, int], Mem]:
+    """Have the worker dump snapshot `n`; the snapshot, its object counts and the worker's memory."""
+    os.kill(r.worker_pid, signal.SIGUSR2)
+    done = tmp / f"{n}.done"
+    wait_until(done.exists, 120)
+    mem = smaps(r.worker_pid)
+    assert mem is not None
+    return tracemalloc.Snapshot.load(str(done)), json.loads((tmp / f"{n}.types").read_text()), mem
+
+
+def _frame(frame: tracemalloc.Frame) -> str:
+    """`package/file.py:line`, short."""
+    path = Path(frame.filename)
+    return (
+        f"{path.parent.name}/{path.name}:{frame.lineno}"
+        if path.parent.name
+        else f"{path.name}:{frame.lineno}"
+    )
+
+
+def trace_growth(*, runs: int = 500, warmup: int = 100, frames: int = 8, top: int = 12) -> Trace:
+    """Warm up (tracing from half way), snapshot, `runs` more, snapshot: what the `simple` worker
+    kept between the two."""
+    with tempfile.TemporaryDirectory() as tmp_:
+        tmp = Path(tmp_)
+        (tmp / "sitecustomize.py").write_text(TRACER)
+        env = {"PYTHONPATH": f"{tmp}:{ROOT}", "MEMTRACE_DIR": str(tmp), "MEMTRACE_FRAMES": str(frames)}
+        with rig("simple", env) as r:
+            run_batch(r, WARMUP_FIRST, warmup // 2)
             idle(r)
-            used = used_memory(r.conn) - before
-            rq_used = key_bytes(r.conn, "rq:") - rq_before
-            new = sorted(set(r.conn.scan_iter("harness:run:*")) - runs_before)
-            assert len(new) == runs, (len(new), runs)
-            run_id = new[0].decode().rsplit(":", 1)[1]
-            record = store.load_run(run_id)
-            assert record is not None and record.status is RunStatus.AWAITING_APPROVAL, record.status
-            thread = ":".join(record.thread)
-            names = sorted(
-                k.decode()
-                for k in r.conn.scan_iter("harness:*", count=1000)
-                if run_id in k.decode() or thread in k.decode()
-            )
-            out.append(
-                ParkedRow(
-                    turns,
-                    runs,
-                    len(record.run_state().dumps().encode()),
-                    len(record.to_json().encode()),
-                    sum(int(r.conn.memory_usage(n) or 0) for n in names),
-                    tuple(pattern(n) for n in names),
-                    used,
-                    rq_used,
-                )
-            )
-    return out
+            os.kill(r.worker_pid, signal.SIGUSR2)  # tracing starts
+            wait_until((tmp / "0.done").exists, 60)
+            run_batch(r, WARMUP_FIRST + warmup // 2, warmup - warmup // 2)  # first-use caches fill
+            idle(r)
+            before, types0, mem0 = snapshot(r, tmp, 1)
+            for done in range(0, runs, SAMPLE_EVERY):
+                run_batch(r, done, min(SAMPLE_EVERY, runs - done))
+            idle(r)
+            after, types1, mem1 = snapshot(r, tmp, 2)
+    ignore = [
+        tracemalloc.Filter(False, tracemalloc.__file__),
+        tracemalloc.Filter(False, "<frozen importlib._bootstrap*>"),
+        tracemalloc.Filter(False, "*/sitecustomize.py", all_frames=True),  # the tracer's own work
+    ]
+    diff = after.filter_traces(ignore).compare_to(before.filter_traces(ignore), "traceback")
+    grown = sorted((d for d in diff if d.size_diff > 0), key=lambda d: -d.size_diff)
+    rows = [
+        (" ← ".join(_frame(f) for f in reversed(d.traceback)), d.size_diff, d.count_diff) for d in grown[:top]
+    ]
+    gained = sorted(((t, types1.get(t, 0) - types0.get(t, 0)) for t in types1), key=lambda x: -x[1])
+    return Trace(
+        runs,
+        sum(d.size_diff for d in diff),
+        rows,
+        [g for g in gained[:top] if g[1] > 0],
+        mem1.rss - mem0.rss,
+    )
 
 
 # --- the report --------------------------------------------------------------------------------
@@ -524,7 +635,12 @@ def parked_rows(rows: Sequence[ParkedRow]) -> list[list[Any]]:
     ]
 
 
-def report(figures: Sequence[ClassFigures], parked: Sequence[ParkedRow], skipped: Sequence[str] = ()) -> str:
+def report(
+    figures: Sequence[ClassFigures],
+    parked: Sequence[ParkedRow],
+    skipped: Sequence[str] = (),
+    trace: Trace | None = None,
+) -> str:
     census_of = figures[0] if figures else None
     forever = [row for row in census_of.keys if row[4]] if census_of else []
     met = all(row[-1] == "met" for row in growth_rows(figures))
@@ -615,8 +731,28 @@ def report(figures: Sequence[ClassFigures], parked: Sequence[ParkedRow], skipped
                 parked_rows(parked),
             ),
         ]
+    if trace is not None:
+        lines += ["", *trace_section(trace)]
     lines += ["", f"Reading: {reading(figures, parked, forever, met)}"]
     return "\n".join(lines)
+
+
+def trace_section(trace: Trace) -> list[str]:
+    return [
+        f"What a `simple` worker keeps between two points {trace.runs} runs apart, by tracemalloc "
+        "(`sitecustomize` in the worker only: tracing starts half way through the warm-up, each "
+        "snapshot follows a full `gc.collect()`; innermost frames first): "
+        f"{trace.traced_growth:,} bytes in all, {trace.traced_growth / trace.runs:,.0f} bytes per run.",
+        "",
+        table(
+            ["allocated at", "bytes", "blocks"],
+            [[f"`{' ← '.join(where.split(' ← ')[:4])}`", size, count] for where, size, count in trace.top],
+        ),
+        "",
+        "Live objects gained by type (after `gc.collect()`): "
+        + (", ".join(f"{name} +{n}" for name, n in trace.types) or "none")
+        + ".",
+    ]
 
 
 def reading(
@@ -649,13 +785,16 @@ def reading(
 def measure() -> str:
     known, skipped = known_classes()
     for kind in skipped:
-        print(
-            f"note: bench memory skips HARNESS_WORKER_CLASS={kind}: workers/__main__.py does not know it",
-            flush=True,
+        progress(
+            f"note: bench memory skips HARNESS_WORKER_CLASS={kind}: workers/__main__.py does not know it"
         )
-    figures = [measure_class(kind) for kind in known]
-    parked = measure_parked(known[-1] if "simple" not in known else "simple")
-    return report(figures, parked, skipped)
+    figures, parked = [], []
+    for kind in known:
+        with rig(kind) as r:
+            figures.append(measure_class(r, kind))
+            if kind == "simple":  # what a parked run costs Redis does not depend on the class
+                parked = measure_parked(r)
+    return report(figures, parked, skipped, trace_growth())
 
 
 def run() -> str:
