@@ -46,6 +46,7 @@ PARKED_TURNS = (1, 10, 50)
 PARKED_RUNS = 20  # parked runs per size, for the used_memory delta
 GOAL_GROWTH = 0.10
 WARMUP_FIRST = 900_000  # warm-up runs are numbered from here, apart from the measured ones
+TRACE_FIRST = 800_000  # and the traced ones from here
 DOCS = 7
 CONFIG = """\
 [limits]
@@ -90,6 +91,7 @@ class Sample:
     """The worker's tree at one moment: role -> (processes, their summed memory)."""
 
     roles: dict[str, tuple[int, Mem]]
+    pids: dict[str, tuple[int, ...]] = field(default_factory=dict)  # role -> its processes
 
     @property
     def total(self) -> Mem:
@@ -110,6 +112,7 @@ def sample_tree(root: int, conn: redis.Redis) -> Sample:
     """Memory of `python -m workers` (pid `root`) and every descendant, by role."""
     schedulers = scheduler_pids(conn)
     roles: dict[str, tuple[int, Mem]] = {}
+    pids: dict[str, tuple[int, ...]] = {}
     for pid in [root, *descendants(root)]:
         mem = smaps(pid)
         if mem is None:
@@ -117,7 +120,8 @@ def sample_tree(root: int, conn: redis.Redis) -> Sample:
         role = "worker" if pid == root else "scheduler" if pid in schedulers else "work horse"
         count, total = roles.get(role, (0, Mem()))
         roles[role] = (count + 1, total + mem)
-    return Sample(roles)
+        pids[role] = (*pids.get(role, ()), pid)
+    return Sample(roles, pids)
 
 
 # --- the stand-ins -----------------------------------------------------------------------------
@@ -184,31 +188,32 @@ class Rig:
     api: FakeMessagesAPI
     conn: redis.Redis
     worker_pid: int
+    trace_dir: Path | None  # where the worker's tracer writes, when it has one
 
 
 @contextmanager
-def rig(kind: str, env: dict[str, str] | None = None) -> Iterator[Rig]:
-    """A private redis-server, the stand-ins, `python -m bot` and `python -m workers` of `kind`
-    (`env`: more environment for both)."""
+def rig(kind: str, *, traced: bool = False) -> Iterator[Rig]:
+    """A private redis-server, the stand-ins, `python -m bot` and `python -m workers` of `kind`;
+    `traced`: the worker gets the dormant tracer (see `TRACER`)."""
     server = RedisServer().start()
     model = Model()
     try:
         with DoneSlack() as slack, FakeMessagesAPI() as api, tempfile.TemporaryDirectory() as tmp:
             api.responder = model
-            stack = Stack(
-                server.url,
-                slack,
-                api,
-                Path(tmp),
-                config=CONFIG,
-                extra_env={"HARNESS_WORKER_CLASS": kind, **(env or {})},
-            )
+            env = {"HARNESS_WORKER_CLASS": kind}
+            trace_dir = Path(tmp) / "trace" if traced else None
+            if trace_dir is not None:
+                trace_dir.mkdir()
+                (trace_dir / "sitecustomize.py").write_text(TRACER)
+                env.update(PYTHONPATH=f"{trace_dir}:{ROOT}", MEMTRACE_DIR=str(trace_dir))
+            stack = Stack(server.url, slack, api, Path(tmp), config=CONFIG, extra_env=env)
             for i in range(DOCS):  # real, varied text: the project's own source files
                 (stack.workspace / f"doc{i}.md").write_text(SOURCES[i % len(SOURCES)].read_text())
             try:
                 stack.start_bot()
                 worker = stack.start_worker()
-                yield Rig(stack, slack, model, api, redis.Redis.from_url(server.url), worker.proc.pid)
+                conn = redis.Redis.from_url(server.url)
+                yield Rig(stack, slack, model, api, conn, worker.proc.pid, trace_dir)
                 if api.errors:
                     raise AssertionError(f"model stand-in saw invalid requests: {api.errors[:3]}")
             finally:
@@ -453,7 +458,7 @@ if os.environ.get("MEMTRACE_DIR") and b"workers" in open("/proc/self/cmdline", "
         if os.getpid() != _pid:
             return  # a fork of the worker inherited the handler
         if not tracemalloc.is_tracing():
-            tracemalloc.start(int(os.environ.get("MEMTRACE_FRAMES", "8")))
+            tracemalloc.start(12)
             open(os.path.join(os.environ["MEMTRACE_DIR"], "0.done"), "w").close()
             return
         gc.collect()
@@ -498,25 +503,22 @@ def _frame(frame: tracemalloc.Frame) -> str:
     )
 
 
-def trace_growth(*, runs: int = 500, warmup: int = 100, frames: int = 8, top: int = 12) -> Trace:
-    """Warm up (tracing from half way), snapshot, `runs` more, snapshot: what the `simple` worker
-    kept between the two."""
-    with tempfile.TemporaryDirectory() as tmp_:
-        tmp = Path(tmp_)
-        (tmp / "sitecustomize.py").write_text(TRACER)
-        env = {"PYTHONPATH": f"{tmp}:{ROOT}", "MEMTRACE_DIR": str(tmp), "MEMTRACE_FRAMES": str(frames)}
-        with rig("simple", env) as r:
-            run_batch(r, WARMUP_FIRST, warmup // 2)
-            idle(r)
-            os.kill(r.worker_pid, signal.SIGUSR2)  # tracing starts
-            wait_until((tmp / "0.done").exists, 60)
-            run_batch(r, WARMUP_FIRST + warmup // 2, warmup - warmup // 2)  # first-use caches fill
-            idle(r)
-            before, types0, mem0 = snapshot(r, tmp, 1)
-            for done in range(0, runs, SAMPLE_EVERY):
-                run_batch(r, done, min(SAMPLE_EVERY, runs - done))
-            idle(r)
-            after, types1, mem1 = snapshot(r, tmp, 2)
+def trace_growth(r: Rig, *, runs: int = 300, warmup: int = 60, top: int = 10) -> Trace:
+    """Warm up (tracing from half way), snapshot, `runs` more, snapshot: what the worker of a
+    `rig(..., traced=True)` kept between the two."""
+    tmp = r.trace_dir
+    assert tmp is not None, "the worker has no tracer: start it with rig(kind, traced=True)"
+    run_batch(r, TRACE_FIRST, warmup // 2)
+    idle(r)
+    os.kill(r.worker_pid, signal.SIGUSR2)  # tracing starts
+    wait_until((tmp / "0.done").exists, 60)
+    run_batch(r, TRACE_FIRST + warmup // 2, warmup - warmup // 2)  # first-use caches fill
+    idle(r)
+    before, types0, mem0 = snapshot(r, tmp, 1)
+    for done in range(0, runs, SAMPLE_EVERY):
+        run_batch(r, TRACE_FIRST + warmup + done, min(SAMPLE_EVERY, runs - done))
+    idle(r)
+    after, types1, mem1 = snapshot(r, tmp, 2)
     ignore = [
         tracemalloc.Filter(False, tracemalloc.__file__),
         tracemalloc.Filter(False, "<frozen importlib._bootstrap*>"),
@@ -583,8 +585,10 @@ def tree_rows(figures: Sequence[ClassFigures]) -> list[list[Any]]:
 def series_rows(figures: Sequence[ClassFigures]) -> list[list[Any]]:
     rows = []
     for f in figures:
+        seen: set[int] = set()
         for runs, sample, used in f.series:
             worker = sample.roles.get("worker", (0, Mem()))[1]
+            horses = set(sample.pids.get("work horse", ()))
             rows.append(
                 [
                     f.kind,
@@ -593,9 +597,11 @@ def series_rows(figures: Sequence[ClassFigures]) -> list[list[Any]]:
                     _mib(sample.total.pss),
                     _mib(worker.rss),
                     _mib(worker.uss),
+                    f"{len(horses)} ({len(horses - seen)} new)" if horses else "0",
                     f"{used / 2**20:.1f}",
                 ]
             )
+            seen |= horses
     return rows
 
 
@@ -674,7 +680,16 @@ def report(
         "of the whole server):",
         "",
         table(
-            ["worker class", "runs", "tree RSS", "tree PSS", "worker RSS", "worker USS", "Redis MiB"],
+            [
+                "worker class",
+                "runs",
+                "tree RSS",
+                "tree PSS",
+                "worker RSS",
+                "worker USS",
+                "idle work horses",
+                "Redis MiB",
+            ],
             series_rows(figures),
         ),
         "",
@@ -788,13 +803,14 @@ def measure() -> str:
         progress(
             f"note: bench memory skips HARNESS_WORKER_CLASS={kind}: workers/__main__.py does not know it"
         )
-    figures, parked = [], []
+    figures, parked, trace = [], [], None
     for kind in known:
-        with rig(kind) as r:
+        with rig(kind, traced=kind == "simple") as r:
             figures.append(measure_class(r, kind))
-            if kind == "simple":  # what a parked run costs Redis does not depend on the class
+            if kind == "simple":  # neither depends on the class; jobs in one process are easier to trace
                 parked = measure_parked(r)
-    return report(figures, parked, skipped, trace_growth())
+                trace = trace_growth(r)
+    return report(figures, parked, skipped, trace)
 
 
 def run() -> str:
