@@ -163,7 +163,7 @@ def click_samples(stack: Stack, model: Model, slack: StampedSlack, kind: str) ->
         )
         cards.append((marker, channel, ts, card))
     wait_until(lambda: idle(conn), 30, 0.005)
-    out: dict[str, list[float]] = {"total": [], "ack": [], "to_card": [], "card_to_model": []}
+    out: dict[str, list[float]] = {"total": [], "ack": [], "to_card": [], "to_model": []}
     for i, (marker, channel, ts, card) in enumerate(cards):
         time.sleep(0.05)
         sent = time.perf_counter()
@@ -185,7 +185,7 @@ def click_samples(stack: Stack, model: Model, slack: StampedSlack, kind: str) ->
             out["total"].append(asked - sent)
             out["ack"].append(acked - sent)
             out["to_card"].append(updated - acked)
-            out["card_to_model"].append(asked - updated)
+            out["to_model"].append(asked - acked)
     return out
 
 
@@ -279,8 +279,8 @@ def measure() -> str:
                 ms(m["to_model"], 50),
                 ms(m["to_post"], 50),
                 ms(c["ack"], 50),
+                ms(c["to_model"], 50),
                 ms(c["to_card"], 50),
-                ms(c["card_to_model"], 50),
             ]
         )
     default = results[DEFAULT_CLASS][1]["total"]
@@ -313,8 +313,8 @@ def measure() -> str:
                     "ack → model request",
                     "model answer → answer begins",
                     "click: ack",
-                    "ack → card updated",
-                    "card updated → model request",
+                    "ack → resumed request",
+                    "ack → card updated (beside the step)",
                 ],
                 parts,
             ),

@@ -35,9 +35,9 @@ from tests.stack import ROOT, RedisServer, Stack, descendants, wait_until
 from workers.store import RunStatus, Store
 
 COMMAND = ".venv/bin/python -m tests.bench memory"
-# fork: RQ's forking worker (the default); simple: jobs in the worker process; prefork: one
-# long-lived work horse forked from the warmed worker (measured when the checkout knows it).
-CLASSES = ("fork", "simple", "prefork")
+# prefork (the default): one long-lived work horse forked from the warmed worker; fork: RQ's
+# forking worker, a horse per job; simple: jobs in the worker process.
+CLASSES = ("prefork", "fork", "simple")
 RUNS = 1_000
 SAMPLE_EVERY = 100
 WARMUP = 20
