@@ -14,7 +14,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -315,7 +315,9 @@ class RunRecord:
         return RunState.from_json(self.state)
 
     def to_json(self) -> str:
-        data = asdict(self)
+        # Shallow: every field already holds JSON values, and `asdict` deep-copied the whole
+        # conversation on every checkpoint (most of a worker's own cost per turn).
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["status"] = self.status.value
         return json.dumps({"version": RECORD_VERSION, **data}, separators=(",", ":"), ensure_ascii=False)
 
