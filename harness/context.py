@@ -48,6 +48,8 @@ def clear_old_results(
 
     `fixed` is the estimate of the rest of the request (system prompt and tools).
     """
+    if fixed + _upper_bound(messages) <= limit:
+        return messages  # the usual case, found without one `json.dumps` per block
     total = fixed + messages_tokens(messages)
     if total <= limit:
         return messages
@@ -121,6 +123,35 @@ def block_tokens(block: Mapping[str, Any]) -> int:
         inner = rest.pop("content")
         return _tokens(json.dumps(rest)) + sum(block_tokens(b) for b in inner)
     return _tokens(json.dumps(rest))
+
+
+def _upper_bound(messages: Sequence[Mapping[str, Any]]) -> int:
+    """At least `messages_tokens(messages)`, from ONE `json.dumps` of the whole conversation.
+
+    Every piece the exact estimate dumps (a block without its breakpoint, a tool result without
+    its content, a string content) is a disjoint part of that text, so their lengths add up to
+    at most its length; each piece rounds up by less than a token, and an image counts flat.
+    """
+    pieces = images = 0
+    for message in messages:
+        content = message["content"]
+        pieces += 1 + MESSAGE_TOKENS
+        if not isinstance(content, str):
+            for block in content:
+                more, pictures = _pieces(block)
+                pieces, images = pieces + more, images + pictures
+    return _tokens(json.dumps(messages)) + pieces + images * IMAGE_TOKENS
+
+
+def _pieces(block: Mapping[str, Any]) -> tuple[int, int]:
+    """(pieces, images) that `block_tokens(block)` counts."""
+    if block.get("type") == "image":
+        return 0, 1
+    inner = block.get("content")
+    if block.get("type") == "tool_result" and isinstance(inner, list):
+        counts = [_pieces(b) for b in inner]
+        return 1 + sum(c[0] for c in counts), sum(c[1] for c in counts)
+    return 1, 0
 
 
 def _tokens(text: str) -> int:

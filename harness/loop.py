@@ -208,9 +208,12 @@ def _query(state: RunState, agent: Agent) -> StepResult:
     if stop := check_budget(state, agent.limits):
         return _stop_or_ask(state, agent, stop)
     # Cleared in the state, not just the request: the thread's saved history stays bounded too.
-    state = within_input_limit(state, build_request(state, agent), agent.limits.max_input_tokens)
+    request = build_request(state, agent)
+    limited = within_input_limit(state, request, agent.limits.max_input_tokens)
+    if limited is not state:
+        state, request = limited, build_request(limited, agent)
     try:
-        message = agent.client.messages.create(**build_request(state, agent))
+        message = agent.client.messages.create(**request)
     except anthropic.APIStatusError as exc:
         return _failed(state, exc, exc.status_code)
     except anthropic.APIError as exc:
