@@ -391,19 +391,26 @@ def ours_checkpointed_resume(env: Env) -> Resume:
 
 
 def _worker_steps(svc: Any, driver: Any, state: Any) -> tuple[Any, Any]:
-    """What `workers.jobs._advance` does per step, without Slack: the worker's own agent (its
-    write-ahead and Stop check), the step, its metrics, a fenced checkpoint."""
-    from harness.loop import step
-    from workers import jobs, metrics
+    """What `workers.jobs._advance` does per step, Slack left out: the worker's own agent (its
+    write-ahead and Stop check), the step, its metrics and turn summary (rendered and owed), a
+    fenced checkpoint unless the next step's write-ahead mark saves the state first; what the
+    step owed Slack is dropped where `deliver` would post it."""
+    from dataclasses import replace
+
+    from harness.loop import saves_first, step
+    from workers import jobs
 
     agent = jobs._agent(svc, driver)
     while True:
         result = step(state, agent)
         state = result.state
-        metrics.stepped(svc.store.redis, driver.run_id, state, result.events)
+        jobs._owe_summaries(driver, result.events, agent, state)
         if result.outcome is not None:
+            driver.record = replace(driver.record, outbox=[])
             return state, result.outcome
-        driver.save(state=state.to_json())
+        if driver.record.outbox or not saves_first(state, agent):
+            driver.save(state=state.to_json())
+            driver.record = replace(driver.record, outbox=[])
 
 
 def _worker_finish(driver: Any, state: Any, outcome: Any) -> None:
@@ -490,14 +497,13 @@ def worker_resume(env: Env) -> Resume:
         with _driving(svc, run_id) as driver:
             assert driver is not None
             record = driver.record
-            if svc.store.stop_requested(run_id) is not None:
+            view = svc.store.park_view(run_id, record.park_id)
+            if view.stop_by is not None:
                 raise RuntimeError("a Stop nobody pressed")
-            decisions = svc.store.decisions(run_id, record.park_id)
-            metrics.resumed(svc.store.redis, run_id, record.park_id, decisions)
-            state = record_decisions(record.run_state(), {k: v for k, v in decisions.items() if v})
+            metrics.resumed(svc.store.redis, run_id, record.park_id, view.decisions)
+            state = record_decisions(record.run_state(), {k: v for k, v in view.decisions.items() if v})
             driver.save(status=RunStatus.RUNNING, state=state.to_json(), expires_at=None)
-            svc.store.forget_expiry(run_id, record.park_id)
-            svc.store.take_thread(driver.record, RUN_JOB_TIMEOUT)
+            svc.store.resumed(driver.record, RUN_JOB_TIMEOUT)
             _worker_finish(driver, *_worker_steps(svc, driver, state))
         return _arrival_since(mark, started)
 
