@@ -35,22 +35,23 @@ MESSAGE_TOKENS = 4  # a message's role and framing
 CLEAR_TO = 0.75  # once over the limit, clear down to this share of it
 
 
-def within_input_limit(state: RunState, request: Mapping[str, Any], limit: int) -> RunState:
+def within_input_limit(
+    state: RunState, request: Mapping[str, Any], limit: int, memo: TokenMemo | None = None
+) -> RunState:
     """`state` with its oldest tool results cleared if `request`, built from it, estimates over `limit`."""
-    messages = clear_old_results(state.messages, limit, prompt_tokens(request))
+    messages = clear_old_results(state.messages, limit, prompt_tokens(request), memo)
     return state if messages is state.messages else replace(state, messages=messages)
 
 
 def clear_old_results(
-    messages: tuple[dict[str, Any], ...], limit: int, fixed: int = 0
+    messages: tuple[dict[str, Any], ...], limit: int, fixed: int = 0, memo: TokenMemo | None = None
 ) -> tuple[dict[str, Any], ...]:
     """`messages` (the very same object when they fit) with old results cleared to fit `limit`.
 
-    `fixed` is the estimate of the rest of the request (system prompt and tools).
+    `fixed` is the estimate of the rest of the request (system prompt and tools); `memo` keeps
+    the estimates of messages seen before, so a request costs only its new messages' estimate.
     """
-    if fixed + _upper_bound(messages) <= limit:
-        return messages  # the usual case, found without one `json.dumps` per block
-    total = fixed + messages_tokens(messages)
+    total = fixed + (memo.messages_tokens(messages) if memo is not None else messages_tokens(messages))
     if total <= limit:
         return messages
     target, before = int(limit * CLEAR_TO), total
@@ -88,6 +89,33 @@ def _cleared(content: list[dict[str, Any]], excess: int) -> tuple[list[dict[str,
 # --- the estimate ----------------------------------------------------------------------------
 
 
+class TokenMemo:
+    """The estimates of messages already seen, by identity: a run's history is estimated once.
+
+    A stored message is never changed in place (a step makes new messages, and clearing makes new
+    dicts), so the same object has the same estimate. Each entry holds its message, so an id is
+    never reused while it is remembered; past `size` entries the memo starts afresh.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._known: dict[int, tuple[Mapping[str, Any], int]] = {}
+
+    def messages_tokens(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """`messages_tokens(messages)`, estimating only the messages not seen before."""
+        return sum(self.message_tokens(m) for m in messages)
+
+    def message_tokens(self, message: Mapping[str, Any]) -> int:
+        known = self._known.get(id(message))
+        if known is not None and known[0] is message:
+            return known[1]
+        tokens = message_tokens(message)
+        if len(self._known) >= self._size:
+            self._known = {}
+        self._known[id(message)] = (message, tokens)
+        return tokens
+
+
 def estimate_tokens(request: Mapping[str, Any]) -> int:
     """A pessimistic estimate of the input tokens of a `messages.create` request."""
     return prompt_tokens(request) + messages_tokens(request.get("messages") or ())
@@ -123,35 +151,6 @@ def block_tokens(block: Mapping[str, Any]) -> int:
         inner = rest.pop("content")
         return _tokens(json.dumps(rest)) + sum(block_tokens(b) for b in inner)
     return _tokens(json.dumps(rest))
-
-
-def _upper_bound(messages: Sequence[Mapping[str, Any]]) -> int:
-    """At least `messages_tokens(messages)`, from ONE `json.dumps` of the whole conversation.
-
-    Every piece the exact estimate dumps (a block without its breakpoint, a tool result without
-    its content, a string content) is a disjoint part of that text, so their lengths add up to
-    at most its length; each piece rounds up by less than a token, and an image counts flat.
-    """
-    pieces = images = 0
-    for message in messages:
-        content = message["content"]
-        pieces += 1 + MESSAGE_TOKENS
-        if not isinstance(content, str):
-            for block in content:
-                more, pictures = _pieces(block)
-                pieces, images = pieces + more, images + pictures
-    return _tokens(json.dumps(messages)) + pieces + images * IMAGE_TOKENS
-
-
-def _pieces(block: Mapping[str, Any]) -> tuple[int, int]:
-    """(pieces, images) that `block_tokens(block)` counts."""
-    if block.get("type") == "image":
-        return 0, 1
-    inner = block.get("content")
-    if block.get("type") == "tool_result" and isinstance(inner, list):
-        counts = [_pieces(b) for b in inner]
-        return 1 + sum(c[0] for c in counts), sum(c[1] for c in counts)
-    return 1, 0
 
 
 def _tokens(text: str) -> int:

@@ -20,7 +20,7 @@ import anthropic
 from harness import texts
 from harness.client import make_client
 from harness.config import Config, Limits
-from harness.context import within_input_limit
+from harness.context import TokenMemo, within_input_limit
 from harness.policy import Policy, Ruling, Tier
 from harness.state import PendingCall, RunState, Status, Usage, Verdict, canonical_json
 from harness.tools import ToolContext, ToolRegistry, ToolResult
@@ -161,6 +161,8 @@ class Agent:
     before_tool: Callable[[RunState, PendingCall], None] | None = None
     # An outside valve (a person pressed Stop), asked before every model request and every tool call.
     stop_check: Callable[[], Stop | None] | None = None
+    # The input-size estimates of messages already seen (this agent's runs; see `harness.context`).
+    token_memo: TokenMemo = field(default_factory=TokenMemo, compare=False, repr=False)
 
     @classmethod
     def from_config(cls, config: Config, catalog: Catalog | None = None, **overrides: Any) -> Agent:
@@ -209,7 +211,7 @@ def _query(state: RunState, agent: Agent) -> StepResult:
         return _stop_or_ask(state, agent, stop)
     # Cleared in the state, not just the request: the thread's saved history stays bounded too.
     request = build_request(state, agent)
-    limited = within_input_limit(state, request, agent.limits.max_input_tokens)
+    limited = within_input_limit(state, request, agent.limits.max_input_tokens, agent.token_memo)
     if limited is not state:
         state, request = limited, build_request(limited, agent)
     try:

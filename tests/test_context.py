@@ -247,26 +247,20 @@ def test_once_it_clears_it_leaves_room_so_the_next_turns_keep_the_cached_prefix(
     assert clear_old_results(grown, 8_000) is grown  # no second clearing: the prefix stays as cached
 
 
-def test_the_quick_check_never_says_fits_when_the_exact_estimate_does_not() -> None:
-    from harness.context import _upper_bound
+def test_the_memo_estimates_as_the_estimate_does_and_only_new_messages() -> None:
+    from harness.context import TokenMemo
 
     image = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
-    shapes: list[tuple[dict[str, Any], ...]] = [
-        (),
-        ({"role": "user", "content": "a plain string, naïve ünïcödé \u2603"},),
-        tuple(m for k in range(6) for m in past_turn(k, size=k * 7)),
-        (
-            {"role": "user", "content": [image, text("x")]},
-            {"role": "assistant", "content": [tool_use("shot", {"n": 1}, id="toolu_i")]},
-            {
-                "role": "user",
-                "content": [
-                    {"type": "tool_result", "tool_use_id": "toolu_i", "content": [image, text("y" * 5)]}
-                ],
-            },
-        ),
-    ]
-    for messages in shapes:
-        assert _upper_bound(messages) >= messages_tokens(messages)
-        fits = messages_tokens(messages) + 10
-        assert clear_old_results(messages, fits) is messages
+    history = (
+        {"role": "user", "content": "a plain string, naïve ünïcödé \u2603"},
+        *(m for k in range(6) for m in past_turn(k, size=k * 7)),
+        {"role": "user", "content": [image, text("x")]},
+    )
+    memo = TokenMemo()
+    assert memo.messages_tokens(history) == messages_tokens(history)
+    grown = (*history[:-1], {**history[-1], "content": [text("y" * 300)]})  # a new last message
+    assert memo.messages_tokens(grown) == messages_tokens(grown)
+    small = TokenMemo(size=3)  # starts afresh when full, never wrong
+    assert small.messages_tokens(grown) == messages_tokens(grown) == small.messages_tokens(grown)
+    for limit in (0, 500, 2_000, 10**6):
+        assert clear_old_results(grown, limit, memo=TokenMemo()) == clear_old_results(grown, limit)

@@ -282,8 +282,7 @@ def _agent(svc: Services, driver: Driver) -> Agent:
 
 
 def _owe_summaries(driver: Driver, events: tuple[Event, ...], agent: Agent, state: RunState) -> None:
-    if not (state.status is Status.RUNNING and state.pending):  # a turn's calls come next: counted then
-        metrics.stepped(driver.svc.store.redis, driver.run_id, state, events)  # deltas of the totals
+    _count_step(driver, state, events)
     budget = token_limit(state, agent.limits)
     for event in events:
         if isinstance(event, TurnDone):
@@ -293,6 +292,12 @@ def _owe_summaries(driver: Driver, events: tuple[Event, ...], agent: Agent, stat
                 log.exception("run %s: turn %s could not be rendered", driver.run_id, event.turn)
                 msg = render.notice(texts.UNRENDERABLE.format(turn=event.turn))
             driver.owe(msg)
+
+
+def _count_step(driver: Driver, state: RunState, events: tuple[Event, ...]) -> None:
+    """The step's metrics (deltas of the run's totals), unless the turn's calls come next: counted then."""
+    if not (state.status is Status.RUNNING and state.pending):
+        metrics.stepped(driver.svc.store.redis, driver.run_id, state, events)
 
 
 def _leave_loop(svc: Services, driver: Driver, state: RunState, agent: Agent, outcome: Outcome) -> str | None:

@@ -63,10 +63,55 @@ TOOL_DOC = "Look up entry number n."
 GUARDED_DOC = "Look up entry number n; a human must approve each call."
 
 Run = Callable[[int, bool], None]  # (turns, with one approval on the first call) -> None
-Resume = Callable[[int], float]  # (turns before the approval) -> seconds from decision to request
+Clock = tuple[float, float]  # (wall seconds, CPU seconds of this process and the private redis-server)
+Resume = Callable[[int], Clock]  # (turns before the approval) -> from decision to request
+WALL, CPU = 0, 1
 
-# When each request reached the stand-in (perf_counter), appended by its responder thread.
-ARRIVALS: list[float] = []
+# When each request reached the stand-in, appended by its responder thread.
+ARRIVALS: list[Clock] = []
+# The private redis-server's process, once the worker's services run (its CPU counts as ours).
+REDIS_PID: list[int] = []
+
+
+class _Counted:
+    """Round trips to the private Redis so far: one per packed send (a pipeline is one)."""
+
+    trips = 0
+
+
+def _counting_connection() -> type:
+    import redis
+
+    class CountingConnection(redis.Connection):
+        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            _Counted.trips += 1
+            super().send_packed_command(command, check_health)
+
+    return CountingConnection
+
+
+TRIPS_AT_ARRIVAL: list[int] = []
+RESUME_TRIPS: list[int] = []
+_started_trips = [0]
+
+
+def _start() -> Clock:
+    """`now()`, noting the round trips so far (a resume counts those made before its request)."""
+    _started_trips[0] = _Counted.trips
+    return now()
+
+
+def now() -> Clock:
+    """Wall time, and the CPU time of this process (every thread: the contender, its tool thread, the
+    stand-ins) plus the private redis-server's. CPU time is what a busy machine does not change much."""
+    cpu = time.process_time()
+    for pid in REDIS_PID:
+        try:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                cpu += int((task / "schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError):
+            pass
+    return time.perf_counter(), cpu
 
 
 def _task(turns: int, approve: bool | int) -> str:
@@ -139,7 +184,8 @@ def responder(body: dict[str, Any]) -> Reply:
     A request whose last message lacks the previous turn's result is refused with a 500, so a
     contender that skips its tool fails loudly instead of looking fast.
     """
-    ARRIVALS.append(time.perf_counter())
+    TRIPS_AT_ARRIVAL.append(_Counted.trips)
+    ARRIVALS.append(now())
     messages = body["messages"]
     task = _first_user_text(messages)
     target = int(task.split("turns=", 1)[1].split()[0].rstrip("."))
@@ -182,11 +228,13 @@ class Env:
 
             server = RedisServer().start()
             self._stack.callback(server.cleanup)
+            if server.proc is not None:
+                REDIS_PID.append(server.proc.pid)
             slack = self._stack.enter_context(FakeSlackAPI(bot_token="xoxb-test"))
             path = self.workspace / "harness.toml"
             path.write_text(CONFIG, encoding="utf-8")
             config = load_config(path, env={"HARNESS_WORKSPACE": str(self.workspace)})
-            conn = redis.Redis.from_url(server.url)
+            conn = redis.Redis.from_url(server.url, connection_class=_counting_connection())
             self._svc = Services(
                 store=Store(conn),
                 queue=make_queue(conn),
@@ -211,11 +259,12 @@ def _new_record(svc: Any, task: str, status: Any) -> str:
     return record.run_id
 
 
-def _arrival_since(mark: int, started: float) -> float:
-    """Seconds from `started` to the arrival of the first request after `mark` arrivals."""
+def _arrival_since(mark: int, started: Clock) -> Clock:
+    """Wall and CPU seconds from `started` to the arrival of the first request after `mark` arrivals."""
     if len(ARRIVALS) <= mark:
         raise RuntimeError("no request reached the stand-in after the decision")
-    return ARRIVALS[mark] - started
+    RESUME_TRIPS.append(TRIPS_AT_ARRIVAL[mark] - _started_trips[0])
+    return ARRIVALS[mark][WALL] - started[WALL], ARRIVALS[mark][CPU] - started[CPU]
 
 
 # --- the bare loop ------------------------------------------------------------------------------
@@ -281,7 +330,7 @@ def bare_resume(env: Env) -> Resume:
             message = send(messages)
         approved = True  # the decision is in
         gc.collect()
-        started, mark = time.perf_counter(), len(ARRIVALS)
+        started, mark = _start(), len(ARRIVALS)
         if approved:
             messages.append({"role": "user", "content": results(message)})
         message = send(messages)
@@ -377,7 +426,7 @@ def ours_checkpointed_resume(env: Env) -> Resume:
             raise RuntimeError(f"our run did not park: {outcome!r}")
         decisions = {c.id: Decision(Verdict.APPROVED, by="U123") for c in outcome.calls}
         gc.collect()
-        started, mark = time.perf_counter(), len(ARRIVALS)
+        started, mark = _start(), len(ARRIVALS)
         state = record_decisions(RunState.loads(stored), decisions)
         state, outcome, stored = _memory_steps(state, agent)
         if not isinstance(outcome, Finished):
@@ -391,12 +440,9 @@ def ours_checkpointed_resume(env: Env) -> Resume:
 
 
 def _worker_steps(svc: Any, driver: Any, state: Any) -> tuple[Any, Any]:
-    """What `workers.jobs._advance` does per step, Slack left out: the worker's own agent (its
-    write-ahead and Stop check), the step, its metrics and turn summary (rendered and owed), a
-    fenced checkpoint unless the next step's write-ahead mark saves the state first; what the
-    step owed Slack is dropped where `deliver` would post it."""
-    from dataclasses import replace
-
+    """What `workers.jobs._advance` does per step, the Slack side left out (no turn summary is
+    rendered, owed or posted): the worker's own agent (its write-ahead and Stop check), the step,
+    its metrics, and a fenced checkpoint unless the next step's write-ahead mark saves it first."""
     from harness.loop import saves_first, step
     from workers import jobs
 
@@ -404,13 +450,11 @@ def _worker_steps(svc: Any, driver: Any, state: Any) -> tuple[Any, Any]:
     while True:
         result = step(state, agent)
         state = result.state
-        jobs._owe_summaries(driver, result.events, agent, state)
+        jobs._count_step(driver, state, result.events)
         if result.outcome is not None:
-            driver.record = replace(driver.record, outbox=[])
             return state, result.outcome
-        if driver.record.outbox or not saves_first(state, agent):
+        if not saves_first(state, agent):
             driver.save(state=state.to_json())
-            driver.record = replace(driver.record, outbox=[])
 
 
 def _worker_finish(driver: Any, state: Any, outcome: Any) -> None:
@@ -493,7 +537,7 @@ def worker_resume(env: Env) -> Resume:
         run_id, calls = _park_in_redis(svc, after)
         _decide_all(svc, run_id, calls)
         gc.collect()
-        started, mark = time.perf_counter(), len(ARRIVALS)
+        started, mark = _start(), len(ARRIVALS)
         with _driving(svc, run_id) as driver:
             assert driver is not None
             record = driver.record
@@ -545,7 +589,7 @@ def full_job_resume(env: Env) -> Resume:
             raise RuntimeError("the job's run did not park")
         _decide_all(svc, run_id, record.run_state().awaiting)
         gc.collect()
-        started, mark = time.perf_counter(), len(ARRIVALS)
+        started, mark = _start(), len(ARRIVALS)
         jobs.drive(run_id)
         if svc.store.load_run(run_id).status is not RunStatus.FINISHED:
             raise RuntimeError("the job's run did not finish")
@@ -621,7 +665,7 @@ def langgraph_resume(env: Env) -> Resume:
         if not out.get("__interrupt__"):
             raise RuntimeError("LangGraph did not interrupt")
         gc.collect()
-        started, mark = time.perf_counter(), len(ARRIVALS)
+        started, mark = _start(), len(ARRIVALS)
         out = graph.invoke(Command(resume=True), config)
         if "Done after" not in str(out["messages"][-1].content):
             raise RuntimeError(f"LangGraph ended with {out['messages'][-1]!r}")
@@ -694,7 +738,7 @@ def pydantic_ai_resume(env: Env) -> Resume:
         if not isinstance(result.output, DeferredToolRequests):
             raise RuntimeError("Pydantic AI did not defer the call")
         gc.collect()
-        started, mark = time.perf_counter(), len(ARRIVALS)
+        started, mark = _start(), len(ARRIVALS)
         result = _pydantic_ai_approve(agent, result)
         if "Done after" not in str(result.output):
             raise RuntimeError(f"Pydantic AI ended with {result.output!r}")
@@ -714,9 +758,10 @@ class Row:
     growth: bool = False  # also timed turn by turn in a GROWTH_TURNS-turn run
     run: Run | None = None
     error: str | None = None
-    zero: list[float] = field(default_factory=list)
-    full: list[float] = field(default_factory=list)
-    turns: list[list[float]] = field(default_factory=list)  # per growth round: seconds of turn 1..N
+    zero: list[Clock] = field(default_factory=list)
+    full: list[Clock] = field(default_factory=list)
+    trips: list[float] = field(default_factory=list)  # Redis round trips per turn, per round
+    turns: list[list[Clock]] = field(default_factory=list)  # per growth round: turn 1..N
 
 
 @dataclass
@@ -725,7 +770,10 @@ class ResumeRow:
     make: Callable[[Env], Resume]
     resume: Resume | None = None
     error: str | None = None
-    seconds: dict[int, list[float]] = field(default_factory=dict)  # turns before -> samples
+    seconds: dict[int, list[Clock]] = field(default_factory=dict)  # turns before -> samples
+    trips: dict[int, int] = field(
+        default_factory=dict
+    )  # turns before -> Redis round trips, decision to request
 
 
 _FLOOR = "bare loop on the SDK (floor)"
@@ -777,29 +825,30 @@ def _check(fake: FakeMessagesAPI, errors: int) -> None:
         raise RuntimeError(f"the stand-in refused a request: {fake.errors[-1][:200]}")
 
 
-def _timed(fake: FakeMessagesAPI, row: Row, turns: int) -> float:
+def _timed(fake: FakeMessagesAPI, row: Row, turns: int) -> Clock:
     assert row.run is not None
     errors = len(fake.errors)
     gc.collect()
-    started = time.perf_counter()
+    started = now()
     row.run(turns, row.approve)
-    elapsed = time.perf_counter() - started
+    ended = now()
     _check(fake, errors)
-    return elapsed
+    return ended[WALL] - started[WALL], ended[CPU] - started[CPU]
 
 
-def _turn_times(fake: FakeMessagesAPI, row: Row) -> list[float]:
+def _turn_times(fake: FakeMessagesAPI, row: Row) -> list[Clock]:
     """Seconds of each of the GROWTH_TURNS turns: between the arrivals of two successive requests."""
     assert row.run is not None
     errors = len(fake.errors)
     gc.collect()
     ARRIVALS.clear()
+    TRIPS_AT_ARRIVAL.clear()
     row.run(GROWTH_TURNS, False)
     _check(fake, errors)
     got = list(ARRIVALS)
     if len(got) != GROWTH_TURNS + 1:
         raise RuntimeError(f"{len(got)} requests for a {GROWTH_TURNS}-turn run")
-    return [b - a for a, b in zip(got, got[1:], strict=False)]
+    return [(b[WALL] - a[WALL], b[CPU] - a[CPU]) for a, b in zip(got, got[1:], strict=False)]
 
 
 def _reason(exc: BaseException) -> str:
@@ -839,8 +888,11 @@ def _per_turn(fake: FakeMessagesAPI, env: Env, rows: list[Row]) -> None:
             if row.error is not None:
                 continue
             try:
+                before = _Counted.trips
                 row.zero.append(_timed(fake, row, 0))
+                between = _Counted.trips
                 row.full.append(_timed(fake, row, TURNS))
+                row.trips.append(((_Counted.trips - between) - (between - before)) / TURNS)
             except Exception as exc:
                 row.error = _reason(exc)
 
@@ -873,6 +925,7 @@ def _resume(fake: FakeMessagesAPI, env: Env, resumes: list[ResumeRow]) -> None:
                 errors = len(fake.errors)
                 try:
                     row.seconds.setdefault(after, []).append(row.resume(after))
+                    row.trips[after] = RESUME_TRIPS[-1]
                     _check(fake, errors)
                 except Exception as exc:
                     row.error = _reason(exc)
@@ -881,20 +934,23 @@ def _resume(fake: FakeMessagesAPI, env: Env, resumes: list[ResumeRow]) -> None:
 # --- reporting ----------------------------------------------------------------------------------
 
 
-def _per_turn_us(row: Row) -> float:
-    return (statistics.median(row.full) - statistics.median(row.zero)) / TURNS * 1e6
+def _per_turn_us(row: Row, k: int = WALL) -> float:
+    full = statistics.median(c[k] for c in row.full)
+    zero = statistics.median(c[k] for c in row.zero)
+    return (full - zero) / TURNS * 1e6
 
 
-def _round_ratios(row: Row, floor: Row) -> list[float]:
+def _round_ratios(row: Row, floor: Row, k: int = WALL) -> list[float]:
     """Per round, the ratio of `row`'s overhead per turn to the floor's in the same round."""
     return [
-        (f - z) / (ff - fz) for z, f, fz, ff in zip(row.zero, row.full, floor.zero, floor.full, strict=False)
+        (f[k] - z[k]) / (ff[k] - fz[k])
+        for z, f, fz, ff in zip(row.zero, row.full, floor.zero, floor.full, strict=False)
     ]
 
 
-def _window(turns: list[float], window: tuple[int, int]) -> float:
+def _window(turns: list[Clock], window: tuple[int, int], k: int) -> float:
     first, last = window
-    return statistics.fmean(turns[first - 1 : last])
+    return statistics.fmean(t[k] for t in turns[first - 1 : last])
 
 
 def _version(package: str) -> str:
@@ -908,38 +964,45 @@ def _x(value: float) -> str:
     return f"{value:.2f}x" if value == value else "n/a"
 
 
+def _spread(ratios: list[float]) -> str:
+    """The median of per-round ratios, and their middle half."""
+    return f"{_x(statistics.median(ratios))} ({_x(percentile(ratios, 25))}-{_x(percentile(ratios, 75))})"
+
+
 def _per_turn_table(rows: list[Row]) -> str:
     floor = rows[0]
     out: list[list[object]] = []
     for row in rows:
         if row.error is not None or floor.error is not None:
-            out.append([row.name, f"not available: {row.error or floor.error}", "", "", "", "", ""])
+            out.append([row.name, f"not available: {row.error or floor.error}", *[""] * 7])
             continue
-        ratios = _round_ratios(row, floor)
+        wall, cpu = _round_ratios(row, floor, WALL), _round_ratios(row, floor, CPU)
         out.append(
             [
                 row.name,
-                statistics.median(row.zero) * 1000,
-                statistics.median(row.full) * 1000,
-                _per_turn_us(row),
-                _x(_per_turn_us(row) / _per_turn_us(floor)),
-                _x(statistics.median(ratios)),
-                f"{_x(percentile(ratios, 25))}-{_x(percentile(ratios, 75))}",
+                statistics.median(c[WALL] for c in row.zero) * 1000,
+                statistics.median(c[WALL] for c in row.full) * 1000,
+                _per_turn_us(row, WALL),
+                _spread(wall),
+                _per_turn_us(row, CPU),
+                _spread(cpu),
+                statistics.median(row.trips),
             ]
         )
     headers = [
         "contender",
         "median 0-turn run (ms)",
         f"median {TURNS}-turn run (ms)",
-        "overhead per turn (µs)",
-        "ratio of medians",
-        "median per-round ratio",
-        "per-round ratio, middle half",
+        "wall: overhead per turn (µs)",
+        "wall: ÷ bare, median per round (middle half)",
+        "CPU per turn (µs)",
+        "CPU: ÷ bare, median per round (middle half)",
+        "Redis round trips per turn",
     ]
     return table(headers, out)
 
 
-def _growth_table(rows: list[Row]) -> str:
+def _growth_table(rows: list[Row], k: int) -> str:
     floor = rows[0]
     out: list[list[object]] = []
     for row in rows:
@@ -950,21 +1013,22 @@ def _growth_table(rows: list[Row]) -> str:
             continue
         cells: list[object] = [row.name]
         for window in GROWTH_WINDOWS:
-            mine = [_window(t, window) for t in row.turns]
-            base = [_window(t, window) for t in floor.turns]
+            mine = [_window(t, window, k) for t in row.turns]
+            base = [_window(t, window, k) for t in floor.turns]
             cells += [
                 statistics.median(mine) * 1e6,
                 _x(statistics.median(a / b for a, b in zip(mine, base, strict=False))),
             ]
         first, last = GROWTH_WINDOWS[0], GROWTH_WINDOWS[-1]
-        grew = statistics.median(_window(t, last) - _window(t, first) for t in row.turns)
+        grew = statistics.median(_window(t, last, k) - _window(t, first, k) for t in row.turns)
         cells.append(grew * 1e6)
         out.append(cells)
+    kind = "wall µs" if k == WALL else "CPU µs"
     headers = ["contender"]
     for first, last in GROWTH_WINDOWS:
-        headers += [f"turns {first}-{last}, µs per turn", "÷ bare"]
+        headers += [f"turns {first}-{last}: {kind} per turn", "÷ bare"]
     (a, b), (c, d) = GROWTH_WINDOWS[0], GROWTH_WINDOWS[-1]
-    headers.append(f"growth turns {a}-{b} → {c}-{d} (µs)")
+    headers.append(f"growth {a}-{b} → {c}-{d} ({kind})")
     return table(headers, out)
 
 
@@ -974,22 +1038,26 @@ def _resume_table(resumes: list[ResumeRow]) -> str:
     for row in resumes:
         if row.error is not None or floor.error is not None:
             out.append(
-                [row.name, f"not available: {row.error or floor.error}", *[""] * (3 * len(RESUME_AFTER) - 1)]
+                [row.name, f"not available: {row.error or floor.error}", *[""] * (5 * len(RESUME_AFTER) - 1)]
             )
             continue
         cells: list[object] = [row.name]
         for after in RESUME_AFTER:
             mine, base = row.seconds[after], floor.seconds[after]
-            ratios = [a / b for a, b in zip(mine, base, strict=False)]
-            cells += [
-                statistics.median(mine) * 1e6,
-                _x(statistics.median(ratios)),
-                f"{_x(percentile(ratios, 25))}-{_x(percentile(ratios, 75))}",
-            ]
+            for k in (WALL, CPU):
+                ratios = [a[k] / b[k] for a, b in zip(mine, base, strict=False)]
+                cells += [statistics.median(c[k] for c in mine) * 1e6, _spread(ratios)]
+            cells.append(row.trips.get(after, ""))
         out.append(cells)
     headers = ["path"]
     for after in RESUME_AFTER:
-        headers += [f"after {after} turns: p50 µs", "median per-round ratio", "middle half"]
+        headers += [
+            f"after {after} turns: wall p50 µs",
+            "÷ bare, median per round (middle half)",
+            "CPU p50 µs",
+            "÷ bare (middle half)",
+            "Redis round trips",
+        ]
     return table(headers, out)
 
 
@@ -1011,7 +1079,8 @@ def run() -> str:
             f"Growth: the time between the arrivals of two successive requests at the stand-in, in one "
             f"{GROWTH_TURNS}-turn run, by turn (the mean over the turns of each window; the median "
             "over rounds).",
-            _growth_table(rows),
+            _growth_table(rows, WALL),
+            _growth_table(rows, CPU),
             "Resume → next request: from the decision being in to the stand-in receiving the next request.",
             _resume_table(resumes),
         ]
