@@ -35,20 +35,23 @@ MESSAGE_TOKENS = 4  # a message's role and framing
 CLEAR_TO = 0.75  # once over the limit, clear down to this share of it
 
 
-def within_input_limit(state: RunState, request: Mapping[str, Any], limit: int) -> RunState:
+def within_input_limit(
+    state: RunState, request: Mapping[str, Any], limit: int, memo: TokenMemo | None = None
+) -> RunState:
     """`state` with its oldest tool results cleared if `request`, built from it, estimates over `limit`."""
-    messages = clear_old_results(state.messages, limit, prompt_tokens(request))
+    messages = clear_old_results(state.messages, limit, prompt_tokens(request), memo)
     return state if messages is state.messages else replace(state, messages=messages)
 
 
 def clear_old_results(
-    messages: tuple[dict[str, Any], ...], limit: int, fixed: int = 0
+    messages: tuple[dict[str, Any], ...], limit: int, fixed: int = 0, memo: TokenMemo | None = None
 ) -> tuple[dict[str, Any], ...]:
     """`messages` (the very same object when they fit) with old results cleared to fit `limit`.
 
-    `fixed` is the estimate of the rest of the request (system prompt and tools).
+    `fixed` is the estimate of the rest of the request (system prompt and tools); `memo` keeps
+    the estimates of messages seen before, so a request costs only its new messages' estimate.
     """
-    total = fixed + messages_tokens(messages)
+    total = fixed + (memo.messages_tokens(messages) if memo is not None else messages_tokens(messages))
     if total <= limit:
         return messages
     target, before = int(limit * CLEAR_TO), total
@@ -84,6 +87,33 @@ def _cleared(content: list[dict[str, Any]], excess: int) -> tuple[list[dict[str,
 
 
 # --- the estimate ----------------------------------------------------------------------------
+
+
+class TokenMemo:
+    """The estimates of messages already seen, by identity: a run's history is estimated once.
+
+    A stored message is never changed in place (a step makes new messages, and clearing makes new
+    dicts), so the same object has the same estimate. Each entry holds its message, so an id is
+    never reused while it is remembered; past `size` entries the memo starts afresh.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._known: dict[int, tuple[Mapping[str, Any], int]] = {}
+
+    def messages_tokens(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """`messages_tokens(messages)`, estimating only the messages not seen before."""
+        return sum(self.message_tokens(m) for m in messages)
+
+    def message_tokens(self, message: Mapping[str, Any]) -> int:
+        known = self._known.get(id(message))
+        if known is not None and known[0] is message:
+            return known[1]
+        tokens = message_tokens(message)
+        if len(self._known) >= self._size:
+            self._known = {}
+        self._known[id(message)] = (message, tokens)
+        return tokens
 
 
 def estimate_tokens(request: Mapping[str, Any]) -> int:

@@ -20,7 +20,7 @@ import anthropic
 from harness import texts
 from harness.client import make_client
 from harness.config import Config, Limits
-from harness.context import within_input_limit
+from harness.context import TokenMemo, within_input_limit
 from harness.policy import Policy, Ruling, Tier
 from harness.state import PendingCall, RunState, Status, Usage, Verdict, canonical_json
 from harness.tools import ToolContext, ToolRegistry, ToolResult
@@ -161,6 +161,8 @@ class Agent:
     before_tool: Callable[[RunState, PendingCall], None] | None = None
     # An outside valve (a person pressed Stop), asked before every model request and every tool call.
     stop_check: Callable[[], Stop | None] | None = None
+    # The input-size estimates of messages already seen (this agent's runs; see `harness.context`).
+    token_memo: TokenMemo = field(default_factory=TokenMemo, compare=False, repr=False)
 
     @classmethod
     def from_config(cls, config: Config, catalog: Catalog | None = None, **overrides: Any) -> Agent:
@@ -208,9 +210,12 @@ def _query(state: RunState, agent: Agent) -> StepResult:
     if stop := check_budget(state, agent.limits):
         return _stop_or_ask(state, agent, stop)
     # Cleared in the state, not just the request: the thread's saved history stays bounded too.
-    state = within_input_limit(state, build_request(state, agent), agent.limits.max_input_tokens)
+    request = build_request(state, agent)
+    limited = within_input_limit(state, request, agent.limits.max_input_tokens, agent.token_memo)
+    if limited is not state:
+        state, request = limited, build_request(limited, agent)
     try:
-        message = agent.client.messages.create(**build_request(state, agent))
+        message = agent.client.messages.create(**request)
     except anthropic.APIStatusError as exc:
         return _failed(state, exc, exc.status_code)
     except anthropic.APIError as exc:
@@ -335,7 +340,10 @@ def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
     for index, call in enumerate(state.pending):
         if call.result is not None:
             continue
-        if stop := _stop_requested(agent):  # a call already running has finished; no other starts
+        marks = _marks_first(agent, call)
+        # A call already running has finished; no other starts. A call that writes its mark first is
+        # asked after the mark is written (a driver reads a Stop in that same write).
+        if not marks and (stop := _stop_requested(agent)):
             return _stop_mid_turn(state, stop, events)
         if call.awaiting:
             # No call runs ahead of an earlier one still waiting; all waiting ones are asked at once.
@@ -348,10 +356,12 @@ def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
                 state = _with_call(state, index, call)
                 events.append(ToolReturned(state.turns, call))
                 continue
-            call = replace(call, started=True)
-            state = _with_call(state, index, call)
+            marked = _with_call(state, index, replace(call, started=True))
             if agent.before_tool is not None:
-                agent.before_tool(state, call)  # persists the mark; raising stops before the call runs
+                agent.before_tool(marked, marked.pending[index])  # persists the mark; raising stops here
+            if stop := _stop_requested(agent):  # it never started: answered as not run, not as unknown
+                return _stop_mid_turn(state, stop, events)
+            state, call = marked, marked.pending[index]
         call = replace(call, result=_answer(agent, call))
         state = _with_call(state, index, call)
         events.append(ToolReturned(state.turns, call))
@@ -368,6 +378,23 @@ def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
 
 def _with_call(state: RunState, index: int, call: PendingCall) -> RunState:
     return replace(state, pending=(*state.pending[:index], call, *state.pending[index + 1 :]))
+
+
+def saves_first(state: RunState, agent: Agent) -> bool:
+    """Whether the next step's first act is to hand `state`, plus a write-ahead mark, to `before_tool`.
+
+    Then nothing happens between this step and that write (no call runs, nothing is asked, no
+    request is made), so a driver may leave `state` to it rather than write it twice in a row.
+    """
+    if agent.before_tool is None or state.status is not Status.RUNNING:
+        return False
+    first = next((c for c in state.pending if c.result is None), None)
+    return first is not None and _marks_first(agent, first)
+
+
+def _marks_first(agent: Agent, call: PendingCall) -> bool:
+    """Whether resolving `call` begins by writing its write-ahead mark (through `before_tool`)."""
+    return agent.before_tool is not None and not call.started and _needs_write_ahead(agent, call)
 
 
 def _needs_write_ahead(agent: Agent, call: PendingCall) -> bool:

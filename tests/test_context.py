@@ -245,3 +245,22 @@ def test_once_it_clears_it_leaves_room_so_the_next_turns_keep_the_cached_prefix(
     )
     assert messages_tokens(grown) > messages_tokens(once) + 500
     assert clear_old_results(grown, 8_000) is grown  # no second clearing: the prefix stays as cached
+
+
+def test_the_memo_estimates_as_the_estimate_does_and_only_new_messages() -> None:
+    from harness.context import TokenMemo
+
+    image = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+    history = (
+        {"role": "user", "content": "a plain string, naïve ünïcödé \u2603"},
+        *(m for k in range(6) for m in past_turn(k, size=k * 7)),
+        {"role": "user", "content": [image, text("x")]},
+    )
+    memo = TokenMemo()
+    assert memo.messages_tokens(history) == messages_tokens(history)
+    grown = (*history[:-1], {**history[-1], "content": [text("y" * 300)]})  # a new last message
+    assert memo.messages_tokens(grown) == messages_tokens(grown)
+    small = TokenMemo(size=3)  # starts afresh when full, never wrong
+    assert small.messages_tokens(grown) == messages_tokens(grown) == small.messages_tokens(grown)
+    for limit in (0, 500, 2_000, 10**6):
+        assert clear_old_results(grown, limit, memo=TokenMemo()) == clear_old_results(grown, limit)

@@ -6,6 +6,7 @@ import threading
 import time
 from dataclasses import replace
 
+import pytest
 import redis
 
 from workers.store import EVENT_TTL, Keys, RunRecord, RunStatus, Store, new_run_id
@@ -62,3 +63,31 @@ def test_the_run_holding_a_thread_and_a_delivery_seen_once(store: Store) -> None
     assert store.thread_run(*run.thread) == run.run_id
     assert store.first_delivery("T1", "Ev1") and not store.first_delivery("T1", "Ev1")
     assert 0 < store.redis.ttl(Keys.event("T1", "Ev1")) <= EVENT_TTL
+
+
+def test_a_save_reads_the_stop_and_the_driver_uses_that_reading_once(
+    store: Store, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slack_sdk import WebClient
+
+    from harness.config import Config
+    from workers import driver as driver_module
+    from workers.driver import Driver
+    from workers.services import Services, make_queue
+
+    monkeypatch.setattr(driver_module, "STOP_SEEN_SECONDS", 600)  # "just now", however slow the machine
+    run = replace(run_record(), status=RunStatus.RUNNING)
+    store.save_run(run)
+    svc = Services(store, make_queue(conn), WebClient(token="xoxb-unused"), Config(), model=None)  # type: ignore[arg-type]
+    with Driver(svc, run.run_id) as driver:
+        assert driver is not None
+        driver.save()
+        store.request_stop(run.run_id, "UB")  # after the save read it: the next check looks again
+        reads: list[str] = []
+        original = store.stop_requested
+        monkeypatch.setattr(store, "stop_requested", lambda run_id: reads.append(run_id) or original(run_id))
+        assert driver.stop_requested() is None  # the save's reading, taken just now
+        assert driver.stop_requested() == "UB" and reads == [run.run_id]  # a reading serves one check
+        driver.save()
+        assert driver.stop_requested() == "UB" and reads == [run.run_id]
+    assert store.save(run, "not-the-holder", 30).ok is False

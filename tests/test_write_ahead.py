@@ -79,3 +79,47 @@ def test_read_only_calls_are_not_marked_and_may_run_again(model: FakeMessagesAPI
     state, _ = drive(new_run("go"), agent, lambda e: None)
     assert marks == []
     assert "is_error" not in state.messages[2]["content"][0]
+
+
+def test_a_stop_read_with_the_mark_answers_the_call_as_not_run(
+    model: FakeMessagesAPI, workspace: Path
+) -> None:
+    from harness.loop import Stopped, saves_first
+    from harness.valves import Stop, Valve
+
+    model.script(reply(tool_use("write_file", {"path": "w.txt", "content": "w"}, id="toolu_w")))
+    marks: list[bool] = []
+    agent = dataclasses.replace(
+        make_agent(model, workspace, policy={"write_file": "allow"}),
+        before_tool=lambda state, call: marks.append(call.started),
+        # Pressed before the mark was written; a driver reads it in the mark's own write.
+        stop_check=lambda: Stop(Valve.STOPPED_BY_USER, "pressed") if marks else None,
+    )
+    asked = step(new_run("go"), agent).state
+    assert saves_first(asked, agent)  # the mark is the first write after the reply: one write, not two
+    result = step(asked, agent)
+    assert marks == [True] and not (workspace / "w.txt").exists()
+    assert isinstance(result.outcome, Stopped)
+    [answer] = result.state.messages[-1]["content"]
+    assert answer["is_error"] is True and "stopped_by_user" in answer["content"]
+    assert "Outcome unknown" not in answer["content"]  # it never started: nothing to be unsure of
+
+
+def test_only_a_call_that_writes_its_mark_first_lets_the_reply_ride_with_it(
+    model: FakeMessagesAPI, workspace: Path
+) -> None:
+    from harness.loop import saves_first
+
+    model.script(
+        reply(
+            tool_use("read_file", {"path": "README.md"}),
+            tool_use("write_file", {"path": "w", "content": "w"}),
+        )
+    )
+    agent = dataclasses.replace(
+        make_agent(model, workspace, policy={"read_file": "allow", "write_file": "allow"}),
+        before_tool=lambda state, call: None,
+    )
+    asked = step(new_run("go"), agent).state
+    assert not saves_first(asked, agent)  # a read runs first: the reply must be saved before it
+    assert not saves_first(asked, dataclasses.replace(agent, before_tool=None))

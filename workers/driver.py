@@ -23,12 +23,16 @@ from bot import render, texts
 from harness.state import PendingCall, RunState, StateError
 from workers import outbox
 from workers.services import Services
-from workers.store import DAY, FINISHED_RUN_TTL, LIMIT_CALL, RunRecord, RunStatus
+from workers.store import DAY, FINISHED_RUN_TTL, LIMIT_CALL, RunRecord, RunStatus, unpack
 
 log = logging.getLogger(__name__)
 
 
 WORKING = "~working"  # outbox key of the Working message while it is delivered (never a call id)
+# How long the Stop read by a save stands in for a fresh look, if the driver did nothing in between
+# that took its time (a delivery to Slack). A Stop reaches Redis through Slack and the bot, which
+# takes longer than this: a read this recent and one made now cannot be told apart.
+STOP_SEEN_SECONDS = 0.02
 
 
 # What the courier changes while it pays: only it writes them until `Driver.collect`.
@@ -65,12 +69,14 @@ class Driver:
         self._beat: threading.Thread | None = None
         self._courier: _Courier | None = None
         self._handed = 0  # debts at the head of the outbox handed to the courier, not yet collected
+        self._stop_seen: tuple[str | None, float] | None = None  # (who pressed Stop, when) per the last save
 
     def __enter__(self) -> Driver | None:
-        if not self.svc.store.acquire_lease(self.run_id, self.token, self.seconds):
+        took, raw = self.svc.store.acquire_and_read(self.run_id, self.token, self.seconds)
+        if not took:
             return None
-        try:
-            record = self.svc.store.load_run(self.run_id)  # read under the lease: nobody else writes it now
+        try:  # read under the lease: nobody else writes it now
+            record = None if raw is None else RunRecord.from_json(unpack(raw))
         except StateError as exc:
             log.error("run %s cannot be read: %s", self.run_id, exc)  # nowhere to post: refuse quietly
             record = None
@@ -126,9 +132,22 @@ class Driver:
         if _COURIERS_OWN.intersection(changes):
             self.collect()
         record = replace(self.record, **changes)
-        if self.lost or not self.svc.store.save(record, self.token, self.seconds, ttl=ttl):
+        saved = None if self.lost else self.svc.store.save(record, self.token, self.seconds, ttl=ttl)
+        if not saved:
             raise LostLease(self.run_id)
         self.record = record
+        self._stop_seen = (saved.stop_by, time.monotonic())
+
+    def stop_requested(self) -> str | None:
+        """Who pressed Stop, if anyone: as the last save read it when that was just now, else from Redis.
+
+        A save's reading serves one check only, so every model request and every call is still
+        preceded by a look of its own.
+        """
+        seen, self._stop_seen = self._stop_seen, None
+        if seen is not None and time.monotonic() - seen[1] <= STOP_SEEN_SECONDS:
+            return seen[0]
+        return self.svc.store.stop_requested(self.run_id)
 
     def owe(self, msg: render.Message, role: str = outbox.MESSAGE, call: str | None = None) -> None:
         """Owe Slack a post in the thread; the next save stores the debt, `deliver` pays it."""
@@ -138,9 +157,15 @@ class Driver:
         """Pay what the run owes Slack. Not saved here: the next write drops the paid debts."""
         self.collect()
         self._owe_working()
+        if self.record.outbox:
+            self._stop_seen = None  # Slack takes its time: the next Stop check looks again
         self.record = outbox.deliver(self.svc, self.record, reconcile=self._reconcile)
         self._reconcile = False
         self._keep_working_ts()
+
+    def owes(self) -> bool:
+        """Whether the run owes Slack something not yet handed to its courier."""
+        return len(self.record.outbox) > self._handed
 
     def dispatch(self, then: Callable[[RunRecord], RunRecord] | None = None) -> None:
         """Hand what the run owes Slack now to its courier, which pays it while the run steps on

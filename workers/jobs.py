@@ -32,6 +32,7 @@ from harness.loop import (
     Outcome,
     TurnDone,
     continue_at_limit,
+    saves_first,
     step,
     stop_run,
 )
@@ -262,7 +263,8 @@ def _advance(svc: Services, driver: Driver, state: RunState) -> str | None:
         if result.outcome is not None:
             driver.collect()
             return _leave_loop(svc, driver, state, agent, result.outcome)
-        driver.save(state=state.to_json())
+        if driver.owes() or not saves_first(state, agent):  # else the write-ahead mark saves it
+            driver.save(state=state.to_json())
 
 
 def _agent(svc: Services, driver: Driver) -> Agent:
@@ -272,7 +274,7 @@ def _agent(svc: Services, driver: Driver) -> Agent:
         driver.save(state=marked.to_json())  # raises LostLease before the call could run twice
 
     def stop_check() -> Stop | None:
-        if svc.store.stop_requested(driver.run_id) is None:
+        if driver.stop_requested() is None:
             return None
         return Stop(Valve.STOPPED_BY_USER, harness_texts.STOP_BY_USER)
 
@@ -282,7 +284,7 @@ def _agent(svc: Services, driver: Driver) -> Agent:
 
 
 def _owe_summaries(driver: Driver, events: tuple[Event, ...], agent: Agent, state: RunState) -> None:
-    metrics.stepped(driver.svc.store.redis, driver.run_id, state, events)  # after every step, once
+    _count_step(driver, state, events)
     budget = token_limit(state, agent.limits)
     for event in events:
         if isinstance(event, TurnDone):
@@ -292,6 +294,12 @@ def _owe_summaries(driver: Driver, events: tuple[Event, ...], agent: Agent, stat
                 log.exception("run %s: turn %s could not be rendered", driver.run_id, event.turn)
                 msg = render.notice(texts.UNRENDERABLE.format(turn=event.turn))
             driver.owe(msg)
+
+
+def _count_step(driver: Driver, state: RunState, events: tuple[Event, ...]) -> None:
+    """The step's metrics (deltas of the run's totals), unless the turn's calls come next: counted then."""
+    if not (state.status is Status.RUNNING and state.pending):
+        metrics.stepped(driver.svc.store.redis, driver.run_id, state, events)
 
 
 def _leave_loop(svc: Services, driver: Driver, state: RunState, agent: Agent, outcome: Outcome) -> str | None:
@@ -456,9 +464,10 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
     """Resume a parked run once every call is decided; else let it go (it stays parked)."""
     while True:
         record = driver.record
-        if (by := svc.store.stop_requested(record.run_id)) is not None:
-            return _stop_parked(svc, driver, by)
-        decisions = svc.store.decisions(record.run_id, record.park_id)
+        view = svc.store.park_view(record.run_id, record.park_id)
+        if view.stop_by is not None:
+            return _stop_parked(svc, driver, view.stop_by)
+        decisions = view.decisions
         if decisions and all(d is not None for d in decisions.values()):
             break
         if not driver.settle():
@@ -476,7 +485,7 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
     for call in state.pending:  # a grant clicked before the park settled: its notice is still due
         if call.decision is not None and call.decision.grant == "given":
             _announce_grant(svc, record, call.name)
-    shown = svc.store.cards_updated(record.run_id, record.park_id)
+    shown = view.cards_updated
     for call in state.pending:
         if call.decision is not None and call.id in record.cards and call.id not in shown:
             driver.record = outbox.owe_update(
@@ -484,8 +493,7 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
             )
     # Durably running before anything else: the decisions stay in Redis until the park's TTL.
     driver.save(status=RunStatus.RUNNING, state=state.to_json(), expires_at=None)
-    svc.store.forget_expiry(record.run_id, record.park_id)
-    svc.store.take_thread(driver.record, RUN_JOB_TIMEOUT)
+    svc.store.resumed(driver.record, RUN_JOB_TIMEOUT)  # its expiry forgotten, its thread taken
     return _advance(svc, driver, state)  # the decided cards are updated while the approved calls run
 
 

@@ -315,8 +315,8 @@ class RunRecord:
         return RunState.from_json(self.state)
 
     def to_json(self) -> str:
-        # Every field is JSON already: no `asdict`, whose deep copy of the state was a fifth of a
-        # resumed run's CPU.
+        # Shallow: every field already holds JSON values, and `asdict` deep-copied the whole
+        # conversation on every checkpoint (most of a worker's own cost per turn).
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["status"] = self.status.value
         return json.dumps({"version": RECORD_VERSION, **data}, separators=(",", ":"), ensure_ascii=False)
@@ -359,6 +359,35 @@ class DecideResult:
     outcome: DecideOutcome
     decision: Decision | None = None  # the decision that stands
     votes: tuple[str, ...] = ()  # COUNTED: who has approved so far
+
+
+def _decisions(raw: dict[Any, Any]) -> dict[str, Decision | None]:
+    """A park's approvals hash as call id -> decision (None while it awaits one)."""
+    return {
+        _text(k): (Decision.from_json(json.loads(v)) if v else None)
+        for k, v in raw.items()
+        if not _text(k).startswith("~")
+    }
+
+
+@dataclass(frozen=True)
+class ParkView:
+    """What a resume reads of a park: who pressed Stop, every call's decision, the cards already updated."""
+
+    stop_by: str | None
+    decisions: dict[str, Decision | None]
+    cards_updated: set[str]
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A fenced save: whether it was written (the lease still ours), and who had pressed Stop then."""
+
+    ok: bool
+    stop_by: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.ok
 
 
 @dataclass(frozen=True)
@@ -458,15 +487,16 @@ redis.call('EXPIRE', KEYS[2], ARGV[3])
 return 0
 """
 
-# KEYS[1] lease, KEYS[2] run record, KEYS[3] active set. ARGV[1] token, ARGV[2] lease ms,
-# ARGV[3] record, ARGV[4] record TTL s, ARGV[5] now, ARGV[6] run id.
+# KEYS[1] lease, KEYS[2] run record, KEYS[3] active set, KEYS[4] stop request. ARGV[1] token,
+# ARGV[2] lease ms, ARGV[3] record, ARGV[4] record TTL s, ARGV[5] now, ARGV[6] run id.
 # A fenced write: only the lease holder may write the run (a driver that lost its lease stops).
+# It answers who pressed Stop ('' nobody) too: the driver's next Stop check costs no round trip.
 _SAVE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, ''} end
 redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[5], ARGV[6])
-return 1
+return {1, redis.call('GET', KEYS[4]) or ''}
 """
 
 # KEYS[1] lease, KEYS[2] run record, KEYS[3] active set, KEYS[4] approvals hash, KEYS[5] expiries,
@@ -752,12 +782,7 @@ class Store:
 
     def decisions(self, run_id: str, park_id: int) -> dict[str, Decision | None]:
         """Every call of park `park_id`: its decision, or None while it still awaits one."""
-        raw = self.redis.hgetall(Keys.approvals(run_id, park_id))
-        return {
-            _text(k): (Decision.from_json(json.loads(v)) if v else None)
-            for k, v in raw.items()
-            if not _text(k).startswith("~")
-        }
+        return _decisions(self.redis.hgetall(Keys.approvals(run_id, park_id)))
 
     def first_card_update(self, run_id: str, park_id: int, call_id: str, ttl: int = DAY) -> bool:
         """True once per call: whoever gets it updates the call's card after its decision."""
@@ -890,6 +915,42 @@ class Store:
         """Become the one driver of `run_id` for `seconds` (renewed by saves and heartbeats)."""
         return bool(self.redis.set(Keys.lease(run_id), token, nx=True, px=int(seconds * 1000)))
 
+    def acquire_and_read(self, run_id: str, token: str, seconds: float) -> tuple[bool, bytes | None]:
+        """`acquire_lease`, and the run's stored record read right after it in the same round trip.
+
+        The read comes after the lease on one connection, so when the lease is ours it is a read
+        under the lease, as `load_run` after `acquire_lease` was; when it is not, ignore it.
+        """
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(Keys.lease(run_id), token, nx=True, px=int(seconds * 1000))
+            pipe.get(Keys.run(run_id))
+            took, raw = pipe.execute()
+        return bool(took), raw if took else None
+
+    def park_view(self, run_id: str, park_id: int) -> ParkView:
+        """Who pressed Stop, the park's decisions and the cards already updated: one round trip."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(Keys.stop_request(run_id))
+            pipe.hgetall(Keys.approvals(run_id, park_id))
+            pipe.smembers(Keys.cards_done(run_id, park_id))
+            stop, raw, cards = pipe.execute()
+        return ParkView(_text(stop) if stop else None, _decisions(raw), {_text(m) for m in cards})
+
+    def resumed(self, record: RunRecord, ttl: int) -> bool:
+        """A resumed run: its park's expiry forgotten and its thread taken (`take_thread`), in one
+        round trip; whether the thread is the run's."""
+        member = f"{check_id('run', record.run_id)}:{int(record.park_id)}"
+        keys = [Keys.thread_lock(*record.thread), Keys.thread_waiting(*record.thread)]
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrem(Keys.expiries(), member)
+            pipe.evalsha(self._take.sha, len(keys), *keys, record.run_id, ttl, THREAD_TTL, "1")
+            _, took = pipe.execute(raise_on_error=False)
+        if isinstance(took, redis.exceptions.NoScriptError):  # a restarted Redis forgot the script
+            return self.take_thread(record, ttl)
+        if isinstance(took, Exception):
+            raise took
+        return bool(took)
+
     def renew_lease(self, run_id: str, token: str, seconds: float) -> bool:
         keys = [Keys.lease(run_id), Keys.active()]
         return bool(self._renew(keys=keys, args=[token, int(seconds * 1000), time.time(), run_id]))
@@ -897,9 +958,14 @@ class Store:
     def release_lease(self, run_id: str, token: str) -> None:
         self._release(keys=[Keys.lease(run_id)], args=[token])
 
-    def save(self, record: RunRecord, token: str, seconds: float, *, ttl: int = FINISHED_RUN_TTL) -> bool:
-        """Save `record` if `token` still holds its lease (renewing it)."""
-        keys = [Keys.lease(record.run_id), Keys.run(record.run_id), Keys.active()]
+    def save(self, record: RunRecord, token: str, seconds: float, *, ttl: int = FINISHED_RUN_TTL) -> Saved:
+        """Save `record` if `token` still holds its lease (renewing it); falsy when it does not."""
+        keys = [
+            Keys.lease(record.run_id),
+            Keys.run(record.run_id),
+            Keys.active(),
+            Keys.stop_request(record.run_id),
+        ]
         args: list[Any] = [
             token,
             int(seconds * 1000),
@@ -908,7 +974,8 @@ class Store:
             time.time(),
             record.run_id,
         ]
-        return bool(self._save(keys=keys, args=args))
+        ok, stop = self._save(keys=keys, args=args)
+        return Saved(bool(ok), _text(stop) or None)
 
     def park(
         self,
