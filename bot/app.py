@@ -8,7 +8,9 @@ answer (ephemeral replies). The one exception is `views.open`, whose trigger_id 
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import ctypes
 import inspect
 import logging
 import os
@@ -59,6 +61,7 @@ MAX_TASK_CHARS = 20_000
 GROUP_LOOKUP_SECONDS = 2  # a group read on a click happens before Slack gets its answer (3 s)
 HOME_SCAN = 500  # parked runs looked at for one Home tab, the soonest to expire first
 _USER = re.compile(r"[UW][A-Z0-9]{1,31}")
+AFTER_THREADS = "slack-after"  # the threads that make Slack calls after the answer
 
 
 class Background:
@@ -73,9 +76,18 @@ class Background:
     def submit(self, fn: Callable[..., None], *args: Any) -> None:
         with self._lock:
             if self._pool is None or self._pid != os.getpid():  # a forked child has no threads
-                self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="slack-after")
+                self._pool = ThreadPoolExecutor(
+                    self._workers, thread_name_prefix=AFTER_THREADS, initializer=_name_os_thread
+                )
                 self._pid = os.getpid()
             self._pool.submit(contextvars.copy_context().run, _logged, fn, *args)  # its lines name the run
+
+
+def _name_os_thread() -> None:
+    """Name the calling thread for the OS too (`top -H`, /proc/PID/task/TID/comm; Linux only), so
+    the CPU of the calls made after the answer can be told apart (tests/bench/bench_ack.py)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(15, AFTER_THREADS.encode())  # 15: PR_SET_NAME
 
 
 def _logged(fn: Callable[..., None], *args: Any) -> None:
