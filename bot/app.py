@@ -17,6 +17,7 @@ import os
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -33,7 +34,7 @@ from bot.web import bolt_error_handler
 from harness.config import Config
 from harness.state import Decision, PendingCall, StateError, Verdict
 from workers import logs, metrics
-from workers.services import enqueue_run_job
+from workers.services import enqueue_run_job, queued_job
 from workers.store import (
     ENDED,
     IM,
@@ -285,7 +286,7 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
             team,
             _message_key(channel, ts) if direct else event_id,
             record,
-            lambda pipe: _enqueue_start(deps, record.run_id, pipe),
+            queued_job(deps.queue, START_RUN, record.run_id, job_id=uuid.uuid4().hex),
             max_per_user=limits.max_runs_per_user,
             max_per_channel=limits.max_runs_per_channel,
         )
@@ -301,10 +302,6 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
         log.info("app_mention %s in %s: %s", event_id, channel, accepted.value)
 
     return on_mention
-
-
-def _enqueue_start(deps: BotDeps, run_id: str, pipe: Any) -> None:
-    enqueue_run_job(deps.store, deps.queue, START_RUN, run_id, pipeline=pipe)
 
 
 def _acknowledge_visibly(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:

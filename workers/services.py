@@ -19,6 +19,7 @@ from rq import Retry
 from rq.exceptions import InvalidJobOperation
 from rq.job import JobStatus
 from rq.serializers import JSONSerializer
+from rq.utils import now as rq_now
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.http_retry import HttpRequest, HttpResponse, RetryState
@@ -31,7 +32,7 @@ from slack_sdk.http_retry.builtin_handlers import (
 from harness.client import make_client
 from harness.config import Config, load_config
 from harness.tools.catalog import Catalog
-from workers.store import DAY, Store
+from workers.store import DAY, QueuedJob, Store
 
 log = logging.getLogger(__name__)
 
@@ -55,18 +56,40 @@ def enqueue_job(
     queue: rq.Queue, func: str | Any, *args: Any, pipeline: Any = None, job_id: str | None = None
 ) -> rq.job.Job:
     """Enqueue a job with the timeout of a whole run and RQ retries, whoever enqueues it."""
+    _check_serializer(queue)
+    return queue.enqueue_call(func, args=args, **_job_options(), pipeline=pipeline, job_id=job_id)
+
+
+def queued_job(queue: rq.Queue, func: str | Any, *args: Any, job_id: str) -> QueuedJob:
+    """The job `enqueue_job` would enqueue, as the writes RQ makes for it, for a Lua script to make
+    along with writes of its own (`Store.accept_event`).
+
+    RQ builds the job and its hash (`Job.to_dict`, as RQ's own unique enqueue does); what is left
+    is what `Queue.enqueue_job` sets on a job it enqueues: its queue, when, and its status. No
+    dependencies, no TTL and no rate limit: RQ would write more for those.
+    """
+    _check_serializer(queue)
+    job = queue.create_job(func, args=args, **_job_options(), job_id=job_id, status=JobStatus.QUEUED)
+    job.origin, job.enqueued_at = queue.name, rq_now()
+    fields: list[str | bytes] = []
+    for name, value in job.to_dict().items():
+        if value is not None:
+            fields += (name, value if isinstance(value, bytes | str) else str(value))
+    return QueuedJob(job.id, job.key, queue.key, queue.redis_queues_keys, tuple(fields))
+
+
+def _job_options() -> dict[str, Any]:
+    return {
+        "timeout": RUN_JOB_TIMEOUT,
+        "result_ttl": 600,
+        "failure_ttl": DAY,
+        "retry": Retry(max=len(RETRY_INTERVALS), interval=list(RETRY_INTERVALS)),
+    }
+
+
+def _check_serializer(queue: rq.Queue) -> None:
     if queue.serializer is not JSONSerializer:
         raise ValueError("the bot's queue must use RQ's JSONSerializer (see make_queue), never pickle")
-    return queue.enqueue_call(
-        func,
-        args=args,
-        timeout=RUN_JOB_TIMEOUT,
-        result_ttl=600,
-        failure_ttl=DAY,
-        retry=Retry(max=len(RETRY_INTERVALS), interval=list(RETRY_INTERVALS)),
-        pipeline=pipeline,
-        job_id=job_id,
-    )
 
 
 def enqueue_run_job(

@@ -160,32 +160,42 @@ def measure() -> str:
     server = RedisServer().start()
     assert server.proc is not None
     try:
-        with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
-            with tempfile.TemporaryDirectory(prefix="bench-ack-") as tmp:
-                workdir = Path(tmp)
-                base = server.url.rsplit("/", 1)[0]
-                ours_stack = Stack(f"{base}/0", slack, model, workdir / "ours", config=UNCAPPED)
-                peer_stack = Stack(f"{base}/1", slack, model, workdir / "peer")
-                try:
-                    ours = Contender(
-                        "ours",
-                        ours_stack,
-                        ours_stack.start_bot(),
-                        redis.Redis.from_url(ours_stack.redis_url),
-                        lambda: len(slack.reactions),
-                    )
-                    peer_process = peer_stack.spawn("peer", "-m", "tests.bench.plain_bolt_app")
-                    wait_until(lambda: peer_stack.healthz() or peer_process.proc.poll() is not None, 30)
-                    assert peer_process.proc.poll() is None, peer_process.output()
-                    peer = Contender(
-                        "peer", peer_stack, peer_process, redis.Redis.from_url(peer_stack.redis_url), lambda: 0
-                    )
-                    return measure_both(ours, peer, server.proc.pid, workdir)
-                finally:
-                    ours_stack.stop()
-                    peer_stack.stop()
+        with (
+            FakeSlackAPI(bot_token="xoxb-test") as slack,
+            FakeMessagesAPI() as model,
+            tempfile.TemporaryDirectory(prefix="bench-ack-") as tmp,
+        ):
+            workdir, base = Path(tmp), server.url.rsplit("/", 1)[0]
+            ours_stack = Stack(f"{base}/0", slack, model, workdir / "ours", config=UNCAPPED)
+            peer_stack = Stack(f"{base}/1", slack, model, workdir / "peer")
+            try:
+                ours = Contender(
+                    "ours",
+                    ours_stack,
+                    ours_stack.start_bot(),
+                    redis.Redis.from_url(ours_stack.redis_url),
+                    lambda: len(slack.reactions),
+                )
+                peer = Contender(
+                    "peer",
+                    peer_stack,
+                    start_peer(peer_stack),
+                    redis.Redis.from_url(peer_stack.redis_url),
+                    lambda: 0,
+                )
+                return measure_both(ours, peer, server.proc.pid, workdir)
+            finally:
+                ours_stack.stop()
+                peer_stack.stop()
     finally:
         server.cleanup()
+
+
+def start_peer(stack: Stack) -> Process:
+    peer = stack.spawn("peer", "-m", "tests.bench.plain_bolt_app")
+    wait_until(lambda: stack.healthz() or peer.proc.poll() is not None, 30)  # it answers 404: it is up
+    assert peer.proc.poll() is None, peer.output()
+    return peer
 
 
 def measure_both(ours: Contender, peer: Contender, redis_pid: int, workdir: Path) -> str:

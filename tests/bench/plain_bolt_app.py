@@ -48,7 +48,8 @@ def create_app(env: dict[str, str] | os._Environ[str]) -> App:
 def main() -> int:
     env = os.environ
     workers = int(env.get("WEB_CONCURRENCY") or 2 * (os.cpu_count() or 1))  # as `python -m bot`
-    serve(SlackRequestHandler(create_app(env)), int(env["PORT"]), host="127.0.0.1", workers=workers, threads=4)
+    handler = SlackRequestHandler(create_app(env))
+    serve(handler, int(env["PORT"]), host=env.get("HOST") or "0.0.0.0", workers=workers, threads=4)
     return 0
 
 
