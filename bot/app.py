@@ -289,9 +289,9 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
             queued_job(deps.queue, START_RUN, record.run_id, job_id=uuid.uuid4().hex),
             max_per_user=limits.max_runs_per_user,
             max_per_channel=limits.max_runs_per_channel,
+            counted_in=metrics.mention_counter(),
         )
         context["accepted"] = accepted
-        metrics.mention(deps.store.redis, accepted.value)
         busy = {
             Accepted.USER_BUSY: limits.max_runs_per_user,
             Accepted.CHANNEL_BUSY: limits.max_runs_per_channel,

@@ -13,7 +13,7 @@ import re
 import time
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
@@ -588,16 +588,23 @@ return false
 
 # KEYS[1] the event's dedup mark, KEYS[2] the requester's runs, KEYS[3] the channel's runs, KEYS[4]
 # the run record, KEYS[5] active runs, KEYS[6] the run's pending mark, KEYS[7] the job's hash,
-# KEYS[8] its queue, KEYS[9] RQ's set of queues. ARGV[1] run id, ARGV[2] mark TTL, ARGV[3] the
-# horizon of the counts, ARGV[4] max per user, ARGV[5] max per channel, ARGV[6] created_at,
-# ARGV[7] counts TTL, ARGV[8] record, ARGV[9] record TTL, ARGV[10] now, ARGV[11] job id, ARGV[12]
-# pending TTL, ARGV[13...] the job hash's fields and values. Every check comes before any write.
-# Run twice (redis-py retries a command whose reply was lost), it answers "new" again, writing nothing.
+# KEYS[8] its queue, KEYS[9] RQ's set of queues, KEYS[10] the metrics' counters. ARGV[1] run id,
+# ARGV[2] mark TTL, ARGV[3] the horizon of the counts, ARGV[4] max per user, ARGV[5] max per
+# channel, ARGV[6] created_at, ARGV[7] counts TTL, ARGV[8] record, ARGV[9] record TTL, ARGV[10] now,
+# ARGV[11] job id, ARGV[12] pending TTL, ARGV[13..16] the counter field of each outcome (new,
+# duplicate, user_busy, channel_busy; "": not counted), ARGV[17...] the job hash's fields and values.
+# Every check comes before any write. Run twice (redis-py sends a command again when its reply was
+# lost), it answers "new" again and writes nothing more.
 _ACCEPT = """
+local counted = {new = ARGV[13], duplicate = ARGV[14], user_busy = ARGV[15], channel_busy = ARGV[16]}
+local function outcome(name)
+  if counted[name] ~= '' then redis.call('HINCRBY', KEYS[10], counted[name], 1) end
+  return name
+end
 local mark = redis.call('GET', KEYS[1])
 if mark then
   if mark == ARGV[1] then return 'new' end
-  return 'duplicate'
+  return outcome('duplicate')
 end
 local busy = nil
 if redis.call('ZCOUNT', KEYS[2], ARGV[3], '+inf') >= tonumber(ARGV[4]) then
@@ -607,7 +614,7 @@ elseif redis.call('ZCOUNT', KEYS[3], ARGV[3], '+inf') >= tonumber(ARGV[5]) then
 end
 if busy then
   redis.call('SET', KEYS[1], busy, 'EX', ARGV[2])
-  return busy
+  return outcome(busy)
 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 for i = 2, 3 do
@@ -618,10 +625,10 @@ end
 redis.call('SET', KEYS[4], ARGV[8], 'EX', ARGV[9])
 redis.call('ZADD', KEYS[5], ARGV[10], ARGV[1])
 redis.call('SET', KEYS[6], ARGV[11], 'EX', ARGV[12])
-redis.call('HSET', KEYS[7], unpack(ARGV, 13))
+redis.call('HSET', KEYS[7], unpack(ARGV, 17))
 redis.call('RPUSH', KEYS[8], ARGV[11])
 redis.call('SADD', KEYS[9], KEYS[8])
-return 'new'
+return outcome('new')
 """
 
 # KEYS[1] lease. ARGV[1] token.
@@ -656,6 +663,7 @@ class Store:
         *,
         max_per_user: int,
         max_per_channel: int,
+        counted_in: tuple[str, Mapping[Accepted, str]] | None = None,
     ) -> Accepted:
         """Record a mention once: dedup mark, run record, its counts and its job in one step.
 
@@ -663,7 +671,8 @@ class Store:
         nothing behind that would swallow Slack's retry), and no other delivery can slip between
         the checks and the writes. A requester or channel at its bound of runs gets no run (the
         dedup mark is still set, so Slack's retries are answered the same way). `job` is the run's
-        first job as RQ would enqueue it (`workers.services.queued_job`).
+        first job as RQ would enqueue it (`workers.services.queued_job`). `counted_in`: a hash and
+        its field for each outcome, counted in the same step (`workers.metrics.mention_counter`).
         """
         now = time.time()
         keys = [
@@ -676,7 +685,9 @@ class Store:
             job.key,
             job.queue_key,
             job.queues_key,
+            counted_in[0] if counted_in else Keys.active(),  # a key all the same: unused unless counted
         ]
+        fields = counted_in[1] if counted_in else {}
         args = [
             record.run_id,
             EVENT_TTL,
@@ -690,6 +701,7 @@ class Store:
             repr(now),  # active from the start: a job that dies before its driver takes the lease is noticed
             job.job_id,
             PENDING_TTL,
+            *(fields.get(outcome, "") for outcome in Accepted),  # in the order the script reads them
             *job.fields,
         ]
         return Accepted(_text(self._accept(keys=keys, args=args)))
