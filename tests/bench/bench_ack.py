@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,7 @@ SATURATED_CONCURRENCY = 50
 SERIAL_BLOCK = 50
 WARMUP = 100
 EYES_THREAD = "slack-after"  # the OS name of ours' after-the-answer threads (bot.app.Background)
+WARMUP_IN_PROCESS = 300  # tests.bench.ack_inprocess.WARMUP
 
 
 @dataclass
@@ -157,6 +159,24 @@ LOADS = (
 
 
 def measure() -> str:
+    figures = measure_http()
+    found = in_process()
+    return "\n".join(
+        [
+            figures,
+            "",
+            f"Without the HTTP server (`python -m tests.bench.ack_inprocess APP`): each app's WSGI callable "
+            f"driven in one process, {IN_PROCESS_COUNT:,} mentions after {WARMUP_IN_PROCESS} warm-up ones, "
+            "the Slack stand-in in another process; CPU of the whole process (every thread) once every "
+            "job is queued and every :eyes: made. `ours-without-eyes` is ours with the :eyes: call "
+            f"replaced by nothing. {IN_PROCESS_ROUNDS} rounds, the apps in turns.",
+            "",
+            in_process_table(found),
+        ]
+    )
+
+
+def measure_http() -> str:
     server = RedisServer().start()
     assert server.proc is not None
     try:
@@ -209,6 +229,34 @@ def measure_both(ours: Contender, peer: Contender, redis_pid: int, workdir: Path
                 results.setdefault((label, who.name), Block()).add(done)
     checks = check(ours, peer)
     return report(results, checks)
+
+
+IN_PROCESS_APPS = ("ours", "ours-without-eyes", "peer")
+IN_PROCESS_ROUNDS = 3
+IN_PROCESS_COUNT = 2000
+
+
+def in_process() -> dict[str, list[dict[str, float]]]:
+    """`python -m tests.bench.ack_inprocess` for each app, in turns (a fresh process each time)."""
+    found: dict[str, list[dict[str, float]]] = {app: [] for app in IN_PROCESS_APPS}
+    for r in range(IN_PROCESS_ROUNDS):
+        for app in IN_PROCESS_APPS if r % 2 == 0 else IN_PROCESS_APPS[::-1]:
+            args = [sys.executable, "-m", "tests.bench.ack_inprocess", app, str(IN_PROCESS_COUNT)]
+            done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"ack_inprocess {app} failed: {done.stderr[-2000:]}")
+            found[app].append(json.loads(done.stdout.splitlines()[-1]))
+    return found
+
+
+def in_process_table(found: dict[str, list[dict[str, float]]]) -> str:
+    rows = []
+    for app, runs in found.items():
+        cpu = sorted(r["cpu_ms"] for r in runs)
+        thread = statistics.median(r["request_thread_ms"] for r in runs)
+        rows.append([app, len(runs), statistics.median(cpu), cpu[0], cpu[-1], thread])
+    headers = ["app", "runs", "CPU ms/ack (median)", "min", "max", "of which the answering thread"]
+    return table(headers, rows)
 
 
 def check(ours: Contender, peer: Contender) -> dict[str, Any]:
