@@ -1,9 +1,9 @@
 """Ack of a mention: ours against the Bolt app a Bolt user would write, side by side.
 
-Both servers run at once on one private redis-server (a database each) and one Slack stand-in;
-the loads alternate between them in blocks (ours, peer, peer, ours, ...), so a noisy neighbour on
-the machine hits both alike. Each block's CPU is read from /proc for every process of the server's
-tree, after the block has settled (ours: every :eyes: made; both: every job in the queue).
+The servers run at once on one private redis-server (a database each) and one Slack stand-in;
+the loads go to them in turns, in blocks, so a noisy neighbour on the machine hits them alike.
+Each block's CPU is read from /proc for every process of the server's tree, after the block has
+settled (every job in the queue; for ours every :eyes: made).
 """
 
 from __future__ import annotations
@@ -61,7 +61,13 @@ class Contender:
 
     def settle(self) -> None:
         """Wait until what was sent has fully happened: every job queued, every :eyes: made."""
-        wait_until(lambda: self.queue.llen("rq:queue:harness") >= self.sent, timeout=60)
+        queued = lambda: self.queue.llen("rq:queue:harness")  # noqa: E731
+        try:
+            wait_until(lambda: queued() >= self.sent, timeout=60)
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{self.name}: {queued()} jobs for {self.sent} sent\n{self.process.output()[-3000:]}"
+            ) from exc
         wait_until(lambda: self.slack_calls() >= (self.sent if self.name == "ours" else 0), timeout=60)
 
 
@@ -134,7 +140,7 @@ def block(
     who: Contender, redis_pid: int, workdir: Path, count: int, concurrency: int, rate: float = 0.0
 ) -> Block:
     """One block of `count` mentions to `who`; its latencies and the CPU it cost, settled."""
-    requests = build(who.stack.slack, f"{who.name}{who.sent}", count)
+    requests = build(who.stack.slack, f"{who.name.replace('-', '')}{who.sent}", count)  # ids: no dashes
     pids = who.pids()
     cpu, eyes, rcpu = cpu_seconds(pids), thread_cpu(pids, EYES_THREAD), cpu_seconds([redis_pid])
     result = send(who.stack.url, workdir, requests, concurrency, rate)
@@ -186,49 +192,51 @@ def measure_http() -> str:
             tempfile.TemporaryDirectory(prefix="bench-ack-") as tmp,
         ):
             workdir, base = Path(tmp), server.url.rsplit("/", 1)[0]
-            ours_stack = Stack(f"{base}/0", slack, model, workdir / "ours", config=UNCAPPED)
-            peer_stack = Stack(f"{base}/1", slack, model, workdir / "peer")
+            stacks = [
+                Stack(f"{base}/{db}", slack, model, workdir / name, config=UNCAPPED)
+                for db, name in enumerate(APPS)
+            ]
             try:
-                ours = Contender(
-                    "ours",
-                    ours_stack,
-                    ours_stack.start_bot(),
-                    redis.Redis.from_url(ours_stack.redis_url),
-                    lambda: len(slack.reactions),
-                )
-                peer = Contender(
-                    "peer",
-                    peer_stack,
-                    start_peer(peer_stack),
-                    redis.Redis.from_url(peer_stack.redis_url),
-                    lambda: 0,
-                )
-                return measure_both(ours, peer, server.proc.pid, workdir)
+                apps = [
+                    Contender(name, stack, start(stack, module), redis.Redis.from_url(stack.redis_url), made)
+                    for (name, module, made), stack in zip(
+                        (
+                            ("ours", "bot", lambda: len(slack.reactions)),
+                            ("ours-without-eyes", "tests.bench.bot_without_eyes", lambda: 0),
+                            ("peer", "tests.bench.plain_bolt_app", lambda: 0),
+                        ),
+                        stacks,
+                        strict=True,
+                    )
+                ]
+                return measure_all(apps, server.proc.pid, workdir)
             finally:
-                ours_stack.stop()
-                peer_stack.stop()
+                for stack in stacks:
+                    stack.stop()
     finally:
         server.cleanup()
 
 
-def start_peer(stack: Stack) -> Process:
-    peer = stack.spawn("peer", "-m", "tests.bench.plain_bolt_app")
-    wait_until(lambda: stack.healthz() or peer.proc.poll() is not None, 30)  # it answers 404: it is up
-    assert peer.proc.poll() is None, peer.output()
-    return peer
+APPS = ("ours", "ours-without-eyes", "peer")
 
 
-def measure_both(ours: Contender, peer: Contender, redis_pid: int, workdir: Path) -> str:
-    for who in (ours, peer):
+def start(stack: Stack, module: str) -> Process:
+    app = stack.spawn(module, "-m", module)
+    wait_until(lambda: stack.healthz() or app.proc.poll() is not None, 30)  # the peer answers 404: up
+    assert app.proc.poll() is None, app.output()
+    return app
+
+
+def measure_all(apps: list[Contender], redis_pid: int, workdir: Path) -> str:
+    for who in apps:
         block(who, redis_pid, workdir, WARMUP, 10)
     results: dict[tuple[str, str], Block] = {}
     for label, count, concurrency, rate in LOADS:
         for r in range(ROUNDS):
-            for who in (ours, peer) if r % 2 == 0 else (peer, ours):
+            for who in apps[r % len(apps) :] + apps[: r % len(apps)]:  # each app first in turn
                 done = block(who, redis_pid, workdir, count, concurrency, rate)
                 results.setdefault((label, who.name), Block()).add(done)
-    checks = check(ours, peer)
-    return report(results, checks)
+    return report(results, check(apps))
 
 
 IN_PROCESS_APPS = ("ours", "ours-without-eyes", "peer")
@@ -259,23 +267,24 @@ def in_process_table(found: dict[str, list[dict[str, float]]]) -> str:
     return table(headers, rows)
 
 
-def check(ours: Contender, peer: Contender) -> dict[str, Any]:
+def check(apps: list[Contender]) -> dict[str, Any]:
     """Every acked mention enqueued exactly one job, and ours made one :eyes: for each."""
     found = {}
-    for who in (ours, peer):
+    for who in apps:
         jobs = who.queue.llen("rq:queue:harness")
         assert jobs == who.sent, f"{who.name}: {jobs} jobs queued for {who.sent} mentions acked"
         found[who.name] = jobs
+    ours = apps[0]
     eyes = ours.slack_calls()
     assert eyes == ours.sent, f"ours: {eyes} :eyes: reactions for {ours.sent} mentions"
-    tracebacks = {who.name: who.process.output().count("Traceback") for who in (ours, peer)}
+    tracebacks = {who.name: who.process.output().count("Traceback") for who in apps}
     return {"jobs": found, "eyes": eyes, "tracebacks": tracebacks}
 
 
 def report(results: dict[tuple[str, str], Block], checks: dict[str, Any]) -> str:
     rows = []
     for label, *_ in LOADS:
-        for name in ("ours", "peer"):
+        for name in APPS:
             b = results[(label, name)]
             lat, n = b.latencies, len(b.latencies)
             bad = sum(b.statuses.values()) - b.statuses.get("200", 0)
@@ -300,7 +309,7 @@ def report(results: dict[tuple[str, str], Block], checks: dict[str, Any]) -> str
         "app",
         "mentions",
         "CPU ms/ack",
-        "of which :eyes:",
+        "of which :eyes: threads",
         "Redis CPU ms/ack",
         "p50 ms",
         "p90 ms",
@@ -309,38 +318,43 @@ def report(results: dict[tuple[str, str], Block], checks: dict[str, Any]) -> str
         "acks/s",
         "non-200",
     ]
-    goal = results[(LOADS[0][0], "ours")]
-    peer = results[(LOADS[0][0], "peer")]
-    p99 = percentile(goal.latencies, 99) * 1000
-    ours_cpu, peer_cpu = goal.cpu / len(goal.latencies) * 1000, peer.cpu / len(peer.latencies) * 1000
+    at_goal = {name: results[(LOADS[0][0], name)] for name in APPS}
+    cpu = {name: b.cpu / len(b.latencies) * 1000 for name, b in at_goal.items()}
+    p99 = {name: percentile(b.latencies, 99) * 1000 for name, b in at_goal.items()}
+    jobs = ", ".join(f"{name} {n:,}" for name, n in checks["jobs"].items())
+    tracebacks = ", ".join(f"{name} {n}" for name, n in checks["tracebacks"].items())
     return "\n".join(
         [
             TITLE,
             "",
-            f"`{COMMAND}` on {machine()}. Ours is `python -m bot`; the peer is "
-            "`python -m tests.bench.plain_bolt_app`, a Bolt app with Bolt's defaults whose `app_mention` "
-            "listener enqueues an RQ job (JSONSerializer): no dedup, no caps, no transaction, no "
-            ":eyes:. Both run at once under the same gunicorn settings (`bot.web.serve`: "
-            f"`WEB_CONCURRENCY`, default 2 × cores, processes × 4 threads) on one redis-server (a "
-            "database each) and one Slack stand-in, and take turns: each load runs in "
-            f"{ROUNDS} blocks per app, alternating, after {WARMUP} warm-up mentions each. Mentions are "
-            "signed `app_mention` callbacks, each with its own event id, channel and thread, sent by "
-            "`python -m tests.bench.load` (another process) over keep-alive connections; latency is the "
-            "client's, counted from when a mention was due in the open loop. CPU is user + system "
-            "time from /proc of every process of the app's tree (gunicorn master and workers, all "
-            "threads), read before each block and again once it has settled (every job queued; for "
-            "ours every :eyes: `reactions.add` made, which happens after the answer on threads named "
-            f"`{EYES_THREAD}`, counted apart in its column). Redis CPU is the redis-server's during "
-            "the app's blocks.",
+            f"`{COMMAND}` on {machine()}. Three servers run at once: ours (`python -m bot`); ours "
+            "without its :eyes: reaction (`python -m tests.bench.bot_without_eyes`, the same bot with "
+            "that one Slack call replaced by nothing); and the peer "
+            "(`python -m tests.bench.plain_bolt_app`), a Bolt app with Bolt's defaults whose "
+            "`app_mention` listener enqueues an RQ job (JSONSerializer): no dedup, no caps, no "
+            "transaction, no :eyes:, no metrics. All three are "
+            "served by the same gunicorn settings (`bot.web.serve`: `WEB_CONCURRENCY`, default 2 × "
+            "cores, processes × 4 threads, gthread) on one redis-server (a database each) and one Slack "
+            f"stand-in, and take turns: each load runs in {ROUNDS} blocks per app, each app first in "
+            f"turn, after {WARMUP} warm-up mentions each. Mentions are signed `app_mention` callbacks, "
+            "each with its own event id, channel and thread, sent by `python -m tests.bench.load` "
+            "(another process) over keep-alive connections; latency is the client's, counted from when "
+            "a mention was due in the open loop. CPU is user + system time from /proc of every process "
+            "of the app's tree (gunicorn master and workers, all threads), read before each block and "
+            "again once it has settled (every job queued; for ours every :eyes: `reactions.add` made: "
+            f"it happens after the answer, on threads named `{EYES_THREAD}`, whose own CPU has its "
+            "column). Redis CPU is the redis-server's during the app's blocks.",
             "",
             table(headers, rows),
             "",
-            f"Jobs queued at the end: ours {checks['jobs']['ours']:,}, peer {checks['jobs']['peer']:,} "
-            f"(one per mention sent, checked); :eyes: made by ours: {checks['eyes']:,}; tracebacks: "
-            f"ours {checks['tracebacks']['ours']}, peer {checks['tracebacks']['peer']}.",
+            f"Jobs queued at the end: {jobs} (one per mention sent, checked); :eyes: made by ours: "
+            f"{checks['eyes']:,} (one per mention, checked); tracebacks: {tracebacks}.",
             "",
-            f"At {GOAL_RATE}/s: ours {ours_cpu:.2f} ms CPU per ack against the peer's {peer_cpu:.2f} "
-            f"({ours_cpu / peer_cpu:.2f}×); p99 {p99:.1f} ms (goal: under {GOAL_P99_MS:.0f} ms).",
+            f"At {GOAL_RATE}/s: CPU per ack ours {cpu['ours']:.2f} ms, ours without :eyes: "
+            f"{cpu['ours-without-eyes']:.2f} ms, peer {cpu['peer']:.2f} ms (ours / peer "
+            f"{cpu['ours'] / cpu['peer']:.2f}×; without :eyes: "
+            f"{cpu['ours-without-eyes'] / cpu['peer']:.2f}×); "
+            f"p99 ours {p99['ours']:.1f} ms, peer {p99['peer']:.1f} ms (goal: under {GOAL_P99_MS:.0f} ms).",
         ]
     )
 
