@@ -111,7 +111,11 @@ class GroupDirectory:
     def bind(self, client: WebClient) -> None:
         """Read groups with `client`'s token and URL, on a short timeout and with no retries."""
         self._client = WebClient(
-            token=client.token, base_url=client.base_url, timeout=GROUP_LOOKUP_SECONDS, headers=client.headers
+            token=client.token,
+            base_url=client.base_url,
+            timeout=GROUP_LOOKUP_SECONDS,
+            ssl=client.ssl,
+            headers=client.headers,
         )
 
     def members(self, store: Store, team: str, group: str) -> frozenset[str]:
