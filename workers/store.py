@@ -687,7 +687,7 @@ class Store:
             job.queues_key,
             counted_in[0] if counted_in else Keys.active(),  # a key all the same: unused unless counted
         ]
-        fields = counted_in[1] if counted_in else {}
+        counters = counted_in[1] if counted_in else {}
         args = [
             record.run_id,
             EVENT_TTL,
@@ -701,7 +701,7 @@ class Store:
             repr(now),  # active from the start: a job that dies before its driver takes the lease is noticed
             job.job_id,
             PENDING_TTL,
-            *(fields.get(outcome, "") for outcome in Accepted),  # in the order the script reads them
+            *(counters.get(outcome, "") for outcome in Accepted),  # in the order the script reads them
             *job.fields,
         ]
         return Accepted(_text(self._accept(keys=keys, args=args)))
