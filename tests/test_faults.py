@@ -472,8 +472,8 @@ def test_a_bot_killed_mid_delivery_and_slacks_retry_make_exactly_one_run(stack: 
     try:
         sender = threading.Thread(target=deliver)
         sender.start()
-        # The bot's transaction, blocked at its first write: in MULTI (x), paused (b), on the dedup SET.
-        blocked = re.compile(rb"flags=xb .* cmd=set ")
+        # The bot's accept script (one step: the dedup mark, the run and its job), paused (b) whole.
+        blocked = re.compile(rb"flags=b .* cmd=evalsha ")
         wait_until(
             lambda: any(blocked.search(c) for c in conn.execute_command("CLIENT", "LIST").splitlines())
         )
@@ -483,8 +483,8 @@ def test_a_bot_killed_mid_delivery_and_slacks_retry_make_exactly_one_run(stack: 
     sender.join(15)
     count("bots SIGKILLed mid-delivery")
     assert results and not isinstance(results[0], int)  # Slack got no answer: it will retry
-    # Redis applies a transaction whole or not at all: whether the dead bot's EXEC was read before
-    # the kill decides which, never a dedup mark without its run (that would swallow the retry).
+    # Redis runs a script whole or not at all: whether the dead bot's EVALSHA was read before the
+    # kill decides which, never a dedup mark without its run (that would swallow the retry).
     assert len(conn.keys("harness:run:*")) == len(conn.keys("harness:event:*")) <= 1
     stack.start_bot()
     stack.start_worker()

@@ -190,3 +190,27 @@ def test_no_write_raises_when_redis_is_gone_and_the_failure_is_logged_once(
     warnings = [r for r in caplog.records if r.name == "workers.metrics" and r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "said once per process" in warnings[0].getMessage()
     assert sum(r.levelno == logging.DEBUG for r in caplog.records if r.name == "workers.metrics") >= 5
+
+
+def test_accept_event_counts_each_mention_by_its_outcome_as_mention_would(conn: redis.Redis) -> None:
+    from workers.services import queued_job
+    from workers.store import Store
+
+    store, queue = Store(conn), make_queue(conn)
+
+    def deliver(event: str) -> None:
+        run = RunRecord(
+            run_id=new_run_id(), team="T1", channel="C1", thread_ts="1.1", requester="UA", task=""
+        )
+        job = queued_job(queue, "workers.jobs.start_run", run.run_id, job_id=new_run_id())
+        store.accept_event(
+            "T1", event, run, job, max_per_user=1, max_per_channel=5, counted_in=metrics.mention_counter()
+        )
+
+    deliver("Ev1")
+    deliver("Ev1")  # Slack's retry
+    deliver("Ev2")  # UA has their one run going
+    samples = scrape(conn)
+    for result, count in (("new", 1), ("duplicate", 1), ("user_busy", 1)):
+        assert samples[("harness_mentions_total", (("result", result),))] == count
+    assert ("harness_mentions_total", (("result", "channel_busy"),)) not in samples

@@ -7,12 +7,15 @@ import threading
 import time
 import zlib
 from dataclasses import replace
+from datetime import datetime
 
 import pytest
 import redis
+import rq
+from rq.serializers import JSONSerializer
 
 from harness.state import Decision, StateError, Verdict
-from workers.services import enqueue_job, make_queue
+from workers.services import enqueue_job, make_queue, queued_job
 from workers.store import Accepted, BadId, DecideOutcome, Keys, RunRecord, RunStatus, Store, new_run_id
 
 
@@ -143,14 +146,8 @@ def test_an_event_is_accepted_once_even_when_delivered_concurrently(store: Store
     def deliver() -> None:
         barrier.wait()
         run = record()
-        ok = store.accept_event(
-            "T1",
-            "Ev1",
-            run,
-            lambda pipe: enqueue_job(queue, "workers.jobs.start_run", run.run_id, pipeline=pipe),
-            max_per_user=10,
-            max_per_channel=10,
-        )
+        job = queued_job(queue, "workers.jobs.start_run", run.run_id, job_id=new_run_id())
+        ok = store.accept_event("T1", "Ev1", run, job, max_per_user=10, max_per_channel=10)
         accepted.append(ok)
 
     threads = [threading.Thread(target=deliver) for _ in range(5)]
@@ -174,8 +171,8 @@ def test_a_requester_and_a_channel_have_a_bound_of_runs(store: Store, conn: redi
 
     def mention(event: str, user: str, channel: str) -> Accepted:
         run = record(requester=user, channel=channel)
-        enqueue = lambda pipe: enqueue_job(queue, "workers.jobs.start_run", run.run_id, pipeline=pipe)  # noqa: E731
-        return store.accept_event("T1", event, run, enqueue, max_per_user=2, max_per_channel=3)
+        job = queued_job(queue, "workers.jobs.start_run", run.run_id, job_id=new_run_id())
+        return store.accept_event("T1", event, run, job, max_per_user=2, max_per_channel=3)
 
     assert [mention(f"Ev{i}", "UA", "C1") for i in range(3)] == [
         Accepted.NEW,
@@ -271,21 +268,66 @@ def test_a_queue_that_would_pickle_jobs_is_refused(conn: redis.Redis) -> None:
     assert conn.keys("rq:job:*") == []
 
 
-def test_a_mention_is_never_dropped_when_its_requesters_other_run_ends_meanwhile(
+def test_concurrent_mentions_of_one_requester_start_no_more_runs_than_the_bound(
     store: Store, conn: redis.Redis
 ) -> None:
     queue = make_queue(conn)
-    other = redis.Redis(connection_pool=redis.ConnectionPool(**conn.connection_pool.connection_kwargs))
-    run = record(requester="UA")
-    attempts = []
+    accepted = []
+    barrier = threading.Barrier(8)
 
-    def enqueue(pipe: object) -> None:
-        attempts.append(1)
-        if len(attempts) == 1:  # between the checks and the write, another run of UA ends
-            other.zrem(Keys.user_runs("T1", "UA"), "an-ended-run")
-            other.zadd(Keys.user_runs("T1", "UA"), {"another-run": 1.0})
-        enqueue_job(queue, "workers.jobs.start_run", run.run_id, pipeline=pipe)
+    def deliver(i: int) -> None:
+        run = record(requester="UA", channel=f"C{i}")
+        job = queued_job(queue, "workers.jobs.start_run", run.run_id, job_id=new_run_id())
+        barrier.wait()
+        accepted.append(store.accept_event("T1", f"Ev{i}", run, job, max_per_user=3, max_per_channel=3))
 
-    result = store.accept_event("T1", "EvRace", run, enqueue, max_per_user=5, max_per_channel=5)
-    assert result is Accepted.NEW and len(attempts) == 2
-    assert store.load_run(run.run_id) is not None and queue.count == 1
+    threads = [threading.Thread(target=deliver, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(accepted) == sorted([Accepted.NEW] * 3 + [Accepted.USER_BUSY] * 5)
+    assert queue.count == 3 and len(conn.keys("harness:run:*")) == 3
+
+
+def test_an_accept_run_again_after_a_lost_reply_answers_new_and_writes_nothing_more(
+    store: Store, conn: redis.Redis
+) -> None:
+    queue = make_queue(conn)
+    run = record()
+    job = queued_job(queue, "workers.jobs.start_run", run.run_id, job_id=new_run_id())
+    first = store.accept_event("T1", "EvLost", run, job, max_per_user=5, max_per_channel=5)
+    # redis-py sends the script again when its reply was lost
+    again = store.accept_event("T1", "EvLost", run, job, max_per_user=5, max_per_channel=5)
+    other = record()
+    retry = queued_job(queue, "workers.jobs.start_run", other.run_id, job_id=new_run_id())
+    slack_retry = store.accept_event("T1", "EvLost", other, retry, max_per_user=5, max_per_channel=5)
+    assert (first, again, slack_retry) == (Accepted.NEW, Accepted.NEW, Accepted.DUPLICATE)
+    assert queue.count == 1 and conn.zcard(Keys.user_runs("T1", "UA")) == 1
+
+
+def test_a_mention_job_is_written_as_rq_writes_the_job_it_enqueues(store: Store, conn: redis.Redis) -> None:
+    queue = make_queue(conn)
+    run = record()
+    job = queued_job(queue, "workers.jobs.start_run", run.run_id, job_id=new_run_id())
+    assert store.accept_event("T1", "EvSame", run, job, max_per_user=5, max_per_channel=5) is Accepted.NEW
+    theirs = enqueue_job(queue, "workers.jobs.start_run", run.run_id, job_id=new_run_id())
+    ours_hash, their_hash = conn.hgetall(job.key), conn.hgetall(theirs.key)
+    for stamp in (b"created_at", b"enqueued_at"):  # when each was made: moments apart
+        made = [datetime.fromisoformat(h.pop(stamp).decode().rstrip("Z")) for h in (ours_hash, their_hash)]
+        assert abs((made[1] - made[0]).total_seconds()) < 5
+    assert ours_hash == their_hash
+    assert conn.lrange(queue.key, 0, -1) == [job.job_id.encode(), theirs.id.encode()]
+    assert conn.ttl(job.key) == conn.ttl(theirs.key) == -1
+    assert conn.smembers("rq:queues") == {queue.key.encode()}
+    assert conn.get(Keys.pending(run.run_id)) == job.job_id.encode()
+
+
+def test_a_stock_rq_worker_runs_a_job_written_by_accept_event(store: Store, conn: redis.Redis) -> None:
+    queue = make_queue(conn)
+    run = record()
+    job = queued_job(queue, "os.getpid", job_id=new_run_id())
+    assert store.accept_event("T1", "EvWork", run, job, max_per_user=5, max_per_channel=5) is Accepted.NEW
+    worker = rq.SimpleWorker([queue], connection=conn, serializer=JSONSerializer)
+    assert worker.work(burst=True)
+    assert rq.job.Job.fetch(job.job_id, connection=conn, serializer=JSONSerializer).get_status() == "finished"

@@ -39,7 +39,7 @@ from harness.loop import TurnDone
 from harness.policy import Tier
 from harness.state import PendingCall, RunState, Verdict
 from harness.valves import Valve
-from workers.store import DAY, PREFIX, Keys, check_id
+from workers.store import DAY, PREFIX, Accepted, Keys, check_id
 
 log = logging.getLogger(__name__)
 
@@ -338,6 +338,12 @@ def resumed(connection: redis.Redis, run_id: str, park_id: int, decisions: Mappi
 def mention(connection: redis.Redis, result: str) -> None:
     """Count a mention delivered to the bot, by what became of it (`Accepted`)."""
     incr(connection, MENTIONS, result=result)
+
+
+def mention_counter() -> tuple[str, dict[Accepted, str]]:
+    """Where `Store.accept_event` counts a mention as `mention` would, in the same step as it
+    records it: the counters' hash and the field of each outcome."""
+    return MetricKeys.counters(), {a: counter_field(MENTIONS, result=a.value) for a in Accepted}
 
 
 # --- the scrape ---------------------------------------------------------------------------------------

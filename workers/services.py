@@ -7,6 +7,7 @@ import functools
 import logging
 import os
 import re
+import ssl
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from rq import Retry
 from rq.exceptions import InvalidJobOperation
 from rq.job import JobStatus
 from rq.serializers import JSONSerializer
+from rq.utils import now as rq_now
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.http_retry import HttpRequest, HttpResponse, RetryState
@@ -31,7 +33,7 @@ from slack_sdk.http_retry.builtin_handlers import (
 from harness.client import make_client
 from harness.config import Config, load_config
 from harness.tools.catalog import Catalog
-from workers.store import DAY, Store
+from workers.store import DAY, QueuedJob, Store
 
 log = logging.getLogger(__name__)
 
@@ -55,18 +57,40 @@ def enqueue_job(
     queue: rq.Queue, func: str | Any, *args: Any, pipeline: Any = None, job_id: str | None = None
 ) -> rq.job.Job:
     """Enqueue a job with the timeout of a whole run and RQ retries, whoever enqueues it."""
+    _check_serializer(queue)
+    return queue.enqueue_call(func, args=args, **_job_options(), pipeline=pipeline, job_id=job_id)
+
+
+def queued_job(queue: rq.Queue, func: str | Any, *args: Any, job_id: str) -> QueuedJob:
+    """The job `enqueue_job` would enqueue, as the writes RQ makes for it, for a Lua script to make
+    along with writes of its own (`Store.accept_event`).
+
+    RQ builds the job and its hash (`Job.to_dict`, as RQ's own unique enqueue does); what is left
+    is what `Queue.enqueue_job` sets on a job it enqueues: its queue, when, and its status. No
+    dependencies, no TTL and no rate limit: RQ would write more for those.
+    """
+    _check_serializer(queue)
+    job = queue.create_job(func, args=args, **_job_options(), job_id=job_id, status=JobStatus.QUEUED)
+    job.origin, job.enqueued_at = queue.name, rq_now()
+    fields: list[str | bytes] = []
+    for name, value in job.to_dict().items():
+        if value is not None:
+            fields += (name, value if isinstance(value, bytes | str) else str(value))
+    return QueuedJob(job.id, job.key, queue.key, queue.redis_queues_keys, tuple(fields))
+
+
+def _job_options() -> dict[str, Any]:
+    return {
+        "timeout": RUN_JOB_TIMEOUT,
+        "result_ttl": 600,
+        "failure_ttl": DAY,
+        "retry": Retry(max=len(RETRY_INTERVALS), interval=list(RETRY_INTERVALS)),
+    }
+
+
+def _check_serializer(queue: rq.Queue) -> None:
     if queue.serializer is not JSONSerializer:
         raise ValueError("the bot's queue must use RQ's JSONSerializer (see make_queue), never pickle")
-    return queue.enqueue_call(
-        func,
-        args=args,
-        timeout=RUN_JOB_TIMEOUT,
-        result_ttl=600,
-        failure_ttl=DAY,
-        retry=Retry(max=len(RETRY_INTERVALS), interval=list(RETRY_INTERVALS)),
-        pipeline=pipeline,
-        job_id=job_id,
-    )
 
 
 def enqueue_run_job(
@@ -118,6 +142,7 @@ def slack_client(env: Mapping[str, str] | None = None) -> WebClient:
         token=token,
         base_url=env.get("SLACK_API_URL") or DEFAULT_SLACK_API_URL,
         timeout=15,
+        ssl=tls_context(),
         retry_handlers=[
             ConnectionErrorRetryHandler(max_retry_count=2),
             RateLimitErrorRetryHandler(max_retry_count=3),
@@ -150,6 +175,16 @@ class ShortRateLimitRetry(RateLimitErrorRetryHandler):
             return int(wait[0]) <= COURTESY_MAX_WAIT
         except (IndexError, ValueError):
             return False
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """The one TLS context of the process's Slack clients (certificates checked as by default).
+
+    Without one, every HTTPS call of a `WebClient` makes its own (Python 3.11's `http.client` does,
+    for a connection given no context), loading the CA bundle again: milliseconds of CPU per call.
+    """
+    return ssl.create_default_context()
 
 
 def redis_connection(env: Mapping[str, str] | None = None) -> redis.Redis:
@@ -197,6 +232,7 @@ class Services:
             token=self.slack.token,
             base_url=self.slack.base_url,
             timeout=COURTESY_TIMEOUT,
+            ssl=self.slack.ssl,
             headers=self.slack.headers,
             retry_handlers=[ConnectionErrorRetryHandler(max_retry_count=1), ShortRateLimitRetry()],
         )

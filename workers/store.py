@@ -13,7 +13,7 @@ import re
 import time
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
@@ -345,6 +345,20 @@ class Accepted(StrEnum):
     CHANNEL_BUSY = "channel_busy"  # the channel already has its share of runs going
 
 
+@dataclass(frozen=True)
+class QueuedJob:
+    """An RQ job as RQ writes it when it enqueues one: its hash, its id pushed on its queue, the
+    queue named in RQ's set of queues. Built by RQ itself (`workers.services.queued_job`), so a
+    stock `rq` worker takes it like any other; written by a script of ours, as RQ's own unique
+    enqueue writes a job from a Lua script."""
+
+    job_id: str
+    key: str
+    queue_key: str
+    queues_key: str
+    fields: tuple[str | bytes, ...]  # field, value, field, value, ...
+
+
 class DecideOutcome(StrEnum):
     RECORDED = "recorded"  # this click decided the call
     TAKEN = "taken"  # someone (or the clock) decided it already
@@ -602,6 +616,51 @@ redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 return false
 """
 
+# KEYS[1] the event's dedup mark, KEYS[2] the requester's runs, KEYS[3] the channel's runs, KEYS[4]
+# the run record, KEYS[5] active runs, KEYS[6] the run's pending mark, KEYS[7] the job's hash,
+# KEYS[8] its queue, KEYS[9] RQ's set of queues, KEYS[10] the metrics' counters. ARGV[1] run id,
+# ARGV[2] mark TTL, ARGV[3] the horizon of the counts, ARGV[4] max per user, ARGV[5] max per
+# channel, ARGV[6] created_at, ARGV[7] counts TTL, ARGV[8] record, ARGV[9] record TTL, ARGV[10] now,
+# ARGV[11] job id, ARGV[12] pending TTL, ARGV[13..16] the counter field of each outcome (new,
+# duplicate, user_busy, channel_busy; "": not counted), ARGV[17...] the job hash's fields and values.
+# Every check comes before any write. Run twice (redis-py sends a command again when its reply was
+# lost), it answers "new" again and writes nothing more.
+_ACCEPT = """
+local counted = {new = ARGV[13], duplicate = ARGV[14], user_busy = ARGV[15], channel_busy = ARGV[16]}
+local function outcome(name)
+  if counted[name] ~= '' then redis.call('HINCRBY', KEYS[10], counted[name], 1) end
+  return name
+end
+local mark = redis.call('GET', KEYS[1])
+if mark then
+  if mark == ARGV[1] then return 'new' end
+  return outcome('duplicate')
+end
+local busy = nil
+if redis.call('ZCOUNT', KEYS[2], ARGV[3], '+inf') >= tonumber(ARGV[4]) then
+  busy = 'user_busy'
+elseif redis.call('ZCOUNT', KEYS[3], ARGV[3], '+inf') >= tonumber(ARGV[5]) then
+  busy = 'channel_busy'
+end
+if busy then
+  redis.call('SET', KEYS[1], busy, 'EX', ARGV[2])
+  return outcome(busy)
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+for i = 2, 3 do
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', ARGV[3])
+  redis.call('ZADD', KEYS[i], ARGV[6], ARGV[1])
+  redis.call('EXPIRE', KEYS[i], ARGV[7])
+end
+redis.call('SET', KEYS[4], ARGV[8], 'EX', ARGV[9])
+redis.call('ZADD', KEYS[5], ARGV[10], ARGV[1])
+redis.call('SET', KEYS[6], ARGV[11], 'EX', ARGV[12])
+redis.call('HSET', KEYS[7], unpack(ARGV, 17))
+redis.call('RPUSH', KEYS[8], ARGV[11])
+redis.call('SADD', KEYS[9], KEYS[8])
+return outcome('new')
+"""
+
 # KEYS[1] lease. ARGV[1] token.
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 0"
 
@@ -621,6 +680,7 @@ class Store:
         self._renew = connection.register_script(_RENEW)
         self._release = connection.register_script(_RELEASE)
         self._request_stop = connection.register_script(_REQUEST_STOP)
+        self._accept = connection.register_script(_ACCEPT)
 
     # --- mentions -------------------------------------------------------------------------------
 
@@ -629,54 +689,52 @@ class Store:
         team: str,
         event_id: str,
         record: RunRecord,
-        enqueue: Callable[[Pipeline], Any],
+        job: QueuedJob,
         *,
         max_per_user: int,
         max_per_channel: int,
+        counted_in: tuple[str, Mapping[Accepted, str]] | None = None,
     ) -> Accepted:
-        """Record a mention once: dedup mark, run record, its counts and its job in one transaction.
+        """Record a mention once: dedup mark, run record, its counts and its job in one step.
 
-        Either all of them are written or none is, so a crash in between leaves nothing behind that
-        would swallow Slack's retry. A requester or channel at its bound of runs gets no run (the
-        dedup mark is still set, so Slack's retries are answered the same way).
+        One Lua script, so either all of them are written or none is (a crash in between leaves
+        nothing behind that would swallow Slack's retry), and no other delivery can slip between
+        the checks and the writes. A requester or channel at its bound of runs gets no run (the
+        dedup mark is still set, so Slack's retries are answered the same way). `job` is the run's
+        first job as RQ would enqueue it (`workers.services.queued_job`). `counted_in`: a hash and
+        its field for each outcome, counted in the same step (`workers.metrics.mention_counter`).
         """
-        key = Keys.event(team, event_id)
-        user_key, channel_key = (
+        now = time.time()
+        keys = [
+            Keys.event(team, event_id),
             Keys.user_runs(team, record.requester),
             Keys.channel_runs(team, record.channel),
-        )
-        horizon = time.time() - RUN_COUNT_HORIZON
-        # Optimistic: a concurrent change of the watched keys (another delivery of this event, or
-        # a run of this requester or channel starting or ending) means look again, never drop it.
-        while True:
-            with self.redis.pipeline() as pipe:
-                try:
-                    pipe.watch(key, user_key, channel_key)
-                    if pipe.exists(key):
-                        return Accepted.DUPLICATE
-                    busy = None
-                    if pipe.zcount(user_key, horizon, "+inf") >= max_per_user:
-                        busy = Accepted.USER_BUSY
-                    elif pipe.zcount(channel_key, horizon, "+inf") >= max_per_channel:
-                        busy = Accepted.CHANNEL_BUSY
-                    pipe.multi()
-                    pipe.set(key, record.run_id if busy is None else busy.value, ex=EVENT_TTL)
-                    if busy is not None:
-                        pipe.execute()
-                        return busy
-                    for count_key in (user_key, channel_key):
-                        pipe.zremrangebyscore(count_key, "-inf", horizon)
-                        pipe.zadd(count_key, {record.run_id: record.created_at})
-                        pipe.expire(count_key, RUN_COUNT_HORIZON)
-                    self.save_run(record, pipeline=pipe)
-                    # Active from the start: a job that dies before its driver takes the lease is
-                    # still noticed by the watchdog.
-                    pipe.zadd(Keys.active(), {record.run_id: time.time()})
-                    enqueue(pipe)
-                    pipe.execute()
-                    return Accepted.NEW
-                except redis.WatchError:
-                    continue
+            Keys.run(record.run_id),
+            Keys.active(),
+            Keys.pending(record.run_id),
+            job.key,
+            job.queue_key,
+            job.queues_key,
+            counted_in[0] if counted_in else Keys.active(),  # a key all the same: unused unless counted
+        ]
+        counters = counted_in[1] if counted_in else {}
+        args = [
+            record.run_id,
+            EVENT_TTL,
+            repr(now - RUN_COUNT_HORIZON),
+            max_per_user,
+            max_per_channel,
+            repr(record.created_at),
+            RUN_COUNT_HORIZON,
+            pack(record.to_json()),
+            FINISHED_RUN_TTL,
+            repr(now),  # active from the start: a job that dies before its driver takes the lease is noticed
+            job.job_id,
+            PENDING_TTL,
+            *(counters.get(outcome, "") for outcome in Accepted),  # in the order the script reads them
+            *job.fields,
+        ]
+        return Accepted(_text(self._accept(keys=keys, args=args)))
 
     def first_busy_notice(self, team: str, user: str, seconds: int = 60) -> bool:
         """True at most once a minute per requester: whether to tell them a mention was refused."""
