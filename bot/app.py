@@ -486,7 +486,7 @@ def _open_record(
     except StateError:
         context[REPLY] = texts.UNREADABLE_RUN
         return None
-    if record is None or record.status is not RunStatus.AWAITING_APPROVAL:
+    if record is None:
         context[REPLY] = texts.UNKNOWN_APPROVAL
         return None
     if clicker.team != record.team:
@@ -494,6 +494,9 @@ def _open_record(
         return None
     if channel is None:  # a modal's submission names no channel: a refusal is told where the card is
         context["reply_channel"] = record.channel
+    if record.status is not RunStatus.AWAITING_APPROVAL:  # decided, resumed, maybe ended meanwhile
+        context[REPLY] = texts.UNKNOWN_APPROVAL
+        return None
     if channel is not None and channel != record.channel:
         context[REPLY] = texts.WRONG_CHANNEL
         return None
