@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -47,6 +48,10 @@ def serve_slack() -> None:
         sys.stdin.read()
 
 
+EYES_MADE = [0]  # :eyes: calls `ours` has finished (counted on its after-answer threads)
+EYES_LOCK = threading.Lock()
+
+
 def build(app: str, env: dict[str, str]) -> Wsgi:
     logging.basicConfig(stream=io.StringIO(), level=logging.INFO)  # lines are made, not kept
     if app == "peer":
@@ -63,6 +68,15 @@ def build(app: str, env: dict[str, str]) -> Wsgi:
 
     if app == "ours-without-eyes":
         bot.app._acknowledge_visibly = lambda body, context, client: None  # type: ignore[assignment]
+    else:
+        acknowledge = bot.app._acknowledge_visibly
+
+        def counted(body: Any, context: Any, client: Any) -> None:
+            acknowledge(body, context, client)
+            with EYES_LOCK:
+                EYES_MADE[0] += 1
+
+        bot.app._acknowledge_visibly = counted  # type: ignore[assignment]
     logging.getLogger("slack_bolt").setLevel(logging.WARNING)  # as `python -m bot`
     conn = redis_connection(env)
     deps = bot.app.BotDeps(store=Store(conn), queue=make_queue(conn), config=load_config(env=env))
@@ -136,9 +150,10 @@ def measure(app_name: str, count: int) -> dict[str, Any]:
             app = build(app_name, env)
             conn = redis.Redis.from_url(server.url)
 
-            def settled(total: int) -> None:  # every job queued, the after-answer threads idle
+            def settled(total: int) -> None:  # every job queued and, for ours, every :eyes: made
                 wait_until(lambda: conn.llen("rq:queue:harness") >= total, 60)
-                time.sleep(1.0)  # sleeping costs no CPU: what is still running shows in process_time
+                if app_name == "ours":
+                    wait_until(lambda: EYES_MADE[0] >= total, 60)
 
             send(app, environs("warm", WARMUP))
             settled(WARMUP)
