@@ -139,7 +139,7 @@ def work() -> int:
         return 2
     try:
         kind = horses.worker_class_name()
-        horses.Limits.from_env()
+        limits = horses.Limits.from_env()
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -156,7 +156,6 @@ def work() -> int:
     ).start()
     try:
         if kind == "prefork":
-            limits = horses.Limits.from_env()
             scheduler = RQScheduler([svc.queue], connection=svc.store.redis, serializer=JSONSerializer)
             horses.Supervisor(lambda: _serve_horse(svc, limits), svc.store.redis, scheduler).run()
         else:

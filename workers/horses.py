@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import logging
 import os
 import resource
@@ -281,15 +280,10 @@ class Supervisor:
             os._exit(status)
 
     def _wait(self, pid: int) -> int:
-        while True:
-            try:
-                _, status = os.waitpid(pid, 0)
-                return status
-            except ChildProcessError:
-                return 0
-            except OSError as exc:  # pragma: no cover (waitpid retries EINTR itself)
-                if exc.errno != errno.EINTR:
-                    raise
+        try:
+            return os.waitpid(pid, 0)[1]  # a signal meanwhile runs its handler; the wait goes on
+        except ChildProcessError:
+            return 0
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
