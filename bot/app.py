@@ -58,6 +58,7 @@ APPLY_DECISIONS = "workers.jobs.apply_decisions"
 RETRY_RUN = "workers.jobs.retry_run"
 HONOUR_STOP = "workers.jobs.honour_stop"
 REPLY = "ephemeral_reply"  # context key: what the background reply tells the clicker
+Reply = str | tuple[str, dict[str, str]]  # a text, or a text and the users it names by placeholder
 MAX_TASK_CHARS = 20_000
 GROUP_LOOKUP_SECONDS = 2  # a group read on a click happens before Slack gets its answer (3 s)
 HOME_SCAN = 500  # parked runs looked at for one Home tab, the soonest to expire first
@@ -494,16 +495,34 @@ def _open_record(
         return None
     if channel is None:  # a modal's submission names no channel: a refusal is told where the card is
         context["reply_channel"] = record.channel
-    if record.status is not RunStatus.AWAITING_APPROVAL:  # decided, resumed, maybe ended meanwhile
-        context[REPLY] = texts.UNKNOWN_APPROVAL
-        return None
     if channel is not None and channel != record.channel:
         context[REPLY] = texts.WRONG_CHANNEL
+        return None
+    if record.status is not RunStatus.AWAITING_APPROVAL:  # decided, resumed, maybe ended meanwhile
+        context[REPLY] = _moved_on(deps, record, ref, user)
         return None
     if not (deps.may_decide(user, record) or (viewing and user == record.requester)):
         context[REPLY] = (texts.NOT_ALLOWED, {"who": deps.deciders(record)})
         return None
     return record, ref
+
+
+def _moved_on(deps: BotDeps, record: RunRecord, ref: CardRef, user: str) -> Reply:
+    """The reply to a click on a card whose run has moved on: who decided it, when that is known.
+
+    A second click that arrives after the first one's resume (tens of milliseconds) hears the same
+    as one that arrives before it. A person who may not decide learns nothing more than before.
+    """
+    if not deps.may_decide(user, record):
+        return texts.UNKNOWN_APPROVAL
+    standing = deps.store.decisions(record.run_id, record.park_id).get(ref.call_id)
+    if standing is None:  # a call of an earlier park, or never decided (stopped, expired unrecorded)
+        return texts.UNKNOWN_APPROVAL
+    if standing.verdict is Verdict.EXPIRED:
+        return texts.ALREADY_EXPIRED
+    if standing.by:
+        return (texts.ALREADY_DECIDED_BY.format(verdict=standing.verdict.value), {"who": standing.by})
+    return texts.ALREADY_DECIDED
 
 
 def _decide(

@@ -771,8 +771,8 @@ def test_ten_mixed_clicks_at_once_record_exactly_one_outcome(stack: Stack, round
 
 
 def test_an_edit_submitted_after_the_run_moved_on_tells_the_editor(stack: Stack) -> None:
-    """A modal left open while someone else approved: its submission changes nothing, and says so
-    in the card's channel (a modal's submission names no channel of its own)."""
+    """A modal left open while someone else approved: its submission changes nothing, and says who
+    decided, in the card's channel (a modal's submission names no channel of its own)."""
     marker = "lateedit"
     channel, ts, [card] = park_writes(stack, marker, [{"path": "late.txt", "content": "original"}])
     view = open_modal(stack, card, user="UBEN")
@@ -782,7 +782,8 @@ def test_an_edit_submitted_after_the_run_moved_on_tells_the_editor(stack: Stack)
 
     status, _ = stack.submit_values(view, {"path": "late.txt", "content": "too late"}, user="UBEN")
     assert status == 200
-    wait_until(lambda: any("no longer open" in t for t in replies_to(stack, "UBEN", channel)))
+    wait_until(lambda: replies_to(stack, "UBEN", channel))
+    assert "already approved by <@UANN>" in replies_to(stack, "UBEN", channel)[0]
     assert (stack.workspace / "late.txt").read_text() == "original"
     assert len(asked(stack, marker)) == 2  # resumed once, by the approval
 

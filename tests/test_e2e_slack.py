@@ -219,6 +219,27 @@ def test_a_double_click_yields_one_decision(stack: Stack) -> None:
     assert len(requests) == 2
 
 
+def test_a_click_after_the_run_moved_on_says_who_decided(stack: Stack) -> None:
+    """The second click of a double click may arrive after the first one's resume; it hears the same."""
+    channel, ts, [card] = ask_to_write(stack, "lateclick", "late.txt")
+    stack.click(card, "approve")
+    wait_post(stack, channel, ts, lambda m: "lateclick done" in m["text"])
+    stack.settled()
+
+    def told(user: str) -> list[str]:
+        return [e["text"] for e in stack.slack.ephemerals if e["user"] == user and e["channel"] == channel]
+
+    stack.click(card, "decline")
+    wait_until(lambda: told("UALICE"))
+    assert told("UALICE") == ["This approval was already approved by <@UALICE>. Nothing was changed."]
+    stack.click(card, "decline", user="UMALLORY")  # not an approver: learns nothing about who decided
+    wait_until(lambda: told("UMALLORY"))
+    assert "no longer open" in told("UMALLORY")[0]
+    stack.settled()
+    assert (stack.workspace / "late.txt").exists()
+    assert len([r for r in stack.model.requests if "lateclick" in str(r["messages"][0])]) == 2
+
+
 def test_concurrent_clicks_by_two_approvers_yield_one_decision(team_stack: Stack) -> None:
     stack = team_stack
     channel = new_channel()
