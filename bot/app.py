@@ -35,6 +35,7 @@ from harness.config import Config
 from harness.state import Decision, PendingCall, StateError, Verdict
 from workers import logs, metrics
 from workers.services import enqueue_run_job, queued_job
+from workers.slack_http import KeepAliveWebClient
 from workers.store import (
     ENDED,
     IM,
@@ -111,7 +112,7 @@ class GroupDirectory:
 
     def bind(self, client: WebClient) -> None:
         """Read groups with `client`'s token and URL, on a short timeout and with no retries."""
-        self._client = WebClient(
+        self._client = KeepAliveWebClient(
             token=client.token,
             base_url=client.base_url,
             timeout=GROUP_LOOKUP_SECONDS,
@@ -203,33 +204,41 @@ def create_app(
     )
     app.error(bolt_error_handler)  # 400 for what a retry cannot cure; 500 only when Redis is down
     deps.groups.bind(client)
-    app.event("app_home_opened")(_then(deps, _on_home_opened, _home_publisher(deps)))
-    app.event("app_mention")(_then(deps, _on_mention(deps), _acknowledge_visibly))
+
+    def then(handler: Callable[..., None], after: Callable[..., None]) -> Callable[..., None]:
+        return _then(deps, client, handler, after)
+
+    app.event("app_home_opened")(then(_on_home_opened, _home_publisher(deps)))
+    app.event("app_mention")(then(_on_mention(deps), _acknowledge_visibly))
     # Direct messages start runs like mentions; any other message is answered and left alone.
-    app.event("message")(_then(deps, _on_direct_message(deps), _acknowledge_visibly))
-    app.event("assistant_thread_started")(_then(deps, _on_assistant_thread_started(deps), _suggest_prompts))
+    app.event("message")(then(_on_direct_message(deps), _acknowledge_visibly))
+    app.event("assistant_thread_started")(then(_on_assistant_thread_started(deps), _suggest_prompts))
     for action_id, verdict in (("approve", Verdict.APPROVED), ("decline", Verdict.DECLINED)):
-        app.action(action_id)(_then(deps, _on_decision(deps, verdict), _tell_clicker))
-    app.action("approve_thread")(_then(deps, _on_decision(deps, Verdict.APPROVED, grant=True), _tell_clicker))
-    app.action("edit")(_then(deps, _on_edit(deps), _tell_clicker))
-    app.view("edit_call")(_then(deps, _on_edit_submitted(deps), _tell_clicker))
-    app.action("revoke_grant")(_then(deps, _on_revoke_grant(deps), _after_revoke))
-    app.action("decline_with_reason")(_then(deps, _on_decline_with_reason(deps), _tell_clicker))
-    app.view("decline_reason")(_then(deps, _on_decline_reason(deps), _tell_clicker))
-    app.action("retry")(_then(deps, _on_retry(deps), _tell_clicker))
-    app.action("view_args")(_then(deps, _on_view_args(deps), _tell_clicker))
-    app.action("continue")(_then(deps, _on_continue(deps), _tell_clicker))
-    app.action("stop")(_then(deps, _on_stop(deps), _tell_clicker))
-    app.action("feedback")(_then(deps, _on_feedback(deps), _tell_clicker))
-    app.event("agent_session_stopped")(_then(deps, _on_session_stopped(deps), _tell_clicker))
+        app.action(action_id)(then(_on_decision(deps, verdict), _tell_clicker))
+    app.action("approve_thread")(then(_on_decision(deps, Verdict.APPROVED, grant=True), _tell_clicker))
+    app.action("edit")(then(_on_edit(deps), _tell_clicker))
+    app.view("edit_call")(then(_on_edit_submitted(deps), _tell_clicker))
+    app.action("revoke_grant")(then(_on_revoke_grant(deps), _after_revoke))
+    app.action("decline_with_reason")(then(_on_decline_with_reason(deps), _tell_clicker))
+    app.view("decline_reason")(then(_on_decline_reason(deps), _tell_clicker))
+    app.action("retry")(then(_on_retry(deps), _tell_clicker))
+    app.action("view_args")(then(_on_view_args(deps), _tell_clicker))
+    app.action("continue")(then(_on_continue(deps), _tell_clicker))
+    app.action("stop")(then(_on_stop(deps), _tell_clicker))
+    app.action("feedback")(then(_on_feedback(deps), _tell_clicker))
+    app.event("agent_session_stopped")(then(_on_session_stopped(deps), _tell_clicker))
     return app
 
 
-def _then(deps: BotDeps, handler: Callable[..., None], after: Callable[..., None]) -> Callable[..., None]:
+def _then(
+    deps: BotDeps, client: WebClient, handler: Callable[..., None], after: Callable[..., None]
+) -> Callable[..., None]:
     """Run `handler` before Slack gets its answer, then `after` (a Slack call) in the background.
 
     Bolt's lazy listeners would do the same but deep-copy the whole request first: a fifth of an
-    ack's CPU (tests/bench/bench_ack.py).
+    ack's CPU (tests/bench/bench_ack.py). Both are given the app's own `client` (one token, one
+    workspace), whose connections stay open between calls, rather than the fresh `WebClient` Bolt
+    builds for every request.
     """
     wanted = list(inspect.signature(handler).parameters)
 
@@ -237,7 +246,6 @@ def _then(deps: BotDeps, handler: Callable[..., None], after: Callable[..., None
         ack: Ack,
         body: dict[str, Any],
         context: BoltContext,
-        client: WebClient,
         action: dict[str, Any] | None = None,
         view: dict[str, Any] | None = None,
         event: dict[str, Any] | None = None,

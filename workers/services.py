@@ -33,6 +33,7 @@ from slack_sdk.http_retry.builtin_handlers import (
 from harness.client import make_client
 from harness.config import Config, load_config
 from harness.tools.catalog import Catalog
+from workers.slack_http import KeepAliveWebClient
 from workers.store import DAY, QueuedJob, Store
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,8 @@ class SettingsError(ValueError):
 
 
 def slack_client(env: Mapping[str, str] | None = None) -> WebClient:
-    """A `WebClient` on `SLACK_API_URL` that retries 429 (honouring Retry-After) and 5xx."""
+    """A `WebClient` on `SLACK_API_URL` that retries 429 (honouring Retry-After) and 5xx, and keeps
+    its connections open between calls (`workers.slack_http`)."""
     env = os.environ if env is None else env
     token = env.get("SLACK_BOT_TOKEN")
     if not token:
@@ -138,7 +140,7 @@ def slack_client(env: Mapping[str, str] | None = None) -> WebClient:
             "SLACK_BOT_TOKEN is not set: copy the Bot User OAuth Token (xoxb-…) from your app's "
             "OAuth & Permissions page at https://api.slack.com/apps"
         )
-    return WebClient(
+    return KeepAliveWebClient(
         token=token,
         base_url=env.get("SLACK_API_URL") or DEFAULT_SLACK_API_URL,
         timeout=15,
@@ -228,7 +230,7 @@ class Services:
     @functools.cached_property
     def courtesy_slack(self) -> WebClient:
         """The client for calls a run can do without (its status line): short timeout, short 429 waits."""
-        return WebClient(
+        return KeepAliveWebClient(
             token=self.slack.token,
             base_url=self.slack.base_url,
             timeout=COURTESY_TIMEOUT,

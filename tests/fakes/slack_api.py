@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import socket
 import threading
 import time
 from collections import deque
@@ -280,13 +281,39 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, fake: FakeSlackAPI) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.fake = fake
+        self.accepted = 0  # connections accepted so far
+        self.open: set[socket.socket] = set()  # connections open now
+        self._conn_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._conn_lock:
+            self.accepted += 1
+            self.open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._conn_lock:
+            self.open.discard(request)
+        super().shutdown_request(request)
+
+    def drop_connections(self) -> int:
+        """Close every open connection from this side, as a server does with idle keep-alives."""
+        with self._conn_lock:
+            conns, self.open = list(self.open), set()
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        return len(conns)
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """Reads one request, hands it to the fake, writes the JSON answer."""
+    """Reads each request of a connection (HTTP/1.1 keep-alive, as Slack's servers), hands it to
+    the fake, writes the JSON answer."""
 
     server: _Server
     server_version = "FakeSlackAPI/1.0"
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
 
     def do_POST(self) -> None:  # noqa: N802 - http.server naming
         self._handle()
@@ -482,6 +509,19 @@ class FakeSlackAPI:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+    @property
+    def connections(self) -> int:
+        """How many connections the server has accepted since it started."""
+        if self._server is None:
+            raise RuntimeError("FakeSlackAPI is not started")
+        return self._server.accepted
+
+    def drop_connections(self) -> int:
+        """Close every open client connection from the server's side (how many there were)."""
+        if self._server is None:
+            raise RuntimeError("FakeSlackAPI is not started")
+        return self._server.drop_connections()
 
     @property
     def port(self) -> int:
