@@ -341,6 +341,106 @@ def bare_resume(env: Env) -> Resume:
     return resume
 
 
+# --- the bare loop, durable ----------------------------------------------------------------------
+#
+# What a hand-written loop must add to keep this product's promises across a crash, and nothing
+# more: before a turn's tools run, its reply and a mark that they started (else a crash re-runs a
+# side effect); after them, their results (else a crash loses a result that was paid for). One
+# round trip each, appending only the new messages' JSON to a list: no lease, no fencing, no
+# compression, no Stop check, no metrics. It is the floor of persistence itself, on the same Redis.
+
+
+def _blocks(message: Any) -> list[dict[str, Any]]:
+    return [b.model_dump(mode="json", exclude_none=True) for b in message.content]
+
+
+def bare_durable(env: Env) -> Run:
+    """The bare loop plus a write-ahead write and a checkpoint write per tool turn (see above)."""
+    client, tools, functions = _bare_parts(env)
+    conn = env.services().store.redis
+
+    def run(turns: int, approve: bool) -> None:
+        key = f"bench:bare:{uuid.uuid4().hex}"
+        messages: list[dict[str, Any]] = [{"role": "user", "content": _task(turns, approve)}]
+        conn.rpush(key, json.dumps(messages[0]))
+        while True:
+            message = client.messages.create(
+                model=MODEL, max_tokens=MAX_TOKENS, tools=tools, messages=messages
+            )
+            reply = {"role": "assistant", "content": _blocks(message)}
+            messages.append(reply)
+            calls = [b for b in message.content if b.type == "tool_use"]
+            with conn.pipeline(transaction=False) as pipe:  # the write-ahead: reply and mark at once
+                pipe.rpush(key, json.dumps(reply))
+                pipe.set(f"{key}:started", ",".join(b.id for b in calls))
+                pipe.execute()
+            if message.stop_reason != "tool_use":
+                conn.delete(key, f"{key}:started")
+                return
+            results = [
+                {"type": "tool_result", "tool_use_id": b.id, "content": functions[b.name](**b.input)}
+                for b in calls
+            ]
+            messages.append({"role": "user", "content": results})
+            conn.rpush(key, json.dumps(messages[-1]))  # the checkpoint: the results, durable
+
+    return run
+
+
+def bare_durable_resume(env: Env) -> Resume:
+    """The durable bare loop's resume: its messages and the decision are in Redis; it reads both
+    (one round trip), marks the call started, runs it, appends the result and sends."""
+    client, tools, functions = _bare_parts(env)
+    conn = env.services().store.redis
+
+    def send(messages: list[dict[str, Any]]) -> Any:
+        return client.messages.create(model=MODEL, max_tokens=MAX_TOKENS, tools=tools, messages=messages)
+
+    def resume(after: int) -> Clock:
+        key = f"bench:bare:{uuid.uuid4().hex}"
+        messages: list[dict[str, Any]] = [{"role": "user", "content": _task(after + 1, after)}]
+        conn.rpush(key, json.dumps(messages[0]))
+        while True:  # up to the call that needs a human, persisted as the per-turn loop does
+            message = send(messages)
+            messages.append({"role": "assistant", "content": _blocks(message)})
+            conn.rpush(key, json.dumps(messages[-1]))
+            if any(b.type == "tool_use" and b.name == "guarded_lookup" for b in message.content):
+                break
+            results = [
+                {"type": "tool_result", "tool_use_id": b.id, "content": functions[b.name](**b.input)}
+                for b in message.content
+                if b.type == "tool_use"
+            ]
+            messages.append({"role": "user", "content": results})
+            conn.rpush(key, json.dumps(messages[-1]))
+        conn.set(f"{key}:decision", "approved")  # the click
+        del messages
+        gc.collect()
+        started, mark = _start(), len(ARRIVALS)
+        with conn.pipeline(transaction=False) as pipe:
+            pipe.lrange(key, 0, -1)
+            pipe.get(f"{key}:decision")
+            stored, decision = pipe.execute()
+        loaded = [json.loads(m) for m in stored]
+        if decision != b"approved":
+            raise RuntimeError("the decision did not come back")
+        calls = [b for b in loaded[-1]["content"] if b["type"] == "tool_use"]
+        conn.set(f"{key}:started", ",".join(b["id"] for b in calls))
+        results = [
+            {"type": "tool_result", "tool_use_id": b["id"], "content": functions[b["name"]](**b["input"])}
+            for b in calls
+        ]
+        loaded.append({"role": "user", "content": results})
+        conn.rpush(key, json.dumps(loaded[-1]))
+        message = send(loaded)
+        if message.stop_reason == "tool_use":
+            raise RuntimeError("the durable bare loop's run did not end after the approved call")
+        conn.delete(key, f"{key}:started", f"{key}:decision")
+        return _arrival_since(mark, started)
+
+    return resume
+
+
 # --- ours, in memory ----------------------------------------------------------------------------
 
 
@@ -777,6 +877,7 @@ class ResumeRow:
 
 
 _FLOOR = "bare loop on the SDK (floor)"
+_DURABLE = "bare loop + the 2 Redis writes a turn's promises need (floor of persistence)"
 _WORKER = "ours: as a worker steps it (Redis, no Slack)"
 _DRIVE = "ours: `drive` (in memory, the CLI)"
 
@@ -784,6 +885,7 @@ _DRIVE = "ours: `drive` (in memory, the CLI)"
 def _rows() -> list[Row]:
     return [
         Row(_FLOOR, bare_loop, growth=True),
+        Row(_DURABLE, bare_durable, growth=True),
         Row(_DRIVE, ours, growth=True),
         Row("ours: `step` + `RunState.dumps()` every step", ours_checkpointed),
         Row("ours: `dumps()` + 1 approval (park, load, resume)", ours_checkpointed, approve=True),
@@ -798,6 +900,7 @@ def _rows() -> list[Row]:
 
 
 _RESUME_FLOOR = "bare loop: decision in memory → tool, append, send"
+_RESUME_DURABLE = "bare loop, durable: decision in Redis → load, mark, tool, append, send"
 _RESUME_WORKER = (
     "ours as a worker: decision in Redis → lease, load, save, write-ahead, tool, checkpoint, send"
 )
@@ -806,6 +909,7 @@ _RESUME_WORKER = (
 def _resume_rows() -> list[ResumeRow]:
     return [
         ResumeRow(_RESUME_FLOOR, bare_resume),
+        ResumeRow(_RESUME_DURABLE, bare_durable_resume),
         ResumeRow(
             "ours in memory: `RunState.loads` → `record_decisions` → `step` (+ `dumps()`)",
             ours_checkpointed_resume,
@@ -1061,6 +1165,41 @@ def _resume_table(resumes: list[ResumeRow]) -> str:
     return table(headers, out)
 
 
+def _persistence_table(rows: list[Row], resumes: list[ResumeRow]) -> str:
+    """Ours as a worker against the durable bare loop: what is ours beyond persisting at all."""
+    named = {r.name: r for r in rows}
+    durable, worker = named[_DURABLE], named[_WORKER]
+    resumed = {r.name: r for r in resumes}
+    out: list[list[object]] = []
+    for label, k in (("wall", WALL), ("CPU", CPU)):
+        cells: list[object] = [label]
+        if durable.error or worker.error:
+            out.append([label, f"not available: {durable.error or worker.error}", *[""] * 5])
+            continue
+        cells.append(_spread(_round_ratios(worker, durable, k)))
+        for window in (GROWTH_WINDOWS[0], GROWTH_WINDOWS[-1]):
+            pairs = zip(worker.turns, durable.turns, strict=False)
+            ratios = [_window(a, window, k) / _window(b, window, k) for a, b in pairs]
+            cells.append(_x(statistics.median(ratios)))
+        base, mine = resumed[_RESUME_DURABLE], resumed[_RESUME_WORKER]
+        for after in RESUME_AFTER:
+            if base.error or mine.error:
+                cells.append("n/a")
+                continue
+            pairs = zip(mine.seconds[after], base.seconds[after], strict=False)
+            cells.append(_spread([a[k] / b[k] for a, b in pairs]))
+        out.append(cells)
+    (a, b), (c, d) = GROWTH_WINDOWS[0], GROWTH_WINDOWS[-1]
+    headers = [
+        "",
+        "per tool turn (middle half)",
+        f"turns {a}-{b}",
+        f"turns {c}-{d}",
+        *(f"resume after {n} turns (middle half)" for n in RESUME_AFTER),
+    ]
+    return table(headers, out)
+
+
 def run() -> str:
     rows, resumes = measure()
     versions = ", ".join(
@@ -1083,6 +1222,9 @@ def run() -> str:
             _growth_table(rows, CPU),
             "Resume → next request: from the decision being in to the stand-in receiving the next request.",
             _resume_table(resumes),
+            "Ours as a worker ÷ the durable bare loop (the floor of persistence: the two writes a turn's "
+            "promises need, one round trip each, on the same Redis), medians of the per-round ratios:",
+            _persistence_table(rows, resumes),
         ]
     )
 
