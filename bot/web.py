@@ -37,6 +37,7 @@ from workers.services import make_queue
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1_000_000  # Slack's payloads are far smaller; bigger ones are not Slack
+ACK = metrics.ACK_SECONDS
 MAX_DEPTH = 32  # Slack's deepest payloads (rich text in a message echoed in a click) nest about 12 levels
 
 StartResponse = Callable[..., Any]
@@ -54,6 +55,7 @@ def wsgi_app(app: App, connection: redis.Redis, *, signing_secret: str) -> WsgiA
     """The whole HTTP surface of the bot as one WSGI callable."""
     verifier = SignatureVerifier(signing_secret)
     figures = metrics.registry(connection, make_queue(connection))
+    acks = metrics.Gathered(connection)  # an answer's time, written with the others of its second
 
     def application(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         started = time.monotonic()
@@ -83,7 +85,7 @@ def wsgi_app(app: App, connection: redis.Redis, *, signing_secret: str) -> WsgiA
             return _plain(start_response, "400 Bad Request", problem + "\n")
         kind = "event" if environ.get("CONTENT_TYPE", "").startswith("application/json") else "interaction"
         answer = _dispatch(app, environ, body.decode("utf-8"), start_response)
-        return _Timed(answer, lambda: _record_ack(connection, kind, time.monotonic() - started))
+        return _Timed(answer, lambda: acks.observe(ACK, time.monotonic() - started, kind=kind))
 
     return application
 
@@ -101,10 +103,6 @@ class _Timed:
 
     def close(self) -> None:
         self.on_close()
-
-
-def _record_ack(connection: redis.Redis, kind: str, seconds: float) -> None:
-    metrics.observe(connection, metrics.ACK_SECONDS, seconds, kind=kind)
 
 
 def is_signed(verifier: SignatureVerifier, body: bytes, environ: dict[str, Any]) -> bool:

@@ -20,7 +20,7 @@ from harness.policy import Tier
 from harness.state import Decision, PendingCall, RunState, Usage, Verdict
 from harness.tools import ToolResult
 from harness.valves import Valve
-from tests.stack import free_port
+from tests.stack import free_port, wait_until
 from workers import metrics
 from workers.services import make_queue
 from workers.store import Keys, RunRecord, RunStatus, new_run_id
@@ -187,9 +187,12 @@ def test_no_write_raises_when_redis_is_gone_and_the_failure_is_logged_once(
         metrics.run_ended(gone, record, "")
         metrics.decided(gone, record, Verdict.DECLINED, Approvals())
         metrics.resumed(gone, record.run_id, 1, {})
+        gathered = metrics.Gathered(gone, every=3600)
+        gathered.observe(metrics.ACK_SECONDS, 0.1, kind="event")
+        gathered.flush()
     warnings = [r for r in caplog.records if r.name == "workers.metrics" and r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "said once per process" in warnings[0].getMessage()
-    assert sum(r.levelno == logging.DEBUG for r in caplog.records if r.name == "workers.metrics") >= 5
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records if r.name == "workers.metrics") >= 6
 
 
 def test_accept_event_counts_each_mention_by_its_outcome_as_mention_would(conn: redis.Redis) -> None:
@@ -214,3 +217,31 @@ def test_accept_event_counts_each_mention_by_its_outcome_as_mention_would(conn: 
     for result, count in (("new", 1), ("duplicate", 1), ("user_busy", 1)):
         assert samples[("harness_mentions_total", (("result", result),))] == count
     assert ("harness_mentions_total", (("result", "channel_busy"),)) not in samples
+
+
+def test_gathered_observations_are_written_together_and_count_as_one_by_one_would(conn: redis.Redis) -> None:
+    gathered = metrics.Gathered(conn, every=3600)  # this test writes them itself
+    for seconds in (0.002, 0.004, 0.02, 0.3, 7.0, 0.004):
+        gathered.observe(metrics.ACK_SECONDS, seconds, kind="event")
+    gathered.observe(metrics.ACK_SECONDS, 0.004, kind="interaction")
+    assert ("harness_ack_seconds_count", (("kind", "event"),)) not in scrape(conn)  # nothing yet
+    gathered.flush()
+    samples = scrape(conn)
+    assert samples[("harness_ack_seconds_count", (("kind", "event"),))] == 6
+    assert samples[("harness_ack_seconds_sum", (("kind", "event"),))] == pytest.approx(7.33)
+    assert samples[("harness_ack_seconds_bucket", (("kind", "event"), ("le", "0.005")))] == 3
+    assert samples[("harness_ack_seconds_count", (("kind", "interaction"),))] == 1
+    gathered.flush()  # nothing gathered since: nothing written twice
+    assert scrape(conn)[("harness_ack_seconds_count", (("kind", "event"),))] == 6
+    metrics.observe(conn, metrics.ACK_SECONDS, 0.004, kind="event")
+    assert scrape(conn)[("harness_ack_seconds_count", (("kind", "event"),))] == 7
+
+
+def test_gathered_observations_are_written_by_their_timer(conn: redis.Redis) -> None:
+    gathered = metrics.Gathered(conn, every=0.05)
+    gathered.observe(metrics.ACK_SECONDS, 0.01, kind="interaction")
+    gathered.observe(metrics.ACK_SECONDS, 0.01, kind="interaction")
+    key = ("harness_ack_seconds_count", (("kind", "interaction"),))
+    wait_until(lambda: scrape(conn).get(key) == 2)
+    gathered.observe(metrics.ACK_SECONDS, 0.01, kind="interaction")  # the next second arms it again
+    wait_until(lambda: scrape(conn).get(key) == 3)
