@@ -278,9 +278,17 @@ def test_refused_status_methods_leave_the_eyes_and_the_run_finishes(stack: Stack
     stack.model.script_for("refusedline", reply(tool_use("get_time", {})), reply(text("refusedline done")))
     stack.slack.fail_next(ASSISTANT, error="missing_scope")
     _, ts = dm(stack, "refusedline: what time is it?", channel=channel)
-    wait_until(lambda: (channel, ts, "eyes") in stack.slack.reactions)
     wait_post(stack, channel, ts, lambda m: footer(1, 2) in m["text"])
     stack.settled()
+    # The eyes went up (the run, done in milliseconds, may already have taken them down again).
+    eyes = wait_until(
+        lambda: [
+            (c.params.get("timestamp"), c.ok)
+            for c in stack.slack.calls
+            if c.method == "reactions.add" and c.params.get("name") == "eyes" and c.params.get("channel") == channel
+        ]
+    )
+    assert eyes == [(ts, True)]
     tried = [c.method for c in stack.slack.calls if c.params.get("channel_id") == channel]
     assert tried == [SESSION, ASSISTANT]  # each refused once, neither asked again for the second request
     assert status_lines(stack, channel) == []
