@@ -285,7 +285,9 @@ def test_refused_status_methods_leave_the_eyes_and_the_run_finishes(stack: Stack
         lambda: [
             (c.params.get("timestamp"), c.ok)
             for c in stack.slack.calls
-            if c.method == "reactions.add" and c.params.get("name") == "eyes" and c.params.get("channel") == channel
+            if c.method == "reactions.add"
+            and c.params.get("name") == "eyes"
+            and c.params.get("channel") == channel
         ]
     )
     assert eyes == [(ts, True)]

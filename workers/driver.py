@@ -23,7 +23,7 @@ from bot import render, texts
 from harness.state import PendingCall, RunState, StateError
 from workers import outbox
 from workers.services import Services
-from workers.store import DAY, FINISHED_RUN_TTL, LIMIT_CALL, RunRecord, RunStatus, unpack
+from workers.store import DAY, FINISHED_RUN_TTL, LIMIT_CALL, Beside, RunRecord, RunStatus, unpack
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ class Driver:
         self._courier: _Courier | None = None
         self._handed = 0  # debts at the head of the outbox handed to the courier, not yet collected
         self._stop_seen: tuple[str | None, float] | None = None  # (who pressed Stop, when) per the last save
+        self._beside: list[Beside] = []  # what the next save carries (a step's metrics)
 
     def __enter__(self) -> Driver | None:
         took, raw = self.svc.store.acquire_and_read(self.run_id, self.token, self.seconds)
@@ -94,6 +95,7 @@ class Driver:
     def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
         if self._courier is not None:
             self._courier.close()  # what it still carries is paid first (the next driver would else)
+        self._write_besides()
         self._stop.set()
         if self._beat is not None:
             self._beat.join(5)
@@ -132,11 +134,31 @@ class Driver:
         if _COURIERS_OWN.intersection(changes):
             self.collect()
         record = replace(self.record, **changes)
-        saved = None if self.lost else self.svc.store.save(record, self.token, self.seconds, ttl=ttl)
+        beside, self._beside = self._beside, []
+        saved = (
+            None
+            if self.lost
+            else self.svc.store.save(record, self.token, self.seconds, ttl=ttl, beside=beside)
+        )
         if not saved:
             raise LostLease(self.run_id)
         self.record = record
         self._stop_seen = (saved.stop_by, time.monotonic())
+
+    def beside_next_save(self, write: Beside) -> None:
+        """Send `write` (a step's metrics) in the round trip of the next save rather than one of
+        its own. A run's other writes (park, finish) send it alone first; so does the driver's end."""
+        self._beside.append(write)
+
+    def _write_besides(self) -> None:
+        beside, self._beside = self._beside, []
+        for write in beside:
+            try:
+                self.svc.store.redis.register_script(write.script)(
+                    keys=list(write.keys), args=list(write.args)
+                )
+            except Exception as exc:  # a figure is never worth a run
+                log.warning("run %s: %s was not recorded (%s)", self.run_id, write.what, exc)
 
     def stop_requested(self) -> str | None:
         """Who pressed Stop, if anyone: as the last save read it when that was just now, else from Redis.
@@ -226,6 +248,7 @@ class Driver:
     def park_limit(self, state: RunState, ttl: int, expires_at: float) -> None:
         """Save the run waiting at a limit: one pseudo-call, `LIMIT_CALL`, decided Continue or Stop."""
         self.collect()
+        self._write_besides()
         record = replace(
             self.record,
             status=RunStatus.AWAITING_APPROVAL,
@@ -241,6 +264,7 @@ class Driver:
     def park(self, state: RunState, calls: tuple[PendingCall, ...], ttl: int, expires_at: float) -> None:
         """Save the run awaiting decisions on `calls`, its cards owed and its expiry scheduled."""
         self.collect()
+        self._write_besides()
         record = replace(
             self.record,
             status=RunStatus.AWAITING_APPROVAL,
@@ -272,6 +296,7 @@ class Driver:
         Returns the run queued next in the thread, if any.
         """
         self.collect()
+        self._write_besides()
         record = self.record
         history = None
         if record.status in (RunStatus.FINISHED, RunStatus.STOPPED) and record.state is not None:

@@ -297,9 +297,14 @@ def _owe_summaries(driver: Driver, events: tuple[Event, ...], agent: Agent, stat
 
 
 def _count_step(driver: Driver, state: RunState, events: tuple[Event, ...]) -> None:
-    """The step's metrics (deltas of the run's totals), unless the turn's calls come next: counted then."""
-    if not (state.status is Status.RUNNING and state.pending):
-        metrics.stepped(driver.svc.store.redis, driver.run_id, state, events)
+    """The step's metrics (deltas of the run's totals), unless the turn's calls come next: counted
+    then. They go with the step's save, not in a round trip of their own."""
+    if state.status is Status.RUNNING and state.pending:
+        return
+    try:
+        driver.beside_next_save(metrics.step_account(driver.run_id, state, events))
+    except Exception:  # a figure is never worth a run
+        log.exception("run %s: the step's metrics could not be counted", driver.run_id)
 
 
 def _leave_loop(svc: Services, driver: Driver, state: RunState, agent: Agent, outcome: Outcome) -> str | None:

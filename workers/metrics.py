@@ -42,7 +42,7 @@ from harness.loop import TurnDone
 from harness.policy import Tier
 from harness.state import PendingCall, RunState, Verdict
 from harness.valves import Valve
-from workers.store import DAY, PREFIX, Accepted, Keys, check_id
+from workers.store import DAY, PREFIX, Accepted, Beside, Keys, check_id
 
 log = logging.getLogger(__name__)
 
@@ -307,25 +307,32 @@ return 1
 """
 
 
+def step_account(run_id: str, state: RunState, events: Iterable[Any] = ()) -> Beside:
+    """What a step of `run_id` added, as a write for the run's next save to carry: turns, requests
+    and tokens (as deltas of the state's totals) and the calls of a turn just done (once per turn
+    number). Idempotent, so a save sent again counts it once."""
+    usage = state.usage
+    totals = [
+        ("turns", state.turns, counter_field(TURNS)),
+        ("requests", state.requests, counter_field(REQUESTS)),
+        *((kind, getattr(usage, kind), counter_field(TOKENS, kind=kind)) for kind in TOKEN_KINDS),
+    ]
+    turn, calls = 0, tuple[PendingCall, ...]()
+    for event in events:
+        if isinstance(event, TurnDone):
+            turn, calls = event.turn, event.calls
+    args: list[Any] = [RUN_MARK_TTL, turn, len(totals)]
+    for name, total, counter in totals:
+        args += [name, int(total), counter]
+    args += [counter_field(TOOL_CALLS, tier=c.tier.value, outcome=call_outcome(c)) for c in calls]
+    return Beside("a run's step", _ACCOUNT, (MetricKeys.run(run_id), MetricKeys.counters()), tuple(args))
+
+
 def stepped(connection: redis.Redis, run_id: str, state: RunState, events: Iterable[Any] = ()) -> None:
-    """Count what a step of `run_id` added: turns, requests and tokens (as deltas of the state's
-    totals) and the calls of a turn just done (once per turn number)."""
+    """Count what a step of `run_id` added (`step_account`), now, in a round trip of its own."""
     try:
-        usage = state.usage
-        totals = [
-            ("turns", state.turns, counter_field(TURNS)),
-            ("requests", state.requests, counter_field(REQUESTS)),
-            *((kind, getattr(usage, kind), counter_field(TOKENS, kind=kind)) for kind in TOKEN_KINDS),
-        ]
-        turn, calls = 0, tuple[PendingCall, ...]()
-        for event in events:
-            if isinstance(event, TurnDone):
-                turn, calls = event.turn, event.calls
-        args: list[Any] = [RUN_MARK_TTL, turn, len(totals)]
-        for name, total, counter in totals:
-            args += [name, int(total), counter]
-        args += [counter_field(TOOL_CALLS, tier=c.tier.value, outcome=call_outcome(c)) for c in calls]
-        connection.register_script(_ACCOUNT)(keys=[MetricKeys.run(run_id), MetricKeys.counters()], args=args)
+        write = step_account(run_id, state, events)
+        connection.register_script(write.script)(keys=list(write.keys), args=list(write.args))
     except Exception as exc:
         _failed("a run's step", exc)
 

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
 import redis
 from redis.client import Pipeline
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from harness.state import Decision, RunState, StateError, Verdict
 
@@ -394,6 +397,17 @@ class ParkView:
 
 
 @dataclass(frozen=True)
+class Beside:
+    """A write sent in the round trip of a run's next save: a Lua script that is idempotent (it
+    may be sent again after Redis lost its scripts). Its failure is logged, never the save's."""
+
+    what: str  # what it records, for the log
+    script: str
+    keys: tuple[str, ...]
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
 class Saved:
     """A fenced save: whether it was written (the lease still ours), and who had pressed Stop then."""
 
@@ -665,6 +679,9 @@ return outcome('new')
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 0"
 
 
+log = logging.getLogger(__name__)
+
+
 class Store:
     """Runs, threads, decisions and dedup marks in Redis."""
 
@@ -681,6 +698,7 @@ class Store:
         self._release = connection.register_script(_RELEASE)
         self._request_stop = connection.register_script(_REQUEST_STOP)
         self._accept = connection.register_script(_ACCEPT)
+        self._besides: dict[str, Script] = {}  # scripts of `Beside` writes, registered once each
 
     # --- mentions -------------------------------------------------------------------------------
 
@@ -1016,8 +1034,20 @@ class Store:
     def release_lease(self, run_id: str, token: str) -> None:
         self._release(keys=[Keys.lease(run_id)], args=[token])
 
-    def save(self, record: RunRecord, token: str, seconds: float, *, ttl: int = FINISHED_RUN_TTL) -> Saved:
-        """Save `record` if `token` still holds its lease (renewing it); falsy when it does not."""
+    def save(
+        self,
+        record: RunRecord,
+        token: str,
+        seconds: float,
+        *,
+        ttl: int = FINISHED_RUN_TTL,
+        beside: Sequence[Beside] = (),
+    ) -> Saved:
+        """Save `record` if `token` still holds its lease (renewing it); falsy when it does not.
+
+        `beside`: writes sent in the same round trip (a step's metrics), applied whatever the save's
+        outcome.
+        """
         keys = [
             Keys.lease(record.run_id),
             Keys.run(record.run_id),
@@ -1032,8 +1062,42 @@ class Store:
             time.time(),
             record.run_id,
         ]
-        ok, stop = self._save(keys=keys, args=args)
+        if not beside:
+            ok, stop = self._save(keys=keys, args=args)
+        else:
+            ok, stop = self._with_besides(self._save, keys, args, beside)
         return Saved(bool(ok), _text(stop) or None)
+
+    def _with_besides(
+        self, script: Script, keys: list[str], args: list[Any], besides: Sequence[Beside]
+    ) -> Any:
+        """`script`'s answer, the `besides` sent in the same round trip (one pipeline of EVALSHAs).
+
+        Not `Script.__call__` on a pipeline: redis-py then asks SCRIPT EXISTS first, a round trip
+        of its own on every execute. A script Redis no longer has (it restarted) is loaded and sent
+        again on its own: only those, so nothing is applied twice.
+        """
+        calls: list[tuple[Script, Sequence[Any], Sequence[Any], str | None]] = [(script, keys, args, None)]
+        for b in besides:
+            registered = self._besides.get(b.script)
+            if registered is None:
+                registered = self._besides[b.script] = self.redis.register_script(b.script)
+            calls.append((registered, b.keys, b.args, b.what))
+        with self.redis.pipeline(transaction=False) as pipe:
+            for registered, k, a, _ in calls:
+                pipe.evalsha(registered.sha, len(k), *k, *a)
+            answers = pipe.execute(raise_on_error=False)
+        for i, (registered, k, a, what) in enumerate(calls):
+            if isinstance(answers[i], NoScriptError):
+                try:
+                    answers[i] = registered(keys=list(k), args=list(a))  # loads it, then sends it
+                except redis.RedisError as exc:
+                    answers[i] = exc
+            if what is not None and isinstance(answers[i], Exception):
+                log.warning("%s was not recorded beside a save (%s)", what, answers[i])
+        if isinstance(answers[0], Exception):
+            raise answers[0]
+        return answers[0]
 
     def park(
         self,

@@ -1,0 +1,134 @@
+"""A run's saves on a real redis-server: a step's metrics ride in the save's round trip.
+
+A tool turn used to cost three round trips (its write-ahead mark, its metrics, its save); the
+metrics now go with the save. These tests count the round trips on the wire (a redis-py
+connection class that counts its packed sends) and check that nothing is lost or applied twice
+when Redis has forgotten its scripts or a write beside the save fails.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from slack_sdk import WebClient
+
+from harness.config import Config
+from harness.loop import TurnDone
+from harness.policy import Tier
+from harness.state import PendingCall, RunState, Usage
+from harness.tools import ToolResult
+from tests.stack import RedisServer
+from workers import metrics
+from workers.driver import Driver
+from workers.services import Services, make_queue
+from workers.store import Beside, RunRecord, RunStatus, Store, new_run_id
+
+
+class Counted(redis.Connection):
+    """A redis-py connection that counts its round trips (one per packed send; a pipeline is one)."""
+
+    sends = 0
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        Counted.sends += 1
+        super().send_packed_command(command, check_health)
+
+
+@pytest.fixture
+def counted(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    pool = redis.ConnectionPool.from_url(redis_server.url, connection_class=Counted)
+    client = redis.Redis(connection_pool=pool)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+def services(conn: redis.Redis) -> Services:
+    return Services(Store(conn), make_queue(conn), WebClient(token="xoxb-unused"), Config(), model=None)  # type: ignore[arg-type]
+
+
+def a_run(store: Store) -> RunRecord:
+    record = RunRecord(new_run_id(), "T1", "C1", "1.000001", "UA", "hi", status=RunStatus.RUNNING)
+    store.save_run(record)
+    return record
+
+
+def a_step(run_id: str) -> tuple[RunState, Beside]:
+    call = PendingCall("toolu_1", "get_time", {}, Tier.ALLOW, result=ToolResult("12:00"))
+    state = RunState(
+        messages=({"role": "user", "content": "hi"},), turns=1, requests=2, usage=Usage(100, 10, 0, 0)
+    )
+    return state, metrics.step_account(run_id, state, (TurnDone(1, (call,), 110),))
+
+
+def counts(conn: redis.Redis) -> dict[str, int]:
+    stored = conn.hgetall(metrics.MetricKeys.counters())
+    return {k.decode(): int(float(v)) for k, v in stored.items()}
+
+
+def test_a_steps_metrics_ride_in_its_save_one_round_trip(counted: redis.Redis) -> None:
+    svc = services(counted)
+    record = a_run(svc.store)
+    with Driver(svc, record.run_id) as driver:
+        assert driver is not None
+        state, account = a_step(record.run_id)
+        driver.beside_next_save(account)
+        driver.save()  # Redis learns both scripts (a fresh server has neither)
+        driver.beside_next_save(account)
+        before = Counted.sends
+        driver.save(state=state.to_json())
+        assert Counted.sends - before == 1  # the save and the metrics, one pipeline
+    saved = svc.store.load_run(record.run_id)
+    assert saved is not None and saved.state == state.to_json()
+    got = counts(counted)
+    assert got[metrics.counter_field(metrics.TURNS)] == 1
+    assert got[metrics.counter_field(metrics.REQUESTS)] == 2
+    assert got[metrics.counter_field(metrics.TOOL_CALLS, tier="allow", outcome="ran")] == 1
+
+
+def test_scripts_redis_forgot_are_loaded_again_and_each_write_applies_once(counted: redis.Redis) -> None:
+    svc = services(counted)
+    record = a_run(svc.store)
+    with Driver(svc, record.run_id) as driver:
+        assert driver is not None
+        state, account = a_step(record.run_id)
+        counted.script_flush()  # as after a Redis restart: neither the save's script nor the metrics'
+        driver.beside_next_save(account)
+        driver.save(state=state.to_json())
+        driver.beside_next_save(account)  # the same step again (a driver redoing it): counted once
+        driver.save(state=state.to_json())
+    saved = svc.store.load_run(record.run_id)
+    assert saved is not None and saved.state == state.to_json()
+    assert counts(counted)[metrics.counter_field(metrics.TURNS)] == 1
+    assert counts(counted)[metrics.counter_field(metrics.TOOL_CALLS, tier="allow", outcome="ran")] == 1
+
+
+def test_a_write_beside_that_fails_is_logged_and_the_save_stands(
+    counted: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    svc = services(counted)
+    record = a_run(svc.store)
+    counted.set("not-a-hash", "x")
+    broken = Beside("a broken figure", "return redis.call('HINCRBY', KEYS[1], 'f', 1)", ("not-a-hash",), ())
+    with Driver(svc, record.run_id) as driver:
+        assert driver is not None
+        driver.beside_next_save(broken)
+        with caplog.at_level(logging.WARNING):
+            driver.save(status=RunStatus.RUNNING, error="saved anyway")
+    saved = svc.store.load_run(record.run_id)
+    assert saved is not None and saved.error == "saved anyway"
+    assert any("a broken figure was not recorded" in r.getMessage() for r in caplog.records)
+
+
+def test_metrics_no_save_carried_are_written_when_the_driver_lets_go(counted: redis.Redis) -> None:
+    svc = services(counted)
+    record = a_run(svc.store)
+    with Driver(svc, record.run_id) as driver:
+        assert driver is not None
+        driver.beside_next_save(a_step(record.run_id)[1])
+        assert counts(counted) == {}  # waiting for a save
+    assert counts(counted)[metrics.counter_field(metrics.TURNS)] == 1
