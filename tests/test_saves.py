@@ -1,31 +1,40 @@
-"""A run's saves on a real redis-server: a step's metrics ride in the save's round trip.
+"""A run's saves: a step's metrics ride in the save's round trip, the conversation is packed a
+message at a time.
 
 A tool turn used to cost three round trips (its write-ahead mark, its metrics, its save); the
 metrics now go with the save. These tests count the round trips on the wire (a redis-py
 connection class that counts its packed sends) and check that nothing is lost or applied twice
-when Redis has forgotten its scripts or a write beside the save fails.
+when Redis has forgotten its scripts or a write beside the save fails. A save no longer encodes
+and compresses the whole conversation again (`RecordEncoder`): every sequence of saves a run can
+make reads back as the record it saved.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import zlib
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from slack_sdk import WebClient
 
 from harness.config import Config
+from harness.context import clear_old_results
 from harness.loop import TurnDone
 from harness.policy import Tier
-from harness.state import PendingCall, RunState, Usage
+from harness.state import PendingCall, RunState, StateError, Usage
 from harness.tools import ToolResult
 from tests.stack import RedisServer
 from workers import metrics
 from workers.driver import Driver
 from workers.services import Services, make_queue
-from workers.store import Beside, RunRecord, RunStatus, Store, new_run_id
+from workers.store import Beside, Keys, RecordEncoder, RunRecord, RunStatus, Store, new_run_id, pack, unpack
 
 
 class Counted(redis.Connection):
@@ -132,3 +141,94 @@ def test_metrics_no_save_carried_are_written_when_the_driver_lets_go(counted: re
         driver.beside_next_save(a_step(record.run_id)[1])
         assert counts(counted) == {}  # waiting for a save
     assert counts(counted)[metrics.counter_field(metrics.TURNS)] == 1
+
+
+# --- the conversation packed a message at a time ----------------------------------------------------
+
+_text = st.text(st.characters(codec="utf-8"), max_size=40)  # any character: newlines, quotes, NUL
+_message = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["user", "assistant"]),
+        "content": st.lists(st.dictionaries(_text, _text), max_size=3),
+    }
+)
+# What a run's successive saves see: messages appended, the last one replaced (a pause_turn merge),
+# the conversation rebuilt (results cleared, an older state), or no conversation at all.
+_move = st.one_of(
+    st.tuples(st.just("append"), st.lists(_message, min_size=1, max_size=3)),
+    st.tuples(st.just("replace_last"), _message),
+    st.tuples(st.just("rebuild"), st.lists(_message, max_size=4)),
+    st.tuples(st.just("no_state"), st.none()),
+    st.tuples(st.just("task"), _text),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(moves=st.lists(_move, min_size=1, max_size=12))
+def test_every_save_reads_back_as_the_record_it_packed(moves: list[tuple[str, Any]]) -> None:
+    encoder = RecordEncoder()
+    record = RunRecord("a" * 32, "T1", "C1", "1.000001", "UA", "hi", status=RunStatus.RUNNING)
+    messages: list[dict[str, Any]] = []
+    for kind, value in moves:
+        state: dict[str, Any] | None = {"version": 1, "messages": messages, "turns": len(messages)}
+        if kind == "append":
+            messages = [*messages, *value]
+        elif kind == "replace_last" and messages:
+            messages = [*messages[:-1], value]
+        elif kind == "rebuild":
+            messages = [dict(m) for m in value]  # new objects, equal or not
+        elif kind == "task":
+            record = replace(record, task=value)
+        state = None if kind == "no_state" else {"version": 1, "messages": messages, "turns": len(messages)}
+        record = replace(record, state=state)
+        packed = encoder.encode(record)
+        assert json.loads(unpack(packed)) == json.loads(record.to_json())
+        assert RunRecord.from_json(unpack(packed)) == record
+
+
+def test_a_run_saved_turn_after_turn_and_its_results_cleared_loads_as_saved(counted: redis.Redis) -> None:
+    svc = services(counted)
+    record = a_run(svc.store)
+    messages: tuple[dict[str, Any], ...] = ({"role": "user", "content": "read the files"},)
+    with Driver(svc, record.run_id) as driver:
+        assert driver is not None
+        for turn in range(1, 30):
+            use = {
+                "type": "tool_use",
+                "id": f"toolu_{turn}",
+                "name": "read_file",
+                "input": {"path": f"{turn}.txt"},
+            }
+            result = {
+                "type": "tool_result",
+                "tool_use_id": f"toolu_{turn}",
+                "content": f"line {turn}\n" * 200,
+            }
+            messages = (
+                *messages,
+                {"role": "assistant", "content": [use]},
+                {"role": "user", "content": [result]},
+            )
+            if turn == 20:  # context editing: older results cleared, the messages holding them rebuilt
+                cleared = clear_old_results(messages, limit=2000)
+                assert cleared != messages
+                messages = cleared
+            state = RunState(messages=messages, turns=turn, requests=turn)
+            driver.save(state=state.to_json())
+            loaded = svc.store.load_run(record.run_id)
+            assert loaded is not None and loaded.run_state() == state
+        stored = counted.get(Keys.run(record.run_id))
+        assert stored is not None and stored.startswith(b"z2:")
+        as_a_whole = pack(driver.record.to_json())
+        assert len(stored) <= len(as_a_whole) * 1.1  # compressed as well as the whole record at once
+
+
+def test_a_split_record_that_lost_its_end_is_refused() -> None:
+    good = RecordEncoder().encode(
+        RunRecord("a" * 32, "T1", "C1", "1.000001", "UA", "hi", state={"messages": [{"role": "user"}]})
+    )
+    assert unpack(good)  # reads
+    with pytest.raises(StateError):
+        unpack(b"z2:" + zlib.compress(b'[{"role":"user"}]'))  # no newline: where the rest goes is unknown
+    with pytest.raises(StateError):
+        unpack(good[:-5])  # cut short

@@ -23,7 +23,16 @@ from bot import render, texts
 from harness.state import PendingCall, RunState, StateError
 from workers import outbox
 from workers.services import Services
-from workers.store import DAY, FINISHED_RUN_TTL, LIMIT_CALL, Beside, RunRecord, RunStatus, unpack
+from workers.store import (
+    DAY,
+    FINISHED_RUN_TTL,
+    LIMIT_CALL,
+    Beside,
+    RecordEncoder,
+    RunRecord,
+    RunStatus,
+    unpack,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +80,7 @@ class Driver:
         self._handed = 0  # debts at the head of the outbox handed to the courier, not yet collected
         self._stop_seen: tuple[str | None, float] | None = None  # (who pressed Stop, when) per the last save
         self._beside: list[Beside] = []  # what the next save carries (a step's metrics)
+        self._encoder = RecordEncoder()  # packs the conversation a message at a time, save after save
 
     def __enter__(self) -> Driver | None:
         took, raw = self.svc.store.acquire_and_read(self.run_id, self.token, self.seconds)
@@ -135,11 +145,10 @@ class Driver:
             self.collect()
         record = replace(self.record, **changes)
         beside, self._beside = self._beside, []
-        saved = (
-            None
-            if self.lost
-            else self.svc.store.save(record, self.token, self.seconds, ttl=ttl, beside=beside)
-        )
+        if self.lost:
+            raise LostLease(self.run_id)
+        store = self.svc.store
+        saved = store.save(record, self.token, self.seconds, ttl=ttl, beside=beside, encoder=self._encoder)
         if not saved:
             raise LostLease(self.run_id)
         self.record = record
@@ -274,8 +283,9 @@ class Driver:
             cards={},
         )
         fingerprints = {c.id: c.fingerprint for c in calls}
+        ids = [c.id for c in calls]
         if self.lost or not self.svc.store.park(
-            record, self.token, self.seconds, [c.id for c in calls], ttl=ttl, fingerprints=fingerprints
+            record, self.token, self.seconds, ids, ttl=ttl, fingerprints=fingerprints, encoder=self._encoder
         ):
             raise LostLease(self.run_id)
         self.record = record

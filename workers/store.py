@@ -69,13 +69,15 @@ def check_id(kind: str, value: Any) -> str:
 
 
 _PACKED = b"z1:"  # zlib, level 1: conversations shrink 3-10x (tests/bench/bench_state.py)
+_SPLIT = b"z2:"  # zlib of the conversation first, then the rest of the record (`RecordEncoder`)
 _PACK_ABOVE = 1024
+_LEVEL = 1
 
 
 def pack(text: str) -> bytes:
     """What a record is stored as: JSON, zlib-compressed (and tagged) when that pays."""
     raw = text.encode()
-    return _PACKED + zlib.compress(raw, 1) if len(raw) > _PACK_ABOVE else raw
+    return _PACKED + zlib.compress(raw, _LEVEL) if len(raw) > _PACK_ABOVE else raw
 
 
 def unpack(stored: bytes | str) -> str:
@@ -84,9 +86,85 @@ def unpack(stored: bytes | str) -> str:
     try:
         if data.startswith(_PACKED):
             data = zlib.decompress(data[len(_PACKED) :])
+        elif data.startswith(_SPLIT):
+            messages, newline, rest = zlib.decompress(data[len(_SPLIT) :]).partition(b"\n")
+            if not newline:
+                raise zlib.error("no end to its conversation")
+            data = rest + messages + b"}}"  # the messages close the state, which closes the record
         return data.decode()
     except (zlib.error, UnicodeDecodeError) as exc:
         raise StateError(f"stored record cannot be decoded ({exc}); refusing to use it") from None
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+class RecordEncoder:
+    """Packs the records of one run save after save, encoding and compressing each message of its
+    conversation once instead of the whole conversation on every save.
+
+    A record is mostly its conversation, which only grows: `pack` re-encoded it to JSON and
+    re-compressed it all on every save, twice a tool turn, so a worker's cost per turn grew with
+    the conversation faster than the model request's own encoding (tests/bench/bench_overhead.py).
+    Here a zlib compressor keeps the messages already seen; a save copies it and compresses only
+    the messages after them and the rest of the record.
+
+    Stored as `z2:` and zlib of `M "\n" R`: M is the JSON array of the messages, R the record's
+    JSON up to where they go (the state last in the record, the messages last in the state), so the
+    record's JSON is `R M "}}"` (`unpack`). JSON as `json.dumps` writes it has no raw newline.
+
+    A message is recognised by identity: the harness never changes one in place (it builds new
+    messages, as a `pause_turn` merge replaces the last one). Any other sequence (an older state,
+    cleared results) starts the compressor again. The last message is kept out of the compressor
+    until another follows it, since it is the one that may be replaced.
+    """
+
+    def __init__(self) -> None:
+        self._restart()
+
+    def _restart(self) -> None:
+        self._kept: list[dict[str, Any]] = []  # the messages in the compressor, in order
+        self._compressor = zlib.compressobj(_LEVEL)
+        self._out = bytearray(_SPLIT)  # what the compressor gave out so far
+        self._last: tuple[Any, bytes] | None = None  # the last message and its JSON, from the last save
+
+    def encode(self, record: RunRecord) -> bytes:
+        fields_ = record.json_fields()
+        state = fields_.pop("state")
+        messages = state.get("messages") if isinstance(state, dict) else None
+        if not isinstance(messages, list) or not messages:
+            return pack(_dumps({**fields_, "state": state}))
+        kept = self._kept
+        if len(messages) <= len(kept) or any(m is not k for m, k in zip(messages, kept, strict=False)):
+            self._restart()
+            kept = self._kept
+        for message in messages[len(kept) : -1]:
+            self._out += self._compressor.compress((b"," if kept else b"[") + self._json(message))
+            kept.append(message)
+        rest = {k: v for k, v in state.items() if k != "messages"}
+        tail = b"".join(
+            (
+                b"," if kept else b"[",
+                self._json(messages[-1], last=True),
+                b"]\n",
+                _dumps(fields_)[:-1].encode(),
+                b',"state":',
+                _dumps(rest)[:-1].encode(),
+                b"," if rest else b"",
+                b'"messages":',
+            )
+        )
+        compressor = self._compressor.copy()
+        return bytes(self._out) + compressor.compress(tail) + compressor.flush()
+
+    def _json(self, message: Any, *, last: bool = False) -> bytes:
+        if self._last is not None and self._last[0] is message:
+            text = self._last[1]
+        else:
+            text = _dumps(message).encode()
+        self._last = (message, text) if last else None
+        return text
 
 
 def _text(value: Any) -> str:
@@ -318,11 +396,15 @@ class RunRecord:
         return RunState.from_json(self.state)
 
     def to_json(self) -> str:
+        return _dumps(self.json_fields())
+
+    def json_fields(self) -> dict[str, Any]:
+        """What `to_json` writes: the version and every field, as JSON values."""
         # Shallow: every field already holds JSON values, and `asdict` deep-copied the whole
         # conversation on every checkpoint (most of a worker's own cost per turn).
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["status"] = self.status.value
-        return json.dumps({"version": RECORD_VERSION, **data}, separators=(",", ":"), ensure_ascii=False)
+        return {"version": RECORD_VERSION, **data}
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> RunRecord:
@@ -1042,11 +1124,12 @@ class Store:
         *,
         ttl: int = FINISHED_RUN_TTL,
         beside: Sequence[Beside] = (),
+        encoder: RecordEncoder | None = None,
     ) -> Saved:
         """Save `record` if `token` still holds its lease (renewing it); falsy when it does not.
 
         `beside`: writes sent in the same round trip (a step's metrics), applied whatever the save's
-        outcome.
+        outcome. `encoder`: the run's, which packs its conversation a message at a time.
         """
         keys = [
             Keys.lease(record.run_id),
@@ -1057,7 +1140,7 @@ class Store:
         args: list[Any] = [
             token,
             int(seconds * 1000),
-            pack(record.to_json()),
+            encoder.encode(record) if encoder else pack(record.to_json()),
             ttl,
             time.time(),
             record.run_id,
@@ -1108,6 +1191,7 @@ class Store:
         *,
         ttl: int,
         fingerprints: dict[str, str] | None = None,
+        encoder: RecordEncoder | None = None,
     ) -> bool:
         """Save a run awaiting decisions on `call_ids` (park `record.park_id`), fenced and atomic.
 
@@ -1126,7 +1210,7 @@ class Store:
         args: list[Any] = [
             token,
             int(seconds * 1000),
-            pack(record.to_json()),
+            encoder.encode(record) if encoder else pack(record.to_json()),
             ttl,
             time.time(),
             record.run_id,
