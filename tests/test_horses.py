@@ -227,6 +227,38 @@ def test_a_stop_signal_reaches_the_horse_once_and_the_worker_leaves_cleanly(
         stack.stop()
 
 
+@pytest.fixture(params=[horses.HarnessSimpleWorker, horses.HarnessWorker])
+def subscribed(request: pytest.FixtureRequest, redis_url: str) -> Any:
+    """A worker of that class listening on its pubsub channel (its thread reading the connection)."""
+    from rq import Queue
+
+    conn = redis.Redis.from_url(redis_url)
+    worker = request.param([Queue("harness-pubsub-test", connection=conn)], connection=conn)
+    worker.subscribe()
+    wait_until(lambda: worker.pubsub.subscribed)
+    return worker
+
+
+def test_a_stopping_worker_leaves_its_pubsub_channel_and_its_thread_ends(subscribed: Any) -> None:
+    thread = subscribed.pubsub_thread
+    subscribed.unsubscribe()
+    assert not thread.is_alive()
+    assert subscribed.pubsub.connection is None
+
+
+def test_a_stopping_worker_does_not_wait_for_a_pubsub_thread_that_already_read_the_answer(
+    subscribed: Any,
+) -> None:
+    """The interleaving that hung warm shutdowns for a minute: the thread had read the answer to the
+    unsubscribe and waited for a new subscription when the worker stopped it."""
+    subscribed.pubsub.unsubscribe()
+    wait_until(lambda: not subscribed.pubsub.subscribed)  # read by the thread, which waits again
+    done = threading.Event()
+    threading.Thread(target=lambda: (subscribed.unsubscribe(), done.set()), daemon=True).start()
+    assert done.wait(20), "the worker is still waiting for its pubsub thread"
+    assert subscribed.pubsub.connection is None
+
+
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
