@@ -169,6 +169,30 @@ def test_a_click_then_the_resume_observes_the_time_between_once(conn: redis.Redi
     )
 
 
+def test_a_park_completed_by_its_expiry_forgets_the_click_and_observes_nothing(conn: redis.Redis) -> None:
+    record = RunRecord(new_run_id(), "T1", "C1", "1.2", "UALICE", "task", status=RunStatus.AWAITING_APPROVAL)
+    record.park_id, record.expires_at = 1, time.time() + 3600
+    metrics.decided(conn, record, Verdict.APPROVED, Approvals(expire_after_minutes=60))
+    decisions = {"toolu_1": Decision(Verdict.APPROVED, by="UANN"), "toolu_2": Decision(Verdict.EXPIRED)}
+    metrics.resumed(conn, record.run_id, 1, decisions)
+    assert scrape(conn)[("harness_click_to_resume_seconds_count", ())] == 0
+    assert conn.exists(metrics.MetricKeys.clicked(record.run_id, 1)) == 0
+
+
+def test_the_click_to_resume_time_lands_in_its_bucket(conn: redis.Redis) -> None:
+    record = RunRecord(new_run_id(), "T1", "C1", "1.2", "UALICE", "task", status=RunStatus.AWAITING_APPROVAL)
+    conn.set(metrics.MetricKeys.clicked(record.run_id, 3), repr(time.time() - 3.0))  # clicked 3 s ago
+    metrics.resumed(conn, record.run_id, 3, {"toolu_1": Decision(Verdict.APPROVED, by="UANN")})
+    samples = scrape(conn)
+    buckets = {
+        dict(labels)["le"]: v
+        for (name, labels), v in samples.items()
+        if name == "harness_click_to_resume_seconds_bucket"
+    }
+    assert buckets["2.5"] == 0 and buckets["5.0"] == 1 and buckets["+Inf"] == 1
+    assert samples[("harness_click_to_resume_seconds_sum", ())] == pytest.approx(3.0, abs=1.0)
+
+
 def test_no_write_raises_when_redis_is_gone_and_the_failure_is_logged_once(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

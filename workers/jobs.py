@@ -477,7 +477,8 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
             break
         if not driver.settle():
             return None
-    metrics.resumed(svc.store.redis, record.run_id, record.park_id, decisions)  # click-to-resume time
+    # The click-to-resume time, written with the resume's save.
+    driver.beside_next_save(metrics.resume_account(record.run_id, record.park_id, decisions))
     try:
         state = record.run_state()
     except StateError as exc:
