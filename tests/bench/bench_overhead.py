@@ -215,15 +215,13 @@ class Env:
         """The worker's `Services`: real `Store` on a private redis-server, Slack stand-in, the config."""
         if self._svc is None:
             import redis
-            from slack_sdk import WebClient
-
             from harness.client import make_client
             from harness.config import load_config
             from harness.tools.catalog import Catalog
             from tests.fakes.slack_api import FakeSlackAPI
             from tests.stack import RedisServer
             from workers import jobs
-            from workers.services import Services, make_queue
+            from workers.services import Services, make_queue, slack_client
             from workers.store import Store
 
             server = RedisServer().start()
@@ -238,7 +236,7 @@ class Env:
             self._svc = Services(
                 store=Store(conn),
                 queue=make_queue(conn),
-                slack=WebClient(token="xoxb-test", base_url=slack.base_url),
+                slack=slack_client({"SLACK_BOT_TOKEN": "xoxb-test", "SLACK_API_URL": slack.base_url}),
                 config=config,
                 model=make_client(base_url=self.base_url, api_key="x", max_retries=0),
                 catalog=Catalog.from_config(config),
@@ -644,7 +642,7 @@ def worker_resume(env: Env) -> Resume:
             view = svc.store.park_view(run_id, record.park_id)
             if view.stop_by is not None:
                 raise RuntimeError("a Stop nobody pressed")
-            metrics.resumed(svc.store.redis, run_id, record.park_id, view.decisions)
+            driver.beside_next_save(metrics.resume_account(run_id, record.park_id, view.decisions))
             state = record_decisions(record.run_state(), {k: v for k, v in view.decisions.items() if v})
             driver.save(status=RunStatus.RUNNING, state=state.to_json(), expires_at=None)
             svc.store.resumed(driver.record, RUN_JOB_TIMEOUT)
