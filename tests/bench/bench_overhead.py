@@ -215,6 +215,7 @@ class Env:
         """The worker's `Services`: real `Store` on a private redis-server, Slack stand-in, the config."""
         if self._svc is None:
             import redis
+
             from harness.client import make_client
             from harness.config import load_config
             from harness.tools.catalog import Catalog
