@@ -557,10 +557,11 @@ def _decide(
         required=deps.config.approvals.required,
         grant=grant,
     )
+    if result.outcome is DecideOutcome.RECORDED:  # noted before the resume job exists: it reads the note
+        metrics.decided(deps.store.redis, record, decision.verdict, deps.config.approvals)
     if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED, DecideOutcome.COUNTED):
         deps.enqueue(APPLY_DECISIONS, record.run_id)
     if result.outcome is DecideOutcome.RECORDED:
-        metrics.decided(deps.store.redis, record, decision.verdict, deps.config.approvals)
         return
     if result.outcome is DecideOutcome.COUNTED:
         required = deps.config.approvals.required
@@ -992,10 +993,11 @@ def _answer_limit(
     audit = {**record.audit_fields(None), "limit": at_limit}
     decision = Decision(verdict, by=clicker.user)
     result = deps.store.decide(record.run_id, record.park_id, LIMIT_CALL, decision, audit=audit)
+    if result.outcome is DecideOutcome.RECORDED:  # noted before the resume job exists: it reads the note
+        metrics.decided(deps.store.redis, record, verdict, deps.config.approvals)
     if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED):
         deps.enqueue(APPLY_DECISIONS, record.run_id)
     if result.outcome is DecideOutcome.RECORDED:
-        metrics.decided(deps.store.redis, record, verdict, deps.config.approvals)
         return
     standing = result.decision
     if result.outcome is DecideOutcome.UNKNOWN or standing is None:
