@@ -154,7 +154,10 @@ class _PromptUnsubscribe:
         thread = self.pubsub_thread
         if thread is None:
             return
-        thread.stop(timeout=0)  # only its flag: it leaves when it next wakes
+        try:
+            thread.stop(timeout=0)  # only its flag: it leaves when it next wakes
+        except TypeError:  # a redis-py whose stop() takes no timeout only sets the flag anyway
+            thread.stop()
         if self.pubsub.subscribed:  # it is reading the connection: the answer wakes it
             self.pubsub.unsubscribe()
             thread.join(timeout=5)

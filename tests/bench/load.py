@@ -70,7 +70,7 @@ def send_all(
     Without `rate` each connection sends its next request as soon as it has the last answer (a
     closed loop: the server is kept saturated). With `rate` request i is due at start + i / rate (an
     open loop, like Slack's traffic) and its latency counts from when it was due, so a request that
-    waited for a free connection is charged for the wait.
+    waited for a free connection, or for its connection to open, is charged for the wait.
     """
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
@@ -90,11 +90,15 @@ def send_all(
 
     def worker() -> None:
         conn: http.client.HTTPConnection | None = None
-        try:
-            conn = connect()
-        except OSError as exc:
-            with lock:
-                errors.append(f"connect: {exc!r}")
+        if not rate:  # saturating: every connection ready before the clock starts
+            try:
+                conn = connect()
+            except OSError as exc:
+                with lock:
+                    errors.append(f"connect: {exc!r}")
+        # In the open loop a connection is opened with its first request, as Slack does: one opened
+        # early and left silent holds a gunicorn gthread thread (it reads the request it was
+        # accepted for) while requests on other connections wait, which no client of ours does.
         start.wait()
         while True:
             with lock:
