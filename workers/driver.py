@@ -161,13 +161,8 @@ class Driver:
 
     def _write_besides(self) -> None:
         beside, self._beside = self._beside, []
-        for write in beside:
-            try:
-                self.svc.store.redis.register_script(write.script)(
-                    keys=list(write.keys), args=list(write.args)
-                )
-            except Exception as exc:  # a figure is never worth a run
-                log.warning("run %s: %s was not recorded (%s)", self.run_id, write.what, exc)
+        if beside:
+            self.svc.store.write_besides(beside)
 
     def stop_requested(self) -> str | None:
         """Who pressed Stop, if anyone: as the last save read it when that was just now, else from Redis.

@@ -1151,6 +1151,20 @@ class Store:
             ok, stop = self._with_besides(self._save, keys, args, beside)
         return Saved(bool(ok), _text(stop) or None)
 
+    def write_besides(self, besides: Sequence[Beside]) -> None:
+        """Send `besides` now, each on its own (no save to carry them); a failure is logged."""
+        for b in besides:
+            try:
+                self._beside_script(b)(keys=list(b.keys), args=list(b.args))
+            except Exception as exc:  # a figure is never worth a run
+                log.warning("%s was not recorded (%s)", b.what, exc)
+
+    def _beside_script(self, beside: Beside) -> Script:
+        registered = self._besides.get(beside.script)
+        if registered is None:
+            registered = self._besides[beside.script] = self.redis.register_script(beside.script)
+        return registered
+
     def _with_besides(
         self, script: Script, keys: list[str], args: list[Any], besides: Sequence[Beside]
     ) -> Any:
@@ -1161,11 +1175,7 @@ class Store:
         again on its own: only those, so nothing is applied twice.
         """
         calls: list[tuple[Script, Sequence[Any], Sequence[Any], str | None]] = [(script, keys, args, None)]
-        for b in besides:
-            registered = self._besides.get(b.script)
-            if registered is None:
-                registered = self._besides[b.script] = self.redis.register_script(b.script)
-            calls.append((registered, b.keys, b.args, b.what))
+        calls += [(self._beside_script(b), b.keys, b.args, b.what) for b in besides]
         with self.redis.pipeline(transaction=False) as pipe:
             for registered, k, a, _ in calls:
                 pipe.evalsha(registered.sha, len(k), *k, *a)
