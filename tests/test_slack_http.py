@@ -4,11 +4,13 @@ speaks HTTP/1.1 as Slack's servers do and counts the connections it accepts."""
 from __future__ import annotations
 
 import os
+import ssl
 import threading
 from collections.abc import Iterator
 from urllib.error import URLError
 
 import pytest
+import trustme
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler, ServerErrorRetryHandler
 from slack_sdk.http_retry.builtin_interval_calculators import FixedValueRetryIntervalCalculator
@@ -145,3 +147,33 @@ def test_a_forked_child_opens_its_own_connection(fake: FakeSlackAPI) -> None:
     post(web, "parent after")  # the parent's connection was not written into by the child
     assert texts(fake) == ["parent before", "child", "parent after"]
     assert fake.connections == 2
+
+
+def test_over_tls_a_connection_does_its_handshake_once_and_stays_in_use() -> None:
+    """As against slack.com: HTTPS with TLS 1.3, whose session tickets arrive after the handshake
+    and must not make an idle connection look closed."""
+    ca = trustme.CA()
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(served)
+    trusted = ssl.create_default_context()
+    ca.configure_trust(trusted)
+    with FakeSlackAPI(bot_token=TOKEN, tls=served) as fake:
+        assert fake.base_url.startswith("https://")
+        web = client(fake, ssl=trusted)
+        for text in ("one", "two", "three"):
+            post(web, text)
+        assert texts(fake) == ["one", "two", "three"]
+        assert fake.connections == 1
+        assert fake.drop_connections() == 1  # the server closes the idle connection
+        post(web, "four")  # a new connection, a new handshake, no error
+        assert texts(fake)[-1] == "four" and fake.connections == 2
+
+
+def test_a_server_whose_certificate_is_not_trusted_is_refused() -> None:
+    ca = trustme.CA()
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(served)
+    with FakeSlackAPI(bot_token=TOKEN, tls=served) as fake:
+        with pytest.raises(URLError):
+            post(client(fake, ssl=ssl.create_default_context()), "never")
+        assert texts(fake) == []

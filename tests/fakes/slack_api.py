@@ -22,6 +22,7 @@ import contextlib
 import copy
 import json
 import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -415,8 +416,11 @@ class FakeSlackAPI:
         team_id: str = "T1",
         scopes: tuple[str, ...] | None = None,
         agent: bool = False,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.bot_token = bot_token
+        # Served over TLS with this server-side context (HTTPS, as slack.com), else plain HTTP.
+        self.tls = tls
         # Whether the app is set up as an agent: only then may it call agents.sessions.setStatus.
         self.agent = agent
         # Slack names a token's scopes in the `x-oauth-scopes` header of every answer; None: no header.
@@ -480,6 +484,8 @@ class FakeSlackAPI:
         if self._server is not None:
             raise RuntimeError("FakeSlackAPI already started")
         self._server = _Server(self)
+        if self.tls is not None:  # every accepted connection does its TLS handshake first
+            self._server.socket = self.tls.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(
             target=self._server.serve_forever,
             kwargs={"poll_interval": 0.05},
@@ -532,8 +538,8 @@ class FakeSlackAPI:
 
     @property
     def root_url(self) -> str:
-        """``http://127.0.0.1:PORT/`` (only while started)."""
-        return f"http://127.0.0.1:{self.port}/"
+        """``http://127.0.0.1:PORT/`` (``https`` when served over TLS; only while started)."""
+        return f"{'https' if self.tls is not None else 'http'}://127.0.0.1:{self.port}/"
 
     @property
     def base_url(self) -> str:
