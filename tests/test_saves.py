@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import replace
@@ -232,3 +233,27 @@ def test_a_split_record_that_lost_its_end_is_refused() -> None:
         unpack(b"z2:" + zlib.compress(b'[{"role":"user"}]'))  # no newline: where the rest goes is unknown
     with pytest.raises(StateError):
         unpack(good[:-5])  # cut short
+
+
+def test_a_resume_save_forgets_the_expiry_and_takes_the_thread_in_its_own_round_trip(
+    counted: redis.Redis,
+) -> None:
+    svc = services(counted)
+    record = a_run(svc.store)
+    parked = replace(record, status=RunStatus.AWAITING_APPROVAL, park_id=1, expires_at=time.time() + 600)
+    svc.store.take_thread(record, 60)
+    with Driver(svc, record.run_id) as driver:
+        assert driver is not None
+        assert svc.store.park(parked, driver.token, driver.seconds, ["toolu_1"], ttl=3600)
+        driver.record = parked
+        driver.save()  # Redis learns the save's script
+        counted.script_load(svc.store.resumed(parked, 3600).script)  # and the resume's
+        counted.expire(Keys.thread_lock(*record.thread), 5)  # as a long park leaves it
+        assert counted.zscore(Keys.expiries(), f"{record.run_id}:1") is not None
+        driver.beside_next_save(svc.store.resumed(parked, 3600))
+        before = Counted.sends
+        driver.save(status=RunStatus.RUNNING, expires_at=None)
+        assert Counted.sends - before == 1
+    assert counted.zscore(Keys.expiries(), f"{record.run_id}:1") is None  # no expiry fires on it now
+    assert counted.get(Keys.thread_lock(*record.thread)) == record.run_id.encode()
+    assert counted.ttl(Keys.thread_lock(*record.thread)) > 60  # taken again for the run's job

@@ -497,9 +497,10 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
             driver.record = outbox.owe_update(
                 driver.record, record.cards[call.id], _decided_card(record, call, call.decision)
             )
-    # Durably running before anything else: the decisions stay in Redis until the park's TTL.
+    # Durably running before anything else: the decisions stay in Redis until the park's TTL. The
+    # same round trip forgets the park's expiry and takes the thread again.
+    driver.beside_next_save(svc.store.resumed(driver.record, RUN_JOB_TIMEOUT))
     driver.save(status=RunStatus.RUNNING, state=state.to_json(), expires_at=None)
-    svc.store.resumed(driver.record, RUN_JOB_TIMEOUT)  # its expiry forgotten, its thread taken
     return _advance(svc, driver, state)  # the decided cards are updated while the approved calls run
 
 

@@ -597,6 +597,10 @@ redis.call('EXPIRE', KEYS[2], ARGV[3])
 return 0
 """
 
+# `_TAKE_THREAD` for a resumed run, its park's expiry forgotten first: KEYS[3] expiries, ARGV[5] the
+# park's member there. Idempotent, as a write beside a save must be.
+_RESUMED = "redis.call('ZREM', KEYS[3], ARGV[5])\n" + _TAKE_THREAD
+
 # KEYS[1] lease, KEYS[2] run record, KEYS[3] active set, KEYS[4] stop request. ARGV[1] token,
 # ARGV[2] lease ms, ARGV[3] record, ARGV[4] record TTL s, ARGV[5] now, ARGV[6] run id.
 # A fenced write: only the lease holder may write the run (a driver that lost its lease stops).
@@ -1094,20 +1098,17 @@ class Store:
             stop, raw, cards = pipe.execute()
         return ParkView(_text(stop) if stop else None, _decisions(raw), {_text(m) for m in cards})
 
-    def resumed(self, record: RunRecord, ttl: int) -> bool:
-        """A resumed run: its park's expiry forgotten and its thread taken (`take_thread`), in one
-        round trip; whether the thread is the run's."""
+    def resumed(self, record: RunRecord, ttl: int) -> Beside:
+        """A resumed run's park expiry forgotten and its thread taken (`take_thread`, queued behind
+        a holder that took it meanwhile), as a write for the resume's save to carry."""
         member = f"{check_id('run', record.run_id)}:{int(record.park_id)}"
-        keys = [Keys.thread_lock(*record.thread), Keys.thread_waiting(*record.thread)]
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zrem(Keys.expiries(), member)
-            pipe.evalsha(self._take.sha, len(keys), *keys, record.run_id, ttl, THREAD_TTL, "1")
-            _, took = pipe.execute(raise_on_error=False)
-        if isinstance(took, redis.exceptions.NoScriptError):  # a restarted Redis forgot the script
-            return self.take_thread(record, ttl)
-        if isinstance(took, Exception):
-            raise took
-        return bool(took)
+        keys = (Keys.thread_lock(*record.thread), Keys.thread_waiting(*record.thread), Keys.expiries())
+        return Beside(
+            "the resumed run's thread and expiry",
+            _RESUMED,
+            keys,
+            (record.run_id, ttl, THREAD_TTL, "1", member),
+        )
 
     def renew_lease(self, run_id: str, token: str, seconds: float) -> bool:
         keys = [Keys.lease(run_id), Keys.active()]

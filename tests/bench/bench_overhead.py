@@ -645,8 +645,8 @@ def worker_resume(env: Env) -> Resume:
                 raise RuntimeError("a Stop nobody pressed")
             driver.beside_next_save(metrics.resume_account(run_id, record.park_id, view.decisions))
             state = record_decisions(record.run_state(), {k: v for k, v in view.decisions.items() if v})
+            driver.beside_next_save(svc.store.resumed(driver.record, RUN_JOB_TIMEOUT))
             driver.save(status=RunStatus.RUNNING, state=state.to_json(), expires_at=None)
-            svc.store.resumed(driver.record, RUN_JOB_TIMEOUT)
             _worker_finish(driver, *_worker_steps(svc, driver, state))
         return _arrival_since(mark, started)
 
