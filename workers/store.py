@@ -26,6 +26,8 @@ from redis.exceptions import NoScriptError
 
 from harness.state import Decision, RunState, StateError, Verdict
 
+log = logging.getLogger(__name__)
+
 PREFIX = "harness:"
 RECORD_VERSION = 2  # 2: per-park approvals, the outbox
 HISTORY_VERSION = 1
@@ -599,7 +601,7 @@ return 0
 
 # `_TAKE_THREAD` for a resumed run, its park's expiry forgotten first: KEYS[3] expiries, ARGV[5] the
 # park's member there. Idempotent, as a write beside a save must be.
-_RESUMED = "redis.call('ZREM', KEYS[3], ARGV[5])\n" + _TAKE_THREAD
+_RESUME_THREAD = "redis.call('ZREM', KEYS[3], ARGV[5])\n" + _TAKE_THREAD
 
 # KEYS[1] lease, KEYS[2] run record, KEYS[3] active set, KEYS[4] stop request. ARGV[1] token,
 # ARGV[2] lease ms, ARGV[3] record, ARGV[4] record TTL s, ARGV[5] now, ARGV[6] run id.
@@ -763,9 +765,6 @@ return outcome('new')
 
 # KEYS[1] lease. ARGV[1] token.
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 0"
-
-
-log = logging.getLogger(__name__)
 
 
 class Store:
@@ -1105,7 +1104,7 @@ class Store:
         keys = (Keys.thread_lock(*record.thread), Keys.thread_waiting(*record.thread), Keys.expiries())
         return Beside(
             "the resumed run's thread and expiry",
-            _RESUMED,
+            _RESUME_THREAD,
             keys,
             (record.run_id, ttl, THREAD_TTL, "1", member),
         )
