@@ -60,7 +60,7 @@ from bot import markdown, texts
 from bot.markdown import FENCE, FENCE_SAFE, TICK_SAFE
 from harness.policy import Tier
 from harness.state import PendingCall, Verdict
-from harness.texts import FOOTER
+from harness.texts import FOOTER, WHY_UNKNOWN_TOOL
 
 SECTION_MAX = 3000
 CONTEXT_TEXT_MAX = 2000
@@ -678,6 +678,8 @@ def _outcome(call: PendingCall, limit: int) -> str:
     """What became of one call, for its line in the turn summary."""
     decision = call.decision
     if call.tier is Tier.DENY:
+        if call.result is not None and WHY_UNKNOWN_TOOL in call.why:  # not offered: say why
+            return f"⛔ {_quoted(call.result.text, limit)} (not run)"
         return "⛔ denied by policy (not run)"
     if decision is not None and decision.verdict is Verdict.EXPIRED:
         return "⌛ expired: nobody decided in time (not run)"

@@ -32,6 +32,8 @@ from harness.state import Decision, RunState, Verdict, new_run, record_decisions
 from harness.tools.catalog import Catalog, open_catalog
 
 SHOWN_RESULT_CHARS = 200
+# What approves an `ask` call at the prompt; anything else, and end of input, declines (fail closed).
+APPROVING_ANSWERS = frozenset({"", "y", "yes"})
 EXIT_FINISHED, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
@@ -74,7 +76,7 @@ class Terminal:
             except EOFError:  # no one at the terminal: fail closed
                 answer = "n"
                 self.say("")
-            approved = answer.strip().lower() not in ("n", "no")
+            approved = answer.strip().lower() in APPROVING_ANSWERS  # anything else declines
             decisions[call.id] = Decision(Verdict.APPROVED if approved else Verdict.DECLINED, by="terminal")
         return decisions
 

@@ -155,3 +155,62 @@ def block_tokens(block: Mapping[str, Any]) -> int:
 
 def _tokens(text: str) -> int:
     return -(-len(text) // CHARS_PER_TOKEN)
+
+
+# --- images: only the turn being answered shows them ------------------------------------------
+
+# A request may carry at most 32 MB. One turn's images, all its results together, stay within
+# this many base64 characters (about 12 MB of image data), and images of earlier turns are
+# replaced by a short note: the model has seen them, and a run that read one big image must not
+# carry it in every later request (nor in its stored record) until the API refuses them all.
+TURN_IMAGE_CHARS = 16_000_000
+TURN_IMAGES = 20
+
+
+def without_old_images(messages: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+    """`messages` with every tool-result image before the last message replaced by a note.
+
+    Messages with nothing to replace are kept as the very same objects (the saves and the token
+    memo know a message by identity); the result is `messages` itself when nothing changed.
+    """
+    out: list[dict[str, Any]] | None = None
+    for index in range(len(messages) - 1):
+        message = messages[index]
+        if message["role"] != "user" or not isinstance(message["content"], list):
+            continue
+        content = [
+            _results_without_images(b) if b.get("type") == "tool_result" else b for b in message["content"]
+        ]
+        if any(new is not old for new, old in zip(content, message["content"], strict=True)):
+            out = out if out is not None else list(messages)
+            out[index] = {**message, "content": content}
+    return messages if out is None else tuple(out)
+
+
+def _results_without_images(block: dict[str, Any]) -> dict[str, Any]:
+    inner = block.get("content")
+    if not isinstance(inner, list) or not any(b.get("type") == "image" for b in inner):
+        return block
+    note = {"type": "text", "text": texts.IMAGE_FROM_EARLIER_TURN}
+    return {**block, "content": [note if b.get("type") == "image" else b for b in inner]}
+
+
+def fit_images(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One turn's `tool_result` blocks with images past the turn's budget replaced by a note."""
+    chars = count = 0
+    out = []
+    for block in results:
+        inner = block.get("content")
+        if isinstance(inner, list) and any(b.get("type") == "image" for b in inner):
+            kept = []
+            for item in inner:
+                if item.get("type") == "image":
+                    size = len(str(item.get("source", {}).get("data", "")))
+                    if count >= TURN_IMAGES or chars + size > TURN_IMAGE_CHARS:
+                        item = {"type": "text", "text": texts.IMAGE_OVER_TURN_BUDGET}
+                    else:
+                        chars, count = chars + size, count + 1
+                kept.append(item)
+            block = {**block, "content": kept}
+        out.append(block)
+    return out

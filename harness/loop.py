@@ -20,10 +20,11 @@ import anthropic
 from harness import texts
 from harness.client import make_client
 from harness.config import Config, Limits
-from harness.context import TokenMemo, within_input_limit
-from harness.policy import Policy, Ruling, Tier
+from harness.context import TokenMemo, fit_images, within_input_limit, without_old_images
+from harness.policy import Policy, Tier
 from harness.state import PendingCall, RunState, Status, Usage, Verdict, canonical_json
 from harness.tools import ToolContext, ToolRegistry, ToolResult
+from harness.tools.base import BadInput
 from harness.tools.catalog import Catalog
 from harness.valves import (
     ASKING_VALVES,
@@ -210,6 +211,9 @@ def _query(state: RunState, agent: Agent) -> StepResult:
     if stop := check_budget(state, agent.limits):
         return _stop_or_ask(state, agent, stop)
     # Cleared in the state, not just the request: the thread's saved history stays bounded too.
+    aged = without_old_images(state.messages)
+    if aged is not state.messages:
+        state = replace(state, messages=aged)
     request = build_request(state, agent)
     limited = within_input_limit(state, request, agent.limits.max_input_tokens, agent.token_memo)
     if limited is not state:
@@ -260,18 +264,81 @@ def _append_assistant(
 
 
 def _calls(content: list[dict[str, Any]], agent: Agent) -> tuple[PendingCall, ...]:
-    # A tool that does not exist is answered at once as unknown: nobody is asked to approve it.
+    """The reply's calls with their tiers. A call that can never run is answered at once, unasked:
+    a tool not offered (an invented name, or one of a server that is away), input its schema
+    refuses, or a shared id."""
     calls = []
     for block in content:
         if block["type"] != "tool_use":
             continue
-        ruling = _tier(agent, block["name"], block["input"])
-        call = PendingCall(block["id"], block["name"], block["input"], ruling.tier, why=ruling.why)
-        if DUPLICATE_ID_MARK in block["id"]:
+        call = _ruled(agent, PendingCall(block["id"], block["name"], block["input"], Tier.DENY))
+        if DUPLICATE_ID_MARK in block["id"] and call.result is None:
             original = block["id"].split(DUPLICATE_ID_MARK)[0]
             call = replace(call, result=ToolResult(texts.RESULT_DUPLICATE_ID.format(id=original), True))
         calls.append(call)
     return tuple(calls)
+
+
+def _ruled(agent: Agent, call: PendingCall) -> PendingCall:
+    """`call` with the tier the policy gives it now, over the tools offered now.
+
+    A tool not offered is answered `is_error` (never `allow`, never asked about); input the
+    tool's schema refuses is answered `is_error` before anyone is asked to approve it.
+    """
+    found = agent.tools.get(call.name)
+    if found is None:
+        return replace(
+            call, tier=Tier.DENY, why=texts.WHY_UNKNOWN_TOOL, result=agent.tools.not_offered(call.name)
+        )
+    arguments = _effective_input(call)
+    ruling = agent.policy.decide(call.name, arguments, found.own_tier, found.own_tier_why)
+    call = replace(call, tier=ruling.tier, why=ruling.why)
+    if ruling.tier is not Tier.DENY and call.decision is None:
+        try:
+            found.checked(arguments)
+        except BadInput as exc:
+            return replace(
+                call, result=ToolResult(texts.RESULT_BAD_INPUT.format(name=call.name, problems=exc), True)
+            )
+    return call
+
+
+def _effective_input(call: PendingCall) -> Any:
+    """The arguments a call would run with: a reviewer's edit, else the model's."""
+    if call.decision is not None and call.decision.edited_input is not None:
+        return call.decision.edited_input
+    return call.input
+
+
+def _ruled_again(agent: Agent, call: PendingCall) -> PendingCall:
+    """`call`, about to run, under the policy and the tools of this moment (after a park too).
+
+    A tool no longer offered is answered `is_error`; a tier now `deny` is answered as denied; a
+    call now `ask` without an approval waits for one. A decision already taken stands: a decline
+    never runs, and an approval counts only where the tier is still `ask` or `allow`.
+    """
+    if call.decision is not None and call.decision.verdict is not Verdict.APPROVED:
+        return call  # a decline or an expiry stands: the call never runs
+    now = _ruled(agent, replace(call, result=None))
+    if now.result is not None:
+        return replace(now, why=_changed_why(call, now))
+    if now.tier is Tier.DENY:
+        return replace(now, why=_changed_why(call, now), result=ToolResult(_denied_text(call), True))
+    if call.decision is not None and call.tier is Tier.ASK:
+        return replace(now, tier=Tier.ASK)  # decided as an `ask`: _answer reads its decision
+    return now
+
+
+def _changed_why(before: PendingCall, now: PendingCall) -> str:
+    if before.tier is now.tier and before.why == now.why:
+        return now.why
+    return texts.WHY_DECIDED_AGAIN.format(why=now.why, was=before.tier.value)
+
+
+def _denied_text(call: PendingCall) -> str:
+    if call.decision is not None and call.decision.edited_input is not None:
+        return texts.RESULT_EDIT_DENIED.format(name=call.name)
+    return texts.RESULT_DENIED.format(name=call.name)
 
 
 DUPLICATE_ID_MARK = "__dup"
@@ -311,14 +378,6 @@ def scrub(value: Any) -> Any:
     return value
 
 
-def _tier(agent: Agent, name: str, arguments: Any) -> Ruling:
-    """The policy's ruling on a call; a name no tool has is answered as unknown, never asked about."""
-    found = agent.tools.get(name)
-    if found is None:
-        return Ruling(Tier.ALLOW, texts.WHY_UNKNOWN_TOOL)
-    return agent.policy.decide(name, arguments, found.own_tier, found.own_tier_why)
-
-
 def _start_turn(state: RunState, agent: Agent, content: list[dict[str, Any]]) -> StepResult:
     calls = _calls(content, agent)
     signature = ",".join(sorted(c.signature for c in calls))
@@ -337,6 +396,7 @@ def _start_turn(state: RunState, agent: Agent, content: list[dict[str, Any]]) ->
 
 def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
     events: list[Event] = []
+    state = _rule_open_calls(state, agent)
     for index, call in enumerate(state.pending):
         if call.result is not None:
             continue
@@ -365,7 +425,7 @@ def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
         call = replace(call, result=_answer(agent, call))
         state = _with_call(state, index, call)
         events.append(ToolReturned(state.turns, call))
-    results = [_tool_result(c.id, c.result) for c in state.pending if c.result is not None]
+    results = fit_images([_tool_result(c.id, c.result) for c in state.pending if c.result is not None])
     events.append(TurnDone(state.turns, state.pending, state.usage.total))
     state = replace(
         state,
@@ -374,6 +434,12 @@ def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
         messages=(*state.messages, {"role": "user", "content": results}),
     )
     return StepResult(state, None, tuple(events))
+
+
+def _rule_open_calls(state: RunState, agent: Agent) -> RunState:
+    """Every call not yet answered nor begun, ruled again right before the turn's calls run."""
+    pending = tuple(c if c.result is not None or c.started else _ruled_again(agent, c) for c in state.pending)
+    return replace(state, pending=pending) if pending != state.pending else state
 
 
 def _with_call(state: RunState, index: int, call: PendingCall) -> RunState:
@@ -389,7 +455,10 @@ def saves_first(state: RunState, agent: Agent) -> bool:
     if agent.before_tool is None or state.status is not Status.RUNNING:
         return False
     first = next((c for c in state.pending if c.result is None), None)
-    return first is not None and _marks_first(agent, first)
+    if first is None:
+        return False
+    first = first if first.started else _ruled_again(agent, first)
+    return first.result is None and not first.awaiting and _marks_first(agent, first)
 
 
 def _marks_first(agent: Agent, call: PendingCall) -> bool:
@@ -423,9 +492,7 @@ def _answer(agent: Agent, call: PendingCall) -> ToolResult:
 
 
 def _run_edited(agent: Agent, call: PendingCall, edited: dict[str, Any]) -> ToolResult:
-    """Run a call with a reviewer's arguments, telling the model so; the policy is asked again."""
-    if _tier(agent, call.name, edited).tier is Tier.DENY:  # the bot refuses this; never run it anyway
-        return ToolResult(texts.RESULT_EDIT_DENIED.format(name=call.name), True)
+    """Run a call with a reviewer's arguments, telling the model so (ruled on them just before)."""
     result = agent.tools.run(call.name, edited, agent.context)
     note = texts.RESULT_EDITED.format(arguments=canonical_json(edited))
     if isinstance(result.content, list):

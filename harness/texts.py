@@ -55,7 +55,6 @@ RESULT_DECLINED_REASON = "Not executed: the user declined this call, saying: {re
 RESULT_EXPIRED = (
     "Not executed: the approval request expired before anyone decided on it. Ask again if it is still needed."
 )
-RESULT_UNKNOWN_TOOL = "Error: there is no tool named {name!r}. Available tools: {names}."
 RESULT_BAD_INPUT = "Error: invalid input for {name}: {problems}"
 RESULT_TOOL_RAISED = "Error: {name} failed: {error}"
 RESULT_OUTCOME_UNKNOWN = (
@@ -126,6 +125,10 @@ WHY_BUILTIN = "tool's own tier (built-in)"
 WHY_MCP_READ_ONLY = "tool's own tier (MCP readOnlyHint)"
 RESULT_IMAGE_PLACEHOLDER = "[{kind}]"
 WHY_UNKNOWN_TOOL = "no tool of that name is offered: answered as an error, never run"
+WHY_DECIDED_AGAIN = "{why} (decided again right before running; it was {was})"
+RESULT_NOT_OFFERED = (
+    "Not executed: no tool named {name!r} is offered now, so it did not run. Available tools: {names}."
+)
 
 # MCP servers (tool results the model reads).
 MCP_SERVER_AWAY = (
@@ -145,6 +148,10 @@ MCP_IMAGE_DROPPED = "[an image was left out: {why}]"
 MCP_BLOB_RESOURCE = "(binary resource {uri}, not shown)"
 MCP_CONTENT_DROPPED = "[a {kind} block was left out: the model cannot read it]"
 MCP_EMPTY_RESULT = "(the tool returned nothing)"
+IMAGE_FROM_EARLIER_TURN = "[an image from an earlier turn: no longer shown; call the tool again to see it]"
+IMAGE_OVER_TURN_BUDGET = (
+    "[an image was left out: this turn's results already hold as many images as one request may]"
+)
 
 # What the model reads in place of an old tool result cleared to keep a request within
 # [limits] max_input_tokens (harness/context.py).

@@ -11,6 +11,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,6 +97,20 @@ def test_closed_stdin_declines_rather_than_approves(model: FakeMessagesAPI, work
     done = harness(cli_env(model, workspace), "delete the readme", stdin="")
     assert done.returncode == 0
     assert (workspace / "README.md").exists()
+
+
+@pytest.mark.parametrize(
+    ("answer", "runs"),
+    [("", True), ("y", True), ("YES", True), (" yes ", True), ("nope", False), ("sure", False), ("x", False)],
+)
+def test_the_prompt_fails_closed_only_enter_y_and_yes_approve(
+    model: FakeMessagesAPI, workspace: Path, answer: str, runs: bool
+) -> None:
+    """The issue's finding: at the prompt, "nope" approved the delete; anything but yes must decline."""
+    model.script(reply(tool_use("delete_file", {"path": "README.md"})), reply(text("ok")))
+    done = harness(cli_env(model, workspace), "delete the readme", stdin=answer + "\n")
+    assert done.returncode == 0, done.stderr
+    assert (workspace / "README.md").exists() is not runs
 
 
 def test_a_valve_stop_is_printed_with_the_footer(

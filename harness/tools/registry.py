@@ -60,15 +60,19 @@ class ToolRegistry:
     def schemas(self) -> list[dict[str, Any]]:
         return self._schemas
 
+    def not_offered(self, name: str) -> ToolResult:
+        """The answer to a call of a tool this registry does not offer (its server may be away)."""
+        away = self._absent(name) if self._absent is not None else None
+        if away is not None:
+            return away
+        names = ", ".join(self._tools) or "none"
+        return ToolResult(texts.RESULT_NOT_OFFERED.format(name=name, names=names), True)
+
     def run(self, name: str, raw_input: Any, ctx: ToolContext) -> ToolResult:
         """Validate `raw_input` against the tool's schema, run it, and cut what it returns."""
         found = self._tools.get(name)
         if found is None:
-            away = self._absent(name) if self._absent is not None else None
-            if away is not None:
-                return away
-            names = ", ".join(self._tools) or "none"
-            return ToolResult(texts.RESULT_UNKNOWN_TOOL.format(name=name, names=names), True)
+            return self.not_offered(name)
         try:
             args = found.checked(raw_input)
         except BadInput as exc:

@@ -54,6 +54,7 @@ _ASSISTANT_BLOCKS = frozenset(
 _RESULT_BLOCKS = frozenset({"text", "image", "document", "search_result"})
 _THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 _MAX_CACHE_CONTROL = 4
+MAX_REQUEST_BYTES = 32 * 1024 * 1024  # the Messages API refuses a larger request (413)
 _MIN_THINKING_BUDGET = 1024
 # Signs the fake's thinking blocks; fixed, so a client in another process gets checkable ones too.
 _SIGNING_KEY = b"fake-messages-api thinking"
@@ -618,9 +619,12 @@ class _Handler(BaseHTTPRequestHandler):
         if not self.headers.get("anthropic-version"):
             problems.append("anthropic-version: header is required")
         fake = self.server.fake
-        problems += validate_request(body, fake.check_tool_names, fake.served_thinking)
         record = body if isinstance(body, dict) else {"_raw": raw.decode("utf-8", "replace")}
-        status, headers, payload = self.server.fake._respond(record, problems)
+        if len(raw) > MAX_REQUEST_BYTES:  # the API refuses it whole, before reading what it says
+            status, headers, payload = fake._too_large(record, len(raw))
+        else:
+            problems += validate_request(body, fake.check_tool_names, fake.served_thinking)
+            status, headers, payload = fake._respond(record, problems)
         self.send_response(status)
         for key, value in headers:
             self.send_header(key, value)
@@ -738,6 +742,14 @@ class FakeMessagesAPI:
             if queue and marker in first:
                 return queue.popleft()
         return self._queue.popleft() if self._queue else None
+
+    def _too_large(self, body: dict[str, Any], size: int) -> tuple[int, list[tuple[str, str]], bytes]:
+        message = f"request_too_large: {size:,} bytes; a request may be at most {MAX_REQUEST_BYTES:,} bytes"
+        with self._cond:
+            self._requests.append(body)
+            self._errors.append(message)
+            self._cond.notify_all()
+        return self._render_error(http_error(413, message=message))
 
     def _respond(self, body: dict[str, Any], problems: list[str]) -> tuple[int, list[tuple[str, str]], bytes]:
         with self._cond:
