@@ -243,7 +243,8 @@ def test_images_of_earlier_turns_leave_later_requests_and_the_stored_run(
 ) -> None:
     """Ten turns of a 3 MB picture each: every request stays far under the API's 32 MB."""
     turns = 10
-    model.script(*[reply(tool_use("snap", {"n": i}, id=f"toolu_{i}")) for i in range(turns)], reply(text("done")))
+    snaps = [reply(tool_use("snap", {"n": i}, id=f"toolu_{i}")) for i in range(turns)]
+    model.script(*snaps, reply(text("done")))
     agent = replace(
         make_agent(model, workspace, policy={"snap": "allow"}, max_turns=turns + 1, token_budget=10**9),
         tools=ToolRegistry([image_tool(3_000_000)]),
