@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -196,6 +196,31 @@ _APPROVALS: dict[str, _Spec] = {
     "escalate_to": ((list,), None, "a list of Slack user or user group IDs"),
     "grant_minutes": ((int, float), lambda v: v >= 0, "a number of minutes >= 0"),
 }
+# The tables whose keys are checked by name rather than by a spec (their values are parsed by hand).
+_SECTIONS = {"model", "limits", "policy", "approvals", "tools", "mcp"}
+_MCP_KEYS = {"servers"}
+_POLICY_KEYS = {"default", "tools", "rules"}
+_RULE_KEYS = {"tool", "args", "tier"}
+
+
+def accepted_keys() -> frozenset[str]:
+    """Every key the file accepts, dotted: `limits.max_turns`, `mcp.servers.name`, `policy.rules.tier`.
+
+    Built from the very tables the parser checks keys against, so docs/configuration.md can be
+    tested against it. A table whose keys are the user's own (`policy.tools`, `policy.rules.args`,
+    `mcp.servers.env`, `mcp.servers.headers`) is one key; an array of tables is named without an index.
+    """
+    tables: dict[str, Collection[str]] = {
+        "model": _MODEL,
+        "limits": _LIMITS,
+        "tools": _TOOLS,
+        "approvals": _APPROVALS,
+        "policy": _POLICY_KEYS,
+        "policy.rules": _RULE_KEYS,
+        "mcp": _MCP_KEYS,
+        "mcp.servers": _SERVER,
+    }
+    return frozenset(f"{table}.{key}" for table, keys in tables.items() for key in keys)
 
 
 def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
@@ -218,7 +243,7 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
 
 
 def _parse(data: dict[str, Any], where: str, env: Mapping[str, str], base: Path | None = None) -> Config:
-    _only_keys(data, {"model", "limits", "policy", "approvals", "tools", "mcp"}, "", where)
+    _only_keys(data, _SECTIONS, "", where)
     limits = Limits(**_section(data, "limits", _LIMITS, where))
     tools = _tools(_section(data, "tools", _TOOLS, where), where)
     model_raw = _section(data, "model", _MODEL, where)
@@ -306,7 +331,7 @@ def _mcp(raw: Any, where: str, tools: ToolsConfig) -> tuple[McpServerConfig, ...
         return ()
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: [mcp] must be a table")
-    _only_keys(raw, {"servers"}, "mcp.", where)
+    _only_keys(raw, _MCP_KEYS, "mcp.", where)
     servers_raw = raw.get("servers", [])
     if not isinstance(servers_raw, list) or not all(isinstance(s, dict) for s in servers_raw):
         raise ConfigError(f"{where}: mcp.servers must be an array of tables ([[mcp.servers]])")
@@ -390,7 +415,7 @@ def _policy(raw: Any, where: str) -> Policy:
         return Policy()
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: [policy] must be a table")
-    _only_keys(raw, {"default", "tools", "rules"}, "policy.", where)
+    _only_keys(raw, _POLICY_KEYS, "policy.", where)
     default = _tier(raw.get("default", Tier.ASK.value), "policy.default", where)
     tools_raw = raw.get("tools", {})
     if not isinstance(tools_raw, dict):
@@ -405,7 +430,7 @@ def _policy(raw: Any, where: str) -> Policy:
 
 def _rule(number: int, raw: dict[str, Any], where: str) -> Rule:
     key = f"policy.rules[{number}]"
-    _only_keys(raw, {"tool", "args", "tier"}, f"{key}.", where)
+    _only_keys(raw, _RULE_KEYS, f"{key}.", where)
     for needed in ("tool", "tier"):
         if needed not in raw:
             raise ConfigError(f"{where}: {key}.{needed} is missing")
