@@ -145,6 +145,10 @@ MCP_IMAGE_DROPPED = "[an image was left out: {why}]"
 MCP_BLOB_RESOURCE = "(binary resource {uri}, not shown)"
 MCP_CONTENT_DROPPED = "[a {kind} block was left out: the model cannot read it]"
 MCP_EMPTY_RESULT = "(the tool returned nothing)"
+# Inside RESULT_BAD_INPUT: the server's inputSchema could not be used, so nothing was sent.
+SCHEMA_UNUSABLE = (
+    "the input could not be checked against the tool's inputSchema ({why}), so the call was not sent"
+)
 
 # What the model reads in place of an old tool result cleared to keep a request within
 # [limits] max_input_tokens (harness/context.py).
