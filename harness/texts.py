@@ -152,6 +152,10 @@ IMAGE_FROM_EARLIER_TURN = "[an image from an earlier turn: no longer shown; call
 IMAGE_OVER_TURN_BUDGET = (
     "[an image was left out: this turn's results already hold as many images as one request may]"
 )
+# Inside RESULT_BAD_INPUT: the server's inputSchema could not be used, so nothing was sent.
+SCHEMA_UNUSABLE = (
+    "the input could not be checked against the tool's inputSchema ({why}), so the call was not sent"
+)
 
 # What the model reads in place of an old tool result cleared to keep a request within
 # [limits] max_input_tokens (harness/context.py).

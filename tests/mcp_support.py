@@ -41,12 +41,21 @@ def http_table(name: str, url: str, header: str = "Bearer ${DESK_TOKEN}") -> str
 
 @dataclass
 class HttpDesk:
-    """The test server over streamable HTTP on a loopback port; restartable on the same port."""
+    """The test server over streamable HTTP on a loopback port; restartable on the same port.
+
+    `sessions`: it speaks only the 2025 protocol, with session ids (`http-sessions`), and writes
+    each session DELETE it receives to `http_log`.
+    """
 
     log: Path
     token: str = TOKEN
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    sessions: bool = False
+
+    @property
+    def http_log(self) -> Path:
+        return self.log.with_suffix(".http.jsonl")
 
     @property
     def url(self) -> str:
@@ -54,8 +63,10 @@ class HttpDesk:
 
     def start(self) -> HttpDesk:
         env = {**os.environ, "MCP_CALL_LOG": str(self.log), "MCP_REQUIRED_TOKEN": self.token}
+        env["MCP_HTTP_LOG"] = str(self.http_log)
+        mode = "http-sessions" if self.sessions else "http"
         self.proc = subprocess.Popen(
-            [sys.executable, str(SERVER), "http", str(self.port)],
+            [sys.executable, str(SERVER), mode, str(self.port)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

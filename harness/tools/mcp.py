@@ -7,6 +7,11 @@ again with backoff (0.5 s doubling to 30 s), and so is a server that could not s
 Nothing outside the hub ever starts a server; a call made while its server is away is answered
 `is_error` naming the server, and nothing runs.
 
+A streamable-HTTP server that forgot its session (it restarted, or the session expired: 404 for
+the session id, as the spec has it, or 400 as some servers answer) is given a new session at once,
+and a call it refused is sent once more on the new one: the server ran nothing on the old id.
+Closing the hub ends each session as the spec asks (an HTTP session gets its DELETE).
+
 Callers on other threads use `listing()` and `call()`. A process that forks (RQ's work horse)
 cannot use the hub's pipes or loop from the child: see `harness.tools.relay`.
 """
@@ -29,6 +34,7 @@ from harness import texts
 from harness.config import ResolvedServer
 from harness.policy import Tier
 from harness.tools.base import RESULT_LIMIT_CHARS, Tool, ToolContext, ToolResult
+from harness.tools.schemas import input_checker, schema_problem
 
 log = logging.getLogger("harness.mcp")
 
@@ -58,6 +64,17 @@ def guard_forks() -> None:
 
 _LIVENESS_SECONDS = 0.5
 _GRACE_SECONDS = 5.0
+# How long a call waits for the new session of a server that forgot its old one.
+_RECOVER_SECONDS = 10.0
+# A session that lived at least this long and was then forgotten is opened again without backoff;
+# one refused sooner (a server that refuses every session) backs off like a server that is down.
+_STEADY_SECONDS = 2.0
+# How long closing waits for the sessions to end gracefully before it cancels what is left.
+_CLOSE_SECONDS = 5.0
+_SESSION_HEADER = "mcp-session-id"
+# An HTTP session at rest is pinged this often, so a server that restarted is noticed without a call.
+_PING_SECONDS = 15.0
+_PING_TIMEOUT_SECONDS = 10.0
 
 
 # --- what a server offers, as plain data (crosses the relay as JSON) -------------------------
@@ -161,6 +178,8 @@ def _as_tool(host: McpHost, info: McpTool, timeout: float) -> Tool:
         own_tier_why=texts.WHY_MCP_READ_ONLY if info.read_only else "",
         title=info.title,
         annotations=info.annotations,
+        # Checked before a card is posted: a person never approves a call the server would refuse.
+        validate=input_checker(info.input_schema),
         timeout_seconds=timeout,
     )
 
@@ -186,6 +205,33 @@ def valid_tool_name(name: str) -> bool:
 
 
 @dataclass
+class _SessionGuard:
+    """Watches one HTTP connection's responses for the server refusing its session id.
+
+    Per the spec a server that no longer knows a session answers 404 and the client must start a
+    new one; some servers answer a POST with 400 instead. Either way the request was refused
+    before anything ran. A GET (the SDK's listening stream) counts on 404 only: a server without
+    that stream may answer it 400.
+    """
+
+    on_refused: Callable[[_SessionGuard], None]
+    refused: bool = False
+    # The server gave a session id (the 2025 protocol; the newest one has no sessions to lose).
+    has_session: bool = False
+
+    async def response(self, response: Any) -> None:
+        """An HTTP client response hook."""
+        self.has_session = self.has_session or bool(response.headers.get(_SESSION_HEADER))
+        request = response.request
+        if not request.headers.get(_SESSION_HEADER) or request.method == "DELETE":
+            return
+        status = response.status_code
+        if (status == 404 or (status == 400 and request.method == "POST")) and not self.refused:
+            self.refused = True
+            self.on_refused(self)
+
+
+@dataclass
 class _Server:
     resolved: ResolvedServer
     client: Any = None  # an open `mcp.Client` while up
@@ -193,6 +239,15 @@ class _Server:
     reason: str = "not started yet"
     broken: asyncio.Event = field(default_factory=asyncio.Event)
     tried: threading.Event = field(default_factory=threading.Event)  # first attempt over
+    up: asyncio.Event = field(default_factory=asyncio.Event)  # `client` is usable
+    guard: _SessionGuard | None = None  # the current HTTP connection's
+    recovering: bool = False  # the server forgot the session: a new one is being opened now
+
+    def lose(self, reason: str, *, recovering: bool = False) -> None:
+        """The session is dead: calls stop using it, and the supervisor opens another."""
+        self.reason, self.recovering = reason, recovering
+        self.up.clear()
+        self.broken.set()
 
     @property
     def name(self) -> str:
@@ -209,6 +264,7 @@ class McpHub:
         self._lock = threading.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._errlog = errlog
+        self._stopping = asyncio.Event()
 
     @property
     def server_names(self) -> tuple[str, ...]:
@@ -234,8 +290,15 @@ class McpHub:
             return
 
         async def stop() -> None:
-            # Every task: the supervisors (their sessions close, a stdio server exits) and any
-            # relay connection still open, so none is left for the garbage collector mid-await.
+            # First the supervisors leave their sessions the way the spec asks (an HTTP session
+            # gets its DELETE, a stdio server its closed stdin): a cancelled one sends nothing.
+            self._stopping.set()
+            for server in self._servers.values():
+                server.lose("the hub is closing")
+            if self._tasks:
+                await asyncio.wait(self._tasks, timeout=_CLOSE_SECONDS)
+            # Then every task left: a supervisor that did not finish, and any relay connection
+            # still open, so none is left for the garbage collector mid-await.
             others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for task in others:
                 task.cancel()
@@ -299,84 +362,151 @@ class McpHub:
 
     async def _supervise(self, server: _Server) -> None:
         delay = _BACKOFF_FIRST
-        while True:
+        while not self._stopping.is_set():
+            steady, lost = False, ""
             try:
-                async with self._open(server.resolved) as client:
+                # Leaving this block ends the session gracefully (an HTTP session's DELETE is sent).
+                async with self._open(server) as client:
                     tools = await _list_tools(client, server.name)
                     with self._lock:
                         server.client, server.tools, server.reason = client, tools, ""
                     server.broken.clear()
+                    server.recovering = False
+                    server.up.set()
                     server.tried.set()
                     delay = _BACKOFF_FIRST
                     log.info("MCP server %s is up: %d tools", server.resolved.config.describe(), len(tools))
+                    opened = time.monotonic()
                     await self._watch(server, client)
-                    reason = server.reason or "the session ended"
+                    steady = time.monotonic() - opened >= _STEADY_SECONDS
+                    reason = lost = server.reason or "the session ended"
+                    server.up.clear()
             except asyncio.CancelledError:
+                server.up.clear()
                 with self._lock:
                     server.client = None
                 raise
             except BaseException as exc:  # noqa: BLE001 - whatever a server does, the hub goes on
-                reason = _describe(exc)
+                reason = lost or _describe(exc)  # why a session was lost, not how its closing failed
+            recovering, server.recovering = server.recovering and steady, False
+            server.up.clear()
             with self._lock:
                 server.client, server.tools, server.reason = None, (), reason
             server.tried.set()
+            if self._stopping.is_set():
+                return
+            if recovering:  # the server is there, it only forgot the session: a new one now
+                log.info(
+                    "MCP server %s: %s; opening a new session", server.resolved.config.describe(), reason
+                )
+                server.recovering = True  # calls wait for it rather than answer "away"
+                continue
             log.warning(
                 "MCP server %s is not reachable (%s); trying again in %.1f s",
                 server.resolved.config.describe(),
                 reason,
                 delay,
             )
-            await asyncio.sleep(delay)
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
             delay = min(delay * 2, _BACKOFF_MAX)
 
     async def _watch(self, server: _Server, client: Any) -> None:
-        """Return once the session is known to be dead: a call saw it, or it closed at rest."""
+        """Return once the session is known to be dead: a call saw it, or it closed at rest.
+
+        A stdio session closes with its process; an HTTP one does not notice that its server
+        restarted until a request is refused, so one with a session id (the 2025 protocol) is
+        pinged now and then while it rests.
+        """
+        loop = asyncio.get_running_loop()
+        next_ping = loop.time() + _PING_SECONDS
         while not server.broken.is_set():
             if _closed(client):
                 server.reason = "the session closed (the server exited?)"
                 return
+            if server.guard is not None and server.guard.has_session and loop.time() >= next_ping:
+                await self._ping(server, client)
+                next_ping = loop.time() + _PING_SECONDS
             with suppress(TimeoutError):
                 await asyncio.wait_for(server.broken.wait(), _LIVENESS_SECONDS)
 
-    def _open(self, resolved: ResolvedServer) -> AbstractAsyncContextManager[Any]:
+    async def _ping(self, server: _Server, client: Any) -> None:
+        """Ping an HTTP session; one the server refused or did not answer is opened again."""
+        try:
+            await asyncio.wait_for(client.session.send_ping(), _PING_TIMEOUT_SECONDS)
+        except Exception as exc:  # a refused session was already marked by its guard
+            if not server.broken.is_set():
+                server.lose(f"it did not answer a ping ({_describe(exc)})")
+
+    def _open(self, server: _Server) -> AbstractAsyncContextManager[Any]:
         from mcp import Client, StdioServerParameters
         from mcp.client.streamable_http import streamable_http_client
         from mcp.shared._httpx_utils import create_mcp_http_client
 
+        resolved = server.resolved
         config = resolved.config
         if config.command is not None:
             params = StdioServerParameters(
                 command=config.command, args=list(config.args), env=dict(resolved.env) or None, cwd=config.cwd
             )
+            server.guard = None
             return Client(_StdioTransport(params, self._errlog))
         assert config.url is not None
         http = create_mcp_http_client(headers=dict(resolved.headers) or None)
+        guard = server.guard = _SessionGuard(lambda refused: self._refused(server, refused))
+        hooks = http.event_hooks
+        http.event_hooks = {**hooks, "response": [*hooks.get("response", []), guard.response]}
         return Client(_HttpTransport(config.url, http, streamable_http_client))
+
+    def _refused(self, server: _Server, guard: _SessionGuard) -> None:
+        """The server refused the session of `guard`'s connection: open a new one now."""
+        if server.guard is guard and not self._stopping.is_set():
+            server.lose("the server no longer knows the session (it restarted?)", recovering=True)
+
+    async def _session(self, server: _Server, deadline: float) -> tuple[Any, _SessionGuard | None]:
+        """The server's usable session and its guard; (None, None) when it is away.
+
+        While a forgotten session is being replaced, wait for the new one (within `deadline`).
+        """
+        if server.recovering and not server.up.is_set():
+            wait = min(deadline - asyncio.get_running_loop().time(), _RECOVER_SECONDS)
+            with suppress(TimeoutError):
+                await asyncio.wait_for(server.up.wait(), max(0.0, wait))
+        client = server.client
+        if client is not None and _closed(client):
+            server.lose("the session closed (the server exited?)")
+        if client is None or not server.up.is_set():
+            return None, None
+        return client, server.guard
 
     async def _call(
         self, server: _Server, tool: str, arguments: dict[str, Any], side_effects: bool
     ) -> ToolResult:
-        client = server.client
         qualified = f"{server.name}{SEPARATOR}{tool}"
-        if client is None or _closed(client):
-            server.broken.set()
-            reason = server.reason or "the session closed"
-            return ToolResult(
-                texts.MCP_SERVER_AWAY.format(server=server.name, name=qualified, reason=reason), True
-            )
         timeout = server.resolved.config.timeout_seconds
-        try:
-            result = await asyncio.wait_for(client.call_tool(tool, arguments), timeout)
-        except TimeoutError:
-            return _timed_out(server.name, tool, timeout, side_effects)
-        except Exception as exc:
-            if _closed(client) or _is_connection_error(exc):
-                server.reason = f"the connection broke during a call of {tool}"
-                server.broken.set()  # the supervisor opens it again
-                text = texts.MCP_LOST_OUTCOME_UNKNOWN if side_effects else texts.MCP_LOST
-                return ToolResult(text.format(server=server.name, name=qualified), True)
-            return ToolResult(texts.MCP_CALL_FAILED.format(name=qualified, error=_describe(exc)), True)
-        return convert_result(result)
+        deadline = asyncio.get_running_loop().time() + timeout
+        for attempt in (1, 2):
+            client, guard = await self._session(server, deadline)
+            if client is None:
+                reason = server.reason or "the session closed"
+                return ToolResult(
+                    texts.MCP_SERVER_AWAY.format(server=server.name, name=qualified, reason=reason), True
+                )
+            try:
+                left = max(0.0, deadline - asyncio.get_running_loop().time())
+                result = await asyncio.wait_for(client.call_tool(tool, arguments), left)
+            except TimeoutError:
+                return _timed_out(server.name, tool, timeout, side_effects)
+            except Exception as exc:
+                if guard is not None and guard.refused and attempt == 1:
+                    continue  # refused on the forgotten session, so nothing ran: once more on a new one
+                if _closed(client) or _is_connection_error(exc):
+                    server.lose(f"the connection broke during a call of {tool}")  # opened again
+                    text = texts.MCP_LOST_OUTCOME_UNKNOWN if side_effects else texts.MCP_LOST
+                    return ToolResult(text.format(server=server.name, name=qualified), True)
+                return ToolResult(texts.MCP_CALL_FAILED.format(name=qualified, error=_describe(exc)), True)
+            return convert_result(result)
+        raise AssertionError("unreachable: the second attempt always returns")
 
 
 def _timed_out(server: str, tool: str, seconds: float, side_effects: bool) -> ToolResult:
@@ -448,11 +578,31 @@ async def _list_tools(client: Any, server: str) -> tuple[McpTool, ...]:
                     info.qualified,
                 )
                 continue
+            unusable = _unusable(tool)
+            if unusable:
+                log.warning("MCP server %s: tool %r is not offered: %s", server, tool.name, unusable)
+                continue
             found.append(info)
         cursor = page.next_cursor
         if not cursor:
             break
     return tuple(found)
+
+
+def _unusable(tool: Any) -> str | None:
+    """Why the harness cannot call `tool` as listed (None when it can).
+
+    A tool that must run as a task would fail every call a person approved; an inputSchema that is
+    not a valid JSON schema cannot be checked before a card is posted, and the Messages API may
+    refuse every request that offers it.
+    """
+    execution = getattr(tool, "execution", None)
+    if getattr(execution, "task_support", None) == "required":
+        return "it runs only as a task (execution.taskSupport: required), and the harness does not run tasks"
+    problem = schema_problem(tool.input_schema)
+    if problem is not None:
+        return f"its inputSchema is not a valid JSON schema: {problem}"
+    return None
 
 
 def _closed(client: Any) -> bool:

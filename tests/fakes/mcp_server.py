@@ -2,12 +2,19 @@
 
     python tests/fakes/mcp_server.py stdio
     python tests/fakes/mcp_server.py http PORT
+    python tests/fakes/mcp_server.py http-sessions PORT
 
 It keeps a ticket desk: read-only, destructive and unannotated tools, one that raises, one
 that is slow, one that kills its own process, one that returns an image and one that returns
 only structured content. Every call it receives is appended as one JSON line to the file named
 by `MCP_CALL_LOG` (when set), so a test can tell exactly what reached the server. Over HTTP,
 `MCP_REQUIRED_TOKEN` (when set) must come as `Authorization: Bearer …` or the request is refused.
+
+`http-sessions` refuses the newest protocol's `server/discover` probe (as servers of the 2025
+protocol do), so a client falls back to the `initialize` handshake and gets a session id: an
+unknown id then answers 404, as the spec says. A session's DELETE is written to the file named by
+`MCP_HTTP_LOG` (when set). Two tools are listed that a client must not offer: `research` needs
+to run as a task (`execution.taskSupport: "required"`) and `bad_schema`'s inputSchema is invalid.
 """
 
 from __future__ import annotations
@@ -20,10 +27,24 @@ import time
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import MCPServer
-from mcp.types import ToolAnnotations
+from mcp.types import Tool, ToolAnnotations, ToolExecution
 from pydantic import Field
 
-desk = MCPServer("tickets")
+
+class _Desk(MCPServer):
+    """The desk, with the two tools whose listing the SDK's decorator cannot spell."""
+
+    async def list_tools(self) -> list[Tool]:
+        tools = await super().list_tools()
+        for tool in tools:
+            if tool.name == "research":
+                tool.execution = ToolExecution(task_support="required")
+            elif tool.name == "bad_schema":
+                tool.input_schema = {"type": "object", "properties": {"n": {"type": "a-number-please"}}}
+        return tools
+
+
+desk = _Desk("tickets")
 
 # A 1x1 transparent PNG.
 PIXEL = base64.b64encode(
@@ -145,7 +166,21 @@ def export() -> str:
     return "exported"
 
 
-def _http_app(port: int) -> Any:
+@desk.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def research(topic: str) -> str:
+    """Listed as needing a task: called without one, it must never be offered."""
+    _log("research", {"topic": topic})
+    return f"researched {topic}"
+
+
+@desk.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def bad_schema(n: int = 0) -> str:
+    """Listed with an inputSchema that is not a valid JSON schema."""
+    _log("bad_schema", {"n": n})
+    return f"n={n}"
+
+
+def _http_app(port: int, sessions: bool) -> Any:
     from starlette.middleware.base import BaseHTTPMiddleware
     from starlette.responses import PlainTextResponse
 
@@ -155,6 +190,11 @@ def _http_app(port: int) -> Any:
     async def check(request: Any, call_next: Any) -> Any:
         if token and request.headers.get("authorization") != f"Bearer {token}":
             return PlainTextResponse("unauthorized", status_code=401)
+        if sessions and request.method == "POST" and b'"server/discover"' in await request.body():
+            return PlainTextResponse("unknown method", status_code=400)  # a 2025 server's answer
+        if request.method == "DELETE" and os.environ.get("MCP_HTTP_LOG"):
+            with open(os.environ["MCP_HTTP_LOG"], "a", encoding="utf-8") as handle:
+                handle.write(json.dumps({"delete": request.headers.get("mcp-session-id")}) + "\n")
         return await call_next(request)
 
     app.add_middleware(BaseHTTPMiddleware, dispatch=check)
@@ -169,7 +209,9 @@ def main() -> None:
     import uvicorn
 
     port = int(sys.argv[2])
-    uvicorn.run(_http_app(port), host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(
+        _http_app(port, sessions=mode == "http-sessions"), host="127.0.0.1", port=port, log_level="warning"
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,225 @@
+"""The MCP project's own servers through the harness: `@modelcontextprotocol/server-everything`
+(npm; over stdio and streamable HTTP) and `mcp-server-time` (PyPI; over stdio).
+
+`.ci/run` installs them (server-everything into `.ci/node_modules`, mcp-server-time with the test
+extra). Without them these tests skip, saying what is missing and how to get it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.config import Config, load_config
+from harness.loop import Finished, drive
+from harness.policy import Tier
+from harness.state import new_run
+from harness.tools import ToolContext
+from harness.tools.catalog import Catalog
+from harness.tools.mcp import McpHub
+from tests.conftest import make_agent
+from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
+from tests.stack import ROOT, free_port, wait_until
+
+INSTALLED = ROOT / ".ci/node_modules/.bin/mcp-server-everything"
+EVERYTHING = Path(os.environ.get("MCP_SERVER_EVERYTHING", INSTALLED))
+NO_EVERYTHING = (
+    f"@modelcontextprotocol/server-everything is not installed at {EVERYTHING}: "
+    "`bash .ci/run` installs it (npm install --prefix .ci), or set MCP_SERVER_EVERYTHING"
+)
+NO_TIME = "mcp-server-time is not installed in this venv: `pip install -e '.[test]'` installs it"
+
+needs_everything = pytest.mark.skipif(
+    not (os.access(EVERYTHING, os.X_OK) and shutil.which("node")), reason=NO_EVERYTHING
+)
+needs_time = pytest.mark.skipif(importlib.util.find_spec("mcp_server_time") is None, reason=NO_TIME)
+
+
+def config_of(tmp_path: Path, toml: str) -> Config:
+    path = tmp_path / "harness.toml"
+    path.write_text(toml + 'timeout_seconds = 30\n[policy]\ndefault = "ask"\n')
+    return load_config(path, env={"HARNESS_WORKSPACE": str(tmp_path)})
+
+
+def run(catalog: Catalog, name: str, args: dict[str, Any], tmp_path: Path) -> Any:
+    return catalog.registry().run(name, args, ToolContext(workspace=tmp_path))
+
+
+@dataclass
+class HttpEverything:
+    """server-everything's streamable HTTP transport (`streamableHttp`, port from `PORT`)."""
+
+    out: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def start(self) -> HttpEverything:
+        with self.out.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [str(EVERYTHING), "streamableHttp"],
+                env={**os.environ, "PORT": str(self.port)},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        wait_until(self._listening, timeout=30)
+        return self
+
+    def _listening(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            code, said = self.proc.returncode, self.out.read_text()
+            raise AssertionError(f"server-everything exited with {code}: {said}")
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def http_everything(tmp_path: Path) -> Iterator[HttpEverything]:
+    server = HttpEverything(tmp_path / "everything.out").start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(params=["stdio", "http"])
+def everything(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Catalog]:
+    if not (os.access(EVERYTHING, os.X_OK) and shutil.which("node")):
+        pytest.skip(NO_EVERYTHING)
+    if request.param == "stdio":
+        toml = f'[[mcp.servers]]\nname = "ev"\ncommand = {json.dumps(str(EVERYTHING))}\nargs = ["stdio"]\n'
+    else:
+        toml = f'[[mcp.servers]]\nname = "ev"\nurl = "{request.getfixturevalue("http_everything").url}"\n'
+    config = config_of(tmp_path, toml)
+    with McpHub(config.resolved_servers({})) as hub:
+        assert not hub.listing().away, hub.listing().away
+        yield Catalog.from_config(config, host=hub)
+
+
+def test_everything_lists_its_tools_with_their_schemas_and_annotations(everything: Catalog) -> None:
+    registry = everything.registry()
+    names = set(registry.names())
+    assert {"ev__echo", "ev__get-sum", "ev__get-tiny-image", "ev__get-structured-content"} <= names
+    echo = registry.get("ev__echo")
+    assert echo is not None and echo.input_schema["properties"]["message"]["type"] == "string"
+    assert echo.input_schema["required"] == ["message"]
+    assert echo.own_tier is Tier.ALLOW and echo.annotations["readOnlyHint"] is True
+    toggle = registry.get("ev__toggle-simulated-logging")
+    assert toggle is not None and toggle.own_tier is None and toggle.side_effects
+    # Task-only (execution.taskSupport: required): every call without a task fails, so not offered.
+    assert "ev__simulate-research-query" not in names
+
+
+def test_everything_runs_calls_and_an_image_comes_back_as_an_image_block(
+    everything: Catalog, tmp_path: Path
+) -> None:
+    assert run(everything, "ev__echo", {"message": "hi"}, tmp_path).content == "Echo: hi"
+    total = run(everything, "ev__get-sum", {"a": 2, "b": 3}, tmp_path)
+    assert not total.is_error and "5" in total.content
+    image = run(everything, "ev__get-tiny-image", {}, tmp_path)
+    kinds = [b["type"] for b in image.content]
+    assert "image" in kinds and not image.is_error
+    picture = next(b for b in image.content if b["type"] == "image")
+    assert picture["source"]["media_type"] == "image/png" and len(picture["source"]["data"]) > 100
+
+
+def test_everything_input_that_breaks_its_schema_is_refused_before_it_is_sent(
+    everything: Catalog, tmp_path: Path
+) -> None:
+    missing = run(everything, "ev__echo", {}, tmp_path)
+    assert missing.is_error and "invalid input for ev__echo" in missing.content
+    assert "'message' is a required property" in missing.content
+    wrong = run(everything, "ev__get-sum", {"a": "two", "b": 3}, tmp_path)
+    assert wrong.is_error and "a: the value is not of type 'number'" in wrong.content
+
+
+@needs_everything
+def test_everything_over_http_restarted_while_idle_answers_the_next_call(
+    tmp_path: Path, http_everything: HttpEverything
+) -> None:
+    """Seen: the restarted server answers the old session id with 400, the SDK raised -32603,
+    and 100 calls over 45 s all failed."""
+    config = config_of(tmp_path, f'[[mcp.servers]]\nname = "ev"\nurl = "{http_everything.url}"\n')
+    with McpHub(config.resolved_servers({})) as hub:
+        catalog = Catalog.from_config(config, host=hub)
+        assert run(catalog, "ev__echo", {"message": "before"}, tmp_path).content == "Echo: before"
+        http_everything.kill()
+        http_everything.start()
+        after = run(catalog, "ev__echo", {"message": "after"}, tmp_path)
+        assert after.content == "Echo: after", after.content
+        again = run(catalog, "ev__echo", {"message": "again"}, tmp_path)
+        assert again.content == "Echo: again"
+
+
+@needs_everything
+def test_everything_over_http_gets_its_session_delete_on_close(
+    tmp_path: Path, http_everything: HttpEverything
+) -> None:
+    config = config_of(tmp_path, f'[[mcp.servers]]\nname = "ev"\nurl = "{http_everything.url}"\n')
+    with McpHub(config.resolved_servers({})) as hub:
+        assert not hub.listing().away
+    wait_until(lambda: "Received session termination request" in http_everything.out.read_text(), timeout=10)
+
+
+@needs_everything
+def test_a_run_through_the_loop_gets_everythings_image_to_the_model(
+    tmp_path: Path, model: FakeMessagesAPI, workspace: Path
+) -> None:
+    toml = f'[[mcp.servers]]\nname = "ev"\ncommand = {json.dumps(str(EVERYTHING))}\nargs = ["stdio"]\n'
+    config = config_of(tmp_path, toml)
+    model.script(
+        reply(tool_use("ev__get-tiny-image", {}, id="toolu_img"), tool_use("ev__echo", {}, id="toolu_bad")),
+        reply(text("A tiny image.")),
+    )
+    with McpHub(config.resolved_servers({})) as hub:
+        registry = Catalog.from_config(config, host=hub).registry()
+        agent = make_agent(model, workspace, tools=registry)
+        state, outcome = drive(new_run("show me"), agent, lambda _: None)
+    assert outcome == Finished("A tiny image.", "end_turn")
+    assert model.errors == []  # the stand-in checks every request as the API would
+    results = {b["tool_use_id"]: b for b in state.messages[2]["content"] if b["type"] == "tool_result"}
+    assert [b["type"] for b in results["toolu_img"]["content"]].count("image") == 1
+    refused = results["toolu_bad"]
+    assert refused["is_error"] is True and "required property" in str(refused["content"])
+
+
+@needs_time
+def test_mcp_server_time_from_pypi_lists_and_answers(tmp_path: Path) -> None:
+    command = json.dumps(sys.executable)
+    toml = f'[[mcp.servers]]\nname = "time"\ncommand = {command}\nargs = ["-m", "mcp_server_time"]\n'
+    config = config_of(tmp_path, toml)
+    with McpHub(config.resolved_servers({})) as hub:
+        assert not hub.listing().away, hub.listing().away
+        catalog = Catalog.from_config(config, host=hub)
+        registry = catalog.registry()
+        assert {"time__get_current_time", "time__convert_time"} <= set(registry.names())
+        now = run(catalog, "time__get_current_time", {"timezone": "UTC"}, tmp_path)
+        assert not now.is_error and json.loads(now.content)["timezone"] == "UTC"
+        moved = run(
+            catalog,
+            "time__convert_time",
+            {"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"},
+            tmp_path,
+        )
+        assert not moved.is_error and "21:00" in moved.content
+        missing = run(catalog, "time__get_current_time", {}, tmp_path)
+        assert missing.is_error and "'timezone' is a required property" in missing.content
