@@ -11,6 +11,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from bot import socket_mode
+from bot.access import OperatorAccess
 from bot.app import BotDeps, create_app
 from bot.web import serve, wsgi_app
 from harness.config import ConfigError, load_config
@@ -98,11 +99,13 @@ def main() -> int:
     env = os.environ
     app_token = env.get("SLACK_APP_TOKEN")
     signing_secret = env.get("SLACK_SIGNING_SECRET")
+    port = int(env.get("PORT") or 3000)
     try:
         config = load_config()
         client = slack_client()
         if not app_token and not signing_secret:
             raise SettingsError(MISSING_SIGNING_SECRET)
+        operators = OperatorAccess.from_env(env, bot_port=port)
     except (ConfigError, SettingsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -130,12 +133,15 @@ def main() -> int:
     except redis.RedisError as exc:
         logging.getLogger(__name__).warning("Redis does not answer yet (%s); /healthz says so", exc)
     workers = int(env.get("WEB_CONCURRENCY") or 2 * (os.cpu_count() or 1))
+    host = env.get("HOST") or "0.0.0.0"  # `make run` sets 127.0.0.1: a laptop's bot is not a server
+    metrics_listener = ((env.get("METRICS_HOST") or host, operators.port),) if operators.port else ()
     serve(
-        wsgi_app(app, connection, signing_secret=signing_secret),
-        int(env.get("PORT") or 3000),
-        host=env.get("HOST") or "0.0.0.0",  # `make run` sets 127.0.0.1: a laptop's bot is not a server
+        wsgi_app(app, connection, signing_secret=signing_secret, operators=operators),
+        port,
+        host=host,
         workers=workers,
         threads=4,
+        also=metrics_listener,
     )
     return 0
 

@@ -18,7 +18,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -45,6 +45,7 @@ from workers.store import (
     DecideOutcome,
     Grant,
     Keys,
+    OpenPark,
     RunRecord,
     RunStatus,
     Store,
@@ -62,7 +63,8 @@ REPLY = "ephemeral_reply"  # context key: what the background reply tells the cl
 Reply = str | tuple[str, dict[str, str]]  # a text, or a text and the users it names by placeholder
 MAX_TASK_CHARS = 20_000
 GROUP_LOOKUP_SECONDS = 2  # a group read on a click happens before Slack gets its answer (3 s)
-HOME_SCAN = 500  # parked runs looked at for one Home tab, the soonest to expire first
+HOME_SCAN = 200  # open parks read at most for one Home tab (from its index), the soonest to expire first
+HOME_BATCH = 25  # parks read per round trip: about one tab's worth (render.HOME_ITEMS_MAX + 1)
 _USER = re.compile(r"[UW][A-Z0-9]{1,31}")
 AFTER_THREADS = "slack-after"  # the threads that make Slack calls after the answer
 
@@ -416,30 +418,76 @@ def _home_publisher(deps: BotDeps) -> Callable[..., None]:
 
 def _waiting_on(deps: BotDeps, team: str, user: str) -> tuple[list[render.HomeItem], bool]:
     """The undecided calls of open parks that `user` may decide now, soonest expiry first; and
-    whether there are more than the Home tab shows."""
+    whether there are more than the Home tab shows.
+
+    Read from the index of what waits on whom (`Store.open_parks`), never by scanning every parked
+    run: an approver's candidates are the team's open parks, a requester's (with no `approvers`)
+    their own runs' parks, an `escalate_to`'s the team's parks past their escalation time (those
+    expiring soonest: escalation comes a fixed time after a park). At most `HOME_SCAN` candidates
+    are read, a batch at a time, until the tab is full; `may_decide` has the last word on each.
+    """
+    now = time.time()
     items: list[render.HomeItem] = []
-    for run_id, park_id in deps.store.parked(time.time(), HOME_SCAN):
-        try:
-            record = deps.store.load_run(run_id)
-        except (BadId, StateError):
-            continue
-        if record is None or record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park_id:
-            continue
-        if record.team != team or record.expires_at is None or not deps.may_decide(user, record):
-            continue
-        try:
-            awaiting = record.run_state().awaiting
-        except StateError:
-            continue
-        decisions = deps.store.decisions(run_id, park_id)
-        expires_at = datetime.fromtimestamp(record.expires_at, UTC)
-        for call in awaiting:
-            if call.id in decisions and decisions[call.id] is None:
-                card = record.cards.get(call.id)
-                items.append(render.HomeItem(call, record.requester, record.channel, expires_at, card))
+    over: list[OpenPark] = []  # parks the index still holds but that wait on nobody any more
+    requesters: dict[str, str] = {}
+    try:
+        candidates = _home_candidates(deps, team, user, now)
+    except BadId:
+        return [], False  # a team id of a shape we never write: nothing is parked there
+    for start in range(0, len(candidates), HOME_BATCH):
+        batch = candidates[start : start + HOME_BATCH]
+        for park, (record, decisions) in zip(batch, deps.store.read_parks(batch), strict=True):
+            if record is not None:
+                requesters[park.run_id] = record.requester
+            if not _still_open(record, park, decisions):
+                over.append(park)
+                continue
+            assert record is not None and record.expires_at is not None  # _still_open checked it
+            if not deps.may_decide(user, record):
+                continue
+            try:
+                awaiting = record.run_state().awaiting
+            except StateError:
+                continue
+            expires_at = datetime.fromtimestamp(record.expires_at, UTC)
+            for call in awaiting:
+                if call.id in decisions and decisions[call.id] is None:
+                    card = record.cards.get(call.id)
+                    items.append(render.HomeItem(call, record.requester, record.channel, expires_at, card))
         if len(items) > render.HOME_ITEMS_MAX:
             break  # enough to fill the tab and to know there is more
+    deps.store.drop_from_index(team, over, requesters)
     return items[: render.HOME_ITEMS_MAX], len(items) > render.HOME_ITEMS_MAX
+
+
+def _home_candidates(deps: BotDeps, team: str, user: str, now: float) -> list[OpenPark]:
+    """The open parks that may wait on `user`, soonest expiry first, at most `HOME_SCAN` of them."""
+    approvals = deps.config.approvals
+    found: list[OpenPark] = []
+    if not approvals.approvers:  # each run's requester decides it
+        found += deps.store.open_parks(team, requester=user, now=now, limit=HOME_SCAN)
+    elif _is_named(deps, team, user, approvals.approvers):
+        found += deps.store.open_parks(team, now=now, limit=HOME_SCAN)
+    if approvals.escalate_after_minutes and _is_named(deps, team, user, approvals.escalate_to):
+        # `BotDeps.escalated`: parked at expires_at - expire_after, escalated escalate_after later
+        horizon = now + (approvals.expire_after_minutes - approvals.escalate_after_minutes) * 60
+        found += deps.store.open_parks(team, now=now, until=horizon, limit=HOME_SCAN)
+    unique = {(p.run_id, p.park_id): p for p in found}
+    return sorted(unique.values(), key=lambda p: p.expires_at)[:HOME_SCAN]
+
+
+def _is_named(deps: BotDeps, team: str, user: str, names: Sequence[str]) -> bool:
+    """`user` is one of `names`, or a member of a user group among them (as `may_decide` reads it)."""
+    if user in names:
+        return True
+    return any(user in deps.groups.members(deps.store, team, g) for g in names if g.startswith("S"))
+
+
+def _still_open(record: RunRecord | None, park: OpenPark, decisions: dict[str, Any]) -> bool:
+    """Whether the indexed park still waits on someone: its run parked there, a call undecided."""
+    if record is None or record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park.park_id:
+        return False
+    return record.expires_at is not None and any(d is None for d in decisions.values())
 
 
 def _permalink(client: WebClient, item: render.HomeItem) -> str | None:

@@ -31,6 +31,7 @@ from slack_bolt.adapter.wsgi.http_response import WsgiHttpResponse
 from slack_bolt.request.internals import parse_body
 from slack_sdk.signature import SignatureVerifier
 
+from bot.access import OperatorAccess, Refusal
 from workers import health, logs, metrics
 from workers.services import make_queue
 
@@ -51,22 +52,34 @@ RETRYABLE_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
-def wsgi_app(app: App, connection: redis.Redis, *, signing_secret: str) -> WsgiApp:
-    """The whole HTTP surface of the bot as one WSGI callable."""
+def wsgi_app(
+    app: App, connection: redis.Redis, *, signing_secret: str, operators: OperatorAccess | None = None
+) -> WsgiApp:
+    """The whole HTTP surface of the bot as one WSGI callable.
+
+    `operators`: who may read `/metrics` and `/healthz?deep=1` (`bot.access`); loopback only by default.
+    """
     verifier = SignatureVerifier(signing_secret)
     figures = metrics.registry(connection, make_queue(connection))
     acks = metrics.Gathered(connection)  # an answer's time, written with the others of its second
+    access = operators or OperatorAccess()
 
     def application(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         started = time.monotonic()
         path = environ.get("PATH_INFO", "")
         if path == "/healthz" and environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
             if _deep(environ):
+                refused = access.refusal(environ)
+                if refused:
+                    return _refuse(start_response, refused)
                 return _deep_healthz(connection, start_response)
             return _healthz(connection, start_response)
         if path == "/metrics" and environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
+            refused = access.refusal(environ)
+            if refused:
+                return _refuse(start_response, refused)
             return _metrics(figures, start_response)
-        if path != "/slack/events":
+        if path != "/slack/events" or access.on_metrics_listener(environ):
             return _plain(start_response, "404 Not Found", "not found\n")
         try:
             length = int(environ.get("CONTENT_LENGTH") or 0)
@@ -352,12 +365,19 @@ def _metrics(figures: Any, start_response: StartResponse) -> Iterable[bytes]:
     return [data]
 
 
-def _plain(start_response: StartResponse, status: str, body: str) -> Iterable[bytes]:
+def _plain(
+    start_response: StartResponse, status: str, body: str, headers: Iterable[tuple[str, str]] = ()
+) -> Iterable[bytes]:
     data = body.encode()
     start_response(
-        status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))]
+        status,
+        [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data))), *headers],
     )
     return [data]
+
+
+def _refuse(start_response: StartResponse, refusal: Refusal) -> Iterable[bytes]:
+    return _plain(start_response, refusal.status, refusal.body, refusal.headers)
 
 
 class GunicornLogger(glogging.Logger):
@@ -385,13 +405,21 @@ class Server(BaseApplication):
         return self.application
 
 
-def serve(application: Any, port: int, *, host: str = "0.0.0.0", workers: int = 2, threads: int = 8) -> None:
-    """Serve `application` on `host`:`port` until SIGTERM/SIGINT."""
-    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def serve(
+    application: Any,
+    port: int,
+    *,
+    host: str = "0.0.0.0",
+    workers: int = 2,
+    threads: int = 8,
+    also: tuple[tuple[str, int], ...] = (),
+) -> None:
+    """Serve `application` on `host`:`port` (and each (host, port) of `also`) until SIGTERM/SIGINT."""
+    binds = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in ((host, port), *also)]
     Server(
         application,
         {
-            "bind": bind,
+            "bind": binds,
             "workers": workers,
             "worker_class": "gthread",
             "threads": threads,

@@ -4,7 +4,7 @@
 are given; run alone it needs what `workers.dev` hands it: ``PLAYGROUND_BOT_URL`` (the bot's
 ``/slack/events``), ``SLACK_SIGNING_SECRET`` and ``SLACK_BOT_TOKEN`` (the bot's, which it checks),
 ``PLAYGROUND_DEMO_MODEL=1`` to answer as the offline demo model, ``PORT`` (3000) and ``HOST``
-(127.0.0.1).
+(127.0.0.1; a loopback address only, see `playground.bind_problem`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import threading
 from collections.abc import Mapping
 
 from harness.config import ConfigError, load_config
+from playground import bind_problem, url_host
 from playground.bot_client import Bot
 from playground.server import Playground, Server
 from playground.slack import PEOPLE, Workspace
@@ -40,14 +41,17 @@ def main(env: Mapping[str, str] = os.environ) -> int:
     if missing:
         print(f"error: {', '.join(missing)} not set: start the playground with `make run`", file=sys.stderr)
         return 2
+    host, port = env.get("HOST") or "127.0.0.1", int(env.get("PORT") or 3000)
+    problem = bind_problem(host, port)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         config = load_config(env=env)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    host, port = env.get("HOST") or "127.0.0.1", int(env.get("PORT") or 3000)
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    base_url = f"http://{shown}:{port}/"
+    base_url = f"http://{url_host(host)}:{port}/"
     demo = env.get("PLAYGROUND_DEMO_MODEL") == "1"
     playground = Playground(
         workspace=Workspace(token=env["SLACK_BOT_TOKEN"], usergroups=GROUPS),

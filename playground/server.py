@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -272,6 +273,8 @@ class Server(ThreadingHTTPServer):
     request_queue_size = 64
 
     def __init__(self, address: tuple[str, int], playground: Playground) -> None:
+        if ":" in address[0]:  # ::1 (the class-level default is IPv4)
+            self.address_family = socket.AF_INET6
         super().__init__(address, Handler)
         self.playground = playground
         self.stopping = False

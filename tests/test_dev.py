@@ -572,3 +572,97 @@ def test_the_socket_mode_manifest_is_the_http_one_with_socket_mode_on_and_no_url
     )
     http["settings"]["socket_mode_enabled"] = True
     assert socket_mode == http
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10", "example.org"])
+def test_the_playground_refuses_an_address_other_than_loopback_in_one_line_and_starts_nothing(
+    host: str, dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
+) -> None:
+    """HOST=0.0.0.0 (as the README suggests for the bot) would let anyone on the network post and
+    click Approve as any demo user: refused before Redis, workspace or any child is started."""
+    for name in SETTINGS:
+        del dev_env[name]  # no Slack settings: the playground
+    marker = tmp_path / "started"
+    dev_env["HARNESS_DEV_WEB_CMD"] = python_cmd(f"open({str(marker)!r}, 'w')")
+    dev_env["HOST"] = host
+    dev = run_dev(dev_env, "--data-dir", str(tmp_path / "data"))
+
+    assert dev.finish() == 2
+    lines = dev.stderr.splitlines()
+    assert len(lines) == 1 and f"HOST={host}" in lines[0] and "loopback" in lines[0], dev.stderr
+    assert "Approve" in lines[0]  # says why, not only what
+    assert dev.lines == []
+    assert not marker.exists() and not (tmp_path / "data").exists() and not (tmp_path / "workspace").exists()
+
+
+def test_the_playground_accepts_every_loopback_address_and_the_bot_keeps_any_host() -> None:
+    from playground import bind_problem
+
+    for host in ("", "127.0.0.1", "127.0.0.2", "localhost", "::1"):
+        assert bind_problem(host) is None, host
+    for host in ("0.0.0.0", "::", "10.0.0.1", "::ffff:10.0.0.1", "localhost.example.org", "127.0.0.1 "):
+        assert bind_problem(host), host
+    assert check_settings({**SETTINGS, "HOST": "0.0.0.0"}) == []  # a Slack bot may listen everywhere
+    envs, page = playground_envs({"HOST": "::1", "PORT": "4321"})
+    assert page == "http://[::1]:4321/" and envs["playground"]["HOST"] == "::1"
+
+
+def playground_alone_env(host: str, port: int) -> dict[str, str]:
+    """What `python -m playground` needs to start on its own (the bot behind it is never asked)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "ANTHROPIC_", "HARNESS_"))}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        PLAYGROUND_BOT_URL="http://127.0.0.1:1/slack/events",
+        SLACK_SIGNING_SECRET="s" * 32,
+        SLACK_BOT_TOKEN="xoxb-playground-test",
+        HOST=host,
+        PORT=str(port),
+    )
+    return env
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_python_m_playground_alone_refuses_an_address_other_than_loopback(host: str, tmp_path: Path) -> None:
+    port = unused_port()
+    env = playground_alone_env(host, port)
+    command = [sys.executable, "-m", "playground"]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=20)
+
+    assert proc.returncode == 2
+    assert len(proc.stderr.splitlines()) == 1 and "loopback" in proc.stderr and f"HOST={host}" in proc.stderr
+    assert not port_open(port)
+
+
+@pytest.mark.parametrize("host", ["localhost", "::1"])
+def test_python_m_playground_alone_listens_on_the_loopback_address_given(host: str, tmp_path: Path) -> None:
+    import urllib.request
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        try:
+            probe.bind((host, 0))
+        except OSError:
+            pytest.skip(f"this machine cannot bind {host}")
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "playground"],
+        cwd=tmp_path,
+        env=playground_alone_env(host, port),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://{'[::1]' if host == '::1' else host}:{port}/healthz"
+
+    def answers() -> bool:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            with urllib.request.urlopen(url, timeout=1) as answer:
+                return answer.status == 200
+        except OSError:
+            return False
+
+    try:
+        eventually(answers, timeout=20)
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import IO, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
+from playground import bind_problem, url_host
 from workers import logs
 
 DEFAULT_PROBE = ("localhost", 6379)
@@ -388,6 +389,9 @@ def prepare(env: Mapping[str, str]) -> tuple[Settings | None, list[str]]:
     url = find_redis(env, probe)
     if url is None and shutil.which("redis-server") is None:
         problems.append(MISSING_REDIS_SERVER.format(probe=f"{probe[0]}:{probe[1]}"))
+    bind = bind_problem(env.get("HOST", ""), env.get("PORT") or PLAYGROUND_PORT)
+    if wants_playground(env) and bind:
+        problems.append(bind)  # the playground on every interface: anyone could click Approve
     if problems:
         return None, problems
     return Settings(dict(env), url, stop_timeout, wants_playground(env)), []
@@ -433,10 +437,9 @@ def playground_envs(env: Mapping[str, str]) -> tuple[dict[str, dict[str, str]], 
     the worker's SDK talks to the playground's offline demo model. Without ``HARNESS_CONFIG``
     the playground's own settings give the demo users their roles.
     """
-    host = env.get("HOST") or "127.0.0.1"
+    host = env.get("HOST") or "127.0.0.1"  # a loopback address: `prepare` refuses any other
     port = int(env.get("PORT") or PLAYGROUND_PORT)
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    page = f"http://{shown}:{port}/"
+    page = f"http://{url_host(host)}:{port}/"
     bot_port = free_port()
     common = dict(env)
     common.update(

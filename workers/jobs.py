@@ -198,7 +198,10 @@ def expire_due(store: Store, queue: rq.Queue, now: float) -> int:
                     store.decide(run_id, park_id, call_id, Decision(Verdict.EXPIRED), audit=audit, now=now)
             enqueue_run_job(store, queue, apply_decisions, run_id)
             done += 1
-        store.forget_expiry(run_id, park_id)
+        if record is not None and record.park_id == park_id:
+            store.forget_park(record)  # its Home tab indexes too
+        else:
+            store.forget_expiry(run_id, park_id)
     return done
 
 
@@ -572,7 +575,7 @@ def _resume_at_limit(
             more=info.get("more", ""),
         )
         driver.record = outbox.owe_update(driver.record, record.cards[LIMIT_CALL], decided)
-    svc.store.forget_expiry(record.run_id, record.park_id)
+    svc.store.forget_park(record)
     if decision.verdict is Verdict.APPROVED:
         agent = _agent(svc, driver)
         result = continue_at_limit(state, agent)
@@ -617,7 +620,7 @@ def _stop_parked(svc: Services, driver: Driver, by: str) -> str | None:
         else:
             continue
         driver.record = outbox.owe_update(driver.record, ts, msg)
-    svc.store.forget_expiry(record.run_id, record.park_id)
+    svc.store.forget_park(record)
     state = stop_run(state, Valve.STOPPED_BY_USER, harness_texts.STOP_BY_USER)
     driver.owe(render.stopped_by(by=by, turns=state.turns, requests=state.requests))
     driver.record = outbox.owe_reaction(

@@ -261,6 +261,17 @@ class Keys:
         return f"{PREFIX}group:{check_id('team', team)}:{check_id('group', group)}"
 
     @staticmethod
+    def team_parks(team: str) -> str:
+        """The team's open parks (member `run:park`, score: when it expires): the Home tab's index
+        for approvers and `escalate_to`, kept with `expiries` by the scripts that park and resume."""
+        return f"{PREFIX}parks:team:{check_id('team', team)}"
+
+    @staticmethod
+    def user_parks(team: str, user: str) -> str:
+        """The open parks of the runs `user` asked for (as `team_parks`): the requester's Home tab."""
+        return f"{PREFIX}parks:user:{check_id('team', team)}:{check_id('user', user)}"
+
+    @staticmethod
     def escalations() -> str:
         """Parks due a reminder to `escalate_to` (member `run:park`, score: when it is due)."""
         return f"{PREFIX}escalations"
@@ -315,6 +326,23 @@ class Grant:
             until=float(data["until"]),
             run_id=str(data.get("run_id", "")),
         )
+
+
+@dataclass(frozen=True)
+class OpenPark:
+    """A park in the Home tab's index: its run, its number, when it expires."""
+
+    run_id: str
+    park_id: int
+    expires_at: float
+
+
+ParkRead = tuple["RunRecord | None", dict[str, Decision | None]]  # a park's record and decisions
+
+
+def _park_indexes(record: RunRecord) -> tuple[str, str]:
+    """The Home tab's index keys a park of `record` is kept in: its team's and its requester's."""
+    return Keys.team_parks(record.team), Keys.user_parks(record.team, record.requester)
 
 
 def _park_member(member: Any) -> tuple[str, int]:
@@ -599,9 +627,10 @@ redis.call('EXPIRE', KEYS[2], ARGV[3])
 return 0
 """
 
-# `_TAKE_THREAD` for a resumed run, its park's expiry forgotten first: KEYS[3] expiries, ARGV[5] the
-# park's member there. Idempotent, as a write beside a save must be.
-_RESUME_THREAD = "redis.call('ZREM', KEYS[3], ARGV[5])\n" + _TAKE_THREAD
+# `_TAKE_THREAD` for a resumed run, its park forgotten first: KEYS[3..] expiries and the Home tab's
+# indexes (team's, requester's), ARGV[5] the park's member there. Idempotent, as a write beside a
+# save must be.
+_RESUME_THREAD = "for i = 3, #KEYS do redis.call('ZREM', KEYS[i], ARGV[5]) end\n" + _TAKE_THREAD
 
 # KEYS[1] lease, KEYS[2] run record, KEYS[3] active set, KEYS[4] stop request. ARGV[1] token,
 # ARGV[2] lease ms, ARGV[3] record, ARGV[4] record TTL s, ARGV[5] now, ARGV[6] run id.
@@ -616,11 +645,13 @@ return {1, redis.call('GET', KEYS[4]) or ''}
 """
 
 # KEYS[1] lease, KEYS[2] run record, KEYS[3] active set, KEYS[4] approvals hash, KEYS[5] expiries,
-# KEYS[6] thread lock. ARGV[1] token, ARGV[2] lease ms, ARGV[3] record, ARGV[4] TTL s, ARGV[5] now,
-# ARGV[6] run id, ARGV[7] expires at, ARGV[8] expiry member, ARGV[9..] pairs: call id, fingerprint.
+# KEYS[6] thread lock, KEYS[7] the team's parks, KEYS[8] the requester's parks. ARGV[1] token,
+# ARGV[2] lease ms, ARGV[3] record, ARGV[4] TTL s, ARGV[5] now, ARGV[6] run id, ARGV[7] expires at,
+# ARGV[8] expiry member, ARGV[9..] pairs: call id, fingerprint.
 # Parking is one fenced step: the record awaiting decisions (with the cards it owes in its outbox),
-# one empty field per call, the expiry scheduled, the thread kept. HSETNX: replayed, it never wipes
-# a decision recorded in between.
+# one empty field per call, the expiry scheduled, the park in the Home tab's indexes (whose expired
+# members go, and which live as long as their newest park), the thread kept. HSETNX: replayed, it
+# never wipes a decision recorded in between.
 _PARK = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
@@ -631,6 +662,11 @@ end
 redis.call('HSETNX', KEYS[4], '~expires', ARGV[7])
 redis.call('EXPIRE', KEYS[4], ARGV[4])
 redis.call('ZADD', KEYS[5], ARGV[7], ARGV[8])
+for i = 7, 8 do
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', ARGV[5])
+  redis.call('ZADD', KEYS[i], ARGV[7], ARGV[8])
+  if redis.call('TTL', KEYS[i]) < tonumber(ARGV[4]) then redis.call('EXPIRE', KEYS[i], ARGV[4]) end
+end
 if redis.call('GET', KEYS[6]) == ARGV[6] then redis.call('EXPIRE', KEYS[6], ARGV[4]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[5], ARGV[6])
@@ -969,6 +1005,60 @@ class Store:
     def forget_expiry(self, run_id: str, park_id: int) -> None:
         self.redis.zrem(Keys.expiries(), f"{check_id('run', run_id)}:{int(park_id)}")
 
+    def forget_park(self, record: RunRecord) -> None:
+        """Park `record.park_id` is over (stopped, expired, answered at a limit): out of `expiries`
+        and of the Home tab's indexes, in one round trip."""
+        member = f"{check_id('run', record.run_id)}:{int(record.park_id)}"
+        with self.redis.pipeline(transaction=False) as pipe:
+            for key in (Keys.expiries(), *_park_indexes(record)):
+                pipe.zrem(key, member)
+            pipe.execute()
+
+    def open_parks(
+        self, team: str, *, requester: str | None = None, now: float, until: float | None = None, limit: int
+    ) -> list[OpenPark]:
+        """The team's open parks (only those of runs `requester` asked for, when given) expiring
+        after `now` (and by `until`), soonest first: at most `limit`, whatever the number parked."""
+        key = Keys.team_parks(team) if requester is None else Keys.user_parks(team, requester)
+        high = "+inf" if until is None else repr(until)
+        low = f"({now!r}"  # still open at `now`
+        found: list[Any] = self.redis.zrangebyscore(key, low, high, start=0, num=limit, withscores=True)
+        parks = []
+        for member, score in found:
+            run_id, park_id = _park_member(member)
+            parks.append(OpenPark(run_id, park_id, float(score)))
+        return parks
+
+    def read_parks(self, parks: Sequence[OpenPark]) -> list[ParkRead]:
+        """Each park's run record (None: gone or unreadable) and decisions, in one round trip."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for park in parks:
+                pipe.get(Keys.run(park.run_id))
+                pipe.hgetall(Keys.approvals(park.run_id, park.park_id))
+            answers = pipe.execute()
+        read: list[ParkRead] = []
+        for raw, approvals in zip(answers[::2], answers[1::2], strict=True):
+            try:
+                record = None if raw is None else RunRecord.from_json(unpack(raw))
+            except StateError:
+                record = None
+            read.append((record, _decisions(approvals)))
+        return read
+
+    def drop_from_index(self, team: str, parks: Sequence[OpenPark], requesters: Mapping[str, str]) -> None:
+        """Take parks that are over (their run moved on, or every call is decided) out of the team's
+        index and, for those whose requester is known, theirs: what a crash or a pending resume
+        left there is paid for once."""
+        if not parks:
+            return
+        with self.redis.pipeline(transaction=False) as pipe:
+            for park in parks:
+                member = f"{park.run_id}:{park.park_id}"
+                pipe.zrem(Keys.team_parks(team), member)
+                if park.run_id in requesters:
+                    pipe.zrem(Keys.user_parks(team, requesters[park.run_id]), member)
+            pipe.execute()
+
     def parked(self, now: float, limit: int = 500) -> list[tuple[str, int]]:
         """Parks still open at `now` (run id, park id), soonest expiry first: the index of parked runs."""
         members = self.redis.zrangebyscore(Keys.expiries(), f"({now!r}", "+inf", start=0, num=limit)
@@ -1101,7 +1191,12 @@ class Store:
         """A resumed run's park expiry forgotten and its thread taken (`take_thread`, queued behind
         a holder that took it meanwhile), as a write for the resume's save to carry."""
         member = f"{check_id('run', record.run_id)}:{int(record.park_id)}"
-        keys = (Keys.thread_lock(*record.thread), Keys.thread_waiting(*record.thread), Keys.expiries())
+        keys = (
+            Keys.thread_lock(*record.thread),
+            Keys.thread_waiting(*record.thread),
+            Keys.expiries(),
+            *_park_indexes(record),
+        )
         return Beside(
             "the resumed run's thread and expiry",
             _RESUME_THREAD,
@@ -1216,6 +1311,7 @@ class Store:
             Keys.approvals(record.run_id, record.park_id),
             Keys.expiries(),
             Keys.thread_lock(*record.thread),
+            *_park_indexes(record),
         ]
         args: list[Any] = [
             token,
