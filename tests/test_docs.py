@@ -18,7 +18,7 @@ PRODUCT = ("harness", "bot", "workers", "playground")
 # Landing in parallel (issue 19): documented already, read by the code once merged (then these
 # entries change nothing and may go).
 PENDING_KEYS = {"mcp.servers.trust_annotations"}
-PENDING_VARIABLES = {"METRICS_TOKEN"}
+PENDING_VARIABLES: set[str] = set()
 # Documented variables that the product's own code never reads: others read them.
 READ_BY_OTHERS = {
     "ANTHROPIC_BASE_URL",  # the anthropic SDK
@@ -38,7 +38,10 @@ _READS = re.compile(
 _PREFIXES = "HARNESS|SLACK|ANTHROPIC|REDIS|METRICS|LOG|WEB|PLAYGROUND|OTEL"
 _PREFIXED = re.compile(rf"""["']((?:{_PREFIXES})_[A-Z0-9_]+)["']""")
 # Upper-case strings that are not variables (a request's WSGI keys, a Redis command, ...).
-_NOT_VARIABLES = re.compile(r"HTTP_.*|REQUEST_METHOD|PATH_INFO|QUERY_STRING|CONTENT_(LENGTH|TYPE)")
+# WSGI environ keys, read from a request, not from the process environment.
+_NOT_VARIABLES = re.compile(
+    r"HTTP_.*|REQUEST_METHOD|PATH_INFO|QUERY_STRING|CONTENT_(LENGTH|TYPE)|REMOTE_ADDR|SERVER_(PORT|NAME)"
+)
 
 
 def first_cells(text: str) -> list[str]:
