@@ -38,11 +38,13 @@ from workers.services import enqueue_run_job, queued_job
 from workers.slack_http import KeepAliveWebClient
 from workers.store import (
     ENDED,
+    FEEDBACK_PER_MINUTE,
     IM,
     LIMIT_CALL,
     Accepted,
     BadId,
     DecideOutcome,
+    FeedbackOutcome,
     Grant,
     Keys,
     RunRecord,
@@ -838,9 +840,10 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
 
 
 def _on_feedback(deps: BotDeps) -> Callable[..., None]:
-    """`feedback` (Slack's thumbs under an answer, value ``good:RUN`` or ``bad:RUN``): each click
-    goes into the audit log with who, which answer and where, and into `harness_feedback_total`;
-    the clicker is thanked in private."""
+    """`feedback` (Slack's thumbs under an answer, value ``good:RUN`` or ``bad:RUN``): a click goes
+    into the feedback stream (not the decisions' audit) with who, which answer and where, and into
+    `harness_feedback_total`, unless it repeats the clicker's feedback on that answer or they are
+    past their share of the minute (`FEEDBACK_PER_MINUTE`); the clicker hears which, in private."""
 
     def on_feedback(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
         ack()
@@ -855,11 +858,25 @@ def _on_feedback(deps: BotDeps) -> Callable[..., None]:
         if record is None or clicker.team != record.team or channel != record.channel:
             context[REPLY] = texts.FEEDBACK_UNKNOWN
             return
+        try:
+            user = check_id("user", clicker.user)
+        except BadId:
+            return  # Slack always names a user: nobody to record, nobody to tell
         where = {"team": record.team, "channel": record.channel, "thread_ts": record.thread_ts}
-        entry = {"event": "feedback", "run_id": record.run_id, "feedback": verdict, "by": clicker.user}
-        deps.store.append_audit({**entry, **where, "requester": record.requester})
-        metrics.incr(deps.store.redis, metrics.FEEDBACK, feedback=verdict)
-        context[REPLY] = texts.FEEDBACK_THANKS
+        entry = {"event": "feedback", "run_id": record.run_id, "feedback": verdict, "by": user}
+        outcome = deps.store.record_feedback(
+            {**entry, **where, "requester": record.requester},
+            team=record.team,
+            user=user,
+            run_id=record.run_id,
+        )
+        if outcome is FeedbackOutcome.RECORDED:
+            metrics.incr(deps.store.redis, metrics.FEEDBACK, feedback=verdict)
+        context[REPLY] = {
+            FeedbackOutcome.RECORDED: texts.FEEDBACK_THANKS,
+            FeedbackOutcome.SAME: texts.FEEDBACK_SAME,
+            FeedbackOutcome.LIMITED: texts.FEEDBACK_LIMITED.format(limit=FEEDBACK_PER_MINUTE),
+        }[outcome]
 
     return on_feedback
 
