@@ -1203,28 +1203,32 @@ def edit_modal(*, run_id: str, call: PendingCall, schema: Mapping[str, Any] | No
 
     Every property of the tool's schema gets an input (absent ones start empty); strings are
     edited as they are, other values as JSON text. Submitting approves the edited call. A value too
-    long for an input (`EDIT_VALUE_MAX`) gets none: the modal says it is kept as it is.
+    long for an input (`EDIT_VALUE_MAX`) gets none: the modal says it is kept as it is. Unless the
+    call is too large to review (`fully_reviewable`): then the modal says it cannot be approved as
+    it is, and such a value gets an empty input to replace it (left empty, it is kept, and the
+    submission is refused while the call is still too large to review).
     """
     metadata = _button_value(run_id, call)
     properties = dict((schema or {}).get("properties") or {})
     names = list(call.input) if isinstance(call.input, dict) else []
     names += [n for n in properties if n not in names]
     required = set((schema or {}).get("required") or ())
-    blocks: list[Any] = [
-        ContextBlock(
-            elements=[
-                MarkdownTextObject(
-                    text=f"Editing {_inline(call.name, 120)}: the call runs with what you submit, "
-                    "and the model is told a reviewer changed it. Strings as they are; other values as JSON."
-                )
-            ]
-        )
-    ]
+    reviewable = fully_reviewable(call)
+    intro = (
+        f"Editing {_inline(call.name, 120)}: the call runs with what you submit, "
+        "and the model is told a reviewer changed it. Strings as they are; other values as JSON."
+    )
+    if not reviewable:
+        intro = f"{texts.EDIT_NOT_REVIEWABLE}\n{intro}"
+    blocks: list[Any] = [ContextBlock(elements=[MarkdownTextObject(text=intro)])]
     kept = names[_MODAL_SECTIONS:]
     for name in names[:_MODAL_SECTIONS]:
         current = call.input.get(name) if isinstance(call.input, dict) else None
         initial = edit_value(current) if isinstance(call.input, dict) and name in call.input else None
         if initial is not None and len(initial) > EDIT_VALUE_MAX:
+            if not reviewable:  # the one way to approve it here: replace what nobody could read
+                blocks.append(_replace_input(name, len(initial)))
+                continue
             kept.append(name)  # an input would hold it cut, and submitting would cut the argument
             continue
         kind = (properties.get(name) or {}).get("type")
@@ -1259,6 +1263,19 @@ def edit_modal(*, run_id: str, call: PendingCall, schema: Mapping[str, Any] | No
         blocks=blocks,
     )
     return view.to_dict()
+
+
+def _replace_input(name: str, size: int) -> InputBlock:
+    """An empty input for an argument too long to show in one: what is typed replaces it."""
+    hint = texts.EDIT_REPLACE_HINT.format(size=f"{size:,}")
+    element = PlainTextInputElement(action_id="value", multiline=True, max_length=EDIT_VALUE_MAX)
+    return InputBlock(
+        block_id=name[:255],
+        label=PlainTextObject(text=name[:2000]),
+        element=element,
+        optional=True,
+        hint=PlainTextObject(text=hint),
+    )
 
 
 def grant_notice(*, tool: str, by: str, requester: str, until: datetime, value: str) -> Message:

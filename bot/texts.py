@@ -71,6 +71,18 @@ NO_SELF_APPROVAL = (
     "Nothing was changed."
 )
 NO_GRANTS = "Approving for the whole thread is not enabled here. Nothing was changed."
+EDIT_NOT_REVIEWABLE = (
+    "⛔ *These arguments are too large to review in Slack*, so the call cannot be approved as it "
+    "is. Replace the long ones below with something shorter, or cancel and decline it."
+)
+EDIT_REPLACE_HINT = (
+    "{size} characters, too long to show here. What you type replaces them; left empty, they are "
+    "kept, and the call still cannot be approved."
+)
+EDIT_STILL_NOT_REVIEWABLE = (
+    "Still too large to review in Slack: nothing can be approved that nobody could read. "
+    "Shorten or replace the long arguments."
+)
 NO_EDIT_WITH_QUORUM = (
     "This call needs several approvals, so it cannot be edited: decline it with a reason instead."
 )
