@@ -992,7 +992,8 @@ def _request_stop(
 def _answer_limit(
     deps: BotDeps, run_id: str, verdict: Verdict, clicker: Clicker, channel: str | None, context: BoltContext
 ) -> None:
-    """Record Continue (approved) or Stop (declined) for a run parked at a limit; same deciders as calls."""
+    """Record Continue (approved) or Stop (declined) for a run parked at a limit: the same deciders,
+    four eyes and quorum as a call's approval (one Stop stops)."""
     record = _clicked_run(deps, run_id, clicker, channel, context)
     if record is None:
         return
@@ -1002,6 +1003,10 @@ def _answer_limit(
     if not deps.may_decide(clicker.user, record):
         context[REPLY] = (texts.LIMIT_NOT_ALLOWED, {"who": deps.deciders(record)})
         return
+    approvals = deps.config.approvals
+    if verdict is Verdict.APPROVED and not approvals.self_approval and clicker.user == record.requester:
+        context[REPLY] = texts.LIMIT_NO_SELF_CONTINUE  # four eyes: their Stop still counts
+        return
     try:
         at_limit = record.run_state().at_limit
     except StateError:
@@ -1009,15 +1014,21 @@ def _answer_limit(
         return
     audit = {**record.audit_fields(None), "limit": at_limit}
     decision = Decision(verdict, by=clicker.user)
-    result = deps.store.decide(record.run_id, record.park_id, LIMIT_CALL, decision, audit=audit)
+    result = deps.store.decide(
+        record.run_id, record.park_id, LIMIT_CALL, decision, audit=audit, required=approvals.required
+    )
     if result.outcome is DecideOutcome.RECORDED:  # noted before the resume job exists: it reads the note
-        metrics.decided(deps.store.redis, record, verdict, deps.config.approvals)
-    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED):
-        deps.enqueue(APPLY_DECISIONS, record.run_id)
+        metrics.decided(deps.store.redis, record, verdict, approvals)
+    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED, DecideOutcome.COUNTED):
+        deps.enqueue(APPLY_DECISIONS, record.run_id)  # a Continue that counted: the card shows it
     if result.outcome is DecideOutcome.RECORDED:
         return
     standing = result.decision
-    if result.outcome is DecideOutcome.UNKNOWN or standing is None:
+    if result.outcome is DecideOutcome.COUNTED:
+        context[REPLY] = texts.LIMIT_CONTINUE_COUNTED.format(
+            count=len(result.votes), required=approvals.required
+        )
+    elif result.outcome is DecideOutcome.UNKNOWN or standing is None:
         context[REPLY] = texts.LIMIT_NOT_OPEN
     elif standing.verdict is Verdict.EXPIRED:
         context[REPLY] = texts.LIMIT_ALREADY_EXPIRED

@@ -1452,8 +1452,15 @@ def limit_card(
     requester: str,
     deciders: Sequence[str],
     expires_at: datetime,
+    required: int = 1,
+    votes: Sequence[str] = (),
+    self_approval: bool = True,
 ) -> Message:
-    """A run waiting at a limit (`on_limit = "ask"`): Continue (one more allowance) or Stop."""
+    """A run waiting at a limit (`on_limit = "ask"`): Continue (one more allowance) or Stop.
+
+    Continue is an approval like any other: `required` > 1 needs that many people (`votes` so far,
+    shown), and without `self_approval` the requester may Stop, never Continue.
+    """
     value = f"{run_id}:limit"
     if len(value) > BUTTON_VALUE_MAX:
         raise ValueError(f"button value of {len(value)} characters exceeds Slack's {BUTTON_VALUE_MAX}")
@@ -1461,6 +1468,11 @@ def limit_card(
     head = f":raised_hand: {_esc(question, SECTION_MAX - 20)}"
     choice = texts.LIMIT_CHOICE.format(more=_esc(more, 200))
     rules = texts.LIMIT_RULES.format(requester=mention(requester), who=who, expires=slack_date(expires_at))
+    if required > 1:
+        so_far = ", ".join(mention(v) for v in votes[:20]) if votes else "nobody yet"
+        rules += "\n" + texts.LIMIT_VOTES.format(count=len(votes), required=required, so_far=so_far)
+    if not self_approval:
+        rules += "\n" + texts.LIMIT_FOUR_EYES.format(requester=mention(requester))
     actions = ActionsBlock(
         block_id="limit",
         elements=[
@@ -1473,11 +1485,21 @@ def limit_card(
     )
 
 
-def limit_decided(*, question: str, verdict: Verdict, by: str | None, at: datetime, more: str) -> Message:
-    """The limit card once answered: no buttons, what was chosen, by whom and when."""
+def limit_decided(
+    *,
+    question: str,
+    verdict: Verdict,
+    by: str | None,
+    at: datetime,
+    more: str,
+    approvers: Sequence[str] = (),
+) -> Message:
+    """The limit card once answered: no buttons, what was chosen, by whom (everyone who chose
+    Continue, under a quorum) and when."""
     when = slack_date(at)
     if verdict is Verdict.APPROVED:
-        outcome = texts.LIMIT_CONTINUED.format(who=mention(by), when=when, more=_esc(more, 200))
+        who = ", ".join(mention(a) for a in approvers[:20]) if approvers else mention(by)
+        outcome = texts.LIMIT_CONTINUED.format(who=who, when=when, more=_esc(more, 200))
     elif verdict is Verdict.EXPIRED:
         outcome = texts.LIMIT_EXPIRED.format(when=when)
     else:

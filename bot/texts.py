@@ -132,6 +132,15 @@ STOP_ALREADY_STOPPED = "This run was already stopped by {who}."
 STOP_ENDED = "This run has already ended. Nothing was changed."
 STOP_UNKNOWN = "This run is not known here (it may have ended long ago). Nothing was changed."
 STOP_NOTHING_RUNNING = "Nothing of mine is running in this thread, so there was nothing to stop."
+LIMIT_VOTES = "*Continue:* {count} of {required} needed (so far: {so_far}); one Stop stops the run"
+LIMIT_FOUR_EYES = "*Four eyes:* {requester} asked for this run and may stop it, not continue it"
+LIMIT_NO_SELF_CONTINUE = (
+    "You asked for this run, so someone else must choose Continue (four eyes). You may Stop it. "
+    "Nothing was changed."
+)
+LIMIT_CONTINUE_COUNTED = (
+    "Your Continue counts: {count} of {required} so far. The run goes on once enough people choose it."
+)
 LIMIT_NOT_ALLOWED = "Only {who} may choose to continue or stop this run. Nothing was changed."
 LIMIT_NOT_OPEN = "This limit is no longer waiting for an answer. Nothing was changed."
 LIMIT_ALREADY = "This limit was already answered ({verdict}) by {{who}}. Nothing was changed."

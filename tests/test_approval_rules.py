@@ -10,14 +10,21 @@ entries back through the real command.
 
 from __future__ import annotations
 
+import itertools
+import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import pytest
+import redis
 
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, Verdict
-from tests.stack import ROOT
+from tests.fakes.messages_api import reply, text, tool_use
+from tests.stack import ROOT, RedisServer, Stack, running_stack, wait_post, wait_until
 from tests.test_store import parked
 from workers.store import (
     FEEDBACK_PER_MINUTE,
@@ -160,3 +167,121 @@ def test_one_person_is_recorded_at_most_their_share_of_a_minute(store: Store) ->
         store.record_feedback(other, team="T1", user="UCAROL", run_id=other["run_id"])
         is FeedbackOutcome.RECORDED
     )
+
+
+# --- end to end: Continue under four eyes and a quorum, Retry counted, feedback rate-limited ------
+
+e2e = pytest.mark.e2e
+# Other stacks: test_e2e_slack 1 and 2, test_fuzz_bot 3, DM 4, test_mcp_e2e/test_socket_mode 5,
+# gate 6, test_approvals_e2e 9-11, test_stop_and_limits 11 and 12, test_groups_escalation_home 13.
+DB = 14
+RULES = """
+[approvals]
+approvers = ["UALICE", "UANN", "UBEN"]
+required = 2
+self_approval = false
+[limits]
+max_turns = 1
+on_limit = "ask"
+max_runs_per_user = 1
+max_runs_per_channel = 1000
+"""
+_channels = itertools.count(1400)
+
+
+@pytest.fixture(scope="module")
+def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Approvers UALICE, UANN, UBEN; two approvals, never the requester's; one turn, then ask;
+    one run at a time per requester."""
+    yield from running_stack(redis_server, tmp_path_factory.mktemp("rules"), RULES, DB)
+
+
+def new_channel() -> str:
+    return f"C{next(_channels)}"
+
+
+def buttons(message: dict[str, Any]) -> list[dict[str, Any]]:
+    actions = [b for b in message.get("blocks") or [] if b["type"] == "actions"]
+    return [e for b in actions for e in b["elements"] if e.get("type") == "button"]
+
+
+def has_button(action_id: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda m: any(b["action_id"] == action_id for b in buttons(m))
+
+
+def current(stack: Stack, channel: str, message: dict[str, Any]) -> dict[str, Any]:
+    return next(m for m in stack.slack.messages(channel) if m["ts"] == message["ts"])
+
+
+def shown(message: dict[str, Any]) -> str:
+    return message["text"] + json.dumps(message["blocks"], ensure_ascii=False)
+
+
+def replies_to(stack: Stack, user: str, channel: str) -> list[str]:
+    return [e["text"] for e in stack.slack.ephemerals if e["user"] == user and e["channel"] == channel]
+
+
+def wait_reply(stack: Stack, user: str, channel: str, needle: str) -> None:
+    wait_until(lambda: any(needle in t for t in replies_to(stack, user, channel)))
+
+
+def asked(stack: Stack, marker: str) -> list[dict[str, Any]]:
+    return [r for r in stack.model.requests if marker in json.dumps(r["messages"][0])]
+
+
+def at_limit(stack: Stack, marker: str, user: str, *then: Any) -> tuple[str, str, dict[str, Any]]:
+    """`user`'s run that used its one turn and asks whether to go on: its limit card."""
+    channel = new_channel()
+    stack.model.script_for(
+        marker,
+        reply(tool_use("read_file", {"path": "README.md"})),
+        reply(tool_use("list_files", {"path": "."})),
+        *then,
+    )
+    _, ts, _ = stack.mention(f"{marker}: read, then list", channel=channel, user=user)
+    return channel, ts, wait_post(stack, channel, ts, has_button("continue"))
+
+
+@e2e
+def test_continue_at_a_limit_takes_two_approvers_and_never_the_requester_alone(stack: Stack) -> None:
+    marker = "goonquorum"
+    channel, ts, card = at_limit(stack, marker, "UALICE", reply(text(f"{marker} done")))
+    assert "0 of 2" in shown(card) and "may stop it, not continue it" in shown(card)  # the rules, on the card
+    stack.settled()
+
+    assert stack.click(card, "continue", user="UALICE") == 200  # the requester: four eyes
+    wait_reply(stack, "UALICE", channel, "someone else must choose Continue")
+    assert stack.click(card, "continue", user="UANN") == 200
+    wait_reply(stack, "UANN", channel, "1 of 2")
+    wait_until(lambda: "1 of 2" in shown(current(stack, channel, card)))  # the card counts so far
+    assert "<@UANN>" in shown(current(stack, channel, card))
+    assert stack.click(card, "continue", user="UANN") == 200  # the same person twice counts once
+    wait_until(lambda: len([t for t in replies_to(stack, "UANN", channel) if "1 of 2" in t]) == 2)
+    stack.settled()
+    assert len(asked(stack, marker)) == 2 and has_button("continue")(current(stack, channel, card))
+
+    assert stack.click(card, "continue", user="UBEN") == 200
+    answer = wait_post(stack, channel, ts, lambda m: f"{marker} done" in m["text"])
+    assert "That took 2 turns" in answer["text"]
+    decided = current(stack, channel, card)
+    assert buttons(decided) == [] and "<@UANN>" in shown(decided) and "<@UBEN>" in shown(decided)
+    [entry] = [
+        e
+        for e in Store(redis.Redis.from_url(stack.redis_url)).audit_entries(1000)
+        if e.get("limit") and e.get("verdict") == "approved" and e.get("channel") == channel
+    ]
+    assert entry["approvers"] == ["UANN", "UBEN"]
+    assert stack.model.errors == []
+
+
+@e2e
+def test_one_stop_at_a_limit_stops_even_after_a_continue_and_the_requester_may_stop(stack: Stack) -> None:
+    marker = "haltquorum"
+    channel, ts, card = at_limit(stack, marker, "UALICE")
+    assert stack.click(card, "continue", user="UANN") == 200
+    wait_reply(stack, "UANN", channel, "1 of 2")
+    assert stack.click(card, "stop", user="UALICE") == 200  # a requester's decline counts
+    wait_post(stack, channel, ts, lambda m: "max-turns valve" in m["text"] and "Stop was chosen" in m["text"])
+    assert "Stopped by <@UALICE>" in shown(current(stack, channel, card))
+    stack.settled()
+    assert len(asked(stack, marker)) == 2
