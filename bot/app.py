@@ -831,10 +831,23 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
         if not deps.may_decide(user, record):
             context[REPLY] = (texts.NOT_ALLOWED_RETRY, {"who": deps.deciders(record)})
             return
-        if not deps.store.claim_retry(record.run_id, record.failure_ts, user):
+        limits = deps.config.limits
+        claimed = deps.store.claim_retry(
+            record,
+            record.failure_ts,
+            user,
+            max_per_user=limits.max_runs_per_user,
+            max_per_channel=limits.max_runs_per_channel,
+        )
+        if claimed is Accepted.USER_BUSY:  # a retry is a run again: the mention's bounds apply
+            text = texts.RETRY_USER_BUSY.format(limit=limits.max_runs_per_user)
+            context[REPLY] = (text, {"who": record.requester})
+        elif claimed is Accepted.CHANNEL_BUSY:
+            context[REPLY] = texts.RETRY_CHANNEL_BUSY.format(limit=limits.max_runs_per_channel)
+        elif claimed is not Accepted.NEW:
             context[REPLY] = texts.RETRY_TAKEN
-            return
-        deps.enqueue(RETRY_RUN, record.run_id, user)
+        else:
+            deps.enqueue(RETRY_RUN, record.run_id, user)
 
     return on_retry
 

@@ -10,6 +10,14 @@ QUEUED_IN_THREAD = (
 )
 RETRY_BUSY = "Another request is running in this thread. Press Retry again once it has finished."
 RETRY_TAKEN = "Someone already pressed Retry on this failure."
+RETRY_USER_BUSY = (
+    "{{who}} already has {limit} requests going (running or waiting for approval), so this run "
+    "was not retried: it would be one too many. Press Retry again once one of them is done."
+)
+RETRY_CHANNEL_BUSY = (
+    "This channel already has {limit} requests going (running or waiting for approval), so this "
+    "run was not retried. Press Retry again once one of them is done."
+)
 ANSWER_IN_FILE = "_The answer is longer than a message can hold: the whole of it is in the file below._"
 ANSWER_FILE_TITLE = "The whole answer"
 FILE_NOT_POSTED = (

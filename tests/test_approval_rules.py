@@ -23,12 +23,13 @@ import redis
 
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, Verdict
-from tests.fakes.messages_api import reply, text, tool_use
+from tests.fakes.messages_api import http_error, reply, text, tool_use
 from tests.stack import ROOT, RedisServer, Stack, running_stack, wait_post, wait_until
-from tests.test_store import parked
+from tests.test_store import parked, record
 from workers.store import (
     FEEDBACK_PER_MINUTE,
     LIMIT_CALL,
+    Accepted,
     FeedbackOutcome,
     Grant,
     Keys,
@@ -169,6 +170,31 @@ def test_one_person_is_recorded_at_most_their_share_of_a_minute(store: Store) ->
     )
 
 
+# --- retry: a run again, counted like a mention ---------------------------------------------------
+
+
+def test_a_retry_is_counted_against_the_channels_bound_too_and_claimed_once(store: Store) -> None:
+    failed = record(requester="UCAROL", channel="C7")
+    others = [record(requester=f"UP{n}", channel="C7") for n in range(2)]
+    for other in others:  # two runs going in the channel, started by others
+        store.redis.zadd(Keys.channel_runs("T1", "C7"), {other.run_id: time.time()})
+
+    def claim(**bounds: int) -> Accepted:
+        return store.claim_retry(
+            failed, "1.000200", "UANN", **{"max_per_user": 5, "max_per_channel": 2, **bounds}
+        )
+
+    assert claim() is Accepted.CHANNEL_BUSY
+    assert store.retry_claimed_by(failed.run_id, "1.000200") is None  # nothing written: still retryable
+    assert store.redis.zscore(Keys.active(), failed.run_id) is None
+    assert claim(max_per_channel=3) is Accepted.NEW
+    assert store.retry_claimed_by(failed.run_id, "1.000200") == "UANN"
+    assert store.redis.zscore(Keys.user_runs("T1", "UCAROL"), failed.run_id) is not None
+    assert store.redis.zscore(Keys.channel_runs("T1", "C7"), failed.run_id) is not None
+    assert store.redis.zscore(Keys.active(), failed.run_id) is not None
+    assert claim(max_per_channel=3) is Accepted.DUPLICATE  # a second click, or the same one again
+
+
 # --- end to end: Continue under four eyes and a quorum, Retry counted, feedback rate-limited ------
 
 e2e = pytest.mark.e2e
@@ -285,3 +311,51 @@ def test_one_stop_at_a_limit_stops_even_after_a_continue_and_the_requester_may_s
     assert "Stopped by <@UALICE>" in shown(current(stack, channel, card))
     stack.settled()
     assert len(asked(stack, marker)) == 2
+
+
+def card_of(stack: Stack, channel: str, ts: str) -> dict[str, Any]:
+    """The approval card of the thread, once it is there."""
+    return wait_post(stack, channel, ts, has_button("approve"))
+
+
+@e2e
+def test_retry_counts_against_the_requesters_runs_and_a_refused_one_stays_retryable(stack: Stack) -> None:
+    first = new_channel()
+    stack.model.script_for(
+        "retrya",
+        http_error(400, message="bad request from fake"),
+        reply(tool_use("write_file", {"path": "retried.txt", "content": "again"})),
+        reply(text("retrya done")),
+    )
+    _, ts, _ = stack.mention("retrya: write it", channel=first, user="UCAROL")
+    failure = wait_post(stack, first, ts, has_button("retry"))
+    stack.settled()  # the failed run no longer counts: UCAROL may start another
+    second = new_channel()
+    stack.model.script_for(
+        "retryb", reply(tool_use("write_file", {"path": "b.txt", "content": "b"})), reply(text("retryb done"))
+    )
+    _, ts_b, _ = stack.mention("retryb: write it", channel=second, user="UCAROL")
+    card_b = card_of(stack, second, ts_b)  # parked: UCAROL's one run
+
+    assert stack.click(failure, "retry", user="UANN") == 200
+    wait_reply(stack, "UANN", first, "already has 1 request")
+    stack.settled()
+    assert len(asked(stack, "retrya")) == 1  # not retried …
+    assert has_button("retry")(current(stack, first, failure))  # … and still retryable
+    client = redis.Redis.from_url(stack.redis_url)
+    assert client.keys("harness:retry:*") == []
+
+    assert stack.click(card_b, "decline", user="UANN") == 200  # UCAROL's other run ends
+    wait_post(stack, second, ts_b, lambda m: "retryb done" in m["text"])
+    stack.settled()
+    assert stack.click(failure, "retry", user="UANN") == 200
+    card_a = card_of(stack, first, ts)  # retried, and parked on its write: it counts now
+    assert not has_button("retry")(current(stack, first, failure))
+    third = new_channel()
+    _, ts_c, _ = stack.mention("retryc: one more", channel=third, user="UCAROL")
+    wait_post(stack, third, ts_c, lambda m: "You already have 1 requests going" in m["text"])
+    assert asked(stack, "retryc") == []
+
+    assert stack.click(card_a, "decline", user="UANN") == 200
+    wait_post(stack, first, ts, lambda m: "retrya done" in m["text"])
+    assert stack.model.errors == []

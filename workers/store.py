@@ -797,6 +797,30 @@ return 'recorded'
 """
 
 
+# KEYS[1] the failure's retry claim, KEYS[2] the requester's runs, KEYS[3] the channel's runs,
+# KEYS[4] active runs. ARGV[1] who, ARGV[2] claim TTL, ARGV[3] the horizon of the counts, ARGV[4] max
+# per user, ARGV[5] max per channel, ARGV[6] now, ARGV[7] counts TTL, ARGV[8] run id.
+# A retry starts the run again, so it is counted as `_ACCEPT` counts a mention (the run's end takes it
+# off again); every check comes before any write. The run itself never counts against its own retry.
+_CLAIM_RETRY = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 'duplicate' end
+local function full(key, most)
+  if redis.call('ZSCORE', key, ARGV[8]) then return false end
+  return redis.call('ZCOUNT', key, ARGV[3], '+inf') >= tonumber(most)
+end
+if full(KEYS[2], ARGV[4]) then return 'user_busy' end
+if full(KEYS[3], ARGV[5]) then return 'channel_busy' end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+for i = 2, 3 do
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', ARGV[3])
+  redis.call('ZADD', KEYS[i], ARGV[6], ARGV[8])
+  redis.call('EXPIRE', KEYS[i], ARGV[7])
+end
+redis.call('ZADD', KEYS[4], ARGV[6], ARGV[8])
+return 'new'
+"""
+
+
 class FeedbackOutcome(StrEnum):
     """What became of a click on an answer's thumbs."""
 
@@ -826,6 +850,7 @@ class Store:
         self._request_stop = connection.register_script(_REQUEST_STOP)
         self._accept = connection.register_script(_ACCEPT)
         self._feedback = connection.register_script(_FEEDBACK)
+        self._claim_retry = connection.register_script(_CLAIM_RETRY)
         self._besides: dict[str, Script] = {}  # scripts of `Beside` writes, registered once each
 
     # --- mentions -------------------------------------------------------------------------------
@@ -1051,13 +1076,31 @@ class Store:
 
     # --- retries --------------------------------------------------------------------------------
 
-    def claim_retry(self, run_id: str, failure_ts: str, by: str) -> bool:
-        """True for exactly one Retry click of one failure; the run is then marked active."""
-        with self.redis.pipeline() as pipe:
-            pipe.set(Keys.retry_claim(run_id, failure_ts), by, nx=True, ex=DAY)
-            pipe.zadd(Keys.active(), {run_id: time.time()})
-            claimed, _ = pipe.execute()
-        return bool(claimed)
+    def claim_retry(
+        self, record: RunRecord, failure_ts: str, by: str, *, max_per_user: int, max_per_channel: int
+    ) -> Accepted:
+        """Claim the one Retry of a failure of `record`, counted as a run of its requester and
+        channel like a mention (`accept_event`): `Accepted.NEW` for exactly one click, which marks
+        the run active and counts it; `DUPLICATE` once it is claimed; `USER_BUSY` or `CHANNEL_BUSY`
+        (nothing written: the failure stays retryable) when it would pass a bound of runs."""
+        now = time.time()
+        keys = [
+            Keys.retry_claim(record.run_id, failure_ts),
+            Keys.user_runs(record.team, record.requester),
+            Keys.channel_runs(record.team, record.channel),
+            Keys.active(),
+        ]
+        args: list[Any] = [
+            check_id("user", by),
+            DAY,
+            repr(now - RUN_COUNT_HORIZON),
+            max_per_user,
+            max_per_channel,
+            repr(now),
+            RUN_COUNT_HORIZON,
+            record.run_id,
+        ]
+        return Accepted(_text(self._claim_retry(keys=keys, args=args)))
 
     def retry_claimed_by(self, run_id: str, failure_ts: str) -> str | None:
         raw = self.redis.get(Keys.retry_claim(run_id, failure_ts))
