@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
 
+from bot import texts
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, Verdict
 from tests.fakes.messages_api import http_error, reply, text, tool_use
@@ -359,3 +362,35 @@ def test_retry_counts_against_the_requesters_runs_and_a_refused_one_stays_retrya
     assert stack.click(card_a, "decline", user="UANN") == 200
     wait_post(stack, first, ts, lambda m: "retrya done" in m["text"])
     assert stack.model.errors == []
+
+
+@e2e
+def test_feedback_clicks_through_the_bot_are_rate_limited_and_kept_out_of_the_audit(stack: Stack) -> None:
+    channel = new_channel()
+    stack.model.script_for("fbspam", reply(text("fbspam answered")))
+    _, ts, _ = stack.mention("fbspam: answer", channel=channel, user="UALICE")
+    answer = wait_post(stack, channel, ts, lambda m: "fbspam answered" in m["text"])
+    (thumbs,) = answer["blocks"][-1]["elements"]
+    values = [thumbs["positive_button"]["value"], thumbs["negative_button"]["value"]]
+
+    for n in range(30):  # a change of mind every click: each would be news, but not this many
+        status, _ = stack.click_value(
+            answer, "feedback", values[n % 2], user="UBOB", block_id="feedback", kind="feedback_buttons"
+        )
+        assert status == 200
+    wait_until(lambda: len([e for e in stack.slack.ephemerals if e["user"] == "UBOB"]) == 30)
+    told = [e["text"] for e in stack.slack.ephemerals if e["user"] == "UBOB"]
+    assert sum("Thanks" in t for t in told) == FEEDBACK_PER_MINUTE
+    # Past the share: a 👍 is refused; a 👎 repeats the standing one (the last recorded) and adds nothing.
+    assert sum(f"{FEEDBACK_PER_MINUTE} times in the last minute" in t for t in told) == 10
+    assert sum("already recorded" in t for t in told) == 10
+
+    store = Store(redis.Redis.from_url(stack.redis_url))
+    mine = [e for e in store.feedback_entries(1000) if e.get("channel") == channel]
+    assert [e["feedback"] for e in mine] == ["good", "bad"] * (FEEDBACK_PER_MINUTE // 2)
+    assert not [e for e in store.audit_entries(10_000) if e.get("event") == "feedback"]
+    with urllib.request.urlopen(f"{stack.url}/metrics", timeout=10) as scrape:
+        scraped = scrape.read().decode()
+    counted = re.findall(r'^harness_feedback_total\{feedback="(?:good|bad)"\} (\d+)', scraped, re.MULTILINE)
+    assert sum(int(n) for n in counted) == FEEDBACK_PER_MINUTE  # only what was recorded
+    assert f"{FEEDBACK_PER_MINUTE} times" in texts.FEEDBACK_LIMITED.format(limit=FEEDBACK_PER_MINUTE)
