@@ -38,11 +38,13 @@ from workers.services import enqueue_run_job, queued_job
 from workers.slack_http import KeepAliveWebClient
 from workers.store import (
     ENDED,
+    FEEDBACK_PER_MINUTE,
     IM,
     LIMIT_CALL,
     Accepted,
     BadId,
     DecideOutcome,
+    FeedbackOutcome,
     Grant,
     Keys,
     OpenPark,
@@ -877,18 +879,32 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
         if not deps.may_decide(user, record):
             context[REPLY] = (texts.NOT_ALLOWED_RETRY, {"who": deps.deciders(record)})
             return
-        if not deps.store.claim_retry(record.run_id, record.failure_ts, user):
+        limits = deps.config.limits
+        claimed = deps.store.claim_retry(
+            record,
+            record.failure_ts,
+            user,
+            max_per_user=limits.max_runs_per_user,
+            max_per_channel=limits.max_runs_per_channel,
+        )
+        if claimed is Accepted.USER_BUSY:  # a retry is a run again: the mention's bounds apply
+            text = texts.RETRY_USER_BUSY.format(limit=limits.max_runs_per_user)
+            context[REPLY] = (text, {"who": record.requester})
+        elif claimed is Accepted.CHANNEL_BUSY:
+            context[REPLY] = texts.RETRY_CHANNEL_BUSY.format(limit=limits.max_runs_per_channel)
+        elif claimed is not Accepted.NEW:
             context[REPLY] = texts.RETRY_TAKEN
-            return
-        deps.enqueue(RETRY_RUN, record.run_id, user)
+        else:
+            deps.enqueue(RETRY_RUN, record.run_id, user)
 
     return on_retry
 
 
 def _on_feedback(deps: BotDeps) -> Callable[..., None]:
-    """`feedback` (Slack's thumbs under an answer, value ``good:RUN`` or ``bad:RUN``): each click
-    goes into the audit log with who, which answer and where, and into `harness_feedback_total`;
-    the clicker is thanked in private."""
+    """`feedback` (Slack's thumbs under an answer, value ``good:RUN`` or ``bad:RUN``): a click goes
+    into the feedback stream (not the decisions' audit) with who, which answer and where, and into
+    `harness_feedback_total`, unless it repeats the clicker's feedback on that answer or they are
+    past their share of the minute (`FEEDBACK_PER_MINUTE`); the clicker hears which, in private."""
 
     def on_feedback(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
         ack()
@@ -903,11 +919,25 @@ def _on_feedback(deps: BotDeps) -> Callable[..., None]:
         if record is None or clicker.team != record.team or channel != record.channel:
             context[REPLY] = texts.FEEDBACK_UNKNOWN
             return
+        try:
+            user = check_id("user", clicker.user)
+        except BadId:
+            return  # Slack always names a user: nobody to record, nobody to tell
         where = {"team": record.team, "channel": record.channel, "thread_ts": record.thread_ts}
-        entry = {"event": "feedback", "run_id": record.run_id, "feedback": verdict, "by": clicker.user}
-        deps.store.append_audit({**entry, **where, "requester": record.requester})
-        metrics.incr(deps.store.redis, metrics.FEEDBACK, feedback=verdict)
-        context[REPLY] = texts.FEEDBACK_THANKS
+        entry = {"event": "feedback", "run_id": record.run_id, "feedback": verdict, "by": user}
+        outcome = deps.store.record_feedback(
+            {**entry, **where, "requester": record.requester},
+            team=record.team,
+            user=user,
+            run_id=record.run_id,
+        )
+        if outcome is FeedbackOutcome.RECORDED:
+            metrics.incr(deps.store.redis, metrics.FEEDBACK, feedback=verdict)
+        context[REPLY] = {
+            FeedbackOutcome.RECORDED: texts.FEEDBACK_THANKS,
+            FeedbackOutcome.SAME: texts.FEEDBACK_SAME,
+            FeedbackOutcome.LIMITED: texts.FEEDBACK_LIMITED.format(limit=FEEDBACK_PER_MINUTE),
+        }[outcome]
 
     return on_feedback
 
@@ -1023,7 +1053,8 @@ def _request_stop(
 def _answer_limit(
     deps: BotDeps, run_id: str, verdict: Verdict, clicker: Clicker, channel: str | None, context: BoltContext
 ) -> None:
-    """Record Continue (approved) or Stop (declined) for a run parked at a limit; same deciders as calls."""
+    """Record Continue (approved) or Stop (declined) for a run parked at a limit: the same deciders,
+    four eyes and quorum as a call's approval (one Stop stops)."""
     record = _clicked_run(deps, run_id, clicker, channel, context)
     if record is None:
         return
@@ -1033,6 +1064,10 @@ def _answer_limit(
     if not deps.may_decide(clicker.user, record):
         context[REPLY] = (texts.LIMIT_NOT_ALLOWED, {"who": deps.deciders(record)})
         return
+    approvals = deps.config.approvals
+    if verdict is Verdict.APPROVED and not approvals.self_approval and clicker.user == record.requester:
+        context[REPLY] = texts.LIMIT_NO_SELF_CONTINUE  # four eyes: their Stop still counts
+        return
     try:
         at_limit = record.run_state().at_limit
     except StateError:
@@ -1040,15 +1075,21 @@ def _answer_limit(
         return
     audit = {**record.audit_fields(None), "limit": at_limit}
     decision = Decision(verdict, by=clicker.user)
-    result = deps.store.decide(record.run_id, record.park_id, LIMIT_CALL, decision, audit=audit)
+    result = deps.store.decide(
+        record.run_id, record.park_id, LIMIT_CALL, decision, audit=audit, required=approvals.required
+    )
     if result.outcome is DecideOutcome.RECORDED:  # noted before the resume job exists: it reads the note
-        metrics.decided(deps.store.redis, record, verdict, deps.config.approvals)
-    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED):
-        deps.enqueue(APPLY_DECISIONS, record.run_id)
+        metrics.decided(deps.store.redis, record, verdict, approvals)
+    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED, DecideOutcome.COUNTED):
+        deps.enqueue(APPLY_DECISIONS, record.run_id)  # a Continue that counted: the card shows it
     if result.outcome is DecideOutcome.RECORDED:
         return
     standing = result.decision
-    if result.outcome is DecideOutcome.UNKNOWN or standing is None:
+    if result.outcome is DecideOutcome.COUNTED:
+        context[REPLY] = texts.LIMIT_CONTINUE_COUNTED.format(
+            count=len(result.votes), required=approvals.required
+        )
+    elif result.outcome is DecideOutcome.UNKNOWN or standing is None:
         context[REPLY] = texts.LIMIT_NOT_OPEN
     elif standing.verdict is Verdict.EXPIRED:
         context[REPLY] = texts.LIMIT_ALREADY_EXPIRED

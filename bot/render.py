@@ -1205,28 +1205,32 @@ def edit_modal(*, run_id: str, call: PendingCall, schema: Mapping[str, Any] | No
 
     Every property of the tool's schema gets an input (absent ones start empty); strings are
     edited as they are, other values as JSON text. Submitting approves the edited call. A value too
-    long for an input (`EDIT_VALUE_MAX`) gets none: the modal says it is kept as it is.
+    long for an input (`EDIT_VALUE_MAX`) gets none: the modal says it is kept as it is. Unless the
+    call is too large to review (`fully_reviewable`): then the modal says it cannot be approved as
+    it is, and such a value gets an empty input to replace it (left empty, it is kept, and the
+    submission is refused while the call is still too large to review).
     """
     metadata = _button_value(run_id, call)
     properties = dict((schema or {}).get("properties") or {})
     names = list(call.input) if isinstance(call.input, dict) else []
     names += [n for n in properties if n not in names]
     required = set((schema or {}).get("required") or ())
-    blocks: list[Any] = [
-        ContextBlock(
-            elements=[
-                MarkdownTextObject(
-                    text=f"Editing {_inline(call.name, 120)}: the call runs with what you submit, "
-                    "and the model is told a reviewer changed it. Strings as they are; other values as JSON."
-                )
-            ]
-        )
-    ]
+    reviewable = fully_reviewable(call)
+    intro = (
+        f"Editing {_inline(call.name, 120)}: the call runs with what you submit, "
+        "and the model is told a reviewer changed it. Strings as they are; other values as JSON."
+    )
+    if not reviewable:
+        intro = f"{texts.EDIT_NOT_REVIEWABLE}\n{intro}"
+    blocks: list[Any] = [ContextBlock(elements=[MarkdownTextObject(text=intro)])]
     kept = names[_MODAL_SECTIONS:]
     for name in names[:_MODAL_SECTIONS]:
         current = call.input.get(name) if isinstance(call.input, dict) else None
         initial = edit_value(current) if isinstance(call.input, dict) and name in call.input else None
         if initial is not None and len(initial) > EDIT_VALUE_MAX:
+            if not reviewable:  # the one way to approve it here: replace what nobody could read
+                blocks.append(_replace_input(name, len(initial)))
+                continue
             kept.append(name)  # an input would hold it cut, and submitting would cut the argument
             continue
         kind = (properties.get(name) or {}).get("type")
@@ -1261,6 +1265,19 @@ def edit_modal(*, run_id: str, call: PendingCall, schema: Mapping[str, Any] | No
         blocks=blocks,
     )
     return view.to_dict()
+
+
+def _replace_input(name: str, size: int) -> InputBlock:
+    """An empty input for an argument too long to show in one: what is typed replaces it."""
+    hint = texts.EDIT_REPLACE_HINT.format(size=f"{size:,}")
+    element = PlainTextInputElement(action_id="value", multiline=True, max_length=EDIT_VALUE_MAX)
+    return InputBlock(
+        block_id=name[:255],
+        label=PlainTextObject(text=name[:2000]),
+        element=element,
+        optional=True,
+        hint=PlainTextObject(text=hint),
+    )
 
 
 def grant_notice(*, tool: str, by: str, requester: str, until: datetime, value: str) -> Message:
@@ -1437,8 +1454,15 @@ def limit_card(
     requester: str,
     deciders: Sequence[str],
     expires_at: datetime,
+    required: int = 1,
+    votes: Sequence[str] = (),
+    self_approval: bool = True,
 ) -> Message:
-    """A run waiting at a limit (`on_limit = "ask"`): Continue (one more allowance) or Stop."""
+    """A run waiting at a limit (`on_limit = "ask"`): Continue (one more allowance) or Stop.
+
+    Continue is an approval like any other: `required` > 1 needs that many people (`votes` so far,
+    shown), and without `self_approval` the requester may Stop, never Continue.
+    """
     value = f"{run_id}:limit"
     if len(value) > BUTTON_VALUE_MAX:
         raise ValueError(f"button value of {len(value)} characters exceeds Slack's {BUTTON_VALUE_MAX}")
@@ -1446,6 +1470,11 @@ def limit_card(
     head = f":raised_hand: {_esc(question, SECTION_MAX - 20)}"
     choice = texts.LIMIT_CHOICE.format(more=_esc(more, 200))
     rules = texts.LIMIT_RULES.format(requester=mention(requester), who=who, expires=slack_date(expires_at))
+    if required > 1:
+        so_far = ", ".join(mention(v) for v in votes[:20]) if votes else "nobody yet"
+        rules += "\n" + texts.LIMIT_VOTES.format(count=len(votes), required=required, so_far=so_far)
+    if not self_approval:
+        rules += "\n" + texts.LIMIT_FOUR_EYES.format(requester=mention(requester))
     actions = ActionsBlock(
         block_id="limit",
         elements=[
@@ -1458,11 +1487,21 @@ def limit_card(
     )
 
 
-def limit_decided(*, question: str, verdict: Verdict, by: str | None, at: datetime, more: str) -> Message:
-    """The limit card once answered: no buttons, what was chosen, by whom and when."""
+def limit_decided(
+    *,
+    question: str,
+    verdict: Verdict,
+    by: str | None,
+    at: datetime,
+    more: str,
+    approvers: Sequence[str] = (),
+) -> Message:
+    """The limit card once answered: no buttons, what was chosen, by whom (everyone who chose
+    Continue, under a quorum) and when."""
     when = slack_date(at)
     if verdict is Verdict.APPROVED:
-        outcome = texts.LIMIT_CONTINUED.format(who=mention(by), when=when, more=_esc(more, 200))
+        who = ", ".join(mention(a) for a in approvers[:20]) if approvers else mention(by)
+        outcome = texts.LIMIT_CONTINUED.format(who=who, when=when, more=_esc(more, 200))
     elif verdict is Verdict.EXPIRED:
         outcome = texts.LIMIT_EXPIRED.format(when=when)
     else:

@@ -10,6 +10,14 @@ QUEUED_IN_THREAD = (
 )
 RETRY_BUSY = "Another request is running in this thread. Press Retry again once it has finished."
 RETRY_TAKEN = "Someone already pressed Retry on this failure."
+RETRY_USER_BUSY = (
+    "{{who}} already has {limit} requests going (running or waiting for approval), so this run "
+    "was not retried: it would be one too many. Press Retry again once one of them is done."
+)
+RETRY_CHANNEL_BUSY = (
+    "This channel already has {limit} requests going (running or waiting for approval), so this "
+    "run was not retried. Press Retry again once one of them is done."
+)
 ANSWER_IN_FILE = "_The answer is longer than a message can hold: the whole of it is in the file below._"
 ANSWER_FILE_TITLE = "The whole answer"
 FILE_NOT_POSTED = (
@@ -21,6 +29,11 @@ RESULTS_IN_FILE = (
 )
 RESULTS_FILE_TITLE = "Turn {turn}: every call in full"
 FEEDBACK_THANKS = "Thanks: your feedback on this answer is recorded."
+FEEDBACK_SAME = "Your feedback on this answer was already recorded. Nothing more was recorded."
+FEEDBACK_LIMITED = (
+    "You have given feedback {limit} times in the last minute, so this click was not recorded. "
+    "Try again in a minute."
+)
 FEEDBACK_UNKNOWN = "This answer can no longer take feedback (its run is gone). Nothing was recorded."
 NOT_ALLOWED = "Only {who} may decide this approval. Nothing was changed."
 NOT_ALLOWED_RETRY = "Only {who} may retry this run. Nothing was changed."
@@ -66,6 +79,18 @@ NO_SELF_APPROVAL = (
     "Nothing was changed."
 )
 NO_GRANTS = "Approving for the whole thread is not enabled here. Nothing was changed."
+EDIT_NOT_REVIEWABLE = (
+    "⛔ *These arguments are too large to review in Slack*, so the call cannot be approved as it "
+    "is. Replace the long ones below with something shorter, or cancel and decline it."
+)
+EDIT_REPLACE_HINT = (
+    "{size} characters, too long to show here. What you type replaces them; left empty, they are "
+    "kept, and the call still cannot be approved."
+)
+EDIT_STILL_NOT_REVIEWABLE = (
+    "Still too large to review in Slack: nothing can be approved that nobody could read. "
+    "Shorten or replace the long arguments."
+)
 NO_EDIT_WITH_QUORUM = (
     "This call needs several approvals, so it cannot be edited: decline it with a reason instead."
 )
@@ -115,6 +140,15 @@ STOP_ALREADY_STOPPED = "This run was already stopped by {who}."
 STOP_ENDED = "This run has already ended. Nothing was changed."
 STOP_UNKNOWN = "This run is not known here (it may have ended long ago). Nothing was changed."
 STOP_NOTHING_RUNNING = "Nothing of mine is running in this thread, so there was nothing to stop."
+LIMIT_VOTES = "*Continue:* {count} of {required} needed (so far: {so_far}); one Stop stops the run"
+LIMIT_FOUR_EYES = "*Four eyes:* {requester} asked for this run and may stop it, not continue it"
+LIMIT_NO_SELF_CONTINUE = (
+    "You asked for this run, so someone else must choose Continue (four eyes). You may Stop it. "
+    "Nothing was changed."
+)
+LIMIT_CONTINUE_COUNTED = (
+    "Your Continue counts: {count} of {required} so far. The run goes on once enough people choose it."
+)
 LIMIT_NOT_ALLOWED = "Only {who} may choose to continue or stop this run. Nothing was changed."
 LIMIT_NOT_OPEN = "This limit is no longer waiting for an answer. Nothing was changed."
 LIMIT_ALREADY = "This limit was already answered ({verdict}) by {{who}}. Nothing was changed."

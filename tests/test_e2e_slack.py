@@ -447,8 +447,9 @@ def test_a_markdown_answer_reads_as_written_and_feedback_on_it_is_recorded(stack
     thanked = wait_until(lambda: [e for e in stack.slack.ephemerals if e["user"] == "UBOB"])
     assert "feedback" in thanked[-1]["text"]
     store = Store(redis.Redis.from_url(stack.redis_url))
-    (entry,) = [e for e in store.audit_entries() if e.get("event") == "feedback" and e["thread_ts"] == ts]
+    (entry,) = [e for e in store.feedback_entries() if e["thread_ts"] == ts]
     assert (entry["feedback"], entry["by"], entry["channel"]) == ("bad", "UBOB", channel)
+    assert not [e for e in store.audit_entries(10_000) if e.get("event") == "feedback"]  # decisions only
     with urllib.request.urlopen(f"{stack.url}/metrics", timeout=10) as scrape:
         scraped = scrape.read().decode()
     assert re.search(r'^harness_feedback_total\{feedback="bad"\} [1-9]', scraped, re.MULTILINE)

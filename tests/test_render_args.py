@@ -11,7 +11,7 @@ import copy
 import json
 import re
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 from slack_sdk import WebClient
 from slack_sdk.models.views import View
 
-from bot import render
+from bot import edits, render
 from bot.render import Message
+from harness.config import Config
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, Verdict
 from harness.tools import ToolResult
@@ -398,6 +399,33 @@ def test_arguments_too_large_for_the_modal_are_refused_plainly() -> None:
     assert "too large to review in Slack" in all_text(msg)
     assert "cannot be approved" in all_text(msg)
     assert [b["action_id"] for b in buttons(msg)][-1] == "view_args"
+
+
+def submitted(view: dict[str, Any], values: dict[str, str | None]) -> dict[str, Any]:
+    """`view` as Slack sends it back on submit, its inputs (action_id "value") holding `values`."""
+    state = {b: {"value": {"type": "plain_text_input", "value": v}} for b, v in values.items()}
+    return {**view, "state": {"values": state}}
+
+
+def test_an_edit_still_too_large_to_review_is_refused_and_a_shortened_one_passes() -> None:
+    """Issue 19: Edit approves nothing Approve refuses. Every argument fits an input here, yet the
+    call is too large to review; the modal says so, and only a submission shortened enough passes."""
+    args = {f"part{n:03d}": f"{n:03d}" + "p" * 2996 for n in range(100)}  # 300k characters in all
+    call = pending(args)
+    assert not render.fully_reviewable(call)
+    view = render.edit_modal(run_id="a" * 32, call=call, schema=None)
+    assert "too large to review" in json.dumps(view["blocks"])
+    assert validate_blocks(view["blocks"], max_blocks=MAX_BLOCKS_PER_VIEW) == []
+    View(**copy.deepcopy(view)).to_dict()
+    inputs = {
+        b["block_id"]: b["element"].get("initial_value") for b in view["blocks"] if b["type"] == "input"
+    }
+
+    _, errors = edits.read(submitted(view, inputs), call, {}, Config())
+    assert [e for e in errors.values() if "too large to review" in e], errors
+    shorter = {name: value[:100] for name, value in inputs.items()}
+    edited, errors = edits.read(submitted(view, shorter), call, {}, Config())
+    assert errors == {} and render.fully_reviewable(replace(call, input=edited))
 
 
 def test_small_calls_are_fully_reviewable() -> None:

@@ -1,13 +1,13 @@
 """`python -m workers`: an RQ worker (with its scheduler) for the bot's queue, plus its watchdog.
 
-`python -m workers audit [--limit N]` prints the approval audit log instead; `python -m workers
-status` the runs in flight, parked (and who must decide) and failed.
+`python -m workers audit [--limit N] [--feedback]` prints the approval audit log (or the answers'
+feedback) instead; `python -m workers status` the runs in flight, parked (and who must decide) and
+failed.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import threading
@@ -26,6 +26,7 @@ from harness.config import ConfigError, ResolvedServer, load_config
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub, guard_forks
 from harness.tools.relay import RelayClient, RelayServer
+from workers import audit as audit_lines
 from workers import horses, jobs, logs, metrics, status
 from workers.driver import lease_seconds
 from workers.health import WORKER_TTL
@@ -221,25 +222,17 @@ def _relayed(svc: Services, relay: RelayServer) -> Catalog:
     return svc.catalog.with_host(client)
 
 
-def audit(limit: int) -> int:
-    """Print the newest `limit` decisions: when, who, outcome, tool, input preview and hash, where."""
+def audit(limit: int, *, feedback: bool = False) -> int:
+    """Print the newest `limit` entries of the decisions' audit (or, `feedback`, of the answers'
+    feedback), one line each whatever its kind (`workers.audit`)."""
     try:
-        entries = Store(redis_connection()).audit_entries(limit)
+        store = Store(redis_connection())
+        entries = store.feedback_entries(limit) if feedback else store.audit_entries(limit)
     except redis.RedisError as exc:
         print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
         return 2
-    for entry in entries:
-        when = datetime.fromtimestamp(entry["at"], UTC).isoformat(timespec="seconds")
-        who = entry.get("by") or "(nobody: expired)"
-        args = entry.get("input_preview") or json.dumps(entry.get("input"), ensure_ascii=False)
-        reason = f" reason={json.dumps(entry['reason'])}" if entry.get("reason") else ""
-        digest = f" input_sha256={entry['input_sha256']}" if entry.get("input_sha256") else ""
-        digest += f" why={json.dumps(entry['tier_why'])}" if entry.get("tier_why") else ""
-        print(
-            f"{when} {entry['verdict']:<8} by {who} {entry.get('tool')}({args}) "
-            f"run={entry['run_id']} channel={entry.get('channel')} asked_by={entry.get('requester')}"
-            f"{reason}{digest}"
-        )
+    for line in audit_lines.lines(entries, feedback=feedback):
+        print(line)
     return 0
 
 
@@ -262,11 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     audit_parser = sub.add_parser("audit", help="print the approval audit log")
     audit_parser.add_argument("--limit", type=int, default=100)
+    audit_parser.add_argument(
+        "--feedback", action="store_true", help="print the answers' feedback (its own stream) instead"
+    )
     sub.add_parser("status", help="print the runs in flight, parked (and who must decide) and failed")
     args = parser.parse_args(argv)
     logs.configure()  # text, or JSON lines with LOG_FORMAT=json (work horses inherit it)
     if args.command == "audit":
-        return audit(args.limit)
+        return audit(args.limit, feedback=args.feedback)
     if args.command == "status":
         return print_status()
     return work()

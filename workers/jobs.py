@@ -116,6 +116,10 @@ def apply_decisions(run_id: str) -> None:
     votes = svc.store.votes(run_id, record.park_id)
     for call_id, decision in decisions.items():
         card = record.cards.get(call_id)
+        if card and call_id == LIMIT_CALL and decision is None and call_id in votes:  # Continues so far
+            msg = _limit_card(svc, record, votes[call_id])
+            svc.update(record.channel, card, msg.text, msg.blocks)
+            continue
         if not card or call_id not in calls:
             continue
         if decision is None and call_id in votes:  # a quorum filling up: the card shows who so far
@@ -541,19 +545,28 @@ def _park_at_limit(svc: Services, driver: Driver, state: RunState, outcome: Awai
     expires_at = datetime.now(UTC) + timedelta(minutes=minutes)
     info = {"question": outcome.question, "reason": outcome.reason, "more": outcome.more}
     driver.record = replace(record, call_tools={LIMIT_CALL: info}, expires_at=expires_at.timestamp())
-    card = render.limit_card(
-        run_id=record.run_id,
-        question=outcome.question,
-        more=info["more"],
-        requester=record.requester,
-        deciders=list(svc.config.approvals.approvers or (record.requester,)),
-        expires_at=expires_at,
-    )
-    driver.owe(card, role=outbox.CARD, call=LIMIT_CALL)
+    driver.owe(_limit_card(svc, driver.record), role=outbox.CARD, call=LIMIT_CALL)
     driver.park_limit(state, park_ttl(minutes), expires_at.timestamp())
     driver.deliver()
     driver.record = thread_status.show(svc, driver.record, thread_status.Phase.WAITING)
     return _resume_if_decided(svc, driver)
+
+
+def _limit_card(svc: Services, record: RunRecord, votes: tuple[str, ...] = ()) -> render.Message:
+    """The card of a run parked at a limit, from what the park kept; `votes`: Continues so far."""
+    approvals = svc.config.approvals
+    info = record.call_tools.get(LIMIT_CALL, {})
+    return render.limit_card(
+        run_id=record.run_id,
+        question=info.get("question", ""),
+        more=info.get("more", ""),
+        requester=record.requester,
+        deciders=list(approvals.approvers or (record.requester,)),
+        expires_at=datetime.fromtimestamp(record.expires_at or time.time(), UTC),
+        required=approvals.required,
+        votes=votes,
+        self_approval=approvals.self_approval,
+    )
 
 
 def _resume_at_limit(
@@ -573,6 +586,7 @@ def _resume_at_limit(
             by=decision.by,
             at=datetime.now(UTC),
             more=info.get("more", ""),
+            approvers=decision.approvers,
         )
         driver.record = outbox.owe_update(driver.record, record.cards[LIMIT_CALL], decided)
     svc.store.forget_park(record)

@@ -40,6 +40,8 @@ RUN_COUNT_HORIZON = 3 * DAY  # a run older than this no longer counts against it
 AUDIT_MAX_ENTRIES = 100_000
 AUDIT_MAX_AGE = 90 * DAY
 AUDIT_PREVIEW_CHARS = 500
+FEEDBACK_MAX_ENTRIES = 100_000
+FEEDBACK_PER_MINUTE = 10  # feedback clicks of one person recorded per minute, over every answer
 EXPIRES_FIELD = "~expires"  # never a call id: those are [A-Za-z0-9_-]
 LIMIT_CALL = "limit"  # the one "call" of a park at a limit (on_limit = "ask"); tool_use ids are toolu_…
 IM = "im"  # RunRecord.surface of a run asked for in a direct message (or the assistant pane)
@@ -230,6 +232,21 @@ class Keys:
     @staticmethod
     def audit() -> str:
         return f"{PREFIX}audit"
+
+    @staticmethod
+    def feedback() -> str:
+        """The answers' feedback stream: apart from the decisions' audit, with its own bounds."""
+        return f"{PREFIX}feedback"
+
+    @staticmethod
+    def feedback_rate(team: str, user: str) -> str:
+        """How many feedback clicks of a person were recorded in the current minute."""
+        return f"{PREFIX}feedback:rate:{check_id('team', team)}:{check_id('user', user)}"
+
+    @staticmethod
+    def feedback_given(run_id: str, user: str) -> str:
+        """A person's standing feedback on one answer (good or bad): the same click again is not news."""
+        return f"{PREFIX}feedback:given:{check_id('run', run_id)}:{check_id('user', user)}"
 
     @staticmethod
     def lease(run_id: str) -> str:
@@ -799,6 +816,55 @@ redis.call('SADD', KEYS[9], KEYS[8])
 return outcome('new')
 """
 
+# KEYS[1] feedback stream, KEYS[2] the person's count this minute, KEYS[3] their standing feedback
+# on the answer. ARGV[1] entry JSON, ARGV[2] good/bad, ARGV[3] most a person may give a minute,
+# ARGV[4] that minute in s, ARGV[5] stream max length, ARGV[6] oldest id kept, ARGV[7] standing TTL s.
+# The same feedback again on the same answer adds nothing (a double click, a replay, redis-py
+# sending the script again); past the person's share of the minute nothing is written either.
+_FEEDBACK = """
+if redis.call('GET', KEYS[3]) == ARGV[2] then return 'same' end
+local n = redis.call('INCR', KEYS[2])
+if n == 1 then redis.call('EXPIRE', KEYS[2], ARGV[4]) end
+if n > tonumber(ARGV[3]) then return 'limited' end
+redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[7])
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[5], '*', 'entry', ARGV[1])
+redis.call('XTRIM', KEYS[1], 'MINID', '~', ARGV[6])
+return 'recorded'
+"""
+
+
+# KEYS[1] the failure's retry claim, KEYS[2] the requester's runs, KEYS[3] the channel's runs,
+# KEYS[4] active runs. ARGV[1] who, ARGV[2] claim TTL, ARGV[3] the horizon of the counts, ARGV[4] max
+# per user, ARGV[5] max per channel, ARGV[6] now, ARGV[7] counts TTL, ARGV[8] run id.
+# A retry starts the run again, so it is counted as `_ACCEPT` counts a mention (the run's end takes it
+# off again); every check comes before any write. The run itself never counts against its own retry.
+_CLAIM_RETRY = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 'duplicate' end
+local function full(key, most)
+  if redis.call('ZSCORE', key, ARGV[8]) then return false end
+  return redis.call('ZCOUNT', key, ARGV[3], '+inf') >= tonumber(most)
+end
+if full(KEYS[2], ARGV[4]) then return 'user_busy' end
+if full(KEYS[3], ARGV[5]) then return 'channel_busy' end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+for i = 2, 3 do
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', ARGV[3])
+  redis.call('ZADD', KEYS[i], ARGV[6], ARGV[8])
+  redis.call('EXPIRE', KEYS[i], ARGV[7])
+end
+redis.call('ZADD', KEYS[4], ARGV[6], ARGV[8])
+return 'new'
+"""
+
+
+class FeedbackOutcome(StrEnum):
+    """What became of a click on an answer's thumbs."""
+
+    RECORDED = "recorded"
+    SAME = "same"  # the person's standing feedback on this answer already says so
+    LIMITED = "limited"  # past the person's share of the minute: not recorded
+
+
 # KEYS[1] lease. ARGV[1] token.
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 0"
 
@@ -819,6 +885,8 @@ class Store:
         self._release = connection.register_script(_RELEASE)
         self._request_stop = connection.register_script(_REQUEST_STOP)
         self._accept = connection.register_script(_ACCEPT)
+        self._feedback = connection.register_script(_FEEDBACK)
+        self._claim_retry = connection.register_script(_CLAIM_RETRY)
         self._besides: dict[str, Script] = {}  # scripts of `Beside` writes, registered once each
 
     # --- mentions -------------------------------------------------------------------------------
@@ -1098,13 +1166,31 @@ class Store:
 
     # --- retries --------------------------------------------------------------------------------
 
-    def claim_retry(self, run_id: str, failure_ts: str, by: str) -> bool:
-        """True for exactly one Retry click of one failure; the run is then marked active."""
-        with self.redis.pipeline() as pipe:
-            pipe.set(Keys.retry_claim(run_id, failure_ts), by, nx=True, ex=DAY)
-            pipe.zadd(Keys.active(), {run_id: time.time()})
-            claimed, _ = pipe.execute()
-        return bool(claimed)
+    def claim_retry(
+        self, record: RunRecord, failure_ts: str, by: str, *, max_per_user: int, max_per_channel: int
+    ) -> Accepted:
+        """Claim the one Retry of a failure of `record`, counted as a run of its requester and
+        channel like a mention (`accept_event`): `Accepted.NEW` for exactly one click, which marks
+        the run active and counts it; `DUPLICATE` once it is claimed; `USER_BUSY` or `CHANNEL_BUSY`
+        (nothing written: the failure stays retryable) when it would pass a bound of runs."""
+        now = time.time()
+        keys = [
+            Keys.retry_claim(record.run_id, failure_ts),
+            Keys.user_runs(record.team, record.requester),
+            Keys.channel_runs(record.team, record.channel),
+            Keys.active(),
+        ]
+        args: list[Any] = [
+            check_id("user", by),
+            DAY,
+            repr(now - RUN_COUNT_HORIZON),
+            max_per_user,
+            max_per_channel,
+            repr(now),
+            RUN_COUNT_HORIZON,
+            record.run_id,
+        ]
+        return Accepted(_text(self._claim_retry(keys=keys, args=args)))
 
     def retry_claimed_by(self, run_id: str, failure_ts: str) -> str | None:
         raw = self.redis.get(Keys.retry_claim(run_id, failure_ts))
@@ -1420,6 +1506,44 @@ class Store:
             pipe.execute()
 
     def audit_entries(self, count: int = 100) -> list[dict[str, Any]]:
-        """The newest `count` audit entries, oldest first."""
-        rows: list[Any] = self.redis.xrevrange(Keys.audit(), count=count) or []
-        return [json.loads(fields[b"entry"]) for _, fields in reversed(rows)]
+        """The newest `count` audit entries, oldest first (see `_stream_entries`)."""
+        return self._stream_entries(Keys.audit(), count)
+
+    def _stream_entries(self, key: str, count: int) -> list[dict[str, Any]]:
+        """The newest `count` entries of stream `key`, oldest first. An entry that is not a JSON
+        object (written by hand, or by something else) comes back as `{"unreadable": ...}`."""
+        rows: list[Any] = self.redis.xrevrange(key, count=count) or []
+        out = []
+        for _, fields_ in reversed(rows):
+            raw = fields_.get(b"entry", b"")
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                entry = None
+            out.append(entry if isinstance(entry, dict) else {"unreadable": _text(raw)[:200]})
+        return out
+
+    # --- feedback on answers --------------------------------------------------------------------
+
+    def record_feedback(
+        self, entry: dict[str, Any], *, team: str, user: str, run_id: str, now: float | None = None
+    ) -> FeedbackOutcome:
+        """Append a click on an answer's thumbs (`entry["feedback"]`: good or bad) to the feedback
+        stream, unless it repeats `user`'s standing feedback on that answer or `user` has already
+        given `FEEDBACK_PER_MINUTE` this minute. One script: the checks and the write are one step."""
+        now = time.time() if now is None else now
+        keys = [Keys.feedback(), Keys.feedback_rate(team, user), Keys.feedback_given(run_id, user)]
+        args: list[Any] = [
+            json.dumps({"at": now, **entry}, ensure_ascii=False),
+            str(entry["feedback"]),
+            FEEDBACK_PER_MINUTE,
+            60,
+            FEEDBACK_MAX_ENTRIES,
+            f"{int((now - AUDIT_MAX_AGE) * 1000)}-0",
+            FINISHED_RUN_TTL,
+        ]
+        return FeedbackOutcome(_text(self._feedback(keys=keys, args=args)))
+
+    def feedback_entries(self, count: int = 100) -> list[dict[str, Any]]:
+        """The newest `count` feedback entries, oldest first."""
+        return self._stream_entries(Keys.feedback(), count)
