@@ -16,13 +16,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
+from referencing.exceptions import Unresolvable
 
 from bot import render, texts
 from harness.config import Config
 from harness.policy import Tier
 from harness.state import PendingCall
+from harness.tools.schemas import validator_of
 
 _MESSAGE_MAX = 150  # Slack shows a short line under the input
 
@@ -111,14 +112,18 @@ def _values(view: Mapping[str, Any]) -> dict[str, str | None]:
 
 
 def _schema_problems(schema: Mapping[str, Any], value: dict[str, Any]) -> list[tuple[str, str]]:
-    """(argument, message) for each way `value` breaks `schema`; an unusable schema checks nothing."""
+    """(argument, message) for each way `value` breaks `schema`.
+
+    The schema is the tool's own (an MCP server's): a `$ref` in it is never fetched, and a schema
+    that cannot be used refuses the edit rather than let it through unchecked.
+    """
     if not schema:
         return []
     try:
-        validator = Draft202012Validator(dict(schema))
+        validator = validator_of(schema)
         found = sorted(validator.iter_errors(value), key=lambda e: list(e.path))
-    except SchemaError:
-        return []
+    except (SchemaError, Unresolvable, RecursionError):
+        return [("", texts.EDIT_SCHEMA_UNUSABLE)]
     problems = []
     for error in found:
         where = str(error.path[0]) if error.path else ""

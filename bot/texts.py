@@ -79,6 +79,7 @@ NO_SELF_APPROVAL = (
     "Nothing was changed."
 )
 NO_GRANTS = "Approving for the whole thread is not enabled here. Nothing was changed."
+EDIT_SCHEMA_UNUSABLE = "The tool's input schema cannot be used to check an edit, so no edit can be approved."
 EDIT_NOT_REVIEWABLE = (
     "⛔ *These arguments are too large to review in Slack*, so the call cannot be approved as it "
     "is. Replace the long ones below with something shorter, or cancel and decline it."

@@ -621,3 +621,38 @@ def all_text(msg: Message) -> str:
 
 def all_view_text(view: dict[str, Any]) -> str:
     return "\n".join(strings(view))
+
+
+def test_an_edit_checked_against_a_hostile_schema_fetches_nothing_and_is_refused() -> None:
+    """A tool's schema is the server's: a remote `$ref` in it must not make the bot fetch a URL
+    (jsonschema's default registry would, with urllib), and an edit it cannot check is refused."""
+    import http.server
+    import threading
+
+    fetched: list[str] = []
+
+    class Trap(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            fetched.append(self.path)
+            body = b'{"type": "string"}'
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Trap)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/schema.json"
+        schema = {"type": "object", "properties": {"path": {"$ref": url}}}
+        call = pending({"path": "a.txt"})
+        view = render.edit_modal(run_id="a" * 32, call=call, schema=schema)
+        inputs = {b["block_id"]: "b.txt" for b in view["blocks"] if b["type"] == "input"}
+        _, errors = edits.read(submitted(view, inputs), call, {"schema": schema}, Config())
+    finally:
+        server.shutdown()
+    assert fetched == []
+    assert errors, "an edit the bot could not check must not pass"
