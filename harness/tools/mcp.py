@@ -17,8 +17,10 @@ import asyncio
 import json
 import logging
 import os
+import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import AbstractAsyncContextManager, suppress
@@ -33,9 +35,10 @@ from harness.tools.base import RESULT_LIMIT_CHARS, Tool, ToolContext, ToolResult
 log = logging.getLogger("harness.mcp")
 
 SEPARATOR = "__"
-# The Messages API's rule for a tool name.
-_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
-_MAX_NAME = 128
+# The Messages API's rule for a tool name: a name that breaks it makes every request refused.
+TOOL_NAME_RULE = "^[a-zA-Z0-9_-]{1,64}$"
+_TOOL_NAME = re.compile(TOOL_NAME_RULE)
+_NAMED_MAX = 20  # tools named in the one log line that says which were left out
 _IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 _MAX_IMAGE_BASE64 = 5 * 1024 * 1024 * 4 // 3  # the API's 5 MB per image, as base64
 _MAX_IMAGES = 8
@@ -179,7 +182,8 @@ def absent_answer(servers: Sequence[str], listing: Listing) -> Callable[[str], T
 
 
 def valid_tool_name(name: str) -> bool:
-    return 1 <= len(name) <= _MAX_NAME and set(name) <= _NAME_CHARS
+    """Whether the Messages API accepts `name` as a tool's name (`TOOL_NAME_RULE`)."""
+    return _TOOL_NAME.fullmatch(name) is not None
 
 
 # --- the hub ---------------------------------------------------------------------------------
@@ -423,6 +427,11 @@ class _HttpTransport:
 
 
 async def _list_tools(client: Any, server: str) -> tuple[McpTool, ...]:
+    """The server's tools the API can be offered; the others are named in one log line.
+
+    A name the API refuses, or one two tools share (which of them would a call reach?), is left
+    out; offering it would make every request of every run refused, built-in-only runs included.
+    """
     found: list[McpTool] = []
     cursor = None
     for _ in range(100):  # pages; a server that pages forever is cut off
@@ -431,28 +440,42 @@ async def _list_tools(client: Any, server: str) -> tuple[McpTool, ...]:
             annotations = (
                 tool.annotations.model_dump(by_alias=True, exclude_none=True) if tool.annotations else {}
             )
-            info = McpTool(
-                server=server,
-                name=tool.name,
-                description=tool.description or "",
-                input_schema=tool.input_schema,
-                title=tool.title or annotations.get("title"),
-                annotations=annotations,
-            )
-            if not valid_tool_name(info.qualified):
-                log.warning(
-                    "MCP server %s: tool %r is not offered: %r breaks the API's tool-name rule "
-                    "(1-128 characters of a-z, A-Z, 0-9, _ and -)",
-                    server,
-                    tool.name,
-                    info.qualified,
+            found.append(
+                McpTool(
+                    server=server,
+                    name=tool.name,
+                    description=tool.description or "",
+                    input_schema=tool.input_schema,
+                    title=tool.title or annotations.get("title"),
+                    annotations=annotations,
                 )
-                continue
-            found.append(info)
+            )
         cursor = page.next_cursor
         if not cursor:
             break
-    return tuple(found)
+    return _offerable(found, server)
+
+
+def _offerable(found: list[McpTool], server: str) -> tuple[McpTool, ...]:
+    counts = Counter(t.name for t in found)
+    refused: dict[str, str] = {}
+    for info in found:
+        if counts[info.name] > 1:
+            refused[info.name] = f"{counts[info.name]} tools share this name"
+        elif not valid_tool_name(info.qualified):
+            refused[info.name] = f"{info.qualified!r} breaks the API's tool-name rule {TOOL_NAME_RULE}"
+    if refused:
+        # repr: a name is the server's text, and must not start a log line of its own.
+        reasons = [f"{name!r} ({why})" for name, why in refused.items()]
+        more = f"; and {len(reasons) - _NAMED_MAX} more" if len(reasons) > _NAMED_MAX else ""
+        log.warning(
+            "MCP server %s: %d tool(s) not offered: %s%s",
+            server,
+            len(refused),
+            "; ".join(reasons[:_NAMED_MAX]),
+            more,
+        )
+    return tuple(t for t in found if t.name not in refused)
 
 
 def _closed(client: Any) -> bool:
