@@ -123,7 +123,11 @@ CLI_INTERRUPTED = "Interrupted: stopped cleanly; no tool was left running."
 
 # Why a call has its tier (cards, turn summaries, --list-tools).
 WHY_BUILTIN = "tool's own tier (built-in)"
-WHY_MCP_READ_ONLY = "tool's own tier (MCP readOnlyHint)"
+WHY_MCP_READ_ONLY = (
+    "tool's own tier (MCP readOnlyHint, trusted: trust_annotations = true for server {server})"
+)
+# Why a tool that claims to be read-only gets no tier of its own: the policy's default follows it.
+WHY_MCP_CLAIM_NOT_TRUSTED = "readOnlyHint not trusted: trust_annotations is false for server {server}"
 RESULT_IMAGE_PLACEHOLDER = "[{kind}]"
 WHY_UNKNOWN_TOOL = "no tool of that name is offered: answered as an error, never run"
 

@@ -43,6 +43,10 @@ max_runs_per_channel = 1000
 """
 
 
+# The desk's readOnlyHint sets tiers here; an untrusted claim is tests/test_mcp_hostile.py's.
+TRUSTED = "trust_annotations = true\n"
+
+
 @pytest.fixture(scope="module")
 def desk_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("desk") / "calls.jsonl"
@@ -60,7 +64,8 @@ def stack(
     never = '[[mcp.servers]]\nname = "gone"\ncommand = "/nonexistent/mcp-server"\n'
     # `odd` lists two tools of one name, and names the API refuses: no run may fail for it.
     odd = odd_table("odd", odd_log)
-    config = stdio_table("desk", desk_log, DESK_TOKEN="${DESK_TOKEN}") + never + odd + POLICY
+    desk = stdio_table("desk", desk_log, DESK_TOKEN="${DESK_TOKEN}") + TRUSTED
+    config = desk + never + odd + POLICY
     workdir = tmp_path_factory.mktemp("mcp")
     yield from running_stack(redis_server, workdir, config, 5, extra_env={"DESK_TOKEN": TOKEN})
 
@@ -110,7 +115,7 @@ def test_allow_ask_and_deny_in_one_turn_reach_the_server_exactly_as_the_policy_s
 
     summary = wait_post(stack, "C901", ts, "desk__delete_ticket")
     said = json.dumps(summary["blocks"], ensure_ascii=False)
-    assert "tool's own tier (MCP readOnlyHint)" in said  # why get_ticket ran at once
+    assert "tool's own tier (MCP readOnlyHint, trusted" in said  # why get_ticket ran at once
     assert "policy.rules[1]" in said  # why delete_ticket was denied
     results = [r for r in stack.model.requests if "threetiers" in str(r["messages"][0])][-1]["messages"][-1]
     by_id = {b["tool_use_id"]: b for b in results["content"]}
@@ -243,7 +248,7 @@ def terminal(
     tmp_path: Path, model: FakeMessagesAPI, log: Path, *args: str, stdin: str = ""
 ) -> subprocess.CompletedProcess[str]:
     config = tmp_path / "harness.toml"
-    config.write_text(stdio_table("desk", log) + POLICY)
+    config.write_text(stdio_table("desk", log) + TRUSTED + POLICY)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "HARNESS_", "SLACK_"))}
     env.update(
         PYTHONPATH=str(ROOT),
@@ -284,7 +289,10 @@ def test_list_tools_prints_every_mcp_tool_with_its_tier_and_why(
     done = terminal(tmp_path, model, tmp_path / "calls.jsonl", "--list-tools")
     assert done.returncode == 0, done.stderr
     lines = {line.split("\t")[0]: line.split("\t")[1:] for line in done.stdout.splitlines()}
-    assert lines["desk__get_ticket"] == ["allow", "tool's own tier (MCP readOnlyHint)"]
+    assert lines["desk__get_ticket"] == [
+        "allow",
+        "tool's own tier (MCP readOnlyHint, trusted: trust_annotations = true for server desk)",
+    ]
     assert lines["desk__close_ticket"] == ["ask", "policy.default"]
     assert lines["desk__delete_ticket"] == ["deny", 'policy.rules[1] (tool = "desk__delete_*")']
     assert lines["desk__crash"] == ["allow", "policy.tools.desk__crash"]

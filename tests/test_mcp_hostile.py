@@ -9,6 +9,9 @@ set a tier, or make a request the API would refuse.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ from harness.tools import ToolContext
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub
 from tests.mcp_support import calls, odd_table
+from tests.stack import ROOT
 
 REFUSED_NAMES = ("twin", "l" * 60, "has.dot")
 
@@ -85,3 +89,59 @@ def test_every_refused_name_is_named_in_one_log_line(
     for name in REFUSED_NAMES:
         assert repr(name) in lines[0]
     assert "2 tools share this name" in lines[0] and "^[a-zA-Z0-9_-]{1,64}$" in lines[0]
+
+
+# --- annotations are claims ----------------------------------------------------------------------
+
+
+def tier_and_why(catalog: Catalog, name: str) -> tuple[str, str]:
+    found = catalog.registry().get(name)
+    assert found is not None, name
+    ruling = load_config(env={}).policy.decide(name, {}, found.own_tier, found.own_tier_why)
+    return ruling.tier.value, ruling.why
+
+
+def test_a_read_only_claim_of_an_untrusted_server_sets_no_tier_and_keeps_side_effects(
+    odd: tuple[Catalog, McpHub],
+) -> None:
+    """`wipe` says readOnlyHint: true. Today that makes it allow, and never re-run after a crash."""
+    catalog, _ = odd
+    tier, why = tier_and_why(catalog, "odd__wipe")
+    assert tier == "ask"  # the default: the claim gave nothing
+    assert why == "policy.default (readOnlyHint not trusted: trust_annotations is false for server odd)"
+    wipe = catalog.registry().get("odd__wipe")
+    assert wipe is not None and wipe.side_effects is True  # fail safe: outcome unknown, never re-run
+    assert wipe.annotations["readOnlyHint"] is True  # the card still shows what the server claims
+
+
+def test_a_trusted_servers_read_only_claim_allows(tmp_path: Path, log: Path) -> None:
+    config = config_of(tmp_path, odd_table("odd", log, trust=True))
+    with McpHub(config.resolved_servers({})) as hub:
+        catalog = Catalog.from_config(config, host=hub)
+        tier, why = tier_and_why(catalog, "odd__wipe")
+        assert (tier, why) == (
+            "allow",
+            "tool's own tier (MCP readOnlyHint, trusted: trust_annotations = true for server odd)",
+        )
+        wipe = catalog.registry().get("odd__wipe")
+        assert wipe is not None and wipe.side_effects is False
+
+
+def test_list_tools_says_why_an_untrusted_read_only_claim_is_not_allow(tmp_path: Path, log: Path) -> None:
+    config = tmp_path / "harness.toml"
+    config.write_text(odd_table("odd", log) + odd_table("trusted", log, trust=True))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "HARNESS_", "SLACK_"))}
+    env.update(PYTHONPATH=str(ROOT), HARNESS_CONFIG=str(config), HARNESS_WORKSPACE=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "--list-tools"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    lines = {line.split("\t")[0]: line.split("\t")[1:] for line in done.stdout.splitlines()}
+    assert lines["odd__wipe"] == [
+        "ask",
+        "policy.default (readOnlyHint not trusted: trust_annotations is false for server odd)",
+    ]
+    assert lines["trusted__wipe"] == [
+        "allow",
+        "tool's own tier (MCP readOnlyHint, trusted: trust_annotations = true for server trusted)",
+    ]

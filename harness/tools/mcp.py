@@ -76,18 +76,25 @@ class McpTool:
     input_schema: Mapping[str, Any]
     title: str | None = None
     annotations: Mapping[str, Any] = field(default_factory=dict)
+    # `trust_annotations` of its server: whether `claims_read_only` may be believed.
+    trusted: bool = False
 
     @property
     def qualified(self) -> str:
         return f"{self.server}{SEPARATOR}{self.name}"
 
     @property
-    def read_only(self) -> bool:
-        """`readOnlyHint: true` and not `destructiveHint: true`: the contract's step 3 allow."""
+    def claims_read_only(self) -> bool:
+        """`readOnlyHint: true` and not `destructiveHint: true`: what the server says, nothing more."""
         return (
             self.annotations.get("readOnlyHint") is True
             and self.annotations.get("destructiveHint") is not True
         )
+
+    @property
+    def read_only(self) -> bool:
+        """A read-only claim of a server whose annotations are trusted: the contract's step 3 allow."""
+        return self.trusted and self.claims_read_only
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +104,7 @@ class McpTool:
             "input_schema": dict(self.input_schema),
             "title": self.title,
             "annotations": dict(self.annotations),
+            "trusted": self.trusted,
         }
 
     @classmethod
@@ -108,6 +116,7 @@ class McpTool:
             input_schema=data["input_schema"],
             title=data.get("title"),
             annotations=data.get("annotations") or {},
+            trusted=data.get("trusted") is True,  # missing: not trusted
         )
 
 
@@ -149,7 +158,15 @@ def tools_of(host: McpHost, listing: Listing) -> list[Tool]:
 
 
 def _as_tool(host: McpHost, info: McpTool, timeout: float) -> Tool:
-    side_effects = not info.read_only  # fail safe: an unannotated tool may change the world
+    # Fail safe: an unannotated tool, or one whose claim is not trusted, may change the world, so
+    # a call of it is never run twice after a crash (its outcome is reported unknown instead).
+    side_effects = not info.read_only
+    if info.read_only:
+        own_why = texts.WHY_MCP_READ_ONLY.format(server=info.server)
+    elif info.claims_read_only:  # no tier of its own; the policy's why says the claim was not believed
+        own_why = texts.WHY_MCP_CLAIM_NOT_TRUSTED.format(server=info.server)
+    else:
+        own_why = ""
 
     def call(_ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
         return host.call(info.server, info.name, arguments, side_effects)
@@ -161,7 +178,7 @@ def _as_tool(host: McpHost, info: McpTool, timeout: float) -> Tool:
         call=call,
         side_effects=side_effects,
         own_tier=Tier.ALLOW if info.read_only else None,
-        own_tier_why=texts.WHY_MCP_READ_ONLY if info.read_only else "",
+        own_tier_why=own_why,
         title=info.title,
         annotations=info.annotations,
         timeout_seconds=timeout,
@@ -306,7 +323,7 @@ class McpHub:
         while True:
             try:
                 async with self._open(server.resolved) as client:
-                    tools = await _list_tools(client, server.name)
+                    tools = await _list_tools(client, server.name, server.resolved.config.trust_annotations)
                     with self._lock:
                         server.client, server.tools, server.reason = client, tools, ""
                     server.broken.clear()
@@ -426,7 +443,7 @@ class _HttpTransport:
             await self._http.__aexit__(None, None, None)
 
 
-async def _list_tools(client: Any, server: str) -> tuple[McpTool, ...]:
+async def _list_tools(client: Any, server: str, trusted: bool = False) -> tuple[McpTool, ...]:
     """The server's tools the API can be offered; the others are named in one log line.
 
     A name the API refuses, or one two tools share (which of them would a call reach?), is left
@@ -448,6 +465,7 @@ async def _list_tools(client: Any, server: str) -> tuple[McpTool, ...]:
                     input_schema=tool.input_schema,
                     title=tool.title or annotations.get("title"),
                     annotations=annotations,
+                    trusted=trusted,
                 )
             )
         cursor = page.next_cursor
