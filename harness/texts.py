@@ -147,7 +147,21 @@ MCP_LOST_OUTCOME_UNKNOWN = (
 MCP_CALL_FAILED = "Error: {name} failed: {error}"
 MCP_IMAGE_DROPPED = "[an image was left out: {why}]"
 MCP_BLOB_RESOURCE = "(binary resource {uri}, not shown)"
-MCP_CONTENT_DROPPED = "[a {kind} block was left out: the model cannot read it]"
+MCP_CONTENT_DROPPED = "[a block of type {kind!r} was left out: the model cannot read it]"
+MCP_AUDIO_DROPPED = "[an audio block was left out: the model cannot hear audio]"
+MCP_IMAGE_TYPE = "{mime_type!r} is not an image type the model reads (PNG, JPEG, GIF, WebP)"
+MCP_IMAGE_TOO_LARGE = "{size:,} characters of base64, more than the {limit:,} allowed per image"
+MCP_IMAGE_TOO_MANY = "more than {limit} images in one result"
+MCP_IMAGES_TOO_LARGE = "the result's images together would pass {limit:,} characters of base64"
+MCP_IMAGE_NOT_BASE64 = "its data is not base64"
+MCP_IMAGE_NOT_ITS_TYPE = "its bytes are not a {mime_type} image"
+MCP_BLOCKS_LEFT_OUT = "[{count:,} more content blocks were left out]"
+MCP_STRUCTURED_UNREADABLE = "(structured content too deeply nested to show)"
+MCP_SAME_AS_BLOCK = "[the same as content block {number}]"
+MCP_ANSWER_TOO_LARGE = (
+    "the server answered with more than {limit} in one message, which was not read "
+    "(the call did reach the server)"
+)
 MCP_EMPTY_RESULT = "(the tool returned nothing)"
 
 # What the model reads in place of an old tool result cleared to keep a request within

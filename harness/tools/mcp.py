@@ -14,7 +14,6 @@ cannot use the hub's pipes or loop from the child: see `harness.tools.relay`.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import re
@@ -30,7 +29,8 @@ from typing import Any, Protocol
 from harness import texts
 from harness.config import ResolvedServer
 from harness.policy import Tier
-from harness.tools.base import RESULT_LIMIT_CHARS, Tool, ToolContext, ToolResult
+from harness.tools.base import Tool, ToolContext, ToolResult
+from harness.tools.mcp_bounds import bound_stdio_reads, convert_result
 
 log = logging.getLogger("harness.mcp")
 
@@ -39,9 +39,6 @@ SEPARATOR = "__"
 TOOL_NAME_RULE = "^[a-zA-Z0-9_-]{1,64}$"
 _TOOL_NAME = re.compile(TOOL_NAME_RULE)
 _NAMED_MAX = 20  # tools named in the one log line that says which were left out
-_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
-_MAX_IMAGE_BASE64 = 5 * 1024 * 1024 * 4 // 3  # the API's 5 MB per image, as base64
-_MAX_IMAGES = 8
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 30.0
 
 # Held while a stdio server's process is being spawned. A process that also forks (an RQ worker
@@ -224,6 +221,7 @@ class McpHub:
     """Warm sessions to every configured MCP server, on a loop thread of the hub's own."""
 
     def __init__(self, servers: Sequence[ResolvedServer], *, errlog: Any = None) -> None:
+        bound_stdio_reads()  # what a server sends is read in linear time, up to a limit
         self._servers = {s.config.name: _Server(s) for s in servers}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="mcp-hub", daemon=True)
@@ -522,67 +520,3 @@ def _describe(exc: BaseException) -> str:
         exc = exc.exceptions[0]
     text = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
-
-
-# --- results ---------------------------------------------------------------------------------
-
-
-def convert_result(result: Any) -> ToolResult:
-    """An MCP `CallToolResult` as a `tool_result`: text as text, images as images, cut to fit.
-
-    `structuredContent` becomes JSON text when no text came with it; `isError` is `is_error`.
-    """
-    blocks: list[dict[str, Any]] = []
-    images = 0
-    for item in result.content:
-        kind = getattr(item, "type", "")
-        if kind == "text":
-            blocks.append({"type": "text", "text": item.text})
-        elif kind == "image" and item.mime_type in _IMAGE_TYPES and len(item.data) <= _MAX_IMAGE_BASE64:
-            if images < _MAX_IMAGES:
-                images += 1
-                source = {"type": "base64", "media_type": item.mime_type, "data": item.data}
-                blocks.append({"type": "image", "source": source})
-            else:
-                blocks.append({"type": "text", "text": texts.MCP_IMAGE_DROPPED.format(why="too many images")})
-        elif kind == "image":
-            why = f"{item.mime_type}, {len(item.data):,} base64 characters"
-            blocks.append({"type": "text", "text": texts.MCP_IMAGE_DROPPED.format(why=why)})
-        elif kind == "resource":
-            resource = item.resource
-            body = getattr(resource, "text", None)
-            text = body if body is not None else texts.MCP_BLOB_RESOURCE.format(uri=resource.uri)
-            blocks.append({"type": "text", "text": f"[resource {resource.uri}]\n{text}"})
-        elif kind == "resource_link":
-            blocks.append({"type": "text", "text": f"[resource link: {item.name} {item.uri}]"})
-        else:
-            blocks.append({"type": "text", "text": texts.MCP_CONTENT_DROPPED.format(kind=kind or "unknown")})
-    has_text = any(b["type"] == "text" for b in blocks)
-    if not has_text and result.structured_content is not None:
-        blocks.insert(0, {"type": "text", "text": json.dumps(result.structured_content, ensure_ascii=False)})
-    blocks = _cut_blocks(blocks)
-    is_error = bool(result.is_error)
-    if all(b["type"] == "text" for b in blocks):
-        return ToolResult("\n".join(b["text"] for b in blocks) or texts.MCP_EMPTY_RESULT, is_error)
-    return ToolResult(blocks, is_error)
-
-
-def _cut_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Text blocks cut so that all of them together stay within `RESULT_LIMIT_CHARS`."""
-    budget = RESULT_LIMIT_CHARS
-    total = sum(len(b["text"]) for b in blocks if b["type"] == "text")
-    if total <= budget:
-        return blocks
-    out = []
-    for block in blocks:
-        if block["type"] != "text":
-            out.append(block)
-            continue
-        if budget <= 0:
-            continue
-        text = block["text"]
-        budget -= len(text)
-        if budget < 0:
-            text = text[: len(text) + budget] + texts.RESULT_CUT.format(total=total, kept=RESULT_LIMIT_CHARS)
-        out.append({"type": "text", "text": text})
-    return out

@@ -6,9 +6,10 @@
 The high-level API keeps tools in a dict and cannot list two of one name; this one lists
 whatever it likes: two tools named `twin`, a name too long for the Messages API once it is
 prefixed with the server's name, a name with a dot, and tools whose results are huge (`big_text`
-answers `chars` characters), full of images (`images`), an image repeated in `structuredContent`
-as `read_media_file` of `@modelcontextprotocol/server-filesystem` does (`media`), or audio
-(`audio`). `readOnlyHint: true` is claimed by every tool, including the destructive `wipe`.
+answers `chars` characters), full of images (`images`), an image repeated in
+`structuredContent` as `read_media_file` of `@modelcontextprotocol/server-filesystem` does
+(`media`), audio (`audio`), or images the API would refuse (`bad_image`).
+`readOnlyHint: true` is claimed by every tool, including the destructive `wipe`.
 Every call is appended as one JSON line to `MCP_CALL_LOG` (when set).
 """
 
@@ -50,6 +51,7 @@ TOOLS = [
     _tool("images", "Answers `count` images of `kb` KB of base64 each.", count="integer", kb="integer"),
     _tool("media", "An image, and the same image again in structuredContent (as server-filesystem does)."),
     _tool("audio", "A caption and an audio block."),
+    _tool("bad_image", "An image that is not base64, and one whose bytes are not of its type."),
 ]
 
 
@@ -89,6 +91,14 @@ async def call_tool(_ctx: Any, params: types.CallToolRequestParams) -> types.Cal
     if params.name == "audio":
         sound = types.AudioContent(type="audio", data=PIXEL, mime_type="audio/wav")
         return types.CallToolResult(content=[_text("a beep"), sound])
+    if params.name == "bad_image":
+        gif = base64.b64encode(b"GIF89a" + b"\0" * 30).decode()
+        return types.CallToolResult(
+            content=[
+                types.ImageContent(type="image", data="not base64 at all!", mime_type="image/png"),
+                types.ImageContent(type="image", data=gif, mime_type="image/png"),
+            ]
+        )
     return types.CallToolResult(content=[_text(f"no tool {params.name}")], is_error=True)
 
 
