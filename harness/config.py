@@ -94,6 +94,8 @@ class McpServerConfig:
     url: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     timeout_seconds: float = 60.0
+    # Annotations are the server's own claims: only with true may its readOnlyHint make a tool allow.
+    trust_annotations: bool = False
 
     @property
     def transport(self) -> str:
@@ -186,6 +188,7 @@ _SERVER: dict[str, _Spec] = {
     "url": ((str,), lambda v: v.startswith(("http://", "https://")), "an http:// or https:// URL"),
     "headers": ((dict,), lambda v: all(isinstance(a, str) for a in v.values()), "a table of strings"),
     "timeout_seconds": ((int, float), lambda v: 0 < v <= 3600, "a number of seconds > 0"),
+    "trust_annotations": ((bool,), None, "true or false"),
 }
 _APPROVALS: dict[str, _Spec] = {
     "approvers": ((list,), None, "a list of Slack user or user group IDs"),
@@ -364,6 +367,7 @@ def _mcp(raw: Any, where: str, tools: ToolsConfig) -> tuple[McpServerConfig, ...
                 url=values.get("url"),
                 headers=dict(values.get("headers", {})),
                 timeout_seconds=float(values.get("timeout_seconds", 60.0)),
+                trust_annotations=values.get("trust_annotations", False),
             )
         )
     return tuple(servers)

@@ -5,7 +5,7 @@ The tier of a call, first match wins (the contract's order):
 1. `[[policy.rules]]` whose `tool` and every `args` glob match the call: a matching `deny` wins
    over any other match; otherwise the first matching rule in file order.
 2. `[policy.tools]`: the exact name, else the longest glob that matches (the first of equals).
-3. The tool's own tier (a built-in's, or an MCP tool's `readOnlyHint`).
+3. The tool's own tier (a built-in's, or an MCP tool's `readOnlyHint` on a trusted server).
 4. `[policy].default`.
 
 Globs: `*` matches within one path segment, `**` across segments, `?` one character of a
@@ -83,7 +83,11 @@ class Policy:
         return self.decide_tool(name, own_tier, own_why)
 
     def decide_tool(self, name: str, own_tier: Tier | None = None, own_why: str = "") -> Ruling:
-        """Steps 2 to 4 only: the tier of `name` whatever its arguments."""
+        """Steps 2 to 4 only: the tier of `name` whatever its arguments.
+
+        `own_why` with no `own_tier` says why the tool gives itself none (an MCP tool's read-only
+        claim on a server whose annotations are not trusted): the default's why carries it.
+        """
         if name in self.tools:
             return Ruling(self.tools[name], f"policy.tools.{_key(name)}")
         globs = [(len(p), i, p) for i, p in enumerate(self.tools) if _is_glob(p) and glob_match(p, name)]
@@ -92,7 +96,7 @@ class Policy:
             return Ruling(self.tools[pattern], f"policy.tools.{_key(pattern)}")
         if own_tier is not None:
             return Ruling(own_tier, own_why or "tool's own tier")
-        return Ruling(self.default, "policy.default")
+        return Ruling(self.default, f"policy.default ({own_why})" if own_why else "policy.default")
 
     def rules_for(self, name: str) -> tuple[Rule, ...]:
         """The rules whose `tool` matches `name`: they may decide a call of it by its arguments."""

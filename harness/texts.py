@@ -122,7 +122,11 @@ CLI_INTERRUPTED = "Interrupted: stopped cleanly; no tool was left running."
 
 # Why a call has its tier (cards, turn summaries, --list-tools).
 WHY_BUILTIN = "tool's own tier (built-in)"
-WHY_MCP_READ_ONLY = "tool's own tier (MCP readOnlyHint)"
+WHY_MCP_READ_ONLY = (
+    "tool's own tier (MCP readOnlyHint, trusted: trust_annotations = true for server {server})"
+)
+# Why a tool that claims to be read-only gets no tier of its own: the policy's default follows it.
+WHY_MCP_CLAIM_NOT_TRUSTED = "readOnlyHint not trusted: trust_annotations is false for server {server}"
 RESULT_IMAGE_PLACEHOLDER = "[{kind}]"
 WHY_UNKNOWN_TOOL = "no tool of that name is offered: answered as an error, never run"
 WHY_DECIDED_AGAIN = "{why} (decided again right before running; it was {was})"
@@ -146,7 +150,21 @@ MCP_LOST_OUTCOME_UNKNOWN = (
 MCP_CALL_FAILED = "Error: {name} failed: {error}"
 MCP_IMAGE_DROPPED = "[an image was left out: {why}]"
 MCP_BLOB_RESOURCE = "(binary resource {uri}, not shown)"
-MCP_CONTENT_DROPPED = "[a {kind} block was left out: the model cannot read it]"
+MCP_CONTENT_DROPPED = "[a block of type {kind!r} was left out: the model cannot read it]"
+MCP_AUDIO_DROPPED = "[an audio block was left out: the model cannot hear audio]"
+MCP_IMAGE_TYPE = "{mime_type!r} is not an image type the model reads (PNG, JPEG, GIF, WebP)"
+MCP_IMAGE_TOO_LARGE = "{size:,} characters of base64, more than the {limit:,} allowed per image"
+MCP_IMAGE_TOO_MANY = "more than {limit} images in one result"
+MCP_IMAGES_TOO_LARGE = "the result's images together would pass {limit:,} characters of base64"
+MCP_IMAGE_NOT_BASE64 = "its data is not base64"
+MCP_IMAGE_NOT_ITS_TYPE = "its bytes are not a {mime_type} image"
+MCP_BLOCKS_LEFT_OUT = "[{count:,} more content blocks were left out]"
+MCP_STRUCTURED_UNREADABLE = "(structured content too deeply nested to show)"
+MCP_SAME_AS_BLOCK = "[the same as content block {number}]"
+MCP_ANSWER_TOO_LARGE = (
+    "the server answered with more than {limit} in one message, which was not read "
+    "(the call did reach the server)"
+)
 MCP_EMPTY_RESULT = "(the tool returned nothing)"
 IMAGE_FROM_EARLIER_TURN = "[an image from an earlier turn: no longer shown; call the tool again to see it]"
 IMAGE_OVER_TURN_BUDGET = (

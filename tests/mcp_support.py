@@ -93,3 +93,16 @@ class HttpDesk:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+ODD_SERVER = Path(__file__).resolve().parent / "fakes" / "mcp_odd_server.py"
+
+
+def odd_table(name: str, log: Path, *, trust: bool | None = None) -> str:
+    """A `[[mcp.servers]]` table running the hostile test server over stdio."""
+    table = (
+        f'[[mcp.servers]]\nname = "{name}"\ncommand = {json.dumps(sys.executable)}\n'
+        f'args = [{json.dumps(str(ODD_SERVER))}, "stdio"]\n'
+        f"env = {{ MCP_CALL_LOG = {json.dumps(str(log))} }}\n"
+    )
+    return table if trust is None else table + f"trust_annotations = {str(trust).lower()}\n"

@@ -36,6 +36,8 @@ args = ["-m", "tickets_server"]
 env = { TICKETS_TOKEN = "${TICKETS_TOKEN}" }   # ${VAR} is taken from the process environment
 # url = "https://mcp.example.com/mcp"          # … or streamable HTTP: url, headers
 # headers = { Authorization = "Bearer ${TOKEN}" }
+timeout_seconds = 60   # per call; past it a side-effecting call answers "outcome unknown"
+trust_annotations = false  # true: this server's readOnlyHint may make a tool allow (step 3 below)
 
 [policy]
 default = "ask"        # tier of a tool that gets no tier from the steps below
@@ -101,6 +103,7 @@ def test_the_contract_example_loads(tmp_path: Path) -> None:
         ("-m", "tickets_server"),
     )
     assert server.env == {"TICKETS_TOKEN": "${TICKETS_TOKEN}"}  # the bot never resolves it
+    assert (server.timeout_seconds, server.trust_annotations) == (60.0, False)
     assert config.policy.default is Tier.ASK
     assert tier_of(config.policy, "send_email") is Tier.DENY
     assert tier_of(config.policy, "delete_file") is Tier.ASK
@@ -111,6 +114,16 @@ def test_the_contract_example_loads(tmp_path: Path) -> None:
     assert tier_of(config.policy, "write_file", {"path": "a.md"}) is Tier.ASK
     assert config.approvals.approvers == () and config.approvals.expire_after_minutes == 1440
     assert config.resolved_servers({"TICKETS_TOKEN": "t0k"})[0].env == {"TICKETS_TOKEN": "t0k"}
+
+
+def test_annotations_are_trusted_only_where_the_config_says_so(tmp_path: Path) -> None:
+    text = (
+        "[[mcp.servers]]\nname = 'plain'\ncommand = 'x'\n"
+        "[[mcp.servers]]\nname = 'trusted'\ncommand = 'x'\ntrust_annotations = true\n"
+        "[[mcp.servers]]\nname = 'said-no'\nurl = 'https://h/mcp'\ntrust_annotations = false\n"
+    )
+    servers = load_config(write(tmp_path, text), env={}).mcp_servers
+    assert [s.trust_annotations for s in servers] == [False, True, False]
 
 
 def test_harness_model_wins_over_the_model_name(tmp_path: Path) -> None:
@@ -215,6 +228,18 @@ def test_fractional_expiry_and_env_model(tmp_path: Path) -> None:
         (
             "[[mcp.servers]]\nname = 'a'\ncommand = 'x'\ntimeout_seconds = 0\n",
             "mcp.servers[0].timeout_seconds",
+        ),
+        (
+            "[[mcp.servers]]\nname = 'a'\ncommand = 'x'\ntrust_annotations = 'yes'\n",
+            "mcp.servers[0].trust_annotations",
+        ),
+        (
+            "[[mcp.servers]]\nname = 'a'\ncommand = 'x'\ntrust_annotations = 1\n",
+            "mcp.servers[0].trust_annotations",
+        ),
+        (
+            "[[mcp.servers]]\nname = 'a'\ncommand = 'x'\ntrust_annotation = true\n",
+            "mcp.servers[0].trust_annotation",
         ),
         ("[[policy.rules]]\ntool = 'x'\ntier = 'maybe'\n", "policy.rules[1].tier"),
         (

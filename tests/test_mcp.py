@@ -53,6 +53,7 @@ def desk(request: pytest.FixtureRequest, tmp_path: Path, log: Path) -> Iterator[
     else:
         http: HttpDesk = request.getfixturevalue("http_desk")
         toml = http_table("desk", http.url)
+    toml += "trust_annotations = true\n"  # its readOnlyHint may set tiers (test_mcp_hostile: untrusted)
     config = config_of(tmp_path, toml + 'timeout_seconds = 3\n[policy]\ndefault = "ask"\n')
     with McpHub(config.resolved_servers({"DESK_TOKEN": TOKEN})) as hub:
         yield Catalog.from_config(config, host=hub), hub
@@ -96,7 +97,7 @@ def test_tiers_come_from_annotations_and_only_an_honest_read_only_hint_allows(de
         assert found is not None
         return config_policy.decide(name, {}, found.own_tier, found.own_tier_why).tier
 
-    assert tier("desk__get_ticket") is Tier.ALLOW  # readOnlyHint
+    assert tier("desk__get_ticket") is Tier.ALLOW  # readOnlyHint, on a server whose annotations are trusted
     assert tier("desk__close_ticket") is Tier.ASK  # destructive
     assert tier("desk__comment") is Tier.ASK  # no annotations at all
     assert tier("desk__odd_hints") is Tier.ASK  # read-only AND destructive: not trusted as read-only

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
-from tests.mcp_support import TOKEN, calls, stdio_table
+from tests.mcp_support import TOKEN, calls, odd_table, stdio_table
 from tests.stack import ROOT, RedisServer, Stack, running_stack, thread, wait_until
 from tests.stack import wait_post as wait_for_post
 
@@ -29,6 +29,7 @@ POLICY = """
 default = "ask"
 [policy.tools]
 desk__crash = "allow"
+odd__echo = "allow"
 [[policy.rules]]
 tool = "desk__delete_*"
 tier = "deny"
@@ -42,17 +43,29 @@ max_runs_per_channel = 1000
 """
 
 
+# The desk's readOnlyHint sets tiers here; an untrusted claim is tests/test_mcp_hostile.py's.
+TRUSTED = "trust_annotations = true\n"
+
+
 @pytest.fixture(scope="module")
 def desk_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("desk") / "calls.jsonl"
 
 
 @pytest.fixture(scope="module")
+def odd_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("odd") / "calls.jsonl"
+
+
+@pytest.fixture(scope="module")
 def stack(
-    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, desk_log: Path
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, desk_log: Path, odd_log: Path
 ) -> Iterator[Stack]:
     never = '[[mcp.servers]]\nname = "gone"\ncommand = "/nonexistent/mcp-server"\n'
-    config = stdio_table("desk", desk_log, DESK_TOKEN="${DESK_TOKEN}") + never + POLICY
+    # `odd` lists two tools of one name, and names the API refuses: no run may fail for it.
+    odd = odd_table("odd", odd_log)
+    desk = stdio_table("desk", desk_log, DESK_TOKEN="${DESK_TOKEN}") + TRUSTED
+    config = desk + never + odd + POLICY
     workdir = tmp_path_factory.mktemp("mcp")
     yield from running_stack(redis_server, workdir, config, 5, extra_env={"DESK_TOKEN": TOKEN})
 
@@ -102,7 +115,7 @@ def test_allow_ask_and_deny_in_one_turn_reach_the_server_exactly_as_the_policy_s
 
     summary = wait_post(stack, "C901", ts, "desk__delete_ticket")
     said = json.dumps(summary["blocks"], ensure_ascii=False)
-    assert "tool's own tier (MCP readOnlyHint)" in said  # why get_ticket ran at once
+    assert "tool's own tier (MCP readOnlyHint, trusted" in said  # why get_ticket ran at once
     assert "policy.rules[1]" in said  # why delete_ticket was denied
     results = [r for r in stack.model.requests if "threetiers" in str(r["messages"][0])][-1]["messages"][-1]
     by_id = {b["tool_use_id"]: b for b in results["content"]}
@@ -189,6 +202,27 @@ def test_a_server_that_never_starts_leaves_the_worker_running_and_its_calls_name
     assert cards(stack, "C907", ts) == []  # never asked about
 
 
+def test_a_server_listing_two_tools_of_one_name_breaks_no_run(stack: Stack, odd_log: Path) -> None:
+    """Each job builds its tool list: today a duplicate name raises there, and every run fails."""
+    stack.model.script_for(
+        "twinsdesk",
+        reply(tool_use("get_time", {}), tool_use("odd__echo", {"text": "still here"})),
+        reply(text("twinsdesk done")),
+    )
+    _, ts, _ = stack.mention("twinsdesk", channel="C908")
+    wait_post(stack, "C908", ts, "twinsdesk done")
+    request = [r for r in stack.model.requests if "twinsdesk" in str(r["messages"][0])][-1]
+    offered = {t["name"] for t in request["tools"]}
+    assert {"get_time", "odd__echo", "desk__get_ticket"} <= offered
+    assert not any(n.startswith("odd__twin") or n.startswith("odd__has") or len(n) > 64 for n in offered)
+    results = {b["tool_use_id"]: b for b in request["messages"][-1]["content"]}
+    assert [b.get("is_error", False) for b in results.values()] == [False, False]
+    assert "still here" in str(results)
+    assert [c["tool"] for c in calls(odd_log)] == ["echo"]
+    worker = next(p for p in stack.processes if p.name == "worker")
+    assert "'twin' (2 tools share this name)" in worker.output()
+
+
 def test_no_job_starts_a_server_and_no_secret_reaches_slack_or_the_log(stack: Stack, desk_log: Path) -> None:
     for n in range(2):
         stack.model.script_for(
@@ -214,7 +248,7 @@ def terminal(
     tmp_path: Path, model: FakeMessagesAPI, log: Path, *args: str, stdin: str = ""
 ) -> subprocess.CompletedProcess[str]:
     config = tmp_path / "harness.toml"
-    config.write_text(stdio_table("desk", log) + POLICY)
+    config.write_text(stdio_table("desk", log) + TRUSTED + POLICY)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "HARNESS_", "SLACK_"))}
     env.update(
         PYTHONPATH=str(ROOT),
@@ -255,7 +289,10 @@ def test_list_tools_prints_every_mcp_tool_with_its_tier_and_why(
     done = terminal(tmp_path, model, tmp_path / "calls.jsonl", "--list-tools")
     assert done.returncode == 0, done.stderr
     lines = {line.split("\t")[0]: line.split("\t")[1:] for line in done.stdout.splitlines()}
-    assert lines["desk__get_ticket"] == ["allow", "tool's own tier (MCP readOnlyHint)"]
+    assert lines["desk__get_ticket"] == [
+        "allow",
+        "tool's own tier (MCP readOnlyHint, trusted: trust_annotations = true for server desk)",
+    ]
     assert lines["desk__close_ticket"] == ["ask", "policy.default"]
     assert lines["desk__delete_ticket"] == ["deny", 'policy.rules[1] (tool = "desk__delete_*")']
     assert lines["desk__crash"] == ["allow", "policy.tools.desk__crash"]

@@ -313,8 +313,20 @@ def test_the_built_ins_own_tiers_are_the_contracts() -> None:
 
 
 def test_an_mcp_tools_own_tier_names_its_reason() -> None:
-    got = Policy().decide("tickets__list", {}, Tier.ALLOW, texts.WHY_MCP_READ_ONLY)
-    assert got == Ruling(Tier.ALLOW, "tool's own tier (MCP readOnlyHint)")
+    why = texts.WHY_MCP_READ_ONLY.format(server="tickets")
+    got = Policy().decide("tickets__list", {}, Tier.ALLOW, why)
+    assert got == Ruling(
+        Tier.ALLOW, "tool's own tier (MCP readOnlyHint, trusted: trust_annotations = true for server tickets)"
+    )
+
+
+def test_a_tool_with_no_tier_of_its_own_may_say_why_and_the_default_carries_it() -> None:
+    why = texts.WHY_MCP_CLAIM_NOT_TRUSTED.format(server="tickets")
+    got = Policy(default=Tier.DENY).decide("tickets__list", {}, None, why)
+    assert got == Ruling(Tier.DENY, f"policy.default ({why})")
+    assert Policy().decide("tickets__list", {}, None, "") == Ruling(Tier.ASK, "policy.default")
+    listed = Policy(tools={"tickets__*": Tier.ALLOW}).decide("tickets__list", {}, None, why)
+    assert listed == Ruling(Tier.ALLOW, 'policy.tools."tickets__*"')  # a key that decides says only itself
 
 
 def test_decide_tool_ignores_the_argument_rules(tmp_path: Path) -> None:

@@ -303,6 +303,26 @@ def test_a_module_tool_may_not_take_an_mcp_servers_prefix_or_a_bad_name(
     assert "'open ticket'" in config_error(tmp_path, "[tools]\nmodules = ['ops_badname']\n")
 
 
+def test_a_module_tool_name_past_the_apis_64_characters_is_refused_at_start(
+    tmp_path: Path, write_module: Write
+) -> None:
+    """The Messages API refuses a tool name past 64 characters: every request would fail."""
+    long_name = "t" * 65
+    write_module(
+        "ops_longname",
+        f"""
+        from harness.tools import ToolContext, tool
+
+        @tool(name="{long_name}")
+        def long_name(ctx: ToolContext) -> str:
+            '''Too long a name.'''
+            return ""
+        """,
+    )
+    refused = config_error(tmp_path, "[tools]\nmodules = ['ops_longname']\n")
+    assert repr(long_name) in refused and "^[a-zA-Z0-9_-]{1,64}$" in refused
+
+
 # --- through the terminal ----------------------------------------------------------------------
 
 STAMP = '''

@@ -9,7 +9,16 @@ from contextlib import contextmanager
 from harness.config import Config, ConfigError
 from harness.tools.base import Tool
 from harness.tools.files import BUILTIN_TOOLS
-from harness.tools.mcp import SEPARATOR, Listing, McpHost, McpHub, absent_answer, tools_of, valid_tool_name
+from harness.tools.mcp import (
+    SEPARATOR,
+    TOOL_NAME_RULE,
+    Listing,
+    McpHost,
+    McpHub,
+    absent_answer,
+    tools_of,
+    valid_tool_name,
+)
 from harness.tools.modules import load_module_tools
 from harness.tools.registry import ToolRegistry
 
@@ -43,9 +52,7 @@ class Catalog:
             if found.name in seen:
                 raise ConfigError(f"{where}: two tools are named {found.name!r}")
             if not valid_tool_name(found.name):
-                raise ConfigError(
-                    f"{where}: {found.name!r} breaks the API's tool-name rule (1-128 of a-z A-Z 0-9 _ -)"
-                )
+                raise ConfigError(f"{where}: {found.name!r} breaks the API's tool-name rule {TOOL_NAME_RULE}")
             if any(found.name.startswith(s + SEPARATOR) for s in servers):
                 raise ConfigError(f"{where}: {found.name!r} would shadow a tool of an MCP server")
             seen.add(found.name)

@@ -19,11 +19,12 @@ cannot use the hub's pipes or loop from the child: see `harness.tools.relay`.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
+import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import AbstractAsyncContextManager, suppress
@@ -33,18 +34,17 @@ from typing import Any, Protocol
 from harness import texts
 from harness.config import ResolvedServer
 from harness.policy import Tier
-from harness.tools.base import RESULT_LIMIT_CHARS, Tool, ToolContext, ToolResult
+from harness.tools.base import Tool, ToolContext, ToolResult
+from harness.tools.mcp_bounds import bound_stdio_reads, convert_result
 from harness.tools.schemas import input_checker, schema_problem
 
 log = logging.getLogger("harness.mcp")
 
 SEPARATOR = "__"
-# The Messages API's rule for a tool name.
-_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
-_MAX_NAME = 128
-_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
-_MAX_IMAGE_BASE64 = 5 * 1024 * 1024 * 4 // 3  # the API's 5 MB per image, as base64
-_MAX_IMAGES = 8
+# The Messages API's rule for a tool name: a name that breaks it makes every request refused.
+TOOL_NAME_RULE = "^[a-zA-Z0-9_-]{1,64}$"
+_TOOL_NAME = re.compile(TOOL_NAME_RULE)
+_NAMED_MAX = 20  # tools named in the one log line that says which were left out
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 30.0
 
 # Held while a stdio server's process is being spawned. A process that also forks (an RQ worker
@@ -90,18 +90,25 @@ class McpTool:
     input_schema: Mapping[str, Any]
     title: str | None = None
     annotations: Mapping[str, Any] = field(default_factory=dict)
+    # `trust_annotations` of its server: whether `claims_read_only` may be believed.
+    trusted: bool = False
 
     @property
     def qualified(self) -> str:
         return f"{self.server}{SEPARATOR}{self.name}"
 
     @property
-    def read_only(self) -> bool:
-        """`readOnlyHint: true` and not `destructiveHint: true`: the contract's step 3 allow."""
+    def claims_read_only(self) -> bool:
+        """`readOnlyHint: true` and not `destructiveHint: true`: what the server says, nothing more."""
         return (
             self.annotations.get("readOnlyHint") is True
             and self.annotations.get("destructiveHint") is not True
         )
+
+    @property
+    def read_only(self) -> bool:
+        """A read-only claim of a server whose annotations are trusted: the contract's step 3 allow."""
+        return self.trusted and self.claims_read_only
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -111,6 +118,7 @@ class McpTool:
             "input_schema": dict(self.input_schema),
             "title": self.title,
             "annotations": dict(self.annotations),
+            "trusted": self.trusted,
         }
 
     @classmethod
@@ -122,6 +130,7 @@ class McpTool:
             input_schema=data["input_schema"],
             title=data.get("title"),
             annotations=data.get("annotations") or {},
+            trusted=data.get("trusted") is True,  # missing: not trusted
         )
 
 
@@ -163,7 +172,15 @@ def tools_of(host: McpHost, listing: Listing) -> list[Tool]:
 
 
 def _as_tool(host: McpHost, info: McpTool, timeout: float) -> Tool:
-    side_effects = not info.read_only  # fail safe: an unannotated tool may change the world
+    # Fail safe: an unannotated tool, or one whose claim is not trusted, may change the world, so
+    # a call of it is never run twice after a crash (its outcome is reported unknown instead).
+    side_effects = not info.read_only
+    if info.read_only:
+        own_why = texts.WHY_MCP_READ_ONLY.format(server=info.server)
+    elif info.claims_read_only:  # no tier of its own; the policy's why says the claim was not believed
+        own_why = texts.WHY_MCP_CLAIM_NOT_TRUSTED.format(server=info.server)
+    else:
+        own_why = ""
 
     def call(_ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
         return host.call(info.server, info.name, arguments, side_effects)
@@ -175,7 +192,7 @@ def _as_tool(host: McpHost, info: McpTool, timeout: float) -> Tool:
         call=call,
         side_effects=side_effects,
         own_tier=Tier.ALLOW if info.read_only else None,
-        own_tier_why=texts.WHY_MCP_READ_ONLY if info.read_only else "",
+        own_tier_why=own_why,
         title=info.title,
         annotations=info.annotations,
         # Checked before a card is posted: a person never approves a call the server would refuse.
@@ -198,7 +215,8 @@ def absent_answer(servers: Sequence[str], listing: Listing) -> Callable[[str], T
 
 
 def valid_tool_name(name: str) -> bool:
-    return 1 <= len(name) <= _MAX_NAME and set(name) <= _NAME_CHARS
+    """Whether the Messages API accepts `name` as a tool's name (`TOOL_NAME_RULE`)."""
+    return _TOOL_NAME.fullmatch(name) is not None
 
 
 # --- the hub ---------------------------------------------------------------------------------
@@ -258,6 +276,7 @@ class McpHub:
     """Warm sessions to every configured MCP server, on a loop thread of the hub's own."""
 
     def __init__(self, servers: Sequence[ResolvedServer], *, errlog: Any = None) -> None:
+        bound_stdio_reads()  # what a server sends is read in linear time, up to a limit
         self._servers = {s.config.name: _Server(s) for s in servers}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="mcp-hub", daemon=True)
@@ -367,7 +386,7 @@ class McpHub:
             try:
                 # Leaving this block ends the session gracefully (an HTTP session's DELETE is sent).
                 async with self._open(server) as client:
-                    tools = await _list_tools(client, server.name)
+                    tools = await _list_tools(client, server.name, server.resolved.config.trust_annotations)
                     with self._lock:
                         server.client, server.tools, server.reason = client, tools, ""
                     server.broken.clear()
@@ -552,41 +571,61 @@ class _HttpTransport:
             await self._http.__aexit__(None, None, None)
 
 
-async def _list_tools(client: Any, server: str) -> tuple[McpTool, ...]:
+async def _list_tools(client: Any, server: str, trusted: bool = False) -> tuple[McpTool, ...]:
+    """The server's tools the API can be offered; the others are named in one log line.
+
+    A name the API refuses, or one two tools share (which of them would a call reach?), is left
+    out; offering it would make every request of every run refused, built-in-only runs included.
+    """
     found: list[McpTool] = []
     cursor = None
     for _ in range(100):  # pages; a server that pages forever is cut off
         page = await client.list_tools(cursor=cursor)
         for tool in page.tools:
-            annotations = (
-                tool.annotations.model_dump(by_alias=True, exclude_none=True) if tool.annotations else {}
-            )
-            info = McpTool(
-                server=server,
-                name=tool.name,
-                description=tool.description or "",
-                input_schema=tool.input_schema,
-                title=tool.title or annotations.get("title"),
-                annotations=annotations,
-            )
-            if not valid_tool_name(info.qualified):
-                log.warning(
-                    "MCP server %s: tool %r is not offered: %r breaks the API's tool-name rule "
-                    "(1-128 characters of a-z, A-Z, 0-9, _ and -)",
-                    server,
-                    tool.name,
-                    info.qualified,
-                )
-                continue
             unusable = _unusable(tool)
             if unusable:
                 log.warning("MCP server %s: tool %r is not offered: %s", server, tool.name, unusable)
                 continue
-            found.append(info)
+            annotations = (
+                tool.annotations.model_dump(by_alias=True, exclude_none=True) if tool.annotations else {}
+            )
+            found.append(
+                McpTool(
+                    server=server,
+                    name=tool.name,
+                    description=tool.description or "",
+                    input_schema=tool.input_schema,
+                    title=tool.title or annotations.get("title"),
+                    annotations=annotations,
+                    trusted=trusted,
+                )
+            )
         cursor = page.next_cursor
         if not cursor:
             break
-    return tuple(found)
+    return _offerable(found, server)
+
+
+def _offerable(found: list[McpTool], server: str) -> tuple[McpTool, ...]:
+    counts = Counter(t.name for t in found)
+    refused: dict[str, str] = {}
+    for info in found:
+        if counts[info.name] > 1:
+            refused[info.name] = f"{counts[info.name]} tools share this name"
+        elif not valid_tool_name(info.qualified):
+            refused[info.name] = f"{info.qualified!r} breaks the API's tool-name rule {TOOL_NAME_RULE}"
+    if refused:
+        # repr: a name is the server's text, and must not start a log line of its own.
+        reasons = [f"{name!r} ({why})" for name, why in refused.items()]
+        more = f"; and {len(reasons) - _NAMED_MAX} more" if len(reasons) > _NAMED_MAX else ""
+        log.warning(
+            "MCP server %s: %d tool(s) not offered: %s%s",
+            server,
+            len(refused),
+            "; ".join(reasons[:_NAMED_MAX]),
+            more,
+        )
+    return tuple(t for t in found if t.name not in refused)
 
 
 def _unusable(tool: Any) -> str | None:
@@ -631,67 +670,3 @@ def _describe(exc: BaseException) -> str:
         exc = exc.exceptions[0]
     text = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
-
-
-# --- results ---------------------------------------------------------------------------------
-
-
-def convert_result(result: Any) -> ToolResult:
-    """An MCP `CallToolResult` as a `tool_result`: text as text, images as images, cut to fit.
-
-    `structuredContent` becomes JSON text when no text came with it; `isError` is `is_error`.
-    """
-    blocks: list[dict[str, Any]] = []
-    images = 0
-    for item in result.content:
-        kind = getattr(item, "type", "")
-        if kind == "text":
-            blocks.append({"type": "text", "text": item.text})
-        elif kind == "image" and item.mime_type in _IMAGE_TYPES and len(item.data) <= _MAX_IMAGE_BASE64:
-            if images < _MAX_IMAGES:
-                images += 1
-                source = {"type": "base64", "media_type": item.mime_type, "data": item.data}
-                blocks.append({"type": "image", "source": source})
-            else:
-                blocks.append({"type": "text", "text": texts.MCP_IMAGE_DROPPED.format(why="too many images")})
-        elif kind == "image":
-            why = f"{item.mime_type}, {len(item.data):,} base64 characters"
-            blocks.append({"type": "text", "text": texts.MCP_IMAGE_DROPPED.format(why=why)})
-        elif kind == "resource":
-            resource = item.resource
-            body = getattr(resource, "text", None)
-            text = body if body is not None else texts.MCP_BLOB_RESOURCE.format(uri=resource.uri)
-            blocks.append({"type": "text", "text": f"[resource {resource.uri}]\n{text}"})
-        elif kind == "resource_link":
-            blocks.append({"type": "text", "text": f"[resource link: {item.name} {item.uri}]"})
-        else:
-            blocks.append({"type": "text", "text": texts.MCP_CONTENT_DROPPED.format(kind=kind or "unknown")})
-    has_text = any(b["type"] == "text" for b in blocks)
-    if not has_text and result.structured_content is not None:
-        blocks.insert(0, {"type": "text", "text": json.dumps(result.structured_content, ensure_ascii=False)})
-    blocks = _cut_blocks(blocks)
-    is_error = bool(result.is_error)
-    if all(b["type"] == "text" for b in blocks):
-        return ToolResult("\n".join(b["text"] for b in blocks) or texts.MCP_EMPTY_RESULT, is_error)
-    return ToolResult(blocks, is_error)
-
-
-def _cut_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Text blocks cut so that all of them together stay within `RESULT_LIMIT_CHARS`."""
-    budget = RESULT_LIMIT_CHARS
-    total = sum(len(b["text"]) for b in blocks if b["type"] == "text")
-    if total <= budget:
-        return blocks
-    out = []
-    for block in blocks:
-        if block["type"] != "text":
-            out.append(block)
-            continue
-        if budget <= 0:
-            continue
-        text = block["text"]
-        budget -= len(text)
-        if budget < 0:
-            text = text[: len(text) + budget] + texts.RESULT_CUT.format(total=total, kept=RESULT_LIMIT_CHARS)
-        out.append({"type": "text", "text": text})
-    return out

@@ -27,10 +27,13 @@ from typing import Any
 from harness import texts
 from harness.tools.base import ToolResult
 from harness.tools.mcp import SEPARATOR, Listing, McpHub
+from harness.tools.mcp_bounds import RELAY_LINE_MAX
 
 log = logging.getLogger("harness.mcp")
 
-_MAX_LINE = 64 * 1024 * 1024
+# Every answer is a result already cut to the caps of `mcp_bounds` (or a listing); a longer line is
+# never one of ours, and is not read.
+_MAX_LINE = RELAY_LINE_MAX
 _GRACE_SECONDS = 10.0
 
 
