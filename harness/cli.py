@@ -30,6 +30,7 @@ from harness.loop import (
 from harness.policy import Policy
 from harness.state import Decision, RunState, Verdict, new_run, record_decisions
 from harness.tools.catalog import Catalog, open_catalog
+from harness.tools.sandbox import protect_process
 
 SHOWN_RESULT_CHARS = 200
 EXIT_FINISHED, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -153,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     # Warnings (an MCP server that cannot start) go to stderr, one line each; stdout stays the transcript.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("harness.mcp.stderr").setLevel(logging.INFO)  # a stdio server's stderr, as data
+    protect_process()  # this process holds the API key: its /proc entries closed to the rest of its user
     try:
         config = load_config()
         opened = open_catalog(config)

@@ -145,6 +145,17 @@ MCP_IMAGE_DROPPED = "[an image was left out: {why}]"
 MCP_BLOB_RESOURCE = "(binary resource {uri}, not shown)"
 MCP_CONTENT_DROPPED = "[a {kind} block was left out: the model cannot read it]"
 MCP_EMPTY_RESULT = "(the tool returned nothing)"
+# Why a stdio MCP server is not started (harness/tools/sandbox.py): the log line and MCP_SERVER_AWAY.
+SANDBOX_MISSING = (
+    "bubblewrap (bwrap) is not installed, and stdio MCP servers run only in its sandbox: "
+    "install it (Debian, Ubuntu: apt-get install bubblewrap)"
+)
+SANDBOX_REFUSED = (
+    "bubblewrap cannot make a sandbox here ({error}), and stdio MCP servers run only in one: "
+    "allow user namespaces (kernel.unprivileged_userns_clone=1; in a container, a seccomp profile "
+    "that permits them)"
+)
+MCP_STDERR_CUT = " [{bytes:,} more bytes cut]"
 
 # What the model reads in place of an old tool result cleared to keep a request within
 # [limits] max_input_tokens (harness/context.py).

@@ -29,6 +29,7 @@ from harness import texts
 from harness.config import ResolvedServer
 from harness.policy import Tier
 from harness.tools.base import RESULT_LIMIT_CHARS, Tool, ToolContext, ToolResult
+from harness.tools.sandbox import Sandbox, StderrLog, read_stderr
 
 log = logging.getLogger("harness.mcp")
 
@@ -202,13 +203,14 @@ class _Server:
 class McpHub:
     """Warm sessions to every configured MCP server, on a loop thread of the hub's own."""
 
-    def __init__(self, servers: Sequence[ResolvedServer], *, errlog: Any = None) -> None:
+    def __init__(self, servers: Sequence[ResolvedServer], *, hidden: Sequence[str] = ()) -> None:
+        """`hidden`: directories no stdio server may see into (the relay's; `harness.tools.sandbox`)."""
         self._servers = {s.config.name: _Server(s) for s in servers}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="mcp-hub", daemon=True)
         self._lock = threading.Lock()
         self._tasks: list[asyncio.Task[None]] = []
-        self._errlog = errlog
+        self._sandbox = Sandbox(hidden=tuple(hidden))
 
     @property
     def server_names(self) -> tuple[str, ...]:
@@ -339,16 +341,13 @@ class McpHub:
                 await asyncio.wait_for(server.broken.wait(), _LIVENESS_SECONDS)
 
     def _open(self, resolved: ResolvedServer) -> AbstractAsyncContextManager[Any]:
-        from mcp import Client, StdioServerParameters
+        from mcp import Client
         from mcp.client.streamable_http import streamable_http_client
         from mcp.shared._httpx_utils import create_mcp_http_client
 
         config = resolved.config
         if config.command is not None:
-            params = StdioServerParameters(
-                command=config.command, args=list(config.args), env=dict(resolved.env) or None, cwd=config.cwd
-            )
-            return Client(_StdioTransport(params, self._errlog))
+            return Client(_StdioTransport(resolved, self._sandbox))
         assert config.url is not None
         http = create_mcp_http_client(headers=dict(resolved.headers) or None)
         return Client(_HttpTransport(config.url, http, streamable_http_client))
@@ -385,19 +384,47 @@ def _timed_out(server: str, tool: str, seconds: float, side_effects: bool) -> To
 
 
 class _StdioTransport:
-    """`stdio_client` as a `Transport`, with the child's stderr where the hub was told."""
+    """`stdio_client` as a `Transport`: the server confined by the sandbox, its stderr logged as data."""
 
-    def __init__(self, params: Any, errlog: Any) -> None:
-        from mcp.client.stdio import stdio_client
-
-        self._cm = stdio_client(params, errlog=errlog) if errlog is not None else stdio_client(params)
+    def __init__(self, resolved: ResolvedServer, sandbox: Sandbox) -> None:
+        self._resolved, self._sandbox = resolved, sandbox
+        self._cm: Any = None
+        self._stderr: StderrLog | None = None
 
     async def __aenter__(self) -> Any:
-        with SPAWNING:  # entering spawns the process and sets up its pipes; no await waits on others
-            return await self._cm.__aenter__()
+        from mcp import StdioServerParameters
+        from mcp.client.stdio import stdio_client
+
+        config = self._resolved.config
+        assert config.command is not None
+        # Entering spawns the process and sets up its pipes, the stderr one included; no await
+        # waits on others. A fork meanwhile would copy the pipes' ends (see SPAWNING).
+        with SPAWNING:
+            confined = self._sandbox.confine(config.command, config.args, self._resolved.env, config.cwd)
+            params = StdioServerParameters(
+                command=confined.command, args=list(confined.args), env=dict(confined.env), cwd=config.cwd
+            )
+            read_end, write_end = os.pipe()
+            try:
+                with open(write_end, "w", encoding="utf-8") as errlog:  # the server holds its own copy
+                    self._cm = stdio_client(params, errlog=errlog)
+                    streams = await self._cm.__aenter__()
+            except BaseException:
+                os.close(read_end)
+                raise
+        try:
+            self._stderr = await read_stderr(config.name, read_end)
+        except BaseException:
+            await self._cm.__aexit__(None, None, None)
+            raise
+        return streams
 
     async def __aexit__(self, *exc: Any) -> Any:
-        return await self._cm.__aexit__(*exc)
+        try:
+            return await self._cm.__aexit__(*exc)
+        finally:
+            if self._stderr is not None:
+                await self._stderr.close(wait=1.0)  # the server is gone: read what it left
 
 
 class _HttpTransport:
