@@ -26,6 +26,7 @@ from harness.tools import ToolContext
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub
 from harness.tools.relay import RelayServer, private_directory
+from harness.tools.sandbox import LINE_BYTES, StderrLog
 from tests.mcp_support import FORGED, calls, hostile_table, mask, require_bwrap, stdio_table
 from workers.logs import JsonFormatter, TextFormatter
 
@@ -303,3 +304,28 @@ def test_a_protected_process_hides_its_environment_from_its_own_user(protect: bo
         assert SECRETS["SLACK_BOT_TOKEN"].encode() not in reader.stdout
     else:  # the control: without it, the same user reads it
         assert SECRETS["SLACK_BOT_TOKEN"].encode() in reader.stdout
+
+
+def test_the_stderr_budget_renews_every_window_and_a_line_that_never_ends_is_cut(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    log = StderrLog("one", budget=5_000, window=60.0, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="harness.mcp.stderr"):
+        log.data_received(b"z" * 3_000)  # no newline yet: more than a line's worth is logged cut
+        log.data_received(b"z" * 3_000 + b"\nfirst\n")  # the rest of that line is dropped
+        log.data_received(b"y" * 1_999 + b"\n" + b"w" * 1_500 + b"\n")  # past the budget: dropped
+        assert len(log._pending) == 0
+        now[0] = 61.0  # a new window: the count of what was dropped, then lines again
+        log.data_received(b"second\r\n")
+        log.data_received(b"no newline at the end")
+        log.finish()
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0] == "MCP server one stderr: " + "z" * LINE_BYTES + " [1,000 more bytes cut]"
+    assert said[1:] == [
+        "MCP server one stderr: first",
+        "MCP server one stderr: " + "y" * 1_999,
+        "MCP server one stderr dropped: 4,502 bytes (more than 5,000 bytes in 60 s)",
+        "MCP server one stderr: second",
+        "MCP server one stderr: no newline at the end",
+    ]
