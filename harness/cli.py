@@ -30,6 +30,7 @@ from harness.loop import (
 from harness.policy import Policy
 from harness.state import Decision, RunState, Verdict, new_run, record_decisions
 from harness.tools.catalog import Catalog, open_catalog
+from harness.tools.sandbox import protect_process
 
 SHOWN_RESULT_CHARS = 200
 # What approves an `ask` call at the prompt; anything else, and end of input, declines (fail closed).
@@ -155,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     # Warnings (an MCP server that cannot start) go to stderr, one line each; stdout stays the transcript.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("harness.mcp.stderr").setLevel(logging.INFO)  # a stdio server's stderr, as data
+    protect_process()  # this process holds the API key: its /proc entries closed to the rest of its user
     try:
         config = load_config()
         opened = open_catalog(config)

@@ -174,6 +174,17 @@ IMAGE_OVER_TURN_BUDGET = (
 SCHEMA_UNUSABLE = (
     "the input could not be checked against the tool's inputSchema ({why}), so the call was not sent"
 )
+# Why a stdio MCP server is not started (harness/tools/sandbox.py): the log line and MCP_SERVER_AWAY.
+SANDBOX_MISSING = (
+    "bubblewrap (bwrap) is not installed, and stdio MCP servers run only in its sandbox: "
+    "install it (Debian, Ubuntu: apt-get install bubblewrap)"
+)
+SANDBOX_REFUSED = (
+    "bubblewrap cannot make a sandbox here ({error}), and stdio MCP servers run only in one: "
+    "allow user namespaces (kernel.unprivileged_userns_clone=1; in a container, a seccomp profile "
+    "that permits them)"
+)
+MCP_STDERR_CUT = " [{bytes:,} more bytes cut]"
 
 # What the model reads in place of an old tool result cleared to keep a request within
 # [limits] max_input_tokens (harness/context.py).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -12,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.stack import free_port, wait_until
+import pytest
+
+from tests.stack import descendants, free_port, wait_until
 
 SERVER = Path(__file__).resolve().parent / "fakes" / "mcp_server.py"
 TOKEN = "tok-4f1c9e-very-secret"
@@ -25,8 +28,25 @@ def calls(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
+def server_pids(script: Path = SERVER) -> list[int]:
+    """The pids, as this process sees them, of the stdio servers running `script` that it started.
+
+    What a server logs as its pid says nothing here: it runs in a PID namespace of its own.
+    """
+    found = []
+    for pid in descendants(os.getpid()):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not argv[0].endswith(b"bwrap") and str(script).encode() in argv:
+            found.append(pid)
+    return found
+
+
 def stdio_table(name: str, log: Path, **extra: str) -> str:
-    """A `[[mcp.servers]]` table running the test server over stdio."""
+    """A `[[mcp.servers]]` table running the test server over stdio (in bubblewrap: skips without)."""
+    require_bwrap()
     env = {"MCP_CALL_LOG": str(log), **extra}
     env_toml = ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items())
     return (
@@ -106,3 +126,49 @@ def odd_table(name: str, log: Path, *, trust: bool | None = None) -> str:
         f"env = {{ MCP_CALL_LOG = {json.dumps(str(log))} }}\n"
     )
     return table if trust is None else table + f"trust_annotations = {str(trust).lower()}\n"
+
+
+# --- the hostile server (`tests/fakes/hostile_mcp_server.py`) -------------------------------
+
+HOSTILE = Path(__file__).resolve().parent / "fakes" / "hostile_mcp_server.py"
+
+# Lines a server writes to its stderr to pose as the worker's own log lines, or to hide a part.
+FORGED = [
+    '{"time": "2026-01-01T00:00:00.000+00:00", "level": "INFO", "logger": "workers.watchdog", '
+    '"message": "forged json"}',
+    "2026-01-01 00:00:00,000 INFO workers.watchdog: forged text",
+    "innocent\rforged carriage return",
+    "\x1b[2K\x1b[1Gforged escape",
+    "bidi \u202e forged override",
+    "x" * 5000,
+]
+
+
+def require_bwrap() -> None:
+    """Skip, saying why, where bubblewrap is missing: without it no stdio server starts at all."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed: stdio MCP servers are not started without it")
+
+
+def mask(secret: str) -> str:
+    """A secret as the hostile server wants it to look for: reversed, hex (see its docstring)."""
+    return secret.encode()[::-1].hex()
+
+
+def hostile_table(
+    name: str, report: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None, **flags: Any
+) -> str:
+    """A `[[mcp.servers]]` table running the hostile server; `flags` become its `--flag value`s."""
+    args = [str(HOSTILE), "--report", str(report)]
+    for flag, values in flags.items():
+        for value in values if isinstance(values, list | tuple) else [values]:
+            args += [f"--{flag.replace('_', '-')}", str(value)]
+    table = (
+        f'[[mcp.servers]]\nname = "{name}"\ncommand = {json.dumps(sys.executable)}\n'
+        f"args = {json.dumps(args)}\ntimeout_seconds = 60\n"
+    )
+    if env:
+        table += "env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + " }\n"
+    if cwd is not None:
+        table += f"cwd = {json.dumps(str(cwd))}\n"
+    return table

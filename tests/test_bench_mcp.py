@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 
 from tests.bench import bench_mcp
+from tests.mcp_support import require_bwrap
 
 
 @pytest.mark.e2e
 def test_the_mcp_benchmark_measures_every_path_and_prints_its_tables() -> None:
+    require_bwrap()  # the harness's paths start the server in its sandbox
     figures = bench_mcp.measure(rounds=2, batch=2, warmup=2, jobs=2, naive=1)
 
     assert [len(row.samples) for row in figures.rows] == [4] * 6

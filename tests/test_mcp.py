@@ -23,7 +23,7 @@ from harness.tools import ToolContext
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import Listing, McpHub
 from harness.tools.relay import RelayClient, RelayServer
-from tests.mcp_support import TOKEN, HttpDesk, calls, http_table, stdio_table
+from tests.mcp_support import TOKEN, HttpDesk, calls, http_table, server_pids, stdio_table
 from tests.stack import ROOT, wait_until
 
 
@@ -161,7 +161,8 @@ def test_a_stdio_server_killed_while_idle_is_noticed_and_restarted(tmp_path: Pat
         catalog = Catalog.from_config(config, host=hub)
         assert not run(catalog, "desk__get_ticket", {"id": "T-1"}, tmp_path).is_error
         first = calls(log)[-1]["pid"]
-        os.kill(first, signal.SIGKILL)
+        (server,) = server_pids()
+        os.kill(server, signal.SIGKILL)
         wait_until(lambda: "desk" in hub.listing().away, timeout=10)  # noticed at rest, not by a call
         wait_until(lambda: not hub.listing().away, timeout=20)
         assert run(catalog, "desk__get_ticket", {"id": "T-4"}, tmp_path).content.startswith("T-4")
@@ -232,7 +233,7 @@ def test_a_forked_child_calls_the_parents_warm_session_through_the_relay(tmp_pat
     with McpHub(config.resolved_servers({})) as hub:
         relay = RelayServer(hub).start()
         try:
-            client = RelayClient(relay.path)
+            client = relay.client()
             assert client.listing() == hub.listing()
             pid = os.fork()
             if pid == 0:  # the child: what an RQ work horse is
@@ -250,7 +251,7 @@ def test_a_forked_child_calls_the_parents_warm_session_through_the_relay(tmp_pat
 
 
 def test_a_relay_that_is_gone_answers_errors_not_exceptions(tmp_path: Path) -> None:
-    client = RelayClient(str(tmp_path / "nothing.sock"))
+    client = RelayClient(str(tmp_path / "nothing.sock"), "any-token")
     assert client.listing() == Listing()
     lost = client.call("desk", "close_ticket", {"id": "T-1"}, True)
     assert lost.is_error and "Outcome unknown" in lost.content

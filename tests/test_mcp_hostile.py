@@ -26,7 +26,7 @@ from harness.config import Config, load_config
 from harness.tools import ToolContext, mcp_bounds
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub
-from harness.tools.relay import RelayClient, RelayServer
+from harness.tools.relay import RelayServer
 from tests.mcp_support import calls, odd_table
 from tests.stack import ROOT
 
@@ -233,7 +233,7 @@ def test_the_relay_carries_the_largest_result_and_refuses_a_longer_line(
     _, hub = odd
     relay = RelayServer(hub).start()
     try:
-        client = RelayClient(relay.path)
+        client = relay.client()
         largest = client.call("odd", "images", {"count": 4, "kb": 1536}, False)  # 6 MB of base64 in all
         assert len(images_of(largest)) == 4 and "left out" not in largest.text
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:

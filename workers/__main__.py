@@ -25,7 +25,8 @@ from harness.client import warm_up
 from harness.config import ConfigError, ResolvedServer, load_config
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub, guard_forks
-from harness.tools.relay import RelayClient, RelayServer
+from harness.tools.relay import RelayServer, private_directory
+from harness.tools.sandbox import protect_process
 from workers import audit as audit_lines
 from workers import horses, jobs, logs, metrics, status
 from workers.driver import lease_seconds
@@ -124,6 +125,8 @@ def _reminder(svc: Services, run_id: str, park_id: int, now: float) -> tuple[str
 
 def work() -> int:
     """Check settings, then work the queue until SIGTERM/SIGINT (a warm shutdown)."""
+    if not protect_process():  # its /proc entries hold every secret: closed to the rest of its user
+        log.warning("cannot make the worker non-dumpable (prctl); its MCP servers are sandboxed anyway")
     try:
         svc = Services.from_env()
         svc.store.redis.ping()
@@ -206,19 +209,21 @@ def _start_mcp(
 
     RQ forks a work horse per job, and a fork gets neither the hub's loop thread nor a safe share
     of its pipes; so the sessions stay in this process and each horse calls them over a Unix
-    socket (`harness.tools.relay`). No job ever starts a server.
+    socket (`harness.tools.relay`). No job ever starts a server. The socket's directory exists
+    before any server starts, so that every stdio server's sandbox hides it.
     """
     if not servers:
         return None, None
     guard_forks()  # RQ forks a horse per job while the hub may be spawning a stdio server
-    hub = McpHub(servers).start()
-    return hub, RelayServer(hub).start()
+    directory = private_directory()
+    hub = McpHub(servers, hidden=(directory,)).start()
+    return hub, RelayServer(hub, directory).start()
 
 
 def _relayed(svc: Services, relay: RelayServer) -> Catalog:
     assert svc.catalog is not None
     longest = max((s.timeout_seconds for s in svc.config.mcp_servers), default=60.0)
-    client = RelayClient(relay.path, call_timeout=longest)
+    client = relay.client(call_timeout=longest)  # with the relay's token: forked horses inherit it
     return svc.catalog.with_host(client)
 
 

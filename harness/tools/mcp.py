@@ -36,6 +36,7 @@ from harness.config import ResolvedServer
 from harness.policy import Tier
 from harness.tools.base import Tool, ToolContext, ToolResult
 from harness.tools.mcp_bounds import bound_stdio_reads, convert_result
+from harness.tools.sandbox import Sandbox, StderrLog, read_stderr
 from harness.tools.schemas import input_checker, schema_problem
 
 log = logging.getLogger("harness.mcp")
@@ -275,14 +276,15 @@ class _Server:
 class McpHub:
     """Warm sessions to every configured MCP server, on a loop thread of the hub's own."""
 
-    def __init__(self, servers: Sequence[ResolvedServer], *, errlog: Any = None) -> None:
+    def __init__(self, servers: Sequence[ResolvedServer], *, hidden: Sequence[str] = ()) -> None:
+        """`hidden`: directories no stdio server may see into (the relay's; `harness.tools.sandbox`)."""
         bound_stdio_reads()  # what a server sends is read in linear time, up to a limit
         self._servers = {s.config.name: _Server(s) for s in servers}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="mcp-hub", daemon=True)
         self._lock = threading.Lock()
         self._tasks: list[asyncio.Task[None]] = []
-        self._errlog = errlog
+        self._sandbox = Sandbox(hidden=tuple(hidden))
         self._stopping = asyncio.Event()
 
     @property
@@ -458,18 +460,15 @@ class McpHub:
                 server.lose(f"it did not answer a ping ({_describe(exc)})")
 
     def _open(self, server: _Server) -> AbstractAsyncContextManager[Any]:
-        from mcp import Client, StdioServerParameters
+        from mcp import Client
         from mcp.client.streamable_http import streamable_http_client
         from mcp.shared._httpx_utils import create_mcp_http_client
 
         resolved = server.resolved
         config = resolved.config
         if config.command is not None:
-            params = StdioServerParameters(
-                command=config.command, args=list(config.args), env=dict(resolved.env) or None, cwd=config.cwd
-            )
             server.guard = None
-            return Client(_StdioTransport(params, self._errlog))
+            return Client(_StdioTransport(resolved, self._sandbox))
         assert config.url is not None
         http = create_mcp_http_client(headers=dict(resolved.headers) or None)
         guard = server.guard = _SessionGuard(lambda refused: self._refused(server, refused))
@@ -534,19 +533,47 @@ def _timed_out(server: str, tool: str, seconds: float, side_effects: bool) -> To
 
 
 class _StdioTransport:
-    """`stdio_client` as a `Transport`, with the child's stderr where the hub was told."""
+    """`stdio_client` as a `Transport`: the server confined by the sandbox, its stderr logged as data."""
 
-    def __init__(self, params: Any, errlog: Any) -> None:
-        from mcp.client.stdio import stdio_client
-
-        self._cm = stdio_client(params, errlog=errlog) if errlog is not None else stdio_client(params)
+    def __init__(self, resolved: ResolvedServer, sandbox: Sandbox) -> None:
+        self._resolved, self._sandbox = resolved, sandbox
+        self._cm: Any = None
+        self._stderr: StderrLog | None = None
 
     async def __aenter__(self) -> Any:
-        with SPAWNING:  # entering spawns the process and sets up its pipes; no await waits on others
-            return await self._cm.__aenter__()
+        from mcp import StdioServerParameters
+        from mcp.client.stdio import stdio_client
+
+        config = self._resolved.config
+        assert config.command is not None
+        # Entering spawns the process and sets up its pipes, the stderr one included; no await
+        # waits on others. A fork meanwhile would copy the pipes' ends (see SPAWNING).
+        with SPAWNING:
+            confined = self._sandbox.confine(config.command, config.args, self._resolved.env, config.cwd)
+            params = StdioServerParameters(
+                command=confined.command, args=list(confined.args), env=dict(confined.env), cwd=config.cwd
+            )
+            read_end, write_end = os.pipe()
+            try:
+                with open(write_end, "w", encoding="utf-8") as errlog:  # the server holds its own copy
+                    self._cm = stdio_client(params, errlog=errlog)
+                    streams = await self._cm.__aenter__()
+            except BaseException:
+                os.close(read_end)
+                raise
+        try:
+            self._stderr = await read_stderr(config.name, read_end)
+        except BaseException:
+            await self._cm.__aexit__(None, None, None)
+            raise
+        return streams
 
     async def __aexit__(self, *exc: Any) -> Any:
-        return await self._cm.__aexit__(*exc)
+        try:
+            return await self._cm.__aexit__(*exc)
+        finally:
+            if self._stderr is not None:
+                await self._stderr.close(wait=1.0)  # the server is gone: read what it left
 
 
 class _HttpTransport:

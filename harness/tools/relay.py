@@ -3,23 +3,40 @@
 A forked child inherits the hub's objects but not its loop thread, and the stdio pipes it
 inherits are shared with the parent, so it must not speak on them. Instead the worker serves
 its hub on a Unix socket in a private directory (mode 0700), and a job reaches it through a
-`RelayClient`, which has the hub's two methods. One JSON line per request and per answer:
+`RelayClient`, which has the hub's two methods. One JSON line per request and per answer, after
+a first line that proves the connection is one of the worker's own horses:
 
+    {"op": "hello", "token": "..."}                        (no answer)
     {"op": "listing"}                                      -> {"listing": {...}}
     {"op": "call", "server", "tool", "arguments", "side_effects"} -> {"result": {...}}
 
 Every session stays warm in the worker; a job never starts a server.
+
+Who may connect. The token is drawn by the worker when it opens the relay, before it forks a
+horse, and lives only in its memory and its horses' (never in an environment or a file); it is
+compared in constant time. A connection whose first line does not carry it, or whose peer runs
+as another user (`SO_PEERCRED`), is closed and gets nothing, not even a listing. Stdio servers
+never see the socket at all: the sandbox covers the relay's directory (`harness.tools.sandbox`),
+and they cannot read the token in any process's memory.
+
+What a call through it is. The relay decides nothing: it has no policy, no tier, no approvals.
+A call arrives here only from a horse's tool registry, after the policy of that horse's run
+decided it (allowed, or approved by a person) right before it ran; the relay runs it on the
+warm session as the horse's own call. That is why nothing but a horse may connect.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import os
+import secrets
 import shutil
 import socket
+import struct
 import tempfile
 import threading
 from typing import Any
@@ -35,19 +52,32 @@ log = logging.getLogger("harness.mcp")
 # never one of ours, and is not read.
 _MAX_LINE = RELAY_LINE_MAX
 _GRACE_SECONDS = 10.0
+_HELLO_SECONDS = 10.0  # a horse says hello as it connects
+
+
+def private_directory() -> str:
+    """A new directory for a relay's socket (0700: no other user can connect); made before the hub
+    starts, so that every stdio server is started with it hidden (`McpHub(hidden=...)`)."""
+    return tempfile.mkdtemp(prefix="harness-mcp-")
 
 
 class RelayServer:
-    """Serves a hub on a Unix socket that only this user can reach, on the hub's own loop.
+    """Serves a hub on a Unix socket that only this user's holders of `token` can use, on the
+    hub's own loop.
 
     No thread of its own: a request goes from the socket straight to the session it names.
     """
 
-    def __init__(self, hub: McpHub) -> None:
+    def __init__(self, hub: McpHub, directory: str | None = None) -> None:
         self.hub = hub
-        self._dir = tempfile.mkdtemp(prefix="harness-mcp-")  # 0700: no other user can connect
+        self._dir = directory or private_directory()
         self.path = os.path.join(self._dir, "hub.sock")
+        self.token = secrets.token_hex(32)
         self._server: asyncio.AbstractServer | None = None
+
+    def client(self, call_timeout: float = 3600.0) -> RelayClient:
+        """The client a horse uses: this relay's path and token."""
+        return RelayClient(self.path, self.token, call_timeout=call_timeout)
 
     def start(self) -> RelayServer:
         async def serve() -> asyncio.AbstractServer:
@@ -69,14 +99,35 @@ class RelayServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            hello = await asyncio.wait_for(reader.readline(), _HELLO_SECONDS)
+            if not self._admits(writer.get_extra_info("socket"), hello):
+                return
             while line := await reader.readline():
                 answer = await self._answer(line)
                 writer.write(json.dumps(answer, ensure_ascii=False).encode() + b"\n")
                 await writer.drain()
-        except (ConnectionError, ValueError):  # a horse that died mid-request, or a line past the limit
-            pass
+        except (ConnectionError, ValueError, TimeoutError):  # a horse that died mid-request, a line
+            pass  # past the limit, or a connection that never said hello
         finally:
             writer.close()
+
+    def _admits(self, sock: Any, hello: bytes) -> bool:
+        """Whether the connection is a horse's: this user, and the token as its first line."""
+        peer_uid = _peer_uid(sock)
+        try:
+            request = json.loads(hello)
+        except ValueError:
+            request = None
+        hello_ok = isinstance(request, dict) and request.get("op") == "hello"
+        token = request.get("token") if hello_ok else None
+        if (
+            peer_uid == os.geteuid()
+            and isinstance(token, str)
+            and hmac.compare_digest(token.encode(), self.token.encode())
+        ):
+            return True
+        log.warning("MCP relay: refused a connection without the worker's token (peer uid %s)", peer_uid)
+        return False
 
     async def _answer(self, line: bytes) -> dict[str, Any]:
         try:
@@ -103,8 +154,9 @@ class RelayClient:
     Connects lazily and again in every new process (a fork must not share the parent's socket).
     """
 
-    def __init__(self, path: str, call_timeout: float = 3600.0) -> None:
+    def __init__(self, path: str, token: str, call_timeout: float = 3600.0) -> None:
         self.path = path
+        self._hello = json.dumps({"op": "hello", "token": token}).encode() + b"\n"
         self._call_timeout = call_timeout
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
@@ -159,10 +211,24 @@ class RelayClient:
 
     def _connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(self.path)
+        try:
+            sock.connect(self.path)
+            sock.sendall(self._hello)  # no answer: the first request's answer says it was taken
+        except OSError:
+            sock.close()
+            raise
         self._sock, self._file, self._pid = sock, sock.makefile("rb"), os.getpid()
 
     def _drop(self) -> None:
         if self._sock is not None and self._pid == os.getpid():
             self._sock.close()
         self._sock = self._file = None
+
+
+def _peer_uid(sock: Any) -> int | None:
+    """The user of the process at the other end of a Unix socket (`SO_PEERCRED`); None if unknown."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (AttributeError, OSError):
+        return None
+    return int(struct.unpack("3i", creds)[1])

@@ -47,7 +47,7 @@ from harness.config import Config, load_config
 from harness.tools import Tool, ToolContext, ToolResult
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub
-from harness.tools.relay import RelayClient, RelayServer
+from harness.tools.relay import RelayServer
 from tests.bench.common import percentile, table
 from tests.mcp_support import SERVER
 
@@ -233,7 +233,7 @@ def measure_calls(
     local = Catalog.from_config(config, host=hub)
     mcp_tool = local.registry().get(QUALIFIED)
     assert mcp_tool is not None
-    relayed = Catalog.from_config(config, host=RelayClient(relay.path))
+    relayed = Catalog.from_config(config, host=relay.client())
     horse = Horse(relayed, ctx)
     direct: DirectSession | None = None
     try:
@@ -332,12 +332,12 @@ def _forked_job(catalog: Catalog, ctx: ToolContext) -> Callable[[], dict[str, An
     return job
 
 
-def _threaded_job(path: str, config: Config, ctx: ToolContext) -> dict[str, Any]:
+def _threaded_job(relay: RelayServer, config: Config, ctx: ToolContext) -> dict[str, Any]:
     """The same job without a fork: a new thread, a new `RelayClient` (connection) and catalog."""
     answer: dict[str, Any] = {}
 
     def job() -> None:
-        answer.update(_job_body(Catalog.from_config(config, host=RelayClient(path)), ctx))
+        answer.update(_job_body(Catalog.from_config(config, host=relay.client()), ctx))
 
     thread = threading.Thread(target=job)
     thread.start()
@@ -393,11 +393,11 @@ def measure_jobs(relay: RelayServer, config: Config, ctx: ToolContext, jobs: int
     out = Jobs()
     for _ in range(jobs):
         gc.collect()
-        unforked = _threaded_job(relay.path, config, ctx)
+        unforked = _threaded_job(relay, config, ctx)
         out.thread_first.append((unforked["first"] - unforked["running"]) / 1e9)
         out.thread_faults.append(unforked["faults"])
     # As `workers.__main__` builds it: a catalog on a RelayClient, its registry never built here.
-    catalog = Catalog.from_config(config, host=RelayClient(relay.path))
+    catalog = Catalog.from_config(config, host=relay.client())
     naive_every = max(1, jobs // max(1, naive))
     for i in range(jobs):
         gc.collect()
@@ -454,7 +454,7 @@ def _measure(sizes: dict[str, int]) -> Figures:
     with tempfile.TemporaryDirectory() as tmp:
         config = _config(Path(tmp))
         ctx = ToolContext(workspace=Path(tmp))
-        with open(os.devnull, "w") as quiet, McpHub(config.resolved_servers({}), errlog=quiet) as hub:
+        with McpHub(config.resolved_servers({})) as hub:  # the server's stderr goes to the log, at INFO
             if hub.listing().away:
                 raise RuntimeError(f"the test MCP server did not start: {dict(hub.listing().away)}")
             relay = RelayServer(hub).start()

@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import MCPServer
@@ -55,11 +56,16 @@ PIXEL = base64.b64encode(
 ).decode()
 
 
+# Which process answered: its pid alone does not say, since a stdio server runs in a PID namespace
+# of its own (harness/tools/sandbox.py) and every one started there has the same pid.
+PROCESS = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
 def _log(tool: str, arguments: dict[str, Any]) -> None:
     path = os.environ.get("MCP_CALL_LOG")
     if path:
         with open(path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"tool": tool, "arguments": arguments, "pid": os.getpid()}) + "\n")
+            handle.write(json.dumps({"tool": tool, "arguments": arguments, "pid": PROCESS}) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
 
