@@ -17,7 +17,7 @@ PRODUCT = ("harness", "bot", "workers", "playground")
 
 # Landing in parallel (issue 19): documented already, read by the code once merged (then these
 # entries change nothing and may go).
-PENDING_KEYS = {"mcp.servers.trust_annotations"}
+PENDING_KEYS: set[str] = set()
 PENDING_VARIABLES: set[str] = set()
 # Documented variables that the product's own code never reads: others read them.
 READ_BY_OTHERS = {
@@ -29,7 +29,7 @@ READ_BY_OTHERS = {
 _ROW = re.compile(r"^\|\s*(?P<cell>[^|]*?)\s*\|", re.MULTILINE)
 _CODE = re.compile(r"`([^`]+)`")
 _CONFIG_KEY = re.compile(r"[a-z_]+(\.[a-z_]+)+")
-_VARIABLE = re.compile(r"[A-Z][A-Z0-9]*(_[A-Z0-9]+)+|PORT|HOST")
+_VARIABLE = re.compile(r"[A-Z][A-Z0-9]*(_[A-Z0-9]+)+|PORT|HOST|PATH")
 # How product code reads a variable: env.get("X"), os.environ["X"], os.getenv("X"), and the names
 # it passes to helpers that read them (a string literal with one of the product's prefixes).
 _READS = re.compile(
@@ -37,8 +37,7 @@ _READS = re.compile(
 )
 _PREFIXES = "HARNESS|SLACK|ANTHROPIC|REDIS|METRICS|LOG|WEB|PLAYGROUND|OTEL"
 _PREFIXED = re.compile(rf"""["']((?:{_PREFIXES})_[A-Z0-9_]+)["']""")
-# Upper-case strings that are not variables (a request's WSGI keys, a Redis command, ...).
-# WSGI environ keys, read from a request, not from the process environment.
+# Upper-case strings that are not variables: a request's WSGI environ keys, read from a request.
 _NOT_VARIABLES = re.compile(
     r"HTTP_.*|REQUEST_METHOD|PATH_INFO|QUERY_STRING|CONTENT_(LENGTH|TYPE)|REMOTE_ADDR|SERVER_(PORT|NAME)"
 )

@@ -109,7 +109,7 @@ def everything(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Catal
         toml = f'[[mcp.servers]]\nname = "ev"\ncommand = {json.dumps(str(EVERYTHING))}\nargs = ["stdio"]\n'
     else:
         toml = f'[[mcp.servers]]\nname = "ev"\nurl = "{request.getfixturevalue("http_everything").url}"\n'
-    config = config_of(tmp_path, toml)
+    config = config_of(tmp_path, toml + "trust_annotations = true\n")  # its readOnlyHint may allow
     with McpHub(config.resolved_servers({})) as hub:
         assert not hub.listing().away, hub.listing().away
         yield Catalog.from_config(config, host=hub)
@@ -185,7 +185,7 @@ def test_a_run_through_the_loop_gets_everythings_image_to_the_model(
     tmp_path: Path, model: FakeMessagesAPI, workspace: Path
 ) -> None:
     toml = f'[[mcp.servers]]\nname = "ev"\ncommand = {json.dumps(str(EVERYTHING))}\nargs = ["stdio"]\n'
-    config = config_of(tmp_path, toml)
+    config = config_of(tmp_path, toml + "trust_annotations = true\n")
     model.script(
         reply(tool_use("ev__get-tiny-image", {}, id="toolu_img"), tool_use("ev__echo", {}, id="toolu_bad")),
         reply(text("A tiny image.")),
