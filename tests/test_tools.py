@@ -351,3 +351,24 @@ def test_no_call_leaves_a_file_descriptor_open(tools: ToolRegistry, ctx: ToolCon
         for name, args in calls:
             tools.run(name, args, ctx)
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_tools_own_result_is_bounded_whatever_it_returns(ctx: ToolContext) -> None:
+    """A module tool may build its `ToolResult` itself: 60 MB of it must not reach the run record."""
+
+    @tool(side_effects=False)
+    def flood(ctx: ToolContext) -> str:
+        """Returns far too much."""
+        return ToolResult("y" * 60_000_000)  # type: ignore[return-value]
+
+    @tool(side_effects=False)
+    def flood_blocks(ctx: ToolContext) -> str:
+        """Returns far too much, in blocks."""
+        return ToolResult([{"type": "text", "text": "z" * 30_000_000}] * 2)  # type: ignore[return-value]
+
+    registry = ToolRegistry([flood, flood_blocks])
+    one = registry.run("flood", {}, ctx)
+    assert isinstance(one.content, str) and len(one.content) < RESULT_LIMIT_CHARS + 200
+    assert "60,000,000" in one.content  # it says how much there was
+    two = registry.run("flood_blocks", {}, ctx)
+    assert sum(len(b["text"]) for b in two.content if b["type"] == "text") < RESULT_LIMIT_CHARS + 200

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
@@ -200,3 +200,44 @@ def cut(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return text[:limit] + texts.RESULT_CUT.format(total=len(text), kept=limit)
+
+
+def cut_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Text blocks cut so that all of them together stay within `RESULT_LIMIT_CHARS`."""
+    budget = RESULT_LIMIT_CHARS
+    total = sum(len(b["text"]) for b in blocks if b["type"] == "text")
+    if total <= budget:
+        return blocks
+    out = []
+    for block in blocks:
+        if block["type"] != "text":
+            out.append(block)
+            continue
+        if budget <= 0:
+            continue
+        text = block["text"]
+        budget -= len(text)
+        if budget < 0:
+            text = text[: len(text) + budget] + texts.RESULT_CUT.format(total=total, kept=RESULT_LIMIT_CHARS)
+        out.append({"type": "text", "text": text})
+    return out
+
+
+def bounded(result: ToolResult) -> ToolResult:
+    """`result` with its text cut to `RESULT_LIMIT_CHARS`, whoever made it (a run record stays bounded).
+
+    A result already cut by its maker (text plus the note saying so) is left as it is.
+    """
+    if isinstance(result.content, str):
+        if len(result.content) <= RESULT_LIMIT_CHARS + _CUT_NOTE_ROOM:
+            return result
+        return replace(result, content=cut(result.content, RESULT_LIMIT_CHARS))
+    found = [b.get("text") for b in result.content if b.get("type") == "text"]
+    if all(isinstance(t, str) for t in found):
+        if sum(len(str(t)) for t in found) <= RESULT_LIMIT_CHARS + _CUT_NOTE_ROOM:
+            return result
+    blocks = [{**b, "text": str(b.get("text", ""))} if b.get("type") == "text" else b for b in result.content]
+    return replace(result, content=cut_blocks(blocks))
+
+
+_CUT_NOTE_ROOM = 500  # what a maker's own note of a cut may add past the limit

@@ -28,7 +28,7 @@ from typing import Any
 import anyio
 
 from harness import texts
-from harness.tools.base import RESULT_LIMIT_CHARS, ToolResult
+from harness.tools.base import ToolResult, cut_blocks
 
 _MB = 1024 * 1024
 # Past this, a message is not read. Far above any result the model can be sent (a cut answer still
@@ -112,7 +112,7 @@ def convert_result(result: Any) -> ToolResult:
     wrote_text = any(getattr(item, "type", "") in ("text", "resource") for item in content)
     if not wrote_text and result.structured_content is not None:
         blocks.insert(0, _text(_structured(result.structured_content, content[:BLOCKS_MAX])))
-    blocks = _cut_blocks(blocks)
+    blocks = cut_blocks(blocks)
     is_error = bool(result.is_error)
     if all(b["type"] == "text" for b in blocks):
         return ToolResult("\n".join(b["text"] for b in blocks) or texts.MCP_EMPTY_RESULT, is_error)
@@ -162,27 +162,6 @@ def _structured(value: Any, content: list[Any]) -> str:
         same = json.dumps(texts.MCP_SAME_AS_BLOCK.format(number=repeats[payload]))
         dumped = dumped.replace(json.dumps(payload, ensure_ascii=False), same)
     return dumped
-
-
-def _cut_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Text blocks cut so that all of them together stay within `RESULT_LIMIT_CHARS`."""
-    budget = RESULT_LIMIT_CHARS
-    total = sum(len(b["text"]) for b in blocks if b["type"] == "text")
-    if total <= budget:
-        return blocks
-    out = []
-    for block in blocks:
-        if block["type"] != "text":
-            out.append(block)
-            continue
-        if budget <= 0:
-            continue
-        text = block["text"]
-        budget -= len(text)
-        if budget < 0:
-            text = text[: len(text) + budget] + texts.RESULT_CUT.format(total=total, kept=RESULT_LIMIT_CHARS)
-        out.append(_text(text))
-    return out
 
 
 # --- the stdio wire ----------------------------------------------------------------------------

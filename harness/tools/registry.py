@@ -10,7 +10,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness import texts
-from harness.tools.base import RESULT_LIMIT_CHARS, BadInput, Tool, ToolContext, ToolError, ToolResult, cut
+from harness.tools.base import (
+    RESULT_LIMIT_CHARS,
+    BadInput,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    bounded,
+    cut,
+)
 
 # Answers a call to a name no tool has, when the name belongs to a source that is away (an MCP
 # server that is down); None when the name is simply unknown.
@@ -89,7 +98,7 @@ class ToolRegistry:
             error = f"{type(exc).__name__}: {exc}"
             return ToolResult(texts.RESULT_TOOL_RAISED.format(name=name, error=error), True)
         if isinstance(output, ToolResult):
-            return output  # its maker cut it to fit (MCP results are cut where they are converted)
+            return bounded(output)  # an MCP result is bounded where it is converted; a module's is here
         return ToolResult(cut(str(output), RESULT_LIMIT_CHARS))
 
     def _call_with_timeout(self, found: Tool, ctx: ToolContext, args: dict[str, Any]) -> ToolResult | str:
