@@ -233,9 +233,9 @@ def bounded(result: ToolResult) -> ToolResult:
             return result
         return replace(result, content=cut(result.content, RESULT_LIMIT_CHARS))
     found = [b.get("text") for b in result.content if b.get("type") == "text"]
-    if all(isinstance(t, str) for t in found):
-        if sum(len(str(t)) for t in found) <= RESULT_LIMIT_CHARS + _CUT_NOTE_ROOM:
-            return result
+    size = sum(len(t) if isinstance(t, str) else RESULT_LIMIT_CHARS + _CUT_NOTE_ROOM + 1 for t in found)
+    if size <= RESULT_LIMIT_CHARS + _CUT_NOTE_ROOM:
+        return result
     blocks = [{**b, "text": str(b.get("text", ""))} if b.get("type") == "text" else b for b in result.content]
     return replace(result, content=cut_blocks(blocks))
 
