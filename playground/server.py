@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 import socket
 import time
@@ -41,9 +42,12 @@ Json = dict[str, Any]
 STATIC = Path(__file__).parent / "static"
 ASSETS = {
     "/": ("index.html", "text/html; charset=utf-8"),
-    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/static/style.css": ("style.css", "text/css; charset=utf-8"),
 }
+# The page's ES modules (static/js/), served by plain name only: no path a request spells reaches
+# another file. A browser runs a module only when it is served as JavaScript.
+MODULE_PATH = re.compile(r"/static/js/([a-z]+\.js)")
+MODULE_TYPE = "text/javascript; charset=utf-8"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 PAGE_HEADER = "X-Playground"
 KEEPALIVE_SECONDS = 15.0
@@ -224,6 +228,17 @@ class Playground:
         return reply
 
 
+def _asset(path: str) -> tuple[Path, str] | None:
+    """The file behind a GET of the page (its HTML, style or one of its modules) and its type."""
+    if path in ASSETS:
+        name, kind = ASSETS[path]
+        return STATIC / name, kind
+    module = MODULE_PATH.fullmatch(path)
+    if module and (STATIC / "js" / module[1]).is_file():
+        return STATIC / "js" / module[1], MODULE_TYPE
+    return None
+
+
 def _element(blocks: Any, block_id: Any, action_id: Any, value: Any = None) -> Json:
     """The interactive element `action_id` of block `block_id`, as a click reports it (`value`
     picks the half of a feedback_buttons element that was clicked)."""
@@ -296,9 +311,9 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(200, {"ok": True})
         if not self._local_host():
             return None
-        if path in ASSETS:
-            name, kind = ASSETS[path]
-            return self._send(200, (STATIC / name).read_bytes(), kind, cache=False)
+        asset = _asset(path)
+        if asset is not None:
+            return self._send(200, asset[0].read_bytes(), asset[1], cache=False)
         if path == "/play/state":
             return self._json(200, self.server.playground.state())
         if path == "/play/events":

@@ -11,6 +11,7 @@ screenshots``) the tests save them into DIR as well as into their own temporary 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -193,3 +194,26 @@ def test_a_report_too_long_for_a_message_opens_whole_from_its_file(tab: Any) -> 
     expect(file).to_be_visible()
     file.locator("summary").click()
     expect(file.locator("pre")).to_contain_text("All 400 checks passed.")
+
+
+def test_open_the_card_on_the_home_tab_shows_the_card_in_the_channel(tab: Any, running: Running) -> None:
+    """A permalink into the channel scrolls to its message and flashes it, in this tab, not a new one."""
+    expect = pytest.importorskip("playwright.sync_api").expect
+    as_user(tab, ALICE)
+    parent = mention(tab, "write a note about the home tab")
+    tab.locator("button[data-action-id=approve]").last.wait_for()
+    tab.click("#nav-home")
+    link = tab.locator("#home a.link", has_text="Open the card").first
+    href = link.get_attribute("href") or ""
+    permalink = re.search(r"/p(\d{10})(\d{6})", href)
+    assert permalink, href
+    seconds, fraction = permalink.groups()
+    link.click()
+
+    expect(tab.locator("#channel-pane")).to_be_visible()
+    expect(tab.locator("#home-pane")).to_be_hidden()
+    flashed = tab.locator(f'#messages .message.flash[data-ts="{seconds}.{fraction}"]')
+    expect(flashed).to_contain_text("Approval needed")
+    assert len(tab.context.pages) == 1  # no new tab
+    tab.locator("button[data-action-id=decline]").last.click()  # tidy: the run ends
+    Page(running.url).wait_text(str(parent.get_attribute("data-ts")), "That took")

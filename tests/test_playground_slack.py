@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from bot.render import _PERMALINK
+from playground import server as server_module
 from playground.bot_client import Bot
 from playground.server import Playground, Server
 from playground.slack import BOT_USER_ID, CHANNEL_ID, Workspace
@@ -259,11 +262,44 @@ def test_the_page_is_served_with_a_strict_content_security_policy(served: Any) -
     html = answer.read().decode()
     assert answer.status == 200 and answer.getheader("Content-Type", "").startswith("text/html")
     assert "default-src 'self'" in (answer.getheader("Content-Security-Policy") or "")
-    assert "/static/app.js" in html and "/static/style.css" in html
-    for asset in ("/static/app.js", "/static/style.css"):
-        conn.request("GET", asset)
+    assert '<script type="module" src="/static/js/main.js">' in html and "/static/style.css" in html
+    conn.request("GET", "/static/style.css")
+    reply = conn.getresponse()
+    assert reply.status == 200 and reply.read()
+
+
+def test_every_module_the_page_imports_is_served_as_javascript_and_nothing_else_is(served: Any) -> None:
+    """The page is ES modules: one that is missing, or served as another type, and nothing runs."""
+    _, _, page = served
+    port = int(page.url.rsplit(":", 1)[1].strip("/"))
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    seen: set[str] = set()
+    pending = ["main.js"]
+    while pending:
+        name = pending.pop()
+        seen.add(name)
+        conn.request("GET", f"/static/js/{name}")
         reply = conn.getresponse()
-        assert reply.status == 200 and reply.read()
+        source = reply.read().decode()
+        assert reply.status == 200, name
+        assert reply.getheader("Content-Type") == "text/javascript; charset=utf-8", name
+        imported = re.findall(r"^import \{[^}]*\} from '\./([a-z]+\.js)';$", source, re.MULTILINE)
+        assert len(imported) == source.count("\nimport "), name  # every import is a sibling module
+        pending += [m for m in imported if m not in seen]
+    on_disk = {p.name for p in (Path(server_module.__file__).parent / "static" / "js").iterdir()}
+    assert seen == on_disk  # no module left behind that nothing loads
+    for path in (
+        "/static/js/nope.js",
+        "/static/js/../server.py",
+        "/static/js/%2e%2e/server.py",
+        "/static/js/main.js/",
+        "/static/js/Main.js",
+        "/static/app.js",
+        "/static/js/",
+    ):
+        conn.request("GET", path)
+        reply = conn.getresponse()
+        assert reply.status == 404 and b"import" not in reply.read(), path
 
 
 def test_the_event_stream_sends_the_version_now_and_after_each_change(served: Any) -> None:

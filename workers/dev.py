@@ -11,6 +11,16 @@ fresh password per start), gives the bot a workspace folder of its own (``HARNES
 ``HARNESS_WORKSPACE`` set, and prefixes their output per line. Ctrl-C or SIGTERM stops everything in
 order (web, worker, then Redis) and exits 0; a child that dies on its own stops the others and exits 1.
 
+Why not honcho, which reads the Procfile (weighed against honcho 2.0.0's `Manager`): it could
+only take over web and worker, since Redis must be up first and reads its password from stdin and
+the playground must answer before the bot starts. That removes about 15 of these ~570 lines (the
+spawn loop, the bot's wait, the call to `supervise`) and adds about 28: a printer keeping these
+prefixes and LOG_FORMAT=json, a thread that stops it when Redis or the playground dies, another
+for the bot's readiness line, its exit codes (130, 143) mapped to 0. It would also break promises
+tests/test_dev.py and this module keep: it SIGTERMs every process group at once, not web, then
+worker, then Redis, each child alone until the grace ends; its 5 s kill wait is a module constant;
+it ignores SIGHUP and a second Ctrl-C. So this stays, with no new dependency.
+
 For tests, ``HARNESS_DEV_WEB_CMD`` / ``HARNESS_DEV_WORKER_CMD`` (shell-split strings) replace the
 child commands, ``HARNESS_DEV_REDIS_PROBE`` (``host:port``) replaces localhost:6379 as the Redis
 probed, and ``HARNESS_DEV_STOP_TIMEOUT`` (seconds) replaces the 10 s grace before SIGKILL.
@@ -47,6 +57,11 @@ DEFAULT_WORKSPACE = Path("workspace")
 STOP_TIMEOUT = 10.0
 REDIS_START_TIMEOUT = 10.0
 POLL_INTERVAL = 0.1
+SLACK_SETTINGS = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN")
+PLAYGROUND_PORT = 3000
+PLAYGROUND_CONFIG = Path(__file__).resolve().parents[1] / "playground" / "config.toml"
+PLAYGROUND_START_TIMEOUT = 15.0
+BOT_START_TIMEOUT = 60.0
 PREFIXES = {
     "web": "web  | ",
     "worker": "worker | ",
@@ -124,13 +139,6 @@ class Child:
 
     name: str
     proc: subprocess.Popen[bytes]
-
-
-SLACK_SETTINGS = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN")
-PLAYGROUND_PORT = 3000
-PLAYGROUND_CONFIG = Path(__file__).resolve().parents[1] / "playground" / "config.toml"
-PLAYGROUND_START_TIMEOUT = 15.0
-BOT_START_TIMEOUT = 60.0
 
 
 def wants_playground(env: Mapping[str, str]) -> bool:
@@ -290,13 +298,8 @@ def stop_children(
 
 
 def _signal(pid: int, signum: int, *, group: bool) -> None:
-    try:
-        if group:
-            os.killpg(pid, signum)
-        else:
-            os.kill(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # gone already
+        (os.killpg if group else os.kill)(pid, signum)
 
 
 def lock_data_dir(data_dir: Path) -> IO[str]:

@@ -1,0 +1,99 @@
+/*
+ * The channel: top-level messages in time order, each with its thread (replies and the selected
+ * user's ephemerals) and reply box; kept scrolled and focused across renders.
+ */
+
+import { showError } from './api.js';
+import { renderReplyBox } from './composer.js';
+import { $, button, el } from './dom.js';
+import { showPane } from './home.js';
+import { renderMessage } from './message.js';
+import { app } from './state.js';
+
+/** Order of two Slack timestamps, compared exactly (seconds, then the six-digit fraction). */
+function compareTs(a, b) {
+  const [ai, af = ''] = String(a).split('.');
+  const [bi, bf = ''] = String(b).split('.');
+  return Number(ai) - Number(bi) || Number(af.padEnd(6, '0')) - Number(bf.padEnd(6, '0'));
+}
+
+/** Top-level items and each thread's replies (messages and the user's ephemerals), by ts. */
+function buildTimeline(state, user) {
+  const items = state.messages.map((m) => ({ msg: m, eph: false }))
+    .concat(state.ephemerals.filter((e) => e.user === user).map((e) => ({ msg: e, eph: true })));
+  items.sort((a, b) => compareTs(a.msg.ts, b.msg.ts));
+  const parents = new Set(state.messages.filter((m) => !m.thread_ts || m.thread_ts === m.ts).map((m) => m.ts));
+  const top = [];
+  const replies = new Map();
+  for (const item of items) {
+    const t = item.msg.thread_ts;
+    if (t && t !== item.msg.ts && parents.has(t)) {
+      if (!replies.has(t)) replies.set(t, []);
+      replies.get(t).push(item);
+    } else top.push(item); // a reply whose parent is unknown is shown in the channel
+  }
+  return { top, replies };
+}
+
+function renderThread(parentTs, items) {
+  const box = el('div', 'thread');
+  box.dataset.thread = parentTs;
+  if (items.length) {
+    const n = items.filter((i) => !i.eph).length;
+    box.append(el('div', 'thread-count', `${n} ${n === 1 ? 'reply' : 'replies'}`));
+    items.forEach((i) => box.append(renderMessage(i.msg, i.eph)));
+  }
+  box.append(renderReplyBox(parentTs));
+  return box;
+}
+
+/** Draw the channel from the state (skipped when unchanged), keeping scroll and caret. */
+export function renderChannel() {
+  const state = app.state;
+  const list = $('messages');
+  const sig = JSON.stringify([app.user, state.messages, state.ephemerals.filter((e) => e.user === app.user),
+    state.users, [...app.openThreads]]);
+  if (sig === app.sigs.channel) return;
+  app.sigs.channel = sig;
+  const nearBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 120;
+  const oldTop = list.scrollTop;
+  const active = document.activeElement; // keep the caret in a reply box across the rebuild
+  const focus = active && active.classList.contains('reply-input')
+    ? { thread: active.dataset.thread, start: active.selectionStart, end: active.selectionEnd } : null;
+  const { top, replies } = buildTimeline(state, app.user);
+  const frag = document.createDocumentFragment();
+  if (!top.length) frag.append(el('div', 'empty-note', 'No messages yet. Pick a suggestion below, or mention the bot.'));
+  for (const item of top) {
+    const wrap = el('div', 'entry');
+    wrap.append(renderMessage(item.msg, item.eph));
+    const threadItems = replies.get(item.msg.ts) || [];
+    if (!item.eph && (threadItems.length || app.openThreads.has(item.msg.ts))) {
+      wrap.append(renderThread(item.msg.ts, threadItems));
+    } else if (!item.eph) {
+      wrap.append(button('Reply in thread', 'thread-open', () => {
+        app.openThreads.add(item.msg.ts);
+        renderChannel();
+        const box = list.querySelector(`textarea.reply-input[data-thread="${CSS.escape(item.msg.ts)}"]`);
+        if (box) box.focus();
+      }));
+    }
+    frag.append(wrap);
+  }
+  list.replaceChildren(frag);
+  const box = focus && list.querySelector(`textarea.reply-input[data-thread="${CSS.escape(focus.thread)}"]`);
+  if (box) {
+    box.focus();
+    box.setSelectionRange(focus.start, focus.end);
+  }
+  list.scrollTop = nearBottom ? list.scrollHeight : oldTop;
+}
+
+/** Scroll to a message (a permalink was clicked) and flash it. */
+export function showMessage(ts) {
+  showPane('channel');
+  const node = $('messages').querySelector(`.message[data-ts="${CSS.escape(ts)}"]`);
+  if (!node) return showError(`That message (${ts}) is not in the channel.`);
+  node.scrollIntoView({ block: 'center' });
+  node.classList.add('flash');
+  setTimeout(() => node.classList.remove('flash'), 1600);
+}

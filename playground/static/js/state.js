@@ -1,0 +1,36 @@
+/*
+ * The page's state: the last /play/state snapshot and what this tab adds to it (the selected user,
+ * drafts, the open modal's fields …), and who is who in the snapshot.
+ */
+
+export const app = {
+  state: null, // the last /play/state snapshot
+  user: null, // the selected user's id
+  pane: 'channel', // 'channel' or 'home'
+  fetching: false, // a /play/state request is in flight
+  refetch: false, // a change was announced while it was: fetch once more
+  sigs: {}, // what each part was last rendered from, to skip work (and keep focus) when unchanged
+  drafts: new Map(), // thread ts -> text typed in that thread's reply box
+  openThreads: new Set(), // top-level ts whose reply box was opened while it had no replies
+  modal: { key: null, values: {}, errors: {} }, // what was typed in the open modal, and its errors
+  dismissed: new Set(), // modal keys hidden after submit/close until the state drops them
+  pollTimer: null, // set while /play/events is down
+  confirmDone: null, // answers the open confirmation (Escape says no)
+};
+
+/** The snapshot's user `id`, or null. */
+export function userById(id) {
+  return (app.state && app.state.users.find((u) => u.id === id)) || null;
+}
+
+/** Whether `id` is the bot's own user. */
+export function isBotUser(id) {
+  return !!(app.state && app.state.bot && app.state.bot.user_id === id);
+}
+
+/** The name the page shows for user `id` (the id itself for a stranger). */
+export function displayName(id) {
+  if (isBotUser(id)) return app.state.bot.name;
+  const u = userById(id);
+  return u ? u.real_name || u.name : id;
+}
