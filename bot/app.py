@@ -29,10 +29,17 @@ from slack_bolt import Ack, App, BoltContext
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
-from bot import edits, render, texts
+from bot import edits
 from bot.web import bolt_error_handler
 from harness.config import Config
 from harness.state import Decision, PendingCall, StateError, Verdict
+from messages import texts
+from messages.arguments import fully_reviewable
+from messages.blocks import notice
+from messages.cards import grant_revoked
+from messages.endings import FEEDBACK_BAD, FEEDBACK_GOOD
+from messages.home import HOME_ITEMS_MAX, HomeItem, home_view
+from messages.modals import arguments_modal, decline_reason_modal, edit_modal
 from workers import logs, metrics
 from workers.services import enqueue_run_job, queued_job
 from workers.slack_http import KeepAliveWebClient
@@ -66,7 +73,7 @@ Reply = str | tuple[str, dict[str, str]]  # a text, or a text and the users it n
 MAX_TASK_CHARS = 20_000
 GROUP_LOOKUP_SECONDS = 2  # a group read on a click happens before Slack gets its answer (3 s)
 HOME_SCAN = 200  # open parks read at most for one Home tab (from its index), the soonest to expire first
-HOME_BATCH = 25  # parks read per round trip: about one tab's worth (render.HOME_ITEMS_MAX + 1)
+HOME_BATCH = 25  # parks read per round trip: about one tab's worth (HOME_ITEMS_MAX + 1)
 _USER = re.compile(r"[UW][A-Z0-9]{1,31}")
 AFTER_THREADS = "slack-after"  # the threads that make Slack calls after the answer
 
@@ -329,7 +336,7 @@ def _acknowledge_visibly(body: dict[str, Any], context: BoltContext, client: Web
             client.reactions_add(channel=event["channel"], timestamp=event["ts"], name="eyes")
         elif context.get("busy_notice"):
             channel, thread_ts, text = context["busy_notice"]
-            msg = render.notice(text)
+            msg = notice(text)
             client.chat_postMessage(
                 channel=channel, thread_ts=thread_ts, text=msg.text, blocks=msg.blocks, unfurl_links=False
             )
@@ -409,7 +416,7 @@ def _home_publisher(deps: BotDeps) -> Callable[..., None]:
         team, user = wanted
         items, more = _waiting_on(deps, team, user)
         items = [replace(item, link=_permalink(client, item)) for item in items]
-        view = render.home_view(items, more=more, at=datetime.now(UTC))
+        view = home_view(items, more=more, at=datetime.now(UTC))
         try:
             client.views_publish(user_id=user, view=view)
         except SlackApiError as exc:
@@ -418,7 +425,7 @@ def _home_publisher(deps: BotDeps) -> Callable[..., None]:
     return publish_home
 
 
-def _waiting_on(deps: BotDeps, team: str, user: str) -> tuple[list[render.HomeItem], bool]:
+def _waiting_on(deps: BotDeps, team: str, user: str) -> tuple[list[HomeItem], bool]:
     """The undecided calls of open parks that `user` may decide now, soonest expiry first; and
     whether there are more than the Home tab shows.
 
@@ -429,7 +436,7 @@ def _waiting_on(deps: BotDeps, team: str, user: str) -> tuple[list[render.HomeIt
     are read, a batch at a time, until the tab is full; `may_decide` has the last word on each.
     """
     now = time.time()
-    items: list[render.HomeItem] = []
+    items: list[HomeItem] = []
     over: list[OpenPark] = []  # parks the index still holds but that wait on nobody any more
     requesters: dict[str, str] = {}
     try:
@@ -455,11 +462,11 @@ def _waiting_on(deps: BotDeps, team: str, user: str) -> tuple[list[render.HomeIt
             for call in awaiting:
                 if call.id in decisions and decisions[call.id] is None:
                     card = record.cards.get(call.id)
-                    items.append(render.HomeItem(call, record.requester, record.channel, expires_at, card))
-        if len(items) > render.HOME_ITEMS_MAX:
+                    items.append(HomeItem(call, record.requester, record.channel, expires_at, card))
+        if len(items) > HOME_ITEMS_MAX:
             break  # enough to fill the tab and to know there is more
     deps.store.drop_from_index(team, over, requesters)
-    return items[: render.HOME_ITEMS_MAX], len(items) > render.HOME_ITEMS_MAX
+    return items[:HOME_ITEMS_MAX], len(items) > HOME_ITEMS_MAX
 
 
 def _home_candidates(deps: BotDeps, team: str, user: str, now: float) -> list[OpenPark]:
@@ -492,7 +499,7 @@ def _still_open(record: RunRecord | None, park: OpenPark, decisions: dict[str, A
     return record.expires_at is not None and any(d is None for d in decisions.values())
 
 
-def _permalink(client: WebClient, item: render.HomeItem) -> str | None:
+def _permalink(client: WebClient, item: HomeItem) -> str | None:
     """The link to the call's card, if Slack gives one."""
     if not item.card_ts:
         return None
@@ -711,7 +718,7 @@ def _reviewable(record: RunRecord, call_id: str) -> bool:
         call = next((c for c in record.run_state().pending if c.id == call_id), None)
     except StateError:
         return True  # _decide refuses an unreadable state itself, with its own reply
-    return call is None or render.fully_reviewable(call)
+    return call is None or fully_reviewable(call)
 
 
 def _modal_opener(
@@ -745,14 +752,14 @@ def _modal_opener(
 def _on_view_args(deps: BotDeps) -> Callable[..., None]:
     def build(record: RunRecord, call: PendingCall) -> dict[str, Any]:
         preview = record.call_tools.get(call.id, {}).get("preview")
-        return render.arguments_modal(call=call, preview=preview if isinstance(preview, str) else None)
+        return arguments_modal(call=call, preview=preview if isinstance(preview, str) else None)
 
     return _modal_opener(deps, build, viewing=True)
 
 
 def _on_decline_with_reason(deps: BotDeps) -> Callable[..., None]:
     return _modal_opener(
-        deps, lambda record, call: render.decline_reason_modal(run_id=record.run_id, call=call), viewing=False
+        deps, lambda record, call: decline_reason_modal(run_id=record.run_id, call=call), viewing=False
     )
 
 
@@ -778,7 +785,7 @@ def _on_decline_reason(deps: BotDeps) -> Callable[..., None]:
 def _on_edit(deps: BotDeps) -> Callable[..., None]:
     def build(record: RunRecord, call: PendingCall) -> dict[str, Any]:
         schema = record.call_tools.get(call.id, {}).get("schema")
-        return render.edit_modal(run_id=record.run_id, call=call, schema=schema)
+        return edit_modal(run_id=record.run_id, call=call, schema=schema)
 
     return _modal_opener(deps, build, viewing=False)
 
@@ -849,7 +856,7 @@ def _after_revoke(body: dict[str, Any], context: BoltContext, client: WebClient)
     channel = context.get("reply_channel")
     if revoked and channel and message.get("ts"):
         tool, by = revoked
-        msg = render.grant_revoked(tool=tool, by=by, at=datetime.now(UTC))
+        msg = grant_revoked(tool=tool, by=by, at=datetime.now(UTC))
         try:
             client.chat_update(channel=channel, ts=message["ts"], text=msg.text, blocks=msg.blocks)
         except SlackApiError as exc:
@@ -912,7 +919,7 @@ def _on_feedback(deps: BotDeps) -> Callable[..., None]:
         context["reply_channel"], context["reply_user"] = channel, clicker.user
         verdict, _, run = str(action.get("value") or "").partition(":")
         try:
-            good = verdict in (render.FEEDBACK_GOOD, render.FEEDBACK_BAD)
+            good = verdict in (FEEDBACK_GOOD, FEEDBACK_BAD)
             record = deps.store.load_run(check_id("run", run)) if good else None
         except (BadId, StateError):
             record = None
@@ -1105,7 +1112,7 @@ def _tell_clicker(body: dict[str, Any], context: BoltContext, client: WebClient)
         return
     text, users = reply if isinstance(reply, tuple | list) else (reply, {})
     thread_ts = _dict(body.get("message")).get("thread_ts") or context.get("reply_thread") or None
-    msg = render.notice(text, **users)
+    msg = notice(text, **users)
     try:
         client.chat_postEphemeral(
             channel=channel, user=user, text=msg.text, blocks=msg.blocks, thread_ts=thread_ts
