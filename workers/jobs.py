@@ -48,7 +48,7 @@ from harness.state import (
 from harness.valves import Stop, Valve, token_limit
 from messages import cards, endings, texts, turns
 from messages.blocks import Message, notice
-from workers import logs, metrics, outbox, thread_status
+from workers import deciders, logs, metrics, outbox, thread_status
 from workers.driver import Driver, park_ttl
 from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
 from workers.store import LIMIT_CALL, BadId, Grant, RunRecord, RunStatus, Store
@@ -562,7 +562,7 @@ def _limit_card(svc: Services, record: RunRecord, votes: tuple[str, ...] = ()) -
         question=info.get("question", ""),
         more=info.get("more", ""),
         requester=record.requester,
-        deciders=list(approvals.approvers or (record.requester,)),
+        deciders=deciders.named(approvals, record.requester),
         expires_at=datetime.fromtimestamp(record.expires_at or time.time(), UTC),
         required=approvals.required,
         votes=votes,
