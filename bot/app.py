@@ -14,7 +14,6 @@ import ctypes
 import inspect
 import logging
 import os
-import re
 import threading
 import time
 import uuid
@@ -27,15 +26,21 @@ from typing import Any
 import rq
 from slack_bolt import Ack, App, BoltContext
 from slack_sdk import WebClient
-from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.errors import SlackApiError
 
-from bot import edits, render, texts
+from bot import edits
 from bot.web import bolt_error_handler
 from harness.config import Config
 from harness.state import Decision, PendingCall, StateError, Verdict
-from workers import logs, metrics
+from messages import texts
+from messages.arguments import fully_reviewable
+from messages.blocks import notice
+from messages.cards import grant_revoked
+from messages.endings import FEEDBACK_BAD, FEEDBACK_GOOD
+from messages.home import HOME_ITEMS_MAX, HomeItem, home_view
+from messages.modals import arguments_modal, decline_reason_modal, edit_modal
+from workers import deciders, logs, metrics
 from workers.services import enqueue_run_job, queued_job
-from workers.slack_http import KeepAliveWebClient
 from workers.store import (
     ENDED,
     FEEDBACK_PER_MINUTE,
@@ -64,10 +69,8 @@ HONOUR_STOP = "workers.jobs.honour_stop"
 REPLY = "ephemeral_reply"  # context key: what the background reply tells the clicker
 Reply = str | tuple[str, dict[str, str]]  # a text, or a text and the users it names by placeholder
 MAX_TASK_CHARS = 20_000
-GROUP_LOOKUP_SECONDS = 2  # a group read on a click happens before Slack gets its answer (3 s)
 HOME_SCAN = 200  # open parks read at most for one Home tab (from its index), the soonest to expire first
-HOME_BATCH = 25  # parks read per round trip: about one tab's worth (render.HOME_ITEMS_MAX + 1)
-_USER = re.compile(r"[UW][A-Z0-9]{1,31}")
+HOME_BATCH = 25  # parks read per round trip: about one tab's worth (HOME_ITEMS_MAX + 1)
 AFTER_THREADS = "slack-after"  # the threads that make Slack calls after the answer
 
 
@@ -104,50 +107,6 @@ def _logged(fn: Callable[..., None], *args: Any) -> None:
         log.exception("background Slack call %s failed", getattr(fn, "__name__", fn))
 
 
-class GroupDirectory:
-    """Who is in a Slack user group (`usergroups.users.list`), cached in Redis for `GROUP_TTL` s.
-
-    A group that cannot be read (no such group, no `usergroups:read` scope, Slack slow or down)
-    lets nobody in: fail closed. A failure is not cached, so the next click reads it again.
-    """
-
-    def __init__(self) -> None:
-        self._client: WebClient | None = None
-
-    def bind(self, client: WebClient) -> None:
-        """Read groups with `client`'s token and URL, on a short timeout and with no retries."""
-        self._client = KeepAliveWebClient(
-            token=client.token,
-            base_url=client.base_url,
-            timeout=GROUP_LOOKUP_SECONDS,
-            ssl=client.ssl,
-            headers=client.headers,
-        )
-
-    def members(self, store: Store, team: str, group: str) -> frozenset[str]:
-        """The members of `group`: from the cache, else from Slack (then cached); empty if unreadable."""
-        try:
-            cached = store.cached_group(team, group)
-        except BadId:
-            return frozenset()
-        if cached is not None:
-            return cached
-        if self._client is None:
-            return frozenset()
-        try:
-            users = self._client.usergroups_users_list(usergroup=group).get("users")
-        except (SlackClientError, OSError, ValueError) as exc:
-            error = exc.response.get("error") if isinstance(exc, SlackApiError) else type(exc).__name__
-            log.warning("cannot read user group %s (%s): nobody in it may decide for now", group, error)
-            return frozenset()
-        if not isinstance(users, list):
-            log.warning("user group %s came back without a list of users: nobody in it may decide", group)
-            return frozenset()
-        members = frozenset(u for u in users if isinstance(u, str) and _USER.fullmatch(u))
-        store.cache_group(team, group, members)
-        return members
-
-
 @dataclass(frozen=True)
 class BotDeps:
     """What the listeners need: the store, the queue and the config."""
@@ -156,43 +115,20 @@ class BotDeps:
     queue: rq.Queue
     config: Config
     background: Background = field(default_factory=lambda: Background())
-    groups: GroupDirectory = field(default_factory=GroupDirectory)
+    groups: deciders.GroupDirectory = field(default_factory=deciders.GroupDirectory)
 
     def enqueue(self, func: str, run_id: str, *args: Any) -> None:
         """Enqueue a job about `run_id` with the retry policy every job gets."""
         enqueue_run_job(self.store, self.queue, func, run_id, *args)
 
     def may_decide(self, user: str, record: RunRecord) -> bool:
-        """Whether `user` is among `deciders(record)`, in person or as a member of a named user group."""
-        if not _USER.fullmatch(user or ""):
-            return False  # a group id (or anything else) is never a clicker
-        named = self.deciders(record)
-        if user in named:
-            return True
-        groups = (g for g in named if g.startswith("S"))
-        return any(user in self.groups.members(self.store, record.team, g) for g in groups)
+        """Whether `user` may decide `record` now (`workers.deciders.may_decide`)."""
+        approvals = self.config.approvals
+        return deciders.may_decide(user, record, approvals=approvals, groups=self.groups, store=self.store)
 
     def deciders(self, record: RunRecord) -> list[str]:
-        """Who may decide now, as the "who may decide" reply names them: users and user groups (S…).
-
-        `approvers` (or, when it is empty, the requester); once a park is past
-        `escalate_after_minutes`, `escalate_to` as well: the people its reminder pings.
-        """
-        approvals = self.config.approvals
-        named = list(approvals.approvers or (record.requester,))
-        if self.escalated(record):
-            named += [who for who in approvals.escalate_to if who not in named]
-        return named
-
-    def escalated(self, record: RunRecord, now: float | None = None) -> bool:
-        """Whether `record` is parked and past its escalation time (`escalate_after_minutes`)."""
-        approvals = self.config.approvals
-        if not approvals.escalate_after_minutes or record.expires_at is None:
-            return False
-        if record.status is not RunStatus.AWAITING_APPROVAL:
-            return False
-        parked_at = record.expires_at - approvals.expire_after_minutes * 60
-        return (time.time() if now is None else now) >= parked_at + approvals.escalate_after_minutes * 60
+        """Who may decide `record` now, users and user groups (`workers.deciders.deciders`)."""
+        return deciders.deciders(self.config.approvals, record)
 
 
 def create_app(
@@ -329,7 +265,7 @@ def _acknowledge_visibly(body: dict[str, Any], context: BoltContext, client: Web
             client.reactions_add(channel=event["channel"], timestamp=event["ts"], name="eyes")
         elif context.get("busy_notice"):
             channel, thread_ts, text = context["busy_notice"]
-            msg = render.notice(text)
+            msg = notice(text)
             client.chat_postMessage(
                 channel=channel, thread_ts=thread_ts, text=msg.text, blocks=msg.blocks, unfurl_links=False
             )
@@ -395,7 +331,7 @@ def _suggest_prompts(body: dict[str, Any], context: BoltContext, client: WebClie
 def _on_home_opened(body: dict[str, Any], event: dict[str, Any], context: BoltContext) -> None:
     """Note whose Home tab to publish; the publish itself happens after Slack has its answer."""
     user, team = event.get("user"), body.get("team_id") or context.team_id
-    if event.get("tab") != "home" or not isinstance(user, str) or not _USER.fullmatch(user):
+    if event.get("tab") != "home" or not isinstance(user, str) or not deciders.USER_ID.fullmatch(user):
         return  # the Messages tab, or a shape Slack does not send
     if isinstance(team, str):
         context["home_for"] = (team, user)
@@ -409,7 +345,7 @@ def _home_publisher(deps: BotDeps) -> Callable[..., None]:
         team, user = wanted
         items, more = _waiting_on(deps, team, user)
         items = [replace(item, link=_permalink(client, item)) for item in items]
-        view = render.home_view(items, more=more, at=datetime.now(UTC))
+        view = home_view(items, more=more, at=datetime.now(UTC))
         try:
             client.views_publish(user_id=user, view=view)
         except SlackApiError as exc:
@@ -418,7 +354,7 @@ def _home_publisher(deps: BotDeps) -> Callable[..., None]:
     return publish_home
 
 
-def _waiting_on(deps: BotDeps, team: str, user: str) -> tuple[list[render.HomeItem], bool]:
+def _waiting_on(deps: BotDeps, team: str, user: str) -> tuple[list[HomeItem], bool]:
     """The undecided calls of open parks that `user` may decide now, soonest expiry first; and
     whether there are more than the Home tab shows.
 
@@ -429,7 +365,7 @@ def _waiting_on(deps: BotDeps, team: str, user: str) -> tuple[list[render.HomeIt
     are read, a batch at a time, until the tab is full; `may_decide` has the last word on each.
     """
     now = time.time()
-    items: list[render.HomeItem] = []
+    items: list[HomeItem] = []
     over: list[OpenPark] = []  # parks the index still holds but that wait on nobody any more
     requesters: dict[str, str] = {}
     try:
@@ -455,11 +391,11 @@ def _waiting_on(deps: BotDeps, team: str, user: str) -> tuple[list[render.HomeIt
             for call in awaiting:
                 if call.id in decisions and decisions[call.id] is None:
                     card = record.cards.get(call.id)
-                    items.append(render.HomeItem(call, record.requester, record.channel, expires_at, card))
-        if len(items) > render.HOME_ITEMS_MAX:
+                    items.append(HomeItem(call, record.requester, record.channel, expires_at, card))
+        if len(items) > HOME_ITEMS_MAX:
             break  # enough to fill the tab and to know there is more
     deps.store.drop_from_index(team, over, requesters)
-    return items[: render.HOME_ITEMS_MAX], len(items) > render.HOME_ITEMS_MAX
+    return items[:HOME_ITEMS_MAX], len(items) > HOME_ITEMS_MAX
 
 
 def _home_candidates(deps: BotDeps, team: str, user: str, now: float) -> list[OpenPark]:
@@ -471,7 +407,7 @@ def _home_candidates(deps: BotDeps, team: str, user: str, now: float) -> list[Op
     elif _is_named(deps, team, user, approvals.approvers):
         found += deps.store.open_parks(team, now=now, limit=HOME_SCAN)
     if approvals.escalate_after_minutes and _is_named(deps, team, user, approvals.escalate_to):
-        # `BotDeps.escalated`: parked at expires_at - expire_after, escalated escalate_after later
+        # `deciders.escalated`: parked at expires_at - expire_after, escalated escalate_after later
         horizon = now + (approvals.expire_after_minutes - approvals.escalate_after_minutes) * 60
         found += deps.store.open_parks(team, now=now, until=horizon, limit=HOME_SCAN)
     unique = {(p.run_id, p.park_id): p for p in found}
@@ -480,9 +416,7 @@ def _home_candidates(deps: BotDeps, team: str, user: str, now: float) -> list[Op
 
 def _is_named(deps: BotDeps, team: str, user: str, names: Sequence[str]) -> bool:
     """`user` is one of `names`, or a member of a user group among them (as `may_decide` reads it)."""
-    if user in names:
-        return True
-    return any(user in deps.groups.members(deps.store, team, g) for g in names if g.startswith("S"))
+    return deps.groups.includes(deps.store, team, user, names)
 
 
 def _still_open(record: RunRecord | None, park: OpenPark, decisions: dict[str, Any]) -> bool:
@@ -492,7 +426,7 @@ def _still_open(record: RunRecord | None, park: OpenPark, decisions: dict[str, A
     return record.expires_at is not None and any(d is None for d in decisions.values())
 
 
-def _permalink(client: WebClient, item: render.HomeItem) -> str | None:
+def _permalink(client: WebClient, item: HomeItem) -> str | None:
     """The link to the call's card, if Slack gives one."""
     if not item.card_ts:
         return None
@@ -690,7 +624,7 @@ def _on_decision(deps: BotDeps, verdict: Verdict, *, grant: bool = False) -> Cal
 
 def _may_approve(deps: BotDeps, record: RunRecord, ref: CardRef, user: str, context: BoltContext) -> bool:
     """Whether `user` may approve (not only decline) the call: four eyes, and arguments one can read."""
-    if not deps.config.approvals.self_approval and user == record.requester:
+    if deciders.self_approval_refused(deps.config.approvals, user, record):
         context[REPLY] = texts.NO_SELF_APPROVAL  # their decline still counts
         return False
     if not _reviewable(record, ref.call_id):
@@ -711,7 +645,7 @@ def _reviewable(record: RunRecord, call_id: str) -> bool:
         call = next((c for c in record.run_state().pending if c.id == call_id), None)
     except StateError:
         return True  # _decide refuses an unreadable state itself, with its own reply
-    return call is None or render.fully_reviewable(call)
+    return call is None or fully_reviewable(call)
 
 
 def _modal_opener(
@@ -745,14 +679,14 @@ def _modal_opener(
 def _on_view_args(deps: BotDeps) -> Callable[..., None]:
     def build(record: RunRecord, call: PendingCall) -> dict[str, Any]:
         preview = record.call_tools.get(call.id, {}).get("preview")
-        return render.arguments_modal(call=call, preview=preview if isinstance(preview, str) else None)
+        return arguments_modal(call=call, preview=preview if isinstance(preview, str) else None)
 
     return _modal_opener(deps, build, viewing=True)
 
 
 def _on_decline_with_reason(deps: BotDeps) -> Callable[..., None]:
     return _modal_opener(
-        deps, lambda record, call: render.decline_reason_modal(run_id=record.run_id, call=call), viewing=False
+        deps, lambda record, call: decline_reason_modal(run_id=record.run_id, call=call), viewing=False
     )
 
 
@@ -778,7 +712,7 @@ def _on_decline_reason(deps: BotDeps) -> Callable[..., None]:
 def _on_edit(deps: BotDeps) -> Callable[..., None]:
     def build(record: RunRecord, call: PendingCall) -> dict[str, Any]:
         schema = record.call_tools.get(call.id, {}).get("schema")
-        return render.edit_modal(run_id=record.run_id, call=call, schema=schema)
+        return edit_modal(run_id=record.run_id, call=call, schema=schema)
 
     return _modal_opener(deps, build, viewing=False)
 
@@ -803,7 +737,7 @@ def _on_edit_submitted(deps: BotDeps) -> Callable[..., None]:
         edited, errors = edits.read(view, call, record.call_tools.get(call.id, {}), deps.config)
         if not errors and deps.config.approvals.required > 1:
             errors = {edits.first_block(view, call): texts.NO_EDIT_WITH_QUORUM}
-        if not errors and not deps.config.approvals.self_approval and clicker.user == record.requester:
+        if not errors and deciders.self_approval_refused(deps.config.approvals, clicker.user, record):
             errors = {edits.first_block(view, call): texts.NO_SELF_APPROVAL}
         if errors:
             ack(response_action="errors", errors=errors)  # the modal stays open; nothing is decided
@@ -849,7 +783,7 @@ def _after_revoke(body: dict[str, Any], context: BoltContext, client: WebClient)
     channel = context.get("reply_channel")
     if revoked and channel and message.get("ts"):
         tool, by = revoked
-        msg = render.grant_revoked(tool=tool, by=by, at=datetime.now(UTC))
+        msg = grant_revoked(tool=tool, by=by, at=datetime.now(UTC))
         try:
             client.chat_update(channel=channel, ts=message["ts"], text=msg.text, blocks=msg.blocks)
         except SlackApiError as exc:
@@ -912,7 +846,7 @@ def _on_feedback(deps: BotDeps) -> Callable[..., None]:
         context["reply_channel"], context["reply_user"] = channel, clicker.user
         verdict, _, run = str(action.get("value") or "").partition(":")
         try:
-            good = verdict in (render.FEEDBACK_GOOD, render.FEEDBACK_BAD)
+            good = verdict in (FEEDBACK_GOOD, FEEDBACK_BAD)
             record = deps.store.load_run(check_id("run", run)) if good else None
         except (BadId, StateError):
             record = None
@@ -1065,7 +999,7 @@ def _answer_limit(
         context[REPLY] = (texts.LIMIT_NOT_ALLOWED, {"who": deps.deciders(record)})
         return
     approvals = deps.config.approvals
-    if verdict is Verdict.APPROVED and not approvals.self_approval and clicker.user == record.requester:
+    if verdict is Verdict.APPROVED and deciders.self_approval_refused(approvals, clicker.user, record):
         context[REPLY] = texts.LIMIT_NO_SELF_CONTINUE  # four eyes: their Stop still counts
         return
     try:
@@ -1105,7 +1039,7 @@ def _tell_clicker(body: dict[str, Any], context: BoltContext, client: WebClient)
         return
     text, users = reply if isinstance(reply, tuple | list) else (reply, {})
     thread_ts = _dict(body.get("message")).get("thread_ts") or context.get("reply_thread") or None
-    msg = render.notice(text, **users)
+    msg = notice(text, **users)
     try:
         client.chat_postEphemeral(
             channel=channel, user=user, text=msg.text, blocks=msg.blocks, thread_ts=thread_ts

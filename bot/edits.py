@@ -4,9 +4,9 @@ Each top-level argument has one text input (block_id = its name). Strings are ta
 every other value is JSON text. The result is validated against the tool's input schema, then
 the policy decides its tier again: an edit that is invalid, or that the policy denies, is refused
 inside the modal (`response_action: errors`) and nothing is decided. So is one whose arguments are
-too large to review in Slack (`render.fully_reviewable`), as Approve refuses them: submitted as
-the modal opened, or shortened too little. An argument too long for an input is kept as it is
-unless the reviewer types its replacement.
+too large to review in Slack (`messages.arguments.fully_reviewable`), as Approve refuses them:
+submitted as the modal opened, or shortened too little. An argument too long for an input is kept
+as it is unless the reviewer types its replacement.
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ from typing import Any
 from jsonschema.exceptions import SchemaError, ValidationError
 from referencing.exceptions import Unresolvable
 
-from bot import render, texts
 from harness.config import Config
 from harness.policy import Tier
 from harness.state import PendingCall
 from harness.tools.schemas import validator_of
+from messages import texts
+from messages.arguments import fully_reviewable
+from messages.modals import EDIT_VALUE_MAX, edit_value
 
 _MESSAGE_MAX = 150  # Slack shows a short line under the input
 
@@ -81,21 +83,21 @@ def read(
     )
     if ruling.tier is Tier.DENY:
         errors[fallback] = f"The policy denies this edit ({ruling.why}): it would never run."[:_MESSAGE_MAX]
-    elif not render.fully_reviewable(replace(call, input=edited)):
+    elif not fully_reviewable(replace(call, input=edited)):
         # What Approve refuses, Edit must refuse too: submitted as it opened, or still too long.
         errors[_longest(edited, view) or fallback] = texts.EDIT_STILL_NOT_REVIEWABLE[:_MESSAGE_MAX]
     return edited, errors
 
 
 def _too_long_to_show(value: Any) -> bool:
-    """Whether the modal offers `value` no input holding it (`render.edit_modal`)."""
-    return len(render.edit_value(value)) > render.EDIT_VALUE_MAX
+    """Whether the modal offers `value` no input holding it (`messages.modals.edit_modal`)."""
+    return len(edit_value(value)) > EDIT_VALUE_MAX
 
 
 def _longest(edited: Mapping[str, Any], view: Mapping[str, Any]) -> str | None:
     """The modal's input of the longest argument: where a "too large" error is shown."""
     shown = [name for name in _values(view) if name in edited]
-    return max(shown, key=lambda name: len(render.edit_value(edited[name])), default=None)
+    return max(shown, key=lambda name: len(edit_value(edited[name])), default=None)
 
 
 def _values(view: Mapping[str, Any]) -> dict[str, str | None]:

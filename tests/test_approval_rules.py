@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import redis
 
-from bot import texts
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, Verdict
+from messages import texts
 from tests.fakes.messages_api import http_error, reply, text, tool_use
 from tests.stack import ROOT, RedisServer, Stack, running_stack, wait_post, wait_until
 from tests.test_store import parked, record

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import redis
 
-from bot import texts
 from harness import texts as harness_texts
+from messages import texts
 from tests.fakes.messages_api import reply, text, tool_use
 from tests.stack import RedisServer, Stack, has_actions, running_stack, thread, wait_post, wait_until
 from workers.store import Keys, RunRecord, Store

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from bot import texts
+from messages import texts
 from tests.stack import RedisServer
 from workers.dev import (
     check_settings,

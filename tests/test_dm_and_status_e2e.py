@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from bot import texts
+from messages import texts
 from tests.fakes import payloads
 from tests.fakes.messages_api import reply, text, tool_use
 from tests.fakes.signing import event_body

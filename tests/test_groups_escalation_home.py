@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from bot import texts
+from messages import texts
 from tests.fakes.messages_api import reply, text, tool_use
 from tests.fakes.signing import event_body
 from tests.stack import RedisServer, Stack, has_actions, running_stack, thread, wait_post, wait_until

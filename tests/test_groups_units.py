@@ -19,11 +19,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from slack_sdk import WebClient
 
-from bot import render, texts
 from bot.app import BotDeps
 from harness.config import Approvals, Config
 from harness.policy import Tier
 from harness.state import PendingCall
+from messages import texts
+from messages.blocks import notice
+from messages.cards import escalation_reminder
+from messages.home import HOME_ITEMS_MAX, HomeItem, home_view
+from messages.text import approver, mention
 from tests.fakes.slack_api import MAX_BLOCKS_PER_VIEW, FakeSlackAPI, validate_blocks
 from workers.services import make_queue
 from workers.store import GROUP_TTL, Keys, RunRecord, RunStatus, Store, new_run_id
@@ -63,21 +67,21 @@ def assert_inert(obj: Any) -> None:
 
 
 def test_approver_mentions_users_and_groups_of_the_right_shape_only() -> None:
-    assert render.approver("UANN") == "<@UANN>" and render.approver("W12") == "<@W12>"
-    assert render.approver("SLEADS") == "<!subteam^SLEADS>"
+    assert approver("UANN") == "<@UANN>" and approver("W12") == "<@W12>"
+    assert approver("SLEADS") == "<!subteam^SLEADS>"
     for bad in ("<!channel>", "S1|x", "s123", "SLEADS> <!here", "C123", "", None):
-        assert "<" not in render.approver(bad)
-    assert render.mention("SLEADS") == "SLEADS"  # a plain mention never turns into a group ping
+        assert "<" not in approver(bad)
+    assert mention("SLEADS") == "SLEADS"  # a plain mention never turns into a group ping
 
 
 def test_the_who_may_decide_reply_names_groups_as_groups() -> None:
-    msg = render.notice(texts.NOT_ALLOWED, who=["UANN", "SOPS"])
+    msg = notice(texts.NOT_ALLOWED, who=["UANN", "SOPS"])
     assert "<@UANN>, <!subteam^SOPS>" in msg.text and "<!subteam^SOPS>" in str(msg.blocks)
 
 
 def test_the_escalation_reminder_mentions_escalate_to_and_nothing_the_model_wrote() -> None:
     evil = call(name="x" + "".join(PINGS), args={"path": "".join(PINGS)})
-    msg = render.escalation_reminder(
+    msg = escalation_reminder(
         calls=[evil, call(call_id="toolu_2")],
         requester="UALICE",
         escalate_to=["SLEADS", "UBOSS"],
@@ -90,8 +94,8 @@ def test_the_escalation_reminder_mentions_escalate_to_and_nothing_the_model_wrot
     assert validate_blocks(msg.blocks) == []
 
 
-def item(n: int, **changes: Any) -> render.HomeItem:
-    base = render.HomeItem(
+def item(n: int, **changes: Any) -> HomeItem:
+    base = HomeItem(
         call=call(call_id=f"toolu_{n}"),
         requester="UALICE",
         channel="C0DESK",
@@ -103,7 +107,7 @@ def item(n: int, **changes: Any) -> render.HomeItem:
 
 
 def test_the_home_view_lists_each_call_with_who_asked_where_until_when_and_its_card() -> None:
-    view = render.home_view([item(1)], at=AT)
+    view = home_view([item(1)], at=AT)
     assert view["type"] == "home" and validate_blocks(view["blocks"], max_blocks=MAX_BLOCKS_PER_VIEW) == []
     text = "\n".join(strings(view["blocks"]))
     assert texts.HOME_TITLE in text and "`write_file`" in text and "notes.txt" in text
@@ -113,7 +117,7 @@ def test_the_home_view_lists_each_call_with_who_asked_where_until_when_and_its_c
 
 
 def test_an_empty_home_view_says_nothing_is_waiting() -> None:
-    view = render.home_view([], at=AT)
+    view = home_view([], at=AT)
     assert texts.HOME_EMPTY in strings(view["blocks"]) and validate_blocks(view["blocks"]) == []
 
 
@@ -127,7 +131,7 @@ def test_an_empty_home_view_says_nothing_is_waiting() -> None:
     ],
 )
 def test_a_link_that_is_not_a_permalink_is_not_linked(link: str) -> None:
-    view = render.home_view([item(1, link=link)], at=AT)
+    view = home_view([item(1, link=link)], at=AT)
     text = "\n".join(strings(view["blocks"]))
     assert texts.HOME_NO_LINK in text and "Open the card" not in text
     assert "evil" not in text and "<!here>" not in text
@@ -143,11 +147,11 @@ def test_any_home_view_fits_slack_and_nothing_untrusted_pings(names: list[str], 
         item(n, call=call(name=name or "x", args={"path": value, name or "k": value * 3}, call_id=f"t{n}"))
         for n, name in enumerate(names)
     ]
-    view = render.home_view(items, at=AT)
+    view = home_view(items, at=AT)
     assert validate_blocks(view["blocks"], max_blocks=MAX_BLOCKS_PER_VIEW) == []
     assert len(json.dumps(view)) < 100_000
     assert_inert(view["blocks"])
-    assert (texts.HOME_MORE in strings(view["blocks"])) == (len(items) > render.HOME_ITEMS_MAX)
+    assert (texts.HOME_MORE in strings(view["blocks"])) == (len(items) > HOME_ITEMS_MAX)
 
 
 # --- the store -------------------------------------------------------------------------------------

@@ -17,11 +17,11 @@ import pytest
 import redis
 from slack_sdk import WebClient
 
-from bot import render
 from bot.app import HOME_SCAN, BotDeps, _waiting_on
 from harness.config import Approvals, Config
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, RunState, Verdict
+from messages.home import HOME_ITEMS_MAX
 from tests.fakes.slack_api import FakeSlackAPI
 from workers.jobs import expire_due
 from workers.services import make_queue
@@ -190,7 +190,7 @@ def test_a_requesters_run_is_listed_however_many_other_runs_expire_before_it(
     assert not more
     approver = deps_for(store, slack, approvers=("UANN",))
     items, more = _waiting_on(approver, TEAM, "UANN")
-    assert len(items) == render.HOME_ITEMS_MAX and more
+    assert len(items) == HOME_ITEMS_MAX and more
 
 
 def test_a_hostile_team_id_reads_nothing(store: Store, slack: FakeSlackAPI) -> None:

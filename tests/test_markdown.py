@@ -7,13 +7,15 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bot import render
-from bot.markdown import to_mrkdwn
-from tests.test_render import AT, PAYLOADS, REQ, assert_inert, assert_valid, call
+from messages.cards import approval_card
+from messages.endings import final_answer
+from messages.markdown import to_mrkdwn
+from messages.text import escape, visible
+from tests.test_messages import AT, PAYLOADS, REQ, assert_inert, assert_valid, call
 
 
 def mrkdwn(text: str) -> str:
-    return to_mrkdwn(text, lambda t: render.escape(render.visible(t, answer=True)))
+    return to_mrkdwn(text, lambda t: escape(visible(t, answer=True)))
 
 
 def test_emphasis_code_and_headings_become_mrkdwn() -> None:
@@ -58,8 +60,8 @@ def test_a_link_shows_where_it_goes_and_never_becomes_link_markup() -> None:
 def test_every_ping_and_link_payload_stays_inert_in_an_answer_and_a_card() -> None:
     for payload in PAYLOADS:
         for text in (payload, f"**{payload}**", f"[{payload}]({payload})", f"- {payload}", f"> {payload}"):
-            assert_inert(assert_valid(render.final_answer(text, 1, 2)))
-            card = render.approval_card(
+            assert_inert(assert_valid(final_answer(text, 1, 2)))
+            card = approval_card(
                 run_id="r",
                 call=call(),
                 requester=REQ,
@@ -84,18 +86,18 @@ markdownish = st.lists(
 
 @given(markdownish)
 def test_any_markdown_answer_is_valid_and_inert(text: str) -> None:
-    msg = assert_valid(render.final_answer(text, 1, 2))
+    msg = assert_valid(final_answer(text, 1, 2))
     assert_inert(msg)
     sections = [b["text"]["text"] for b in msg.blocks if b["type"] == "section"]
     assert all(not re.search(r"&(?!amp;|lt;|gt;)", s) for s in sections)  # no entity cut in two
 
 
 def test_an_answer_with_a_run_carries_feedback_buttons_under_its_footer() -> None:
-    msg = assert_valid(render.final_answer("**Done.**", 2, 3, run_id="run1"))
+    msg = assert_valid(final_answer("**Done.**", 2, 3, run_id="run1"))
     *_, footer, feedback = msg.blocks
     assert footer["type"] == "context" and feedback["type"] == "context_actions"
     (buttons,) = feedback["elements"]
     assert buttons["type"] == "feedback_buttons" and buttons["action_id"] == "feedback"
     values = (buttons["positive_button"]["value"], buttons["negative_button"]["value"])
     assert values == ("good:run1", "bad:run1")
-    assert render.final_answer("Done.", 2, 3).blocks[-1]["type"] == "context"  # none without a run
+    assert final_answer("Done.", 2, 3).blocks[-1]["type"] == "context"  # none without a run

@@ -14,7 +14,7 @@ import pytest
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
-from bot.render import _PERMALINK
+from messages.home import PERMALINK
 from playground import server as server_module
 from playground.bot_client import Bot
 from playground.server import Playground, Server
@@ -66,7 +66,7 @@ def test_posts_updates_and_metadata_come_back_as_slack_returns_them(served: Any)
     shown = page.thread(ts)
     assert shown[1]["edited"] is True and shown[1]["bot_id"]
     link = client.chat_getPermalink(channel=CHANNEL_ID, message_ts=posted["ts"])["permalink"]
-    assert _PERMALINK.fullmatch(link) and f"thread_ts={ts}" in link  # the Home tab links to cards
+    assert PERMALINK.fullmatch(link) and f"thread_ts={ts}" in link  # the Home tab links to cards
 
 
 @pytest.mark.filterwarnings("ignore:The top-level `text` argument is missing")

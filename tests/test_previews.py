@@ -5,18 +5,20 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bot import render
 from harness.policy import Tier
 from harness.state import PendingCall
 from harness.tools import BUILTIN_TOOLS, ToolContext
+from messages.blocks import Message
+from messages.cards import approval_card
+from messages.modals import arguments_modal
 from tests.fakes.slack_api import validate_blocks
 
 CALL = PendingCall("toolu_1", "write_file", {"path": "notes.txt", "content": "new"}, Tier.ASK)
 AT = datetime(2026, 12, 3, tzinfo=UTC)
 
 
-def card(preview: str) -> render.Message:
-    return render.approval_card(
+def card(preview: str) -> Message:
+    return approval_card(
         run_id="0" * 32,
         call=CALL,
         requester="UA",
@@ -38,7 +40,7 @@ def test_a_long_diff_is_cut_on_the_card_and_whole_in_the_view_all_modal() -> Non
     assert "+new line 0" in texts_of(msg.blocks) and "+new line 1499" not in texts_of(msg.blocks)
     buttons = [e["action_id"] for b in msg.blocks if b["type"] == "actions" for e in b["elements"]]
     assert "view_args" in buttons  # the rest of the change is one click away
-    modal = render.arguments_modal(call=CALL, preview=diff)
+    modal = arguments_modal(call=CALL, preview=diff)
     assert validate_blocks(modal["blocks"]) == []
     shown = texts_of(modal["blocks"]).replace("```\n", "").replace("\n```", "")
     assert "+new line 1499" in shown and "-old line 0" in shown

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ssl
 
-from bot.app import GroupDirectory
+from workers.deciders import GroupDirectory
 from workers.services import slack_client
 
 ENV = {"SLACK_BOT_TOKEN": "xoxb-test", "SLACK_API_URL": "https://slack.example/api/"}

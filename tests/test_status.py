@@ -13,6 +13,7 @@ from harness.config import Approvals, load_config
 from harness.policy import Tier
 from harness.state import PendingCall, Status, new_run
 from workers import status
+from workers.deciders import deciders
 from workers.store import Keys, RunRecord, RunStatus, Store, new_run_id, pack
 
 
@@ -81,7 +82,7 @@ def test_the_status_lists_runs_in_flight_parked_with_who_decides_and_failed(
 def test_who_must_decide_is_the_requester_without_approvers_and_escalate_to_once_escalated() -> None:
     record = run(RunStatus.AWAITING_APPROVAL, "C1", age=0, expires_at=1000.0 + 3600)
     config = load_config(env={})
-    assert status.deciders(config, record, now=1000.0) == ["UALICE"]
+    assert deciders(config.approvals, record, now=1000.0) == ["UALICE"]
     escalating = replace(
         config,
         approvals=Approvals(
@@ -91,5 +92,5 @@ def test_who_must_decide_is_the_requester_without_approvers_and_escalate_to_once
             escalate_to=("UBOSS", "UANN"),
         ),
     )
-    assert status.deciders(escalating, record, now=1000.0 + 29 * 60) == ["UANN"]
-    assert status.deciders(escalating, record, now=1000.0 + 30 * 60) == ["UANN", "UBOSS"]
+    assert deciders(escalating.approvals, record, now=1000.0 + 29 * 60) == ["UANN"]
+    assert deciders(escalating.approvals, record, now=1000.0 + 30 * 60) == ["UANN", "UBOSS"]

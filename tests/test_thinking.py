@@ -8,11 +8,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bot import render
 from harness.config import load_config
 from harness.loop import Agent, Failed, Finished, TurnDone, build_request, drive, step
 from harness.state import RunState, new_run
 from harness.tools.catalog import Catalog
+from messages.endings import final_answer
+from messages.turns import turn_summary
 from tests.conftest import make_agent
 from tests.fakes.messages_api import FakeMessagesAPI, redacted_thinking, reply, text, thinking, tool_use
 from tests.test_cli import cli_env, harness
@@ -140,8 +141,8 @@ def test_thinking_text_never_reaches_the_slack_messages(model: FakeMessagesAPI, 
     assert SECRET in json.dumps(state.messages)  # it was there to leak
 
     turns = [e for e in events if isinstance(e, TurnDone)]
-    shown = [render.turn_summary(e.turn, e.calls, e.tokens, 40_000) for e in turns]
-    shown.append(render.final_answer(outcome.answer, state.turns, state.requests))
+    shown = [turn_summary(e.turn, e.calls, e.tokens, 40_000) for e in turns]
+    shown.append(final_answer(outcome.answer, state.turns, state.requests))
     assert len(shown) == 2
     for message in shown:
         assert "SECRET" not in message.text and "SECRET" not in json.dumps(message.blocks)

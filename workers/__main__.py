@@ -20,13 +20,13 @@ import redis
 from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
 
-from bot import render
 from harness.client import warm_up
 from harness.config import ConfigError, ResolvedServer, load_config
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub, guard_forks
 from harness.tools.relay import RelayServer, private_directory
 from harness.tools.sandbox import protect_process
+from messages.cards import escalation_reminder
 from workers import audit as audit_lines
 from workers import horses, jobs, logs, metrics, status
 from workers.driver import lease_seconds
@@ -114,7 +114,7 @@ def _reminder(svc: Services, run_id: str, park_id: int, now: float) -> tuple[str
     if not undecided:
         return None
     expires_at = datetime.fromtimestamp(record.expires_at, UTC)
-    msg = render.escalation_reminder(
+    msg = escalation_reminder(
         calls=undecided,
         requester=record.requester,
         escalate_to=svc.config.approvals.escalate_to,

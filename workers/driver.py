@@ -19,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from bot import render, texts
 from harness.state import PendingCall, RunState, StateError
+from messages import texts, turns
+from messages.blocks import Message, notice
 from workers import outbox
 from workers.services import Services
 from workers.store import (
@@ -175,7 +176,7 @@ class Driver:
             return seen[0]
         return self.svc.store.stop_requested(self.run_id)
 
-    def owe(self, msg: render.Message, role: str = outbox.MESSAGE, call: str | None = None) -> None:
+    def owe(self, msg: Message, role: str = outbox.MESSAGE, call: str | None = None) -> None:
         """Owe Slack a post in the thread; the next save stores the debt, `deliver` pays it."""
         self.record = outbox.owe_post(self.record, msg, role, call)
 
@@ -247,7 +248,7 @@ class Driver:
         working = record.status in (RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL)
         if record.working_ts or not working or any(e.get("call") == WORKING for e in record.outbox):
             return
-        self.record = outbox.owe_post(record, render.working(run_id=record.run_id), outbox.CARD, WORKING)
+        self.record = outbox.owe_post(record, turns.working(run_id=record.run_id), outbox.CARD, WORKING)
 
     def park_limit(self, state: RunState, ttl: int, expires_at: float) -> None:
         """Save the run waiting at a limit: one pseudo-call, `LIMIT_CALL`, decided Continue or Stop."""
@@ -322,7 +323,7 @@ class Driver:
 
     def notify(self, text: str) -> None:
         """Owe a plain notice in the thread."""
-        self.owe(render.notice(text))
+        self.owe(notice(text))
 
     def refuse_text(self, reason: str) -> str:
         log.error("run %s refused: %s", self.run_id, reason)

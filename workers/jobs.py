@@ -20,7 +20,6 @@ from typing import Any
 
 import rq
 
-from bot import render, texts
 from harness import texts as harness_texts
 from harness.loop import (
     Agent,
@@ -47,7 +46,9 @@ from harness.state import (
     record_decisions,
 )
 from harness.valves import Stop, Valve, token_limit
-from workers import logs, metrics, outbox, thread_status
+from messages import cards, endings, texts, turns
+from messages.blocks import Message, notice
+from workers import deciders, logs, metrics, outbox, thread_status
 from workers.driver import Driver, park_ttl
 from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
 from workers.store import LIMIT_CALL, BadId, Grant, RunRecord, RunStatus, Store
@@ -164,14 +165,14 @@ def _announce_grant(svc: Services, record: RunRecord, tool: str) -> Grant | None
     if grant is not None and svc.store.first_card_update(
         record.run_id, record.park_id, f"grant-{tool}"[:128]
     ):
-        notice = render.grant_notice(
+        note = cards.grant_notice(
             tool=tool,
             by=grant.by,
             requester=grant.requester,
             until=datetime.fromtimestamp(grant.until, UTC),
             value=f"{record.run_id}:{tool}",
         )
-        svc.post(record.channel, record.thread_ts, notice.text, notice.blocks)
+        svc.post(record.channel, record.thread_ts, note.text, note.blocks)
     return grant
 
 
@@ -296,10 +297,10 @@ def _owe_summaries(driver: Driver, events: tuple[Event, ...], agent: Agent, stat
     for event in events:
         if isinstance(event, TurnDone):
             try:
-                msg = render.turn_summary(event.turn, event.calls, event.tokens, budget)
+                msg = turns.turn_summary(event.turn, event.calls, event.tokens, budget)
             except Exception:  # never lose the step (and its usage) to a rendering bug
                 log.exception("run %s: turn %s could not be rendered", driver.run_id, event.turn)
-                msg = render.notice(texts.UNRENDERABLE.format(turn=event.turn))
+                msg = notice(texts.UNRENDERABLE.format(turn=event.turn))
             driver.owe(msg)
 
 
@@ -320,19 +321,19 @@ def _leave_loop(svc: Services, driver: Driver, state: RunState, agent: Agent, ou
     if isinstance(outcome, AwaitingLimit):
         return _park_at_limit(svc, driver, state, outcome)
     if isinstance(outcome, Failed):
-        driver.owe(render.failed(run_id=driver.run_id, error=outcome.error), role=outbox.FAILURE)
+        driver.owe(endings.failed(run_id=driver.run_id, error=outcome.error), role=outbox.FAILURE)
         driver.record = replace(driver.record, state=state.to_json(), error=outcome.error, failure_ts=None)
         return _end(driver, RunStatus.FAILED)
     if isinstance(outcome, Finished):
-        driver.owe(render.final_answer(outcome.answer, state.turns, state.requests, run_id=driver.run_id))
+        driver.owe(endings.final_answer(outcome.answer, state.turns, state.requests, run_id=driver.run_id))
         status, reaction = RunStatus.FINISHED, "white_check_mark"
     elif outcome.valve is Valve.STOPPED_BY_USER:
         by = svc.store.stop_requested(driver.run_id)
-        driver.owe(render.stopped_by(by=by, turns=state.turns, requests=state.requests))
+        driver.owe(endings.stopped_by(by=by, turns=state.turns, requests=state.requests))
         driver.record = replace(driver.record, stopped_by=by)
         status, reaction = RunStatus.STOPPED, "octagonal_sign"
     else:
-        driver.owe(render.stopped(outcome.reason, state.turns, state.requests))
+        driver.owe(endings.stopped(outcome.reason, state.turns, state.requests))
         status, reaction = RunStatus.STOPPED, "octagonal_sign"
     driver.record = outbox.owe_reaction(
         replace(driver.record, state=state.to_json()), reaction, remove="eyes"
@@ -347,7 +348,7 @@ def _end(driver: Driver, status: RunStatus, valve: str = "") -> str | None:
         by = record.stopped_by
         if status is RunStatus.FINISHED:  # its last request was in flight when Stop was pressed
             by = driver.svc.store.stop_requested(record.run_id)
-        closed = render.working_closed(outcome=status.value, by=by)
+        closed = turns.working_closed(outcome=status.value, by=by)
         driver.record = outbox.owe_update(record, record.working_ts, closed)  # its Stop button goes
     driver.save(status=status)
     metrics.run_ended(driver.svc.store.redis, driver.record, valve)
@@ -382,12 +383,12 @@ def _park(
 
 def _approval_card(
     svc: Services, record: RunRecord, call: PendingCall, votes: tuple[str, ...] = ()
-) -> render.Message:
+) -> Message:
     """The card of one parked call, from what the park kept of its tool and reply."""
     approvals = svc.config.approvals
     info = record.call_tools.get(call.id, {})
     expires_at = datetime.fromtimestamp(record.expires_at or time.time(), UTC)
-    return render.approval_card(
+    return cards.approval_card(
         run_id=record.run_id,
         call=call,
         requester=record.requester,
@@ -524,11 +525,11 @@ def _retry_if_clicked(svc: Services, driver: Driver) -> str | None:
         state = record.run_state()
     except StateError as exc:
         return _refuse(driver, str(exc))
-    retried = render.retried_card(error=record.error or "", by=by, at=datetime.now(UTC))
+    retried = endings.retried_card(error=record.error or "", by=by, at=datetime.now(UTC))
     driver.record = outbox.owe_update(record, record.failure_ts, retried)
     if record.working_ts:  # working again: its Stop button is back
         driver.record = outbox.owe_update(
-            driver.record, record.working_ts, render.working(run_id=record.run_id)
+            driver.record, record.working_ts, turns.working(run_id=record.run_id)
         )
     driver.save(status=RunStatus.RUNNING, failure_ts=None, error=None)
     driver.deliver()
@@ -552,16 +553,16 @@ def _park_at_limit(svc: Services, driver: Driver, state: RunState, outcome: Awai
     return _resume_if_decided(svc, driver)
 
 
-def _limit_card(svc: Services, record: RunRecord, votes: tuple[str, ...] = ()) -> render.Message:
+def _limit_card(svc: Services, record: RunRecord, votes: tuple[str, ...] = ()) -> Message:
     """The card of a run parked at a limit, from what the park kept; `votes`: Continues so far."""
     approvals = svc.config.approvals
     info = record.call_tools.get(LIMIT_CALL, {})
-    return render.limit_card(
+    return cards.limit_card(
         run_id=record.run_id,
         question=info.get("question", ""),
         more=info.get("more", ""),
         requester=record.requester,
-        deciders=list(approvals.approvers or (record.requester,)),
+        deciders=deciders.named(approvals, record.requester),
         expires_at=datetime.fromtimestamp(record.expires_at or time.time(), UTC),
         required=approvals.required,
         votes=votes,
@@ -580,7 +581,7 @@ def _resume_at_limit(
     info = record.call_tools.get(LIMIT_CALL, {})
     shown = svc.store.cards_updated(record.run_id, record.park_id)
     if LIMIT_CALL in record.cards and LIMIT_CALL not in shown:
-        decided = render.limit_decided(
+        decided = cards.limit_decided(
             question=info.get("question", ""),
             verdict=decision.verdict,
             by=decision.by,
@@ -604,7 +605,7 @@ def _resume_at_limit(
     said = texts.LIMIT_EXPIRED_REASON if decision.verdict is Verdict.EXPIRED else texts.LIMIT_STOP_REASON
     valve = "expired" if decision.verdict is Verdict.EXPIRED else state.at_limit
     state = stop_run(state, Valve(state.at_limit), reason)
-    driver.owe(render.stopped(said.format(reason=reason), state.turns, state.requests))
+    driver.owe(endings.stopped(said.format(reason=reason), state.turns, state.requests))
     driver.record = outbox.owe_reaction(
         replace(driver.record, state=state.to_json()), "octagonal_sign", remove="eyes"
     )
@@ -626,17 +627,17 @@ def _stop_parked(svc: Services, driver: Driver, by: str) -> str | None:
             continue  # already shows its decision, with no buttons
         if call_id == LIMIT_CALL:
             info = record.call_tools.get(LIMIT_CALL, {})
-            msg = render.limit_decided(
+            msg = cards.limit_decided(
                 question=info.get("question", ""), verdict=Verdict.DECLINED, by=by, at=now, more=""
             )
         elif call_id in calls:
-            msg = render.card_stopped(call=calls[call_id], requester=record.requester, by=by, at=now)
+            msg = cards.card_stopped(call=calls[call_id], requester=record.requester, by=by, at=now)
         else:
             continue
         driver.record = outbox.owe_update(driver.record, ts, msg)
     svc.store.forget_park(record)
     state = stop_run(state, Valve.STOPPED_BY_USER, harness_texts.STOP_BY_USER)
-    driver.owe(render.stopped_by(by=by, turns=state.turns, requests=state.requests))
+    driver.owe(endings.stopped_by(by=by, turns=state.turns, requests=state.requests))
     driver.record = outbox.owe_reaction(
         replace(driver.record, state=state.to_json(), stopped_by=by), "octagonal_sign", remove="eyes"
     )
@@ -693,8 +694,8 @@ def _pending_by_id(record: RunRecord) -> dict[str, PendingCall]:
 
 def _decided_card(
     record: RunRecord, call: PendingCall, decision: Decision, grant_until: float | None = None
-) -> render.Message:
-    return render.decided_card(
+) -> Message:
+    return cards.decided_card(
         call=call,
         requester=record.requester,
         verdict=decision.verdict,

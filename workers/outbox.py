@@ -14,8 +14,8 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from bot import render, texts
-from bot.render import Message
+from messages import texts
+from messages.blocks import Message, notice
 from workers.services import Services, file_key, upload_name
 from workers.store import DAY, Keys, RunRecord
 
@@ -127,7 +127,7 @@ def _pay(
             return None
         name = upload_name(entry["name"], record.run_id, entry["key"])
         if not svc.upload(record.channel, record.thread_ts, name, entry["title"], entry["content"]):
-            failed = render.notice(texts.FILE_NOT_POSTED.format(title=entry["title"]))
+            failed = notice(texts.FILE_NOT_POSTED.format(title=entry["title"]))
             svc.post(record.channel, record.thread_ts, failed.text, failed.blocks)
         return None
     if op == "update":

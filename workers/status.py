@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from harness.config import Config
 from harness.state import PendingCall, StateError
+from workers.deciders import deciders
 from workers.services import make_queue
 from workers.store import LIMIT_CALL, PREFIX, BadId, Keys, RunRecord, RunStatus, Store, unpack
 
@@ -26,18 +27,6 @@ class Parked:
     record: RunRecord
     park_id: int
     undecided: tuple[str, ...]  # the tools (or "limit") still waiting for a decision
-
-
-def deciders(config: Config, record: RunRecord, now: float) -> list[str]:
-    """Who may decide the park now: `approvers` (or the requester), and `escalate_to` once it is
-    past `escalate_after_minutes`. The bot's `BotDeps.deciders` answers the same for a click."""
-    approvals = config.approvals
-    named = list(approvals.approvers or (record.requester,))
-    if approvals.escalate_after_minutes and record.expires_at is not None:
-        parked_at = record.expires_at - approvals.expire_after_minutes * 60
-        if now >= parked_at + approvals.escalate_after_minutes * 60:
-            named += [who for who in approvals.escalate_to if who not in named]
-    return named
 
 
 def in_flight(store: Store) -> list[tuple[RunRecord, bool]]:
@@ -100,7 +89,7 @@ def report(store: Store, config: Config, now: float | None = None) -> str:
         lines.append(
             f"  {_where(record)} park {park.park_id}, parked {_ago(now - since)}, "
             f"expires in {_span(expires_at - now)}; waiting for: {', '.join(park.undecided) or '-'}; "
-            f"must decide: {', '.join(deciders(config, record, now))}"
+            f"must decide: {', '.join(deciders(config.approvals, record, now))}"
         )
     broken = sorted(failed(store), key=lambda r: r.created_at)
     lines.append(f"Failed: {len(broken)}")

@@ -24,7 +24,7 @@ from enum import StrEnum
 
 from slack_sdk.errors import SlackApiError
 
-from bot import texts
+from messages import texts
 from workers.services import Services
 from workers.store import IM, RunRecord
 

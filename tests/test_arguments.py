@@ -1,4 +1,4 @@
-"""bot.render, issue #8: nothing hidden from the approver.
+"""messages.arguments, issue #8: nothing hidden from the approver.
 
 The card shows every top-level argument on its own, the target first and whole, says exactly how
 much of anything is cut, and offers "View all arguments" (a modal that shows every character)
@@ -21,14 +21,21 @@ from hypothesis import strategies as st
 from slack_sdk import WebClient
 from slack_sdk.models.views import View
 
-from bot import edits, render
-from bot.render import Message
+from bot import edits
 from harness.config import Config
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, Verdict
 from harness.tools import ToolResult
+from messages.arguments import fully_reviewable, is_target
+from messages.blocks import Message, blocks_size, notice
+from messages.cards import approval_card, decided_card
+from messages.endings import failed, final_answer, stopped
+from messages.limits import BLOCKS_JSON_MAX
+from messages.modals import arguments_modal, edit_modal
+from messages.text import escape, visible
+from messages.turns import turn_summary
 from tests.fakes.slack_api import MAX_BLOCKS_JSON_CHARS, MAX_BLOCKS_PER_VIEW, FakeSlackAPI, validate_blocks
-from tests.test_render import strings
+from tests.test_messages import strings
 
 REQ, APP = "U0REQ", "U0APP"
 AT = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
@@ -55,7 +62,7 @@ def pending(
 
 
 def card(call: PendingCall, run_id: str = "run") -> Message:
-    return render.approval_card(
+    return approval_card(
         run_id=run_id,
         call=call,
         requester=REQ,
@@ -66,7 +73,7 @@ def card(call: PendingCall, run_id: str = "run") -> Message:
 
 
 def decided(call: PendingCall, verdict: Verdict = Verdict.APPROVED) -> Message:
-    return render.decided_card(call=call, requester=REQ, verdict=verdict, by=APP, at=AT, reason="why")
+    return decided_card(call=call, requester=REQ, verdict=verdict, by=APP, at=AT, reason="why")
 
 
 def sections(blocks: list[dict[str, Any]]) -> list[str]:
@@ -85,7 +92,7 @@ def assert_slack_accepts(msg: Message, *, kept: str = "") -> None:
     assert 0 < len(msg.text) <= 3000
     assert validate_blocks(msg.blocks) == []
     assert 0 < len(msg.blocks) <= 50
-    assert render.blocks_size(msg.blocks) <= render.BLOCKS_JSON_MAX
+    assert blocks_size(msg.blocks) <= BLOCKS_JSON_MAX
     assert len(json.dumps(msg.blocks)) <= MAX_BLOCKS_JSON_CHARS  # the wire form: non-ASCII as \uXXXX
     assert_inert([msg.text, *strings(msg.blocks)], kept=kept)
 
@@ -181,13 +188,13 @@ def join_pieces(pieces: list[tuple[str, bool]]) -> str:
 
 def inline_form(text: str) -> str:
     """How a short one-line value or a name is shown in `inline code`."""
-    seen = render.visible(text).replace("\n", "[U+000A]").replace("\t", "[U+0009]")
-    return render.escape(seen.replace("`", "ˋ"))
+    seen = visible(text).replace("\n", "[U+000A]").replace("\t", "[U+0009]")
+    return escape(seen.replace("`", "ˋ"))
 
 
 def block_form(text: str) -> str:
     """How a value is shown in a ``` block."""
-    return render.escape(render.visible(text).replace("```", "ˋˋˋ"))
+    return escape(visible(text).replace("```", "ˋˋˋ"))
 
 
 def compact(value: Any) -> str:
@@ -232,7 +239,7 @@ def test_argument_order_does_not_depend_on_the_models_key_order() -> None:
     backward = pending({"mode": "w", "path": ".git/config", "content": content})
     assert card(forward) == card(backward)
     assert decided(forward) == decided(backward)
-    assert render.arguments_modal(call=forward) == render.arguments_modal(call=backward)
+    assert arguments_modal(call=forward) == arguments_modal(call=backward)
     order, shown = card_arguments(card(forward))
     assert order[0] == "path" and shows_whole(shown["path"], ".git/config")
 
@@ -262,12 +269,12 @@ def test_every_named_target_comes_before_the_other_arguments() -> None:
     ],
 )
 def test_which_names_are_targets(name: str, target: bool) -> None:
-    assert render.is_target(name) is target
+    assert is_target(name) is target
 
 
 def test_the_turn_summary_shows_the_target_first_too() -> None:
     call = pending({"content": NOTES, "path": ".git/config\u202e"}, result=ToolResult("ok"))
-    line = render.turn_summary(1, [call], 1, 2).blocks[0]["text"]["text"]
+    line = turn_summary(1, [call], 1, 2).blocks[0]["text"]["text"]
     assert '{"path": ".git/config[U+202E]", "content": "Meeting notes' in line
 
 
@@ -280,10 +287,10 @@ def test_a_long_name_is_cut_and_counted() -> None:
     assert match and shown_name
     assert len(shown_name[1]) + int(match[1].replace(",", "")) == 1500
     assert "view_args" in [b["action_id"] for b in buttons(msg)]
-    _, in_modal = modal_arguments(render.arguments_modal(call=pending({name: "v", "path": "a"})))
+    _, in_modal = modal_arguments(arguments_modal(call=pending({name: "v", "path": "a"})))
     assert in_modal[name].value == "v"
-    assert render.fully_reviewable(pending({name: "v"}))
-    assert not render.fully_reviewable(pending({"n" * 2500: "v"}))
+    assert fully_reviewable(pending({name: "v"}))
+    assert not fully_reviewable(pending({"n" * 2500: "v"}))
 
 
 def test_a_long_value_is_cut_with_the_exact_number_of_characters_not_shown() -> None:
@@ -372,8 +379,8 @@ def test_the_modal_shows_every_argument_in_full() -> None:
     one_line = "z" * 7000  # no line breaks: split mid-line, and it must say so
     args = {"content": content, "path": "a/b.txt", "blob": one_line, "opts": {"n": [1, 2]}}
     call = pending(args)
-    assert render.fully_reviewable(call)
-    view = render.arguments_modal(call=call)
+    assert fully_reviewable(call)
+    view = arguments_modal(call=call)
     assert_modal_ok(view)
     assert view["title"]["text"] == "All arguments" and view["close"]["text"] == "Close"
     order, shown = modal_arguments(view)
@@ -387,8 +394,8 @@ def test_the_modal_shows_every_argument_in_full() -> None:
 def test_arguments_too_large_for_the_modal_are_refused_plainly() -> None:
     huge = {"path": "big.bin", "content": "0123456789" * 40_000}  # 400k characters
     call = pending(huge)
-    assert not render.fully_reviewable(call)
-    view = render.arguments_modal(call=call)
+    assert not fully_reviewable(call)
+    view = arguments_modal(call=call)
     assert_modal_ok(view)
     _, shown = modal_arguments(view)
     assert shows_whole(shown["path"], "big.bin")
@@ -412,8 +419,8 @@ def test_an_edit_still_too_large_to_review_is_refused_and_a_shortened_one_passes
     call is too large to review; the modal says so, and only a submission shortened enough passes."""
     args = {f"part{n:03d}": f"{n:03d}" + "p" * 2996 for n in range(100)}  # 300k characters in all
     call = pending(args)
-    assert not render.fully_reviewable(call)
-    view = render.edit_modal(run_id="a" * 32, call=call, schema=None)
+    assert not fully_reviewable(call)
+    view = edit_modal(run_id="a" * 32, call=call, schema=None)
     assert "too large to review" in json.dumps(view["blocks"])
     assert validate_blocks(view["blocks"], max_blocks=MAX_BLOCKS_PER_VIEW) == []
     View(**copy.deepcopy(view)).to_dict()
@@ -425,13 +432,13 @@ def test_an_edit_still_too_large_to_review_is_refused_and_a_shortened_one_passes
     assert [e for e in errors.values() if "too large to review" in e], errors
     shorter = {name: value[:100] for name, value in inputs.items()}
     edited, errors = edits.read(submitted(view, shorter), call, {}, Config())
-    assert errors == {} and render.fully_reviewable(replace(call, input=edited))
+    assert errors == {} and fully_reviewable(replace(call, input=edited))
 
 
 def test_small_calls_are_fully_reviewable() -> None:
-    assert render.fully_reviewable(pending({"path": "a", "content": "b"}))
-    assert render.fully_reviewable(pending({}))
-    assert render.fully_reviewable(pending({"content": "q" * 200_000}))
+    assert fully_reviewable(pending({"path": "a", "content": "b"}))
+    assert fully_reviewable(pending({}))
+    assert fully_reviewable(pending({"content": "q" * 200_000}))
 
 
 def test_the_text_fallback_names_the_tool_and_the_target() -> None:
@@ -445,8 +452,8 @@ def test_a_lone_surrogate_does_not_break_the_card() -> None:
     msg = card(call)
     assert_slack_accepts(msg)
     assert "a[U+D800]b" in all_text(msg)
-    assert_modal_ok(render.arguments_modal(call=call))
-    assert_slack_accepts(render.turn_summary(1, [call], 1, 2))
+    assert_modal_ok(arguments_modal(call=call))
+    assert_slack_accepts(turn_summary(1, [call], 1, 2))
 
 
 # --- 14: invisible and direction-changing characters ------------------------------------------------
@@ -458,32 +465,32 @@ def test_invisible_characters_are_shown_as_code_points_everywhere(ch: str) -> No
     spoof = f"evil{ch}txt.sh"
     call = pending({"path": spoof, "content": f"a{ch}b"}, result=ToolResult(f"wrote{ch}it"))
     approval = card(call)
-    summary = render.turn_summary(1, [call], 1, 2)
-    view = render.arguments_modal(call=call)
+    summary = turn_summary(1, [call], 1, 2)
+    view = arguments_modal(call=call)
     for msg in (approval, decided(call), summary):
         assert_slack_accepts(msg)
         assert f"evil{mark}txt.sh" in all_text(msg)
     assert f"wrote{mark}it" in all_text(summary)
     assert_modal_ok(view)
     assert f"evil{mark}txt.sh" in all_view_text(view)
-    for msg in (render.stopped(spoof, 1, 2), render.failed(run_id="r", error=spoof), render.notice(spoof)):
+    for msg in (stopped(spoof, 1, 2), failed(run_id="r", error=spoof), notice(spoof)):
         assert f"evil{mark}txt.sh" in all_text(msg)
         assert_slack_accepts(msg)
 
 
 def test_visible_covers_every_format_character() -> None:
     every_cf = [chr(cp) for cp in range(0x110000) if unicodedata.category(chr(cp)) == "Cf"]
-    shown = render.visible("".join(every_cf))
+    shown = visible("".join(every_cf))
     assert shown == "".join(f"[U+{ord(ch):04X}]" for ch in every_cf)
-    assert render.visible("line\n\ttab <ok> ✓") == "line\n\ttab <ok> ✓"
-    assert render.visible("\r\x00\x1b\u2028") == "[U+000D][U+0000][U+001B][U+2028]"
+    assert visible("line\n\ttab <ok> ✓") == "line\n\ttab <ok> ✓"
+    assert visible("\r\x00\x1b\u2028") == "[U+000D][U+0000][U+001B][U+2028]"
 
 
 def test_final_answers_keep_emoji_joiners_but_not_bidi_controls() -> None:
     family = "\U0001f468\u200d\U0001f469\u200d\U0001f467"  # one emoji made of three, joined by ZWJ
     heart = "\u2764\ufe0f"
     answer = f"Done {family} {heart} — see file \u202eexe.txt\u202c and\u200bthis."
-    msg = render.final_answer(answer, 1, 2)
+    msg = final_answer(answer, 1, 2)
     assert_slack_accepts(msg, kept="\u200d\ufe0f")
     body = msg.blocks[0]["text"]["text"]
     assert family in body and heart in body
@@ -496,10 +503,10 @@ def test_final_answers_keep_emoji_joiners_but_not_bidi_controls() -> None:
 def test_emoji_heavy_messages_fit_the_wire_limit() -> None:
     """slack_sdk sends blocks as ASCII JSON (an emoji is 12 characters there): they must still fit."""
     for msg in (
-        render.final_answer("😀" * 20_000, 1, 2),
-        render.stopped("é" * 20_000, 1, 2),
+        final_answer("😀" * 20_000, 1, 2),
+        stopped("é" * 20_000, 1, 2),
         card(pending({"path": "😀" * 3000, "content": "é" * 20_000})),
-        render.turn_summary(1, [pending({"p": "😀" * 999}, result=ToolResult("é" * 999))] * 40, 1, 2),
+        turn_summary(1, [pending({"p": "😀" * 999}, result=ToolResult("é" * 999))] * 40, 1, 2),
     ):
         assert_slack_accepts(msg)
 
@@ -508,9 +515,9 @@ def test_the_loopback_slack_accepts_cards_and_modal() -> None:
     call = pending({"content": NOTES * 30 + "\u202e", "path": ".git/config", "n": {"deep": [[["x"]]]}})
     with FakeSlackAPI() as fake:
         client = WebClient(token=fake.bot_token, base_url=fake.base_url)
-        for msg in (card(call), decided(call), render.turn_summary(1, [call], 1, 2)):
+        for msg in (card(call), decided(call), turn_summary(1, [call], 1, 2)):
             assert client.chat_postMessage(channel="C1", text=msg.text, blocks=msg.blocks)["ok"]
-        assert client.views_open(trigger_id="t", view=render.arguments_modal(call=call))["ok"]
+        assert client.views_open(trigger_id="t", view=arguments_modal(call=call))["ok"]
         assert fake.views[0]["view"]["callback_id"] == "view_args"
 
 
@@ -561,17 +568,17 @@ def test_cards_and_modal_hide_nothing_silently(args: dict[str, Any]) -> None:
     call = pending(args, "tool<!here>\u202e")
     msg = card(call)
     assert_slack_accepts(msg)
-    assert_modal_ok(render.arguments_modal(call=call))
+    assert_modal_ok(arguments_modal(call=call))
     for verdict in Verdict:
         assert_slack_accepts(decided(call, verdict))
-    assert_slack_accepts(render.turn_summary(1, [call], 1, 2))
+    assert_slack_accepts(turn_summary(1, [call], 1, 2))
 
     order, shown = card_arguments(msg)
     targets = [n for n in order if shown[n].target]
     assert order[: len(targets)] == targets  # every target before every other argument
     has_view_all = "view_args" in [b["action_id"] for b in buttons(msg)]
     assert has_view_all == (not all_whole(order, shown, args))
-    if not render.fully_reviewable(call):
+    if not fully_reviewable(call):
         assert "too large to review in Slack" in all_text(msg)
 
     reversed_call = pending(dict(reversed(list(args.items()))), "tool<!here>\u202e")
@@ -584,10 +591,10 @@ def test_cards_and_modal_hide_nothing_silently(args: dict[str, Any]) -> None:
 @given(args=args_st)
 def test_the_modal_of_a_reviewable_call_shows_every_character(args: dict[str, Any]) -> None:
     call = pending(args)
-    view = render.arguments_modal(call=call)
+    view = arguments_modal(call=call)
     assert_modal_ok(view)
     order, shown = modal_arguments(view)
-    if render.fully_reviewable(call):
+    if fully_reviewable(call):
         assert all_whole(order, shown, args)
         assert "too large" not in all_view_text(view)
     else:
@@ -649,7 +656,7 @@ def test_an_edit_checked_against_a_hostile_schema_fetches_nothing_and_is_refused
         url = f"http://127.0.0.1:{server.server_port}/schema.json"
         schema = {"type": "object", "properties": {"path": {"$ref": url}}}
         call = pending({"path": "a.txt"})
-        view = render.edit_modal(run_id="a" * 32, call=call, schema=schema)
+        view = edit_modal(run_id="a" * 32, call=call, schema=schema)
         inputs = {b["block_id"]: "b.txt" for b in view["blocks"] if b["type"] == "input"}
         _, errors = edits.read(submitted(view, inputs), call, {"schema": schema}, Config())
     finally:

@@ -1,4 +1,4 @@
-"""bot.render: every message fits Slack's limits and no untrusted text can ping or link."""
+"""messages: every message fits Slack's limits and no untrusted text can ping or link."""
 
 from __future__ import annotations
 
@@ -13,11 +13,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from slack_sdk.models.blocks import Block
 
-from bot import render
-from bot.render import Message
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, Verdict, fingerprint
 from harness.tools import ToolResult
+from messages.blocks import Message, notice
+from messages.cards import approval_card, decided_card
+from messages.endings import failed, final_answer, retried_card, stopped
+from messages.modals import decline_reason_modal
+from messages.text import code, cut, escape, mention
+from messages.turns import turn_summary
 from tests.fakes.slack_api import MAX_BLOCKS_JSON_CHARS, validate_blocks
 
 REQ, APP = "U0REQ", "U0APP"
@@ -123,17 +127,17 @@ def every_message(s: str) -> list[Message]:
     ]
     card = {"call": call(s, {"content": s}), "requester": REQ}
     return [
-        render.turn_summary(2, calls, 1234, 40_000),
-        render.approval_card(run_id="run", tier_source=s, approvers=[APP, REQ], expires_at=AT, **card),
+        turn_summary(2, calls, 1234, 40_000),
+        approval_card(run_id="run", tier_source=s, approvers=[APP, REQ], expires_at=AT, **card),
         *(
-            render.decided_card(verdict=v, by=APP, at=AT, reason=s, **card)
+            decided_card(verdict=v, by=APP, at=AT, reason=s, **card)
             for v in (Verdict.APPROVED, Verdict.DECLINED, Verdict.EXPIRED)
         ),
-        render.final_answer(s, 3, 7),
-        render.stopped(s, 3, 7),
-        render.failed(run_id="run", error=s),
-        render.retried_card(error=s, by=APP, at=AT),
-        render.notice(s),
+        final_answer(s, 3, 7),
+        stopped(s, 3, 7),
+        failed(run_id="run", error=s),
+        retried_card(error=s, by=APP, at=AT),
+        notice(s),
     ]
 
 
@@ -141,25 +145,25 @@ def every_message(s: str) -> list[Message]:
 
 
 def test_escape_makes_every_mention_and_link_inert() -> None:
-    assert render.escape("<!channel> & <@U1> <https://e.x|y>") == (
+    assert escape("<!channel> & <@U1> <https://e.x|y>") == (
         "&lt;!channel&gt; &amp; &lt;@U1&gt; &lt;https://e.x|y&gt;"
     )
-    assert render.escape("&lt;") == "&amp;lt;"
+    assert escape("&lt;") == "&amp;lt;"
 
 
 @pytest.mark.parametrize("limit", [1, 2, 5, 17, 300])
 def test_cut_fits_once_escaped(limit: int) -> None:
     text = "a<b>&c" * 100
-    out = render.cut(text, limit)
-    assert len(render.escape(out)) <= limit
+    out = cut(text, limit)
+    assert len(escape(out)) <= limit
     assert out.endswith("…")
-    assert render.cut("short", 10) == "short"
-    assert render.cut("<<<<", 16) == "<<<<"
-    assert render.cut("😀" * 10, 7) == "😀😀😀…"  # emoji count as two UTF-16 units
+    assert cut("short", 10) == "short"
+    assert cut("<<<<", 16) == "<<<<"
+    assert cut("😀" * 10, 7) == "😀😀😀…"  # emoji count as two UTF-16 units
 
 
 def test_code_is_fence_safe_and_bounded() -> None:
-    out = render.code("a ``` <!here> " * 1000, 500)
+    out = code("a ``` <!here> " * 1000, 500)
     assert len(out) <= 500
     assert out.startswith("```\n") and out.endswith("\n```")
     assert out.count("```") == 2
@@ -167,10 +171,10 @@ def test_code_is_fence_safe_and_bounded() -> None:
 
 
 def test_mention_only_for_ids_of_the_right_shape() -> None:
-    assert render.mention("U0REQ") == "<@U0REQ>"
-    assert render.mention("W12AB") == "<@W12AB>"
+    assert mention("U0REQ") == "<@U0REQ>"
+    assert mention("W12AB") == "<@W12AB>"
     for bad in ("<!channel>", "u123", "U1|x", "C123", "U1> <!here"):
-        assert "<" not in render.mention(bad)
+        assert "<" not in mention(bad)
 
 
 # --- limits with huge inputs ----------------------------------------------------------------------
@@ -181,7 +185,7 @@ def test_turn_summary_with_fifty_huge_calls_fits() -> None:
         call("read_file", {"path": HUGE[:10_000]}, tier=Tier.ALLOW, call_id=f"t{i}", result=ToolResult(HUGE))
         for i in range(50)
     ]
-    msg = assert_valid(render.turn_summary(9, calls, 123_456, 400_000))
+    msg = assert_valid(turn_summary(9, calls, 123_456, 400_000))
     assert re.search(r"…and \d+ more calls", all_text(msg))
     assert msg.blocks[-1]["elements"][0]["text"] == "123,456 / 400,000 tokens used"
     assert_inert(msg)
@@ -193,7 +197,7 @@ def test_turn_summary_with_json_heavy_results_fits() -> None:
         call("x", {nasty[:3000]: nasty[:10_000]}, call_id=f"t{i}", result=ToolResult(nasty))
         for i in range(50)
     ]
-    assert_valid(render.turn_summary(1, calls, 1, 2))
+    assert_valid(turn_summary(1, calls, 1, 2))
 
 
 def test_turn_summary_lines() -> None:
@@ -204,7 +208,7 @@ def test_turn_summary_lines() -> None:
         call(decision=Decision(Verdict.EXPIRED), result=ToolResult("n", True)),
         call("send_email", tier=Tier.DENY, result=ToolResult("n", True)),
     ]
-    msg = assert_valid(render.turn_summary(1, calls, 1234, 40_000))
+    msg = assert_valid(turn_summary(1, calls, 1234, 40_000))
     body = msg.blocks[0]["text"]["text"]
     lines = body.split("\n")
     assert lines[0] == "*Turn 1*"
@@ -222,14 +226,14 @@ def test_turn_summary_lines() -> None:
 
 
 def test_turn_summary_without_calls() -> None:
-    assert_valid(render.turn_summary(1, [], 0, 10))
+    assert_valid(turn_summary(1, [], 0, 10))
 
 
 def test_approval_and_decided_cards_with_huge_arguments_fit() -> None:
     big = call(HUGE[:300], {"content": HUGE[:10_000], "nested": {"k": ['"\\'] * 3000}})
     card = {"call": big, "requester": REQ}
     assert_valid(
-        render.approval_card(
+        approval_card(
             run_id="r" * 100,
             tier_source=HUGE,
             approvers=[f"U{i:05d}" for i in range(500)],
@@ -238,14 +242,14 @@ def test_approval_and_decided_cards_with_huge_arguments_fit() -> None:
         )
     )
     for verdict in Verdict:
-        assert_valid(render.decided_card(verdict=verdict, by=APP, at=AT, reason=HUGE, **card))
+        assert_valid(decided_card(verdict=verdict, by=APP, at=AT, reason=HUGE, **card))
 
 
 @pytest.mark.parametrize(
     "answer", [HUGE, "```\n" + "a<b & c\n" * 20_000, '"\\' * 100_000, "😀" * 100_000, ""]
 )
 def test_final_answer_with_huge_answers_fits(answer: str) -> None:
-    msg = assert_valid(render.final_answer(answer, 3, 7))
+    msg = assert_valid(final_answer(answer, 3, 7))
     assert msg.text.endswith(FOOTER)
     assert msg.blocks[-1]["elements"][0]["text"] == FOOTER
     assert_inert(msg)
@@ -253,10 +257,10 @@ def test_final_answer_with_huge_answers_fits(answer: str) -> None:
 
 def test_endings_with_huge_inputs_fit() -> None:
     for msg in (
-        render.stopped(HUGE, 3, 7),
-        render.failed(run_id="run", error=HUGE),
-        render.retried_card(error=HUGE, by=APP, at=AT),
-        render.notice(HUGE),
+        stopped(HUGE, 3, 7),
+        failed(run_id="run", error=HUGE),
+        retried_card(error=HUGE, by=APP, at=AT),
+        notice(HUGE),
     ):
         assert_valid(msg)
         assert_inert(msg)
@@ -271,13 +275,13 @@ def test_untrusted_text_can_never_ping_or_link(s: str) -> None:
     for msg in every_message(s):
         assert_valid(msg)
         assert_inert(msg)
-    assert_inert(render.decline_reason_modal(run_id="run", call=call(s)))
+    assert_inert(decline_reason_modal(run_id="run", call=call(s)))
 
 
 @settings(max_examples=30, deadline=None)
 @given(untrusted)
 def test_untrusted_requester_ids_are_not_mentions(s: str) -> None:
-    msg = render.approval_card(
+    msg = approval_card(
         run_id="run", call=call(), requester="<@U1>" + s, tier_source="t", approvers=[s], expires_at=AT
     )
     assert_valid(msg)
@@ -288,7 +292,7 @@ def test_untrusted_requester_ids_are_not_mentions(s: str) -> None:
 
 
 def make_card(approvers: list[str]) -> Message:
-    return render.approval_card(
+    return approval_card(
         run_id="run",
         call=call(),
         requester=REQ,
@@ -327,18 +331,16 @@ def test_approval_card_says_what_who_why_and_when() -> None:
 
 def test_button_value_too_long_is_refused() -> None:
     with pytest.raises(ValueError):
-        render.approval_card(
+        approval_card(
             run_id="r" * 2000, call=call(), requester=REQ, tier_source="t", approvers=[], expires_at=AT
         )
 
 
 def test_decided_cards() -> None:
     card = {"call": call(), "requester": REQ, "at": AT}
-    approved = assert_valid(render.decided_card(verdict=Verdict.APPROVED, by=APP, **card))
-    declined = assert_valid(
-        render.decided_card(verdict=Verdict.DECLINED, by=APP, reason="<!here> no", **card)
-    )
-    expired = assert_valid(render.decided_card(verdict=Verdict.EXPIRED, by=None, **card))
+    approved = assert_valid(decided_card(verdict=Verdict.APPROVED, by=APP, **card))
+    declined = assert_valid(decided_card(verdict=Verdict.DECLINED, by=APP, reason="<!here> no", **card))
+    expired = assert_valid(decided_card(verdict=Verdict.EXPIRED, by=None, **card))
     for msg in (approved, declined, expired):
         assert actions(msg) == []
         assert "`write_file`" in all_text(msg)
@@ -352,7 +354,7 @@ def test_decided_cards() -> None:
 
 
 def test_decline_reason_modal() -> None:
-    view = render.decline_reason_modal(run_id="run", call=call())
+    view = decline_reason_modal(run_id="run", call=call())
     assert view["type"] == "modal"
     assert view["callback_id"] == "decline_reason"
     assert view["private_metadata"] == f"run:toolu_x:{call().fingerprint}"
@@ -376,7 +378,7 @@ def test_decline_reason_modal() -> None:
 
 
 def test_final_answer_footer_is_exact() -> None:
-    msg = assert_valid(render.final_answer("The time is <!here> 12:00.", 3, 7))
+    msg = assert_valid(final_answer("The time is <!here> 12:00.", 3, 7))
     assert msg.blocks[-1] == {"type": "context", "elements": [{"type": "mrkdwn", "text": FOOTER}]}
     assert msg.text.endswith(FOOTER)
     assert msg.blocks[0]["text"]["text"] == "The time is &lt;!here&gt; 12:00."
@@ -384,7 +386,7 @@ def test_final_answer_footer_is_exact() -> None:
 
 def test_long_answer_is_split_with_balanced_fences() -> None:
     answer = "intro\n```\n" + "line <x>\n" * 2000 + "```\noutro " + "word " * 3000
-    msg = assert_valid(render.final_answer(answer, 1, 2))
+    msg = assert_valid(final_answer(answer, 1, 2))
     sections = [b["text"]["text"] for b in msg.blocks if b["type"] == "section"]
     assert len(sections) > 2
     assert all(s.count("```") % 2 == 0 for s in sections)
@@ -393,23 +395,23 @@ def test_long_answer_is_split_with_balanced_fences() -> None:
 
 
 def test_stopped_failed_retried_notice() -> None:
-    stop = assert_valid(render.stopped("Stopped by the max-turns valve: <!channel>", 3, 7))
+    stop = assert_valid(stopped("Stopped by the max-turns valve: <!channel>", 3, 7))
     assert (
         stop.blocks[0]["text"]["text"] == ":octagonal_sign: Stopped by the max-turns valve: &lt;!channel&gt;"
     )
     assert stop.blocks[-1]["elements"][0]["text"] == FOOTER and stop.text.endswith(FOOTER)
 
-    fail = assert_valid(render.failed(run_id="run", error="overloaded <@U9>"))
+    fail = assert_valid(failed(run_id="run", error="overloaded <@U9>"))
     (block,) = actions(fail)
     assert block["block_id"] == "failure"
     (button,) = block["elements"]
     assert (button["action_id"], button["text"]["text"], button["value"]) == ("retry", "Retry", "run")
     assert "The run failed: overloaded &lt;@U9&gt;" in all_text(fail)
 
-    retried = assert_valid(render.retried_card(error="overloaded", by=APP, at=AT))
+    retried = assert_valid(retried_card(error="overloaded", by=APP, at=AT))
     assert actions(retried) == []
     assert f"Retried by <@{APP}>" in all_text(retried)
 
-    note = assert_valid(render.notice("Only <@U1> & co"))
+    note = assert_valid(notice("Only <@U1> & co"))
     assert note.text == "Only &lt;@U1&gt; &amp; co"
     assert note.blocks == [{"type": "section", "text": {"type": "mrkdwn", "text": note.text}}]

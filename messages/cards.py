@@ -1,0 +1,376 @@
+"""Approval cards and what follows them in the thread.
+
+The card that asks a person to approve or decline one `ask`-tier call, the same card once decided
+or once its run was stopped, the question at a limit (`on_limit = "ask"`) and its answer, a grant's
+notice and its revocation, and the one reminder that pings `escalate_to`. Each button's value
+binds a click to the exact call its card shows (`button_value`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from slack_sdk.models.blocks import ActionsBlock, ButtonElement
+
+from harness.state import PendingCall, Verdict
+from messages import texts
+from messages.arguments import Arg, Shown, args_reviewable, arguments_of, pack, present
+from messages.blocks import Message, context, fit, scaled, section, with_tail
+from messages.limits import BUTTON_VALUE_MAX, SECTION_MAX, TEXT_MAX
+from messages.markdown import FENCE
+from messages.text import (
+    ELLIPSIS,
+    answer_mrkdwn,
+    approver,
+    cut,
+    fence_safe,
+    inert,
+    inline,
+    mention,
+    mrkdwn_prefix_len,
+    plural,
+    slack_date,
+    units,
+    visible_as,
+)
+
+CARD_ARGS_BUDGET = 8000  # escaped characters of arguments on a card, before shrinking to fit
+CARD_NAME_MAX = 150  # escaped characters of an argument's name on a card
+
+
+def button_value(run_id: str, call: PendingCall) -> str:
+    """`run:call:fingerprint`: a click binds to the exact call its card shows."""
+    value = f"{run_id}:{call.id}:{call.fingerprint}"
+    if len(value) > BUTTON_VALUE_MAX:
+        raise ValueError(f"button value of {len(value)} characters exceeds Slack's {BUTTON_VALUE_MAX}")
+    return value
+
+
+def _what_will_run(
+    call: PendingCall, args: Sequence[Arg], heading: str, requester: str, scale: float, hint: str
+) -> tuple[list[dict[str, Any]], Shown]:
+    """The tool, each argument on its own (cut to fit, saying so), and who the run is for."""
+    shown = present(args, scaled(CARD_ARGS_BUDGET, scale, 0), name_max=CARD_NAME_MAX, hint=hint)
+    what = "with these arguments:" if args else "with no arguments."
+    blocks = [
+        section(f"{heading} {inline(call.name, 120)} {what}"),
+        *(section(s) for s in pack(shown.segments)),
+        context(f"Asked for by {mention(requester)}"),
+    ]
+    return blocks, shown
+
+
+def _target_text(args: Sequence[Arg]) -> str:
+    """The " on TARGET" of the `text` fallback: what the call acts on (raw, escaped later)."""
+    return f" on {args[0].text}" if args and args[0].target else ""
+
+
+def _who_decides(requester: str, approvers: Sequence[str]) -> str:
+    people = [mention(a) for a in approvers] or [mention(requester)]
+    shown = ", ".join(people[:20])
+    if len(people) > 20:
+        shown += f" and {len(people) - 20} more"
+    return f"only {shown}"
+
+
+def approval_card(
+    *,
+    run_id: str,
+    call: PendingCall,
+    requester: str,
+    tier_source: str,
+    approvers: Sequence[str],
+    expires_at: datetime,
+    title: str | None = None,
+    annotations: Mapping[str, Any] | None = None,
+    intent: str = "",
+    preview: str | None = None,
+    required: int = 1,
+    votes: Sequence[str] = (),
+    self_approval: bool = True,
+    grant_minutes: float = 0,
+) -> Message:
+    """The card asking a human to approve or decline one `ask`-tier call.
+
+    `title` and `annotations` are what an MCP server says of its tool: hints, shown as such.
+    `intent`: the model's own words in the reply that made the call. `preview`: what the call
+    would change (a diff), as plain text. `required` > 1: a quorum, with `votes` so far.
+    """
+    value = button_value(run_id, call)
+    expires = slack_date(expires_at)
+    described = _tool_described(title, annotations)
+    rules = []
+    if required > 1:
+        so_far = ", ".join(mention(v) for v in votes[:20]) if votes else "nobody yet"
+        rules.append(
+            f"*Approvals:* {len(votes)} of {required} needed (so far: {so_far}); one decline declines"
+        )
+    if not self_approval:
+        rules.append(
+            f"*Four eyes:* {mention(requester)} asked for this run and may decline it, not approve it"
+        )
+    details = "\n".join(
+        [
+            *described,
+            f"*Why it needs approval:* {inline(tier_source, 400)}",
+            f"*Who may decide:* {_who_decides(requester, approvers)}",
+            *rules,
+            f"*Expires:* {expires} (the call will not run if nobody decides by then)",
+        ]
+    )
+    buttons = [
+        ButtonElement(text="Approve", action_id="approve", value=value, style="primary"),
+        ButtonElement(text="Decline", action_id="decline", value=value, style="danger"),
+        ButtonElement(text="Edit…", action_id="edit", value=value),
+        ButtonElement(text="Decline with reason…", action_id="decline_with_reason", value=value),
+    ]
+    if grant_minutes > 0 and required <= 1:
+        buttons.append(
+            ButtonElement(
+                text=f"Approve for this thread ({_duration(grant_minutes)})",
+                action_id="approve_thread",
+                value=value,
+            )
+        )
+    view_all = ButtonElement(text="View all arguments", action_id="view_args", value=value)
+    args = arguments_of(call)
+    reviewable = args_reviewable(args)
+    total = sum(a.size for a in args)
+
+    def warning(shown: Shown) -> list[dict[str, Any]]:
+        if not reviewable:
+            return [
+                section(
+                    f"⛔ *These arguments are too large to review in Slack* ({plural(total, 'character')}): "
+                    "not even *View all arguments* can show them all, so this call cannot be approved "
+                    "here. Decline it, and ask for something smaller."
+                )
+            ]
+        if shown.hidden:
+            return [
+                section(
+                    f"⚠️ *Not everything fits on this card:* {plural(shown.hidden, 'character')} of the "
+                    "arguments are not shown. Press *View all arguments* to read every one in full "
+                    "before you decide."
+                )
+            ]
+        return []
+
+    def build(scale: float) -> list[dict[str, Any]]:
+        heading = ":raised_hand: *Approval needed:* the agent wants to run"
+        blocks, shown = _what_will_run(call, args, heading, requester, scale, " (see View all arguments)")
+        preview_cut = bool(preview) and len(preview or "") > scaled(2400, scale, 100)
+        more = [view_all] if shown.hidden or not reviewable or preview_cut else []
+        actions = ActionsBlock(block_id="approval", elements=[*buttons, *more]).to_dict()
+        said = []
+        if intent.strip():
+            words, room = answer_mrkdwn(intent), scaled(1200, scale, 80)
+            if units(words) > room:
+                words = words[: mrkdwn_prefix_len(words, room - len(ELLIPSIS))] + ELLIPSIS
+            said = [section(f"*What the model said with it:*\n>{words.replace(chr(10), chr(10) + '>')}")]
+        change = []
+        if preview:
+            limit = scaled(2400, scale, 100)
+            body = cut(preview, limit)
+            whole = "" if len(preview) <= limit else "\n_The whole change: *View all arguments*._"
+            change = [
+                section(f"*What it would change:*\n{FENCE}\n{fence_safe(visible_as(body))}\n{FENCE}{whole}")
+            ]
+        return [*blocks, *said, *change, *warning(shown), section(details), actions]
+
+    text = with_tail(
+        f"Approval needed: the agent wants to run {call.name}{_target_text(args)}",
+        f"(asked for by {mention(requester)}; expires {expires})",
+        " ",
+    )
+    return Message(text=text, blocks=fit(build))
+
+
+_HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+
+
+def _tool_described(title: str | None, annotations: Mapping[str, Any] | None) -> list[str]:
+    """The tool's title and annotations as its server gives them (hints, not guarantees)."""
+    lines = []
+    if title:
+        lines.append(f"*Tool:* {inline(title, 200)}")
+    hints = [f"{k}: {str(annotations[k]).lower()}" for k in _HINTS if annotations and k in annotations]
+    if hints:
+        lines.append(f"*The server says of it:* {inline(', '.join(hints), 300)}")
+    return lines
+
+
+def _duration(minutes: float) -> str:
+    if minutes >= 120 and minutes % 60 == 0:
+        return f"{int(minutes // 60)} h"
+    return f"{minutes:g} min"
+
+
+def decided_card(
+    *,
+    call: PendingCall,
+    requester: str,
+    verdict: Verdict,
+    by: str | None,
+    at: datetime,
+    reason: str | None = None,
+    edited_input: Mapping[str, Any] | None = None,
+    approvers: Sequence[str] = (),
+    grant: str | None = None,
+    grant_until: datetime | None = None,
+) -> Message:
+    """The approval card once decided: no buttons left, the outcome and who decided shown."""
+    when = slack_date(at)
+    who = f" by {mention(by)}" if by else ""
+    if len(approvers) > 1:
+        who = " by " + ", ".join(mention(a) for a in approvers[:20])
+    args = arguments_of(call)
+
+    def outcome(scale: float) -> str:
+        if verdict is Verdict.APPROVED and edited_input is not None:
+            changes = _changes(call.input if isinstance(call.input, dict) else {}, edited_input)
+            return f"✏️ Approved with edits{who} at {when}\n{cut(changes, scaled(2400, scale, 100))}"
+        if verdict is Verdict.APPROVED and grant == "used":
+            return f"✅ Run under a grant for this thread{who} at {when}"
+        if verdict is Verdict.APPROVED and grant == "given":
+            until = f" until {slack_date(grant_until)}" if grant_until else ""
+            return f"✅ Approved{who} at {when}, with later calls of this tool in this thread{until}"
+        if verdict is Verdict.APPROVED:
+            return f"✅ Approved{who} at {when}"
+        if verdict is Verdict.EXPIRED:
+            return f"⌛ Expired at {when} — nobody decided in time; the call was not run"
+        said = f" — reason: {inert(reason, scaled(2000, scale, 100))}" if reason else ""
+        return f"❌ Declined{who} at {when}{said}"
+
+    def build(scale: float) -> list[dict[str, Any]]:
+        blocks, shown = _what_will_run(call, args, "The agent asked to run", requester, scale, "")
+        if shown.hidden:
+            blocks.append(context(f"_{plural(shown.hidden, 'character')} of the arguments not shown here._"))
+        return [*blocks, section(outcome(scale))]
+
+    text = with_tail(f"{call.name}{_target_text(args)}", outcome(0.5), ": ")
+    return Message(text=text, blocks=fit(build))
+
+
+def _changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    """What a reviewer changed, argument by argument: `name: old → new`, escaped."""
+    lines = []
+    for name in sorted(set(before) | set(after)):
+        if before.get(name) != after.get(name):
+            old = json.dumps(before.get(name), ensure_ascii=False) if name in before else "(absent)"
+            new = json.dumps(after.get(name), ensure_ascii=False) if name in after else "(absent)"
+            lines.append(f"• {inline(name, 80)}: {inline(old, 400)} → {inline(new, 400)}")
+    return "\n".join(lines) or "(no argument changed)"
+
+
+def card_stopped(*, call: PendingCall, requester: str, by: str | None, at: datetime) -> Message:
+    """An approval card of a parked run that was stopped: no buttons, the call was not run."""
+    outcome = texts.CARD_STOPPED.format(who=mention(by) if by else "someone", when=slack_date(at))
+    args = arguments_of(call)
+
+    def build(scale: float) -> list[dict[str, Any]]:
+        blocks, _ = _what_will_run(call, args, "The agent asked to run", requester, scale, "")
+        return [*blocks, section(outcome)]
+
+    return Message(text=with_tail(f"{call.name}{_target_text(args)}", outcome, ": "), blocks=fit(build))
+
+
+def limit_card(
+    *,
+    run_id: str,
+    question: str,
+    more: str,
+    requester: str,
+    deciders: Sequence[str],
+    expires_at: datetime,
+    required: int = 1,
+    votes: Sequence[str] = (),
+    self_approval: bool = True,
+) -> Message:
+    """A run waiting at a limit (`on_limit = "ask"`): Continue (one more allowance) or Stop.
+
+    Continue is an approval like any other: `required` > 1 needs that many people (`votes` so far,
+    shown), and without `self_approval` the requester may Stop, never Continue.
+    """
+    value = f"{run_id}:limit"
+    if len(value) > BUTTON_VALUE_MAX:
+        raise ValueError(f"button value of {len(value)} characters exceeds Slack's {BUTTON_VALUE_MAX}")
+    who = ", ".join(mention(d) for d in deciders[:20]) or mention(requester)  # a group is named, never pinged
+    head = f":raised_hand: {inert(question, SECTION_MAX - 20)}"
+    choice = texts.LIMIT_CHOICE.format(more=inert(more, 200))
+    rules = texts.LIMIT_RULES.format(requester=mention(requester), who=who, expires=slack_date(expires_at))
+    if required > 1:
+        so_far = ", ".join(mention(v) for v in votes[:20]) if votes else "nobody yet"
+        rules += "\n" + texts.LIMIT_VOTES.format(count=len(votes), required=required, so_far=so_far)
+    if not self_approval:
+        rules += "\n" + texts.LIMIT_FOUR_EYES.format(requester=mention(requester))
+    actions = ActionsBlock(
+        block_id="limit",
+        elements=[
+            ButtonElement(text="Continue", action_id="continue", value=value, style="primary"),
+            ButtonElement(text="Stop", action_id="stop", value=value, style="danger"),
+        ],
+    ).to_dict()
+    return Message(
+        text=inert(question, TEXT_MAX), blocks=[section(head), section(choice), context(rules), actions]
+    )
+
+
+def limit_decided(
+    *,
+    question: str,
+    verdict: Verdict,
+    by: str | None,
+    at: datetime,
+    more: str,
+    approvers: Sequence[str] = (),
+) -> Message:
+    """The limit card once answered: no buttons, what was chosen, by whom (everyone who chose
+    Continue, under a quorum) and when."""
+    when = slack_date(at)
+    if verdict is Verdict.APPROVED:
+        who = ", ".join(mention(a) for a in approvers[:20]) if approvers else mention(by)
+        outcome = texts.LIMIT_CONTINUED.format(who=who, when=when, more=inert(more, 200))
+    elif verdict is Verdict.EXPIRED:
+        outcome = texts.LIMIT_EXPIRED.format(when=when)
+    else:
+        outcome = texts.LIMIT_STOPPED.format(who=mention(by) if by else "someone", when=when)
+    head = f":raised_hand: {inert(question, SECTION_MAX - 20)}"
+    return Message(text=with_tail(question, outcome, " — "), blocks=[section(head), section(outcome)])
+
+
+def grant_notice(*, tool: str, by: str, requester: str, until: datetime, value: str) -> Message:
+    """The thread's note of a grant, with the button that revokes it."""
+    text = (
+        f"🔓 {mention(by)} approved {inline(tool, 120)} for this thread until {slack_date(until)}: later "
+        f"calls of it in runs {mention(requester)} asks for here run without a card."
+    )
+    actions = ActionsBlock(
+        block_id="grant",
+        elements=[ButtonElement(text="Revoke", action_id="revoke_grant", value=value, style="danger")],
+    ).to_dict()
+    return Message(text=text, blocks=[section(text), actions])
+
+
+def grant_revoked(*, tool: str, by: str, at: datetime) -> Message:
+    """The grant's notice once revoked: who revoked it and when, no button left."""
+    when = slack_date(at)
+    text = f"🔒 The grant of {inline(tool, 120)} in this thread was revoked by {mention(by)} at {when}."
+    return Message(text=text, blocks=[section(text)])
+
+
+def escalation_reminder(
+    *, calls: Sequence[PendingCall], requester: str, escalate_to: Sequence[str], expires_at: datetime
+) -> Message:
+    """The one reminder of a park nobody decided in time: it mentions `escalate_to`, on purpose."""
+    names = ", ".join(inline(c.name, 120) for c in calls[:10]) or "a call"
+    if len(calls) > 10:
+        names += f" and {len(calls) - 10} more"
+    who = ", ".join(approver(w) for w in escalate_to[:20])
+    text = texts.ESCALATION.format(
+        who=who, calls=names, requester=mention(requester), expires=slack_date(expires_at)
+    )
+    return Message(text=text, blocks=[section(text)])
