@@ -12,7 +12,8 @@ from slack_sdk.errors import SlackApiError
 
 from bot import socket_mode
 from bot.access import OperatorAccess
-from bot.app import BotDeps, create_app
+from bot.app import create_app
+from bot.listening import BotDeps
 from bot.web import serve, wsgi_app
 from harness.config import ConfigError, load_config
 from workers import logs

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from bot.app import BotDeps
+from bot.listening import BotDeps
 from harness.config import Approvals, Config
 from harness.policy import Tier
 from harness.state import PendingCall, Status, new_run

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from slack_sdk import WebClient
 
-from bot.app import BotDeps
+from bot.listening import BotDeps
 from harness.config import Approvals, Config
 from harness.policy import Tier
 from harness.state import PendingCall

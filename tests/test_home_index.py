@@ -2,7 +2,7 @@
 
 Parks are made as a worker makes them (`Store.park` under a lease), closed as a resume, a stop, an
 expiry or a limit's answer closes them (`Store.resumed`, `Store.forget_park`, `expire_due`), and
-the Home tab is read as the bot reads it (`bot.app._waiting_on`), with approvers, user groups,
+the Home tab is read as the bot reads it (`bot.listeners.home.waiting_on`), with approvers, user groups,
 `escalate_to` and requesters.
 """
 
@@ -17,7 +17,8 @@ import pytest
 import redis
 from slack_sdk import WebClient
 
-from bot.app import HOME_SCAN, BotDeps, _waiting_on
+from bot.listeners.home import HOME_SCAN, waiting_on
+from bot.listening import BotDeps
 from harness.config import Approvals, Config
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, RunState, Verdict
@@ -80,7 +81,7 @@ def park(
 
 def shown(deps: BotDeps, user: str, team: str = TEAM) -> list[str]:
     """The runs whose calls `user`'s Home tab lists, in order (one entry per call)."""
-    items, _ = _waiting_on(deps, team, user)
+    items, _ = waiting_on(deps, team, user)
     return [item.call.input["path"] + "@" + item.requester for item in items]
 
 
@@ -183,17 +184,17 @@ def test_a_requesters_run_is_listed_however_many_other_runs_expire_before_it(
         park(store, f"UOTHER{i % 50}", expires_in=600 + i)
     mine = park(store, "UALICE", expires_in=7200)
     deps = deps_for(store, slack)
-    items, more = _waiting_on(deps, TEAM, "UALICE")
+    items, more = waiting_on(deps, TEAM, "UALICE")
     assert [(i.requester, i.expires_at.timestamp()) for i in items] == [
         ("UALICE", pytest.approx(mine.expires_at))
     ]
     assert not more
     approver = deps_for(store, slack, approvers=("UANN",))
-    items, more = _waiting_on(approver, TEAM, "UANN")
+    items, more = waiting_on(approver, TEAM, "UANN")
     assert len(items) == HOME_ITEMS_MAX and more
 
 
 def test_a_hostile_team_id_reads_nothing(store: Store, slack: FakeSlackAPI) -> None:
     park(store, "UALICE")
     deps = deps_for(store, slack)
-    assert _waiting_on(deps, "T1:*", "UALICE") == ([], False)
+    assert waiting_on(deps, "T1:*", "UALICE") == ([], False)

@@ -21,7 +21,8 @@ import redis
 from slack_bolt import App
 from slack_sdk import WebClient
 
-from bot.app import BotDeps, create_app
+from bot.app import create_app
+from bot.listening import BotDeps
 from bot.web import wsgi_app
 from harness.config import load_config
 from tests.fakes import payloads

@@ -25,7 +25,8 @@ import redis
 from slack_sdk import WebClient
 
 from bot.access import MIN_TOKEN_LENGTH, OperatorAccess
-from bot.app import BotDeps, create_app
+from bot.app import create_app
+from bot.listening import BotDeps
 from bot.web import wsgi_app
 from harness.config import load_config
 from tests import conftest

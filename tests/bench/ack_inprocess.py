@@ -61,25 +61,27 @@ def build(app: str, env: dict[str, str]) -> Wsgi:
 
         return SlackRequestHandler(create_app(env))  # type: ignore[return-value]
     import bot.app
+    import bot.listeners.mentions
+    import bot.listening
     from bot.web import wsgi_app
     from harness.config import load_config
     from workers.services import make_queue, redis_connection, slack_client
     from workers.store import Store
 
     if app == "ours-without-eyes":
-        bot.app._acknowledge_visibly = lambda body, context, client: None  # type: ignore[assignment]
+        bot.listeners.mentions.acknowledge_visibly = lambda body, context, client: None  # type: ignore[assignment]
     else:
-        acknowledge = bot.app._acknowledge_visibly
+        acknowledge = bot.listeners.mentions.acknowledge_visibly
 
         def counted(body: Any, context: Any, client: Any) -> None:
             acknowledge(body, context, client)
             with EYES_LOCK:
                 EYES_MADE[0] += 1
 
-        bot.app._acknowledge_visibly = counted  # type: ignore[assignment]
+        bot.listeners.mentions.acknowledge_visibly = counted  # type: ignore[assignment]
     logging.getLogger("slack_bolt").setLevel(logging.WARNING)  # as `python -m bot`
     conn = redis_connection(env)
-    deps = bot.app.BotDeps(store=Store(conn), queue=make_queue(conn), config=load_config(env=env))
+    deps = bot.listening.BotDeps(store=Store(conn), queue=make_queue(conn), config=load_config(env=env))
     bolt = bot.app.create_app(deps, client=slack_client(env), signing_secret=SIGNING_SECRET)
     return wsgi_app(bolt, conn, signing_secret=SIGNING_SECRET)
 

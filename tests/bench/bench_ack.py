@@ -43,7 +43,7 @@ SATURATED_BLOCK = 500
 SATURATED_CONCURRENCY = 50
 SERIAL_BLOCK = 50
 WARMUP = 100
-EYES_THREAD = "slack-after"  # the OS name of ours' after-the-answer threads (bot.app.Background)
+EYES_THREAD = "slack-after"  # the OS name of ours' after-the-answer threads (bot.listening.Background)
 WARMUP_IN_PROCESS = 300  # tests.bench.ack_inprocess.WARMUP
 
 

@@ -4,7 +4,7 @@ A private redis-server holds `PARKS` parked runs of one team (each a short conve
 `ask` call, parked through `Store.park` as a worker parks them, by 200 requesters). One open is
 what the bot does for `app_home_opened` before it calls Slack: read the candidates from the index,
 the records and decisions of those it needs, check who may decide, build the view
-(`bot.app._waiting_on` and `messages.home.home_view`; the permalinks and `views.publish` are Slack's
+(`bot.listeners.home.waiting_on` and `messages.home.home_view`; the permalinks and `views.publish` are Slack's
 time, not ours). Timed for an approver (every park waits on them: the tab fills from the first
 batch), a requester with three runs among them (no `approvers`), and someone nothing waits on.
 For contrast, the scan the Home tab did before its index: the 500 soonest-expiring parks of the
@@ -23,7 +23,8 @@ from datetime import UTC, datetime
 import redis
 from slack_sdk import WebClient
 
-from bot.app import BotDeps, _waiting_on
+from bot.listeners.home import waiting_on
+from bot.listening import BotDeps
 from harness.config import Approvals, Config
 from harness.policy import Tier
 from harness.state import PendingCall, RunState, StateError
@@ -136,7 +137,7 @@ def measure(parks: int = PARKS, opens: int = OPENS) -> Figures:
 
         def open_tab(d: BotDeps, user: str) -> Callable[[], int]:
             def once() -> int:
-                items, more = _waiting_on(d, TEAM, user)
+                items, more = waiting_on(d, TEAM, user)
                 home_view(items, more=more, at=datetime.now(UTC))
                 return len(items)
 

@@ -3,9 +3,9 @@ that one Slack call costs, in the same server as ours and the peer."""
 
 from __future__ import annotations
 
-import bot.app
+import bot.listeners.mentions
 from bot.__main__ import main
 
 if __name__ == "__main__":
-    bot.app._acknowledge_visibly = lambda body, context, client: None  # type: ignore[assignment]
+    bot.listeners.mentions.acknowledge_visibly = lambda body, context, client: None  # type: ignore[assignment]
     raise SystemExit(main())

@@ -1,0 +1,280 @@
+"""Approval actions on a card: approve, decline, approve for the thread, and revoking a grant.
+
+Every button names `run:call:fingerprint`; `open_record` checks the run, the workspace, the channel
+and the clicker before anything is recorded, and `decide` records a decision atomically (four eyes,
+quorum and late clicks included) and has the run resumed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from slack_bolt import Ack, App, BoltContext
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
+
+from bot.listening import (
+    APPLY_DECISIONS,
+    REPLY,
+    BotDeps,
+    Clicker,
+    Reply,
+    Then,
+    as_dict,
+    clicker_and_channel,
+    tell_clicker,
+)
+from harness.state import Decision, PendingCall, StateError, Verdict
+from messages import texts
+from messages.arguments import fully_reviewable
+from messages.cards import grant_revoked
+from workers import deciders, metrics
+from workers.store import (
+    BadId,
+    DecideOutcome,
+    Grant,
+    Keys,
+    RunRecord,
+    RunStatus,
+    check_id,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CardRef:
+    """What a card's button names: the run, the call, and the version of the call it showed."""
+
+    run_id: str
+    call_id: str
+    fingerprint: str  # "" on a card from before fingerprints: no park of now accepts it
+
+    @classmethod
+    def parse(cls, value: Any) -> CardRef:
+        run_id, _, rest = str(value or "").partition(":")
+        call_id, _, fingerprint = rest.partition(":")
+        if fingerprint:
+            check_id("fingerprint", fingerprint)
+        return cls(check_id("run", run_id), check_id("call", call_id), fingerprint)
+
+
+def open_record(
+    deps: BotDeps,
+    value: Any,
+    clicker: Clicker,
+    channel: str | None,
+    context: BoltContext,
+    *,
+    viewing: bool = False,
+) -> tuple[RunRecord, CardRef] | None:
+    """The run and call a button names, if the clicker may decide it; else a reply is set."""
+    user = clicker.user
+    try:
+        ref = CardRef.parse(value)
+    except BadId:
+        context[REPLY] = texts.UNKNOWN_APPROVAL
+        return None
+    try:
+        record = deps.store.load_run(ref.run_id)
+    except StateError:
+        context[REPLY] = texts.UNREADABLE_RUN
+        return None
+    if record is None:
+        context[REPLY] = texts.UNKNOWN_APPROVAL
+        return None
+    if clicker.team != record.team:
+        context[REPLY] = texts.WRONG_TEAM
+        return None
+    if channel is None:  # a modal's submission names no channel: a refusal is told where the card is
+        context["reply_channel"] = record.channel
+    if channel is not None and channel != record.channel:
+        context[REPLY] = texts.WRONG_CHANNEL
+        return None
+    if record.status is not RunStatus.AWAITING_APPROVAL:  # decided, resumed, maybe ended meanwhile
+        context[REPLY] = _moved_on(deps, record, ref, user)
+        return None
+    if not (deps.may_decide(user, record) or (viewing and user == record.requester)):
+        context[REPLY] = (texts.NOT_ALLOWED, {"who": deps.deciders(record)})
+        return None
+    return record, ref
+
+
+def _moved_on(deps: BotDeps, record: RunRecord, ref: CardRef, user: str) -> Reply:
+    """The reply to a click on a card whose run has moved on: who decided it, when that is known.
+
+    A second click that arrives after the first one's resume (tens of milliseconds) hears the same
+    as one that arrives before it. A person who may not decide learns nothing more than before.
+    """
+    if not deps.may_decide(user, record):
+        return texts.UNKNOWN_APPROVAL
+    standing = deps.store.decisions(record.run_id, record.park_id).get(ref.call_id)
+    if standing is None:  # a call of an earlier park, or never decided (stopped, expired unrecorded)
+        return texts.UNKNOWN_APPROVAL
+    if standing.verdict is Verdict.EXPIRED:
+        return texts.ALREADY_EXPIRED
+    if standing.by:
+        return (texts.ALREADY_DECIDED_BY.format(verdict=standing.verdict.value), {"who": standing.by})
+    return texts.ALREADY_DECIDED
+
+
+def decide(
+    deps: BotDeps,
+    record: RunRecord,
+    ref: CardRef,
+    decision: Decision,
+    context: BoltContext,
+    *,
+    grant: Grant | None = None,
+) -> None:
+    try:
+        call = next((c for c in record.run_state().pending if c.id == ref.call_id), None)
+    except StateError:
+        context[REPLY] = texts.UNREADABLE_RUN  # fail closed: no decision on what we cannot read
+        return
+    result = deps.store.decide(
+        record.run_id,
+        record.park_id,
+        ref.call_id,
+        decision,
+        audit=record.audit_fields(call),
+        fingerprint=ref.fingerprint,
+        required=deps.config.approvals.required,
+        grant=grant,
+    )
+    if result.outcome is DecideOutcome.RECORDED:  # noted before the resume job exists: it reads the note
+        metrics.decided(deps.store.redis, record, decision.verdict, deps.config.approvals)
+    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED, DecideOutcome.COUNTED):
+        deps.enqueue(APPLY_DECISIONS, record.run_id)
+    if result.outcome is DecideOutcome.RECORDED:
+        return
+    if result.outcome is DecideOutcome.COUNTED:
+        required = deps.config.approvals.required
+        context[REPLY] = texts.APPROVAL_COUNTED.format(count=len(result.votes), required=required)
+    elif result.outcome is DecideOutcome.STALE:
+        context[REPLY] = texts.STALE_CARD
+    elif result.outcome is DecideOutcome.UNKNOWN:
+        context[REPLY] = texts.UNKNOWN_APPROVAL
+    elif result.decision is not None and result.decision.verdict is Verdict.EXPIRED:
+        context[REPLY] = texts.ALREADY_EXPIRED
+    else:
+        standing = result.decision
+        if standing and standing.by:
+            context[REPLY] = (
+                texts.ALREADY_DECIDED_BY.format(verdict=standing.verdict.value),
+                {"who": standing.by},
+            )
+        else:
+            context[REPLY] = texts.ALREADY_DECIDED
+
+
+def _on_decision(deps: BotDeps, verdict: Verdict, *, grant: bool = False) -> Callable[..., None]:
+    def on_decision(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
+        ack()
+        clicker, channel = clicker_and_channel(body)
+        context["reply_channel"], context["reply_user"] = channel, clicker.user
+        opened = open_record(deps, action.get("value"), clicker, channel, context)
+        if not opened:
+            return
+        record, ref = opened
+        if verdict is Verdict.APPROVED and not _may_approve(deps, record, ref, clicker.user, context):
+            return
+        if not grant:
+            decide(deps, record, ref, Decision(verdict, by=clicker.user), context)
+            return
+        approvals = deps.config.approvals
+        call = awaiting_call(record, ref.call_id)
+        if approvals.grant_minutes <= 0 or approvals.required > 1 or call is None:
+            context[REPLY] = texts.NO_GRANTS if call is not None else texts.UNKNOWN_APPROVAL
+            return
+        try:
+            key = Keys.grant(record.team, record.channel, record.thread_ts, call.name)
+        except BadId:
+            context[REPLY] = texts.NO_GRANTS
+            return
+        until = time.time() + approvals.grant_minutes * 60
+        given = Grant(key, call.name, clicker.user, record.requester, until, record.run_id)
+        decide(deps, record, ref, Decision(verdict, by=clicker.user, grant="given"), context, grant=given)
+
+    return on_decision
+
+
+def _may_approve(deps: BotDeps, record: RunRecord, ref: CardRef, user: str, context: BoltContext) -> bool:
+    """Whether `user` may approve (not only decline) the call: four eyes, and arguments one can read."""
+    if deciders.self_approval_refused(deps.config.approvals, user, record):
+        context[REPLY] = texts.NO_SELF_APPROVAL  # their decline still counts
+        return False
+    if not _reviewable(record, ref.call_id):
+        context[REPLY] = texts.NOT_REVIEWABLE  # nobody approves bytes they could not have read
+        return False
+    return True
+
+
+def awaiting_call(record: RunRecord, call_id: str) -> PendingCall | None:
+    try:
+        return next((c for c in record.run_state().awaiting if c.id == call_id), None)
+    except StateError:
+        return None
+
+
+def _reviewable(record: RunRecord, call_id: str) -> bool:
+    try:
+        call = next((c for c in record.run_state().pending if c.id == call_id), None)
+    except StateError:
+        return True  # decide refuses an unreadable state itself, with its own reply
+    return call is None or fully_reviewable(call)
+
+
+def _on_revoke_grant(deps: BotDeps) -> Callable[..., None]:
+    def on_revoke(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
+        ack()
+        clicker, channel = clicker_and_channel(body)
+        context["reply_channel"], context["reply_user"] = channel, clicker.user
+        run_id, _, tool = str(action.get("value") or "").partition(":")
+        try:
+            record = deps.store.load_run(check_id("run", run_id))
+            check_id("tool", tool)
+        except (BadId, StateError):
+            record = None
+        if record is None or clicker.team != record.team or channel != record.channel:
+            context[REPLY] = texts.NO_SUCH_GRANT
+            return
+        grant = deps.store.grant(record.team, record.channel, record.thread_ts, tool)
+        allowed = clicker.user in (record.requester, grant.by if grant else None)
+        if not (allowed or deps.may_decide(clicker.user, record)):
+            context[REPLY] = (texts.NOT_ALLOWED_REVOKE, {"who": deps.deciders(record)})
+            return
+        if grant is None or not deps.store.revoke_grant(record.team, record.channel, record.thread_ts, tool):
+            context[REPLY] = texts.NO_SUCH_GRANT
+            return
+        context["revoked"] = (tool, clicker.user)
+
+    return on_revoke
+
+
+def _after_revoke(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:
+    """The grant's message loses its button and says who revoked it; or the clicker hears why not."""
+    revoked = context.get("revoked")
+    message = as_dict(body.get("message"))
+    channel = context.get("reply_channel")
+    if revoked and channel and message.get("ts"):
+        tool, by = revoked
+        msg = grant_revoked(tool=tool, by=by, at=datetime.now(UTC))
+        try:
+            client.chat_update(channel=channel, ts=message["ts"], text=msg.text, blocks=msg.blocks)
+        except SlackApiError as exc:
+            log.warning("could not mark the grant revoked: %s", exc.response.get("error"))
+    tell_clicker(body, context, client)
+
+
+def register(app: App, deps: BotDeps, then: Then) -> None:
+    """Register this surface's listeners."""
+    for action_id, verdict in (("approve", Verdict.APPROVED), ("decline", Verdict.DECLINED)):
+        app.action(action_id)(then(_on_decision(deps, verdict), tell_clicker))
+    app.action("approve_thread")(then(_on_decision(deps, Verdict.APPROVED, grant=True), tell_clicker))
+    app.action("revoke_grant")(then(_on_revoke_grant(deps), _after_revoke))

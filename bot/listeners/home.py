@@ -1,0 +1,148 @@
+"""The Home tab: who is waiting on me, read from the index of open parks after Slack has its answer."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from slack_bolt import App, BoltContext
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
+
+from bot.listening import (
+    BotDeps,
+    Then,
+)
+from harness.state import StateError
+from messages.home import HOME_ITEMS_MAX, HomeItem, home_view
+from workers import deciders
+from workers.store import (
+    BadId,
+    OpenPark,
+    RunRecord,
+    RunStatus,
+)
+
+log = logging.getLogger(__name__)
+
+HOME_SCAN = 200  # open parks read at most for one Home tab (from its index), the soonest to expire first
+HOME_BATCH = 25  # parks read per round trip: about one tab's worth (HOME_ITEMS_MAX + 1)
+
+
+def _on_home_opened(body: dict[str, Any], event: dict[str, Any], context: BoltContext) -> None:
+    """Note whose Home tab to publish; the publish itself happens after Slack has its answer."""
+    user, team = event.get("user"), body.get("team_id") or context.team_id
+    if event.get("tab") != "home" or not isinstance(user, str) or not deciders.USER_ID.fullmatch(user):
+        return  # the Messages tab, or a shape Slack does not send
+    if isinstance(team, str):
+        context["home_for"] = (team, user)
+
+
+def _home_publisher(deps: BotDeps) -> Callable[..., None]:
+    def publish_home(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:
+        wanted = context.get("home_for")
+        if not wanted:
+            return
+        team, user = wanted
+        items, more = waiting_on(deps, team, user)
+        items = [replace(item, link=_permalink(client, item)) for item in items]
+        view = home_view(items, more=more, at=datetime.now(UTC))
+        try:
+            client.views_publish(user_id=user, view=view)
+        except SlackApiError as exc:
+            log.warning("could not publish the Home tab: %s", exc.response.get("error"))
+
+    return publish_home
+
+
+def waiting_on(deps: BotDeps, team: str, user: str) -> tuple[list[HomeItem], bool]:
+    """The undecided calls of open parks that `user` may decide now, soonest expiry first; and
+    whether there are more than the Home tab shows.
+
+    Read from the index of what waits on whom (`Store.open_parks`), never by scanning every parked
+    run: an approver's candidates are the team's open parks, a requester's (with no `approvers`)
+    their own runs' parks, an `escalate_to`'s the team's parks past their escalation time (those
+    expiring soonest: escalation comes a fixed time after a park). At most `HOME_SCAN` candidates
+    are read, a batch at a time, until the tab is full; `may_decide` has the last word on each.
+    """
+    now = time.time()
+    items: list[HomeItem] = []
+    over: list[OpenPark] = []  # parks the index still holds but that wait on nobody any more
+    requesters: dict[str, str] = {}
+    try:
+        candidates = _home_candidates(deps, team, user, now)
+    except BadId:
+        return [], False  # a team id of a shape we never write: nothing is parked there
+    for start in range(0, len(candidates), HOME_BATCH):
+        batch = candidates[start : start + HOME_BATCH]
+        for park, (record, decisions) in zip(batch, deps.store.read_parks(batch), strict=True):
+            if record is not None:
+                requesters[park.run_id] = record.requester
+            if not _still_open(record, park, decisions):
+                over.append(park)
+                continue
+            assert record is not None and record.expires_at is not None  # _still_open checked it
+            if not deps.may_decide(user, record):
+                continue
+            try:
+                awaiting = record.run_state().awaiting
+            except StateError:
+                continue
+            expires_at = datetime.fromtimestamp(record.expires_at, UTC)
+            for call in awaiting:
+                if call.id in decisions and decisions[call.id] is None:
+                    card = record.cards.get(call.id)
+                    items.append(HomeItem(call, record.requester, record.channel, expires_at, card))
+        if len(items) > HOME_ITEMS_MAX:
+            break  # enough to fill the tab and to know there is more
+    deps.store.drop_from_index(team, over, requesters)
+    return items[:HOME_ITEMS_MAX], len(items) > HOME_ITEMS_MAX
+
+
+def _home_candidates(deps: BotDeps, team: str, user: str, now: float) -> list[OpenPark]:
+    """The open parks that may wait on `user`, soonest expiry first, at most `HOME_SCAN` of them."""
+    approvals = deps.config.approvals
+    found: list[OpenPark] = []
+    if not approvals.approvers:  # each run's requester decides it
+        found += deps.store.open_parks(team, requester=user, now=now, limit=HOME_SCAN)
+    elif _is_named(deps, team, user, approvals.approvers):
+        found += deps.store.open_parks(team, now=now, limit=HOME_SCAN)
+    if approvals.escalate_after_minutes and _is_named(deps, team, user, approvals.escalate_to):
+        # `deciders.escalated`: parked at expires_at - expire_after, escalated escalate_after later
+        horizon = now + (approvals.expire_after_minutes - approvals.escalate_after_minutes) * 60
+        found += deps.store.open_parks(team, now=now, until=horizon, limit=HOME_SCAN)
+    unique = {(p.run_id, p.park_id): p for p in found}
+    return sorted(unique.values(), key=lambda p: p.expires_at)[:HOME_SCAN]
+
+
+def _is_named(deps: BotDeps, team: str, user: str, names: Sequence[str]) -> bool:
+    """`user` is one of `names`, or a member of a user group among them (as `may_decide` reads it)."""
+    return deps.groups.includes(deps.store, team, user, names)
+
+
+def _still_open(record: RunRecord | None, park: OpenPark, decisions: dict[str, Any]) -> bool:
+    """Whether the indexed park still waits on someone: its run parked there, a call undecided."""
+    if record is None or record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park.park_id:
+        return False
+    return record.expires_at is not None and any(d is None for d in decisions.values())
+
+
+def _permalink(client: WebClient, item: HomeItem) -> str | None:
+    """The link to the call's card, if Slack gives one."""
+    if not item.card_ts:
+        return None
+    try:
+        link = client.chat_getPermalink(channel=item.channel, message_ts=item.card_ts).get("permalink")
+    except SlackApiError as exc:
+        log.info("no permalink for a card in %s: %s", item.channel, exc.response.get("error"))
+        return None
+    return link if isinstance(link, str) else None
+
+
+def register(app: App, deps: BotDeps, then: Then) -> None:
+    """Register this surface's listeners."""
+    app.event("app_home_opened")(then(_on_home_opened, _home_publisher(deps)))

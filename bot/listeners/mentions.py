@@ -1,0 +1,131 @@
+"""Mentions and direct messages: each starts (or continues) a run in its thread.
+
+A mention is acked with the run and its job written in one step (deduplicated by Slack's event id,
+or for a DM by its message), then :eyes: (or why it was not started) after Slack has its answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from slack_bolt import App, BoltContext
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
+
+from bot.listening import (
+    START_RUN,
+    BotDeps,
+    Then,
+)
+from messages import texts
+from messages.blocks import notice
+from workers import metrics
+from workers.services import queued_job
+from workers.store import (
+    IM,
+    Accepted,
+    BadId,
+    RunRecord,
+    check_id,
+    new_run_id,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_TASK_CHARS = 20_000
+
+
+def _on_mention(deps: BotDeps) -> Callable[..., None]:
+    def on_mention(body: dict[str, Any], event: dict[str, Any], context: BoltContext) -> None:
+        if event.get("bot_id") or event.get("subtype"):
+            return  # other bots' (and edited) messages never start runs: no bot loops
+        try:
+            team = check_id("team", body.get("team_id") or context.team_id)
+            event_id = check_id("event", body.get("event_id"))
+            user = check_id("user", event.get("user"))
+            channel = check_id("channel", event.get("channel"))
+            ts = check_id("ts", event.get("ts"))
+            thread_ts = check_id("ts", event.get("thread_ts") or ts)
+        except BadId as exc:
+            log.warning("ignoring a malformed app_mention: %s", exc)
+            return
+        text = event.get("text")
+        if not isinstance(text, str):
+            log.warning("ignoring an app_mention whose text is not a string")
+            return
+        direct = event.get("channel_type") == IM or channel.startswith("D")  # app_mention has no type
+        record = RunRecord(
+            run_id=new_run_id(),
+            team=team,
+            channel=channel,
+            thread_ts=thread_ts,
+            requester=user,
+            task=text[:MAX_TASK_CHARS],
+            surface=IM if direct else "channel",
+            asked_ts=ts,
+        )
+        limits = deps.config.limits
+        accepted = deps.store.accept_event(
+            team,
+            _message_key(channel, ts) if direct else event_id,
+            record,
+            queued_job(deps.queue, START_RUN, record.run_id, job_id=uuid.uuid4().hex),
+            max_per_user=limits.max_runs_per_user,
+            max_per_channel=limits.max_runs_per_channel,
+            counted_in=metrics.mention_counter(),
+        )
+        context["accepted"] = accepted
+        busy = {
+            Accepted.USER_BUSY: limits.max_runs_per_user,
+            Accepted.CHANNEL_BUSY: limits.max_runs_per_channel,
+        }
+        if accepted in busy and deps.store.first_busy_notice(team, user):
+            text = texts.BUSY_USER if accepted is Accepted.USER_BUSY else texts.BUSY_CHANNEL
+            context["busy_notice"] = (channel, thread_ts, text.format(limit=busy[accepted]))
+        log.info("app_mention %s in %s: %s", event_id, channel, accepted.value)
+
+    return on_mention
+
+
+def acknowledge_visibly(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:
+    """Something visible within a second: an :eyes: reaction, or why the mention was not started."""
+    event = body.get("event") or {}
+    try:
+        if context.get("accepted") is Accepted.NEW:
+            client.reactions_add(channel=event["channel"], timestamp=event["ts"], name="eyes")
+        elif context.get("busy_notice"):
+            channel, thread_ts, text = context["busy_notice"]
+            msg = notice(text)
+            client.chat_postMessage(
+                channel=channel, thread_ts=thread_ts, text=msg.text, blocks=msg.blocks, unfurl_links=False
+            )
+    except SlackApiError as exc:
+        log.info("could not acknowledge the mention: %s", exc.response.get("error"))
+
+
+def _message_key(channel: str, ts: str) -> str:
+    """The dedup key of a direct message: Slack sends a DM that mentions the bot twice, as an
+    `app_mention` and as a `message`, each with its own event id (and retries each)."""
+    return check_id("event", f"im-{channel}-{ts.replace('.', '-')}")
+
+
+def _on_direct_message(deps: BotDeps) -> Callable[..., None]:
+    """`message`: one a person sends the bot directly (`message.im`, the assistant pane's too) starts
+    or continues a run like a mention; channel messages, edits and bots' messages are left alone."""
+    start = _on_mention(deps)
+
+    def on_direct_message(body: dict[str, Any], event: dict[str, Any], context: BoltContext) -> None:
+        if event.get("channel_type") == IM:
+            start(body=body, event=event, context=context)  # it leaves subtypes and bots alone
+
+    return on_direct_message
+
+
+def register(app: App, deps: BotDeps, then: Then) -> None:
+    """Register this surface's listeners."""
+    app.event("app_mention")(then(_on_mention(deps), acknowledge_visibly))
+    # Direct messages start runs like mentions; any other message is answered and left alone.
+    app.event("message")(then(_on_direct_message(deps), acknowledge_visibly))

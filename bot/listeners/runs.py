@@ -1,0 +1,260 @@
+"""A run's own buttons: Stop, Continue at a limit, Retry after a failure, and feedback on an answer."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from slack_bolt import Ack, App, BoltContext
+
+from bot.listening import (
+    APPLY_DECISIONS,
+    HONOUR_STOP,
+    REPLY,
+    RETRY_RUN,
+    BotDeps,
+    Clicker,
+    Then,
+    clicker_and_channel,
+    tell_clicker,
+)
+from harness.state import Decision, StateError, Verdict
+from messages import texts
+from messages.endings import FEEDBACK_BAD, FEEDBACK_GOOD
+from workers import deciders, metrics
+from workers.store import (
+    ENDED,
+    FEEDBACK_PER_MINUTE,
+    LIMIT_CALL,
+    Accepted,
+    BadId,
+    DecideOutcome,
+    FeedbackOutcome,
+    RunRecord,
+    RunStatus,
+    check_id,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _on_stop(deps: BotDeps) -> Callable[..., None]:
+    """`stop`: on a limit card (value `run:limit`) it answers the limit; on the "Working on it…"
+    message (value: the run id) it stops the run."""
+
+    def on_stop(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
+        ack()
+        clicker, channel = clicker_and_channel(body)
+        context["reply_channel"], context["reply_user"] = channel, clicker.user
+        run_id, _, what = str(action.get("value") or "").partition(":")
+        if what == LIMIT_CALL:
+            _answer_limit(deps, run_id, Verdict.DECLINED, clicker, channel, context)
+        elif what:
+            context[REPLY] = texts.STOP_UNKNOWN
+        else:
+            request_stop(deps, run_id, clicker, channel, context)
+
+    return on_stop
+
+
+def _on_continue(deps: BotDeps) -> Callable[..., None]:
+    def on_continue(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
+        ack()
+        clicker, channel = clicker_and_channel(body)
+        context["reply_channel"], context["reply_user"] = channel, clicker.user
+        run_id, _, what = str(action.get("value") or "").partition(":")
+        if what != LIMIT_CALL:
+            context[REPLY] = texts.LIMIT_NOT_OPEN
+            return
+        _answer_limit(deps, run_id, Verdict.APPROVED, clicker, channel, context)
+
+    return on_continue
+
+
+def _clicked_run(
+    deps: BotDeps, run_id: str, clicker: Clicker, channel: str | None, context: BoltContext
+) -> RunRecord | None:
+    """The run a Stop or Continue names, if it is of this workspace and channel; else a reply is set."""
+    try:
+        record = deps.store.load_run(check_id("run", run_id))
+    except BadId:
+        record = None
+    except StateError:
+        context[REPLY] = texts.UNREADABLE_RUN
+        return None
+    if record is None:
+        context[REPLY] = texts.STOP_UNKNOWN
+    elif clicker.team != record.team:
+        context[REPLY] = texts.WRONG_TEAM
+    elif channel is not None and channel != record.channel:
+        context[REPLY] = texts.WRONG_CHANNEL
+    else:
+        return record
+    return None
+
+
+def request_stop(
+    deps: BotDeps, run_id: str, clicker: Clicker, channel: str | None, context: BoltContext
+) -> None:
+    """Record the first Stop of a run (by its requester or one who may decide) and have it acted on."""
+    record = _clicked_run(deps, run_id, clicker, channel, context)
+    if record is None:
+        return
+    if clicker.user != record.requester and not deps.may_decide(clicker.user, record):
+        stoppers = list(dict.fromkeys([record.requester, *deps.deciders(record)]))
+        context[REPLY] = (texts.STOP_NOT_ALLOWED, {"who": stoppers})
+        return
+    if record.status is RunStatus.STOPPED and record.stopped_by:
+        context[REPLY] = (texts.STOP_ALREADY_STOPPED, {"who": record.stopped_by})
+        return
+    if record.status in ENDED:
+        context[REPLY] = texts.STOP_ENDED
+        return
+    first = deps.store.request_stop(record.run_id, clicker.user)
+    if first is not None:
+        context[REPLY] = (texts.STOP_ALREADY, {"who": first})
+        return
+    # A driven run sees the request before its next step; this job stops a parked one at once.
+    deps.enqueue(HONOUR_STOP, record.run_id)
+
+
+def _answer_limit(
+    deps: BotDeps, run_id: str, verdict: Verdict, clicker: Clicker, channel: str | None, context: BoltContext
+) -> None:
+    """Record Continue (approved) or Stop (declined) for a run parked at a limit: the same deciders,
+    four eyes and quorum as a call's approval (one Stop stops)."""
+    record = _clicked_run(deps, run_id, clicker, channel, context)
+    if record is None:
+        return
+    if record.status is not RunStatus.AWAITING_APPROVAL:
+        context[REPLY] = texts.LIMIT_NOT_OPEN
+        return
+    if not deps.may_decide(clicker.user, record):
+        context[REPLY] = (texts.LIMIT_NOT_ALLOWED, {"who": deps.deciders(record)})
+        return
+    approvals = deps.config.approvals
+    if verdict is Verdict.APPROVED and deciders.self_approval_refused(approvals, clicker.user, record):
+        context[REPLY] = texts.LIMIT_NO_SELF_CONTINUE  # four eyes: their Stop still counts
+        return
+    try:
+        at_limit = record.run_state().at_limit
+    except StateError:
+        context[REPLY] = texts.UNREADABLE_RUN
+        return
+    audit = {**record.audit_fields(None), "limit": at_limit}
+    decision = Decision(verdict, by=clicker.user)
+    result = deps.store.decide(
+        record.run_id, record.park_id, LIMIT_CALL, decision, audit=audit, required=approvals.required
+    )
+    if result.outcome is DecideOutcome.RECORDED:  # noted before the resume job exists: it reads the note
+        metrics.decided(deps.store.redis, record, verdict, approvals)
+    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED, DecideOutcome.COUNTED):
+        deps.enqueue(APPLY_DECISIONS, record.run_id)  # a Continue that counted: the card shows it
+    if result.outcome is DecideOutcome.RECORDED:
+        return
+    standing = result.decision
+    if result.outcome is DecideOutcome.COUNTED:
+        context[REPLY] = texts.LIMIT_CONTINUE_COUNTED.format(
+            count=len(result.votes), required=approvals.required
+        )
+    elif result.outcome is DecideOutcome.UNKNOWN or standing is None:
+        context[REPLY] = texts.LIMIT_NOT_OPEN
+    elif standing.verdict is Verdict.EXPIRED:
+        context[REPLY] = texts.LIMIT_ALREADY_EXPIRED
+    else:
+        chosen = "Continue" if standing.verdict is Verdict.APPROVED else "Stop"
+        context[REPLY] = (texts.LIMIT_ALREADY.format(verdict=chosen), {"who": standing.by or "someone"})
+
+
+def _on_retry(deps: BotDeps) -> Callable[..., None]:
+    def on_retry(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
+        ack()
+        clicker, channel = clicker_and_channel(body)
+        user = clicker.user
+        context["reply_channel"], context["reply_user"] = channel, user
+        try:
+            record = deps.store.load_run(check_id("run", action.get("value")))
+        except (BadId, StateError):
+            record = None
+        if record is None or record.status is not RunStatus.FAILED or not record.failure_ts:
+            context[REPLY] = texts.RETRY_TAKEN
+            return
+        if clicker.team != record.team:
+            context[REPLY] = texts.WRONG_TEAM
+            return
+        if channel != record.channel:
+            context[REPLY] = texts.WRONG_CHANNEL
+            return
+        if not deps.may_decide(user, record):
+            context[REPLY] = (texts.NOT_ALLOWED_RETRY, {"who": deps.deciders(record)})
+            return
+        limits = deps.config.limits
+        claimed = deps.store.claim_retry(
+            record,
+            record.failure_ts,
+            user,
+            max_per_user=limits.max_runs_per_user,
+            max_per_channel=limits.max_runs_per_channel,
+        )
+        if claimed is Accepted.USER_BUSY:  # a retry is a run again: the mention's bounds apply
+            text = texts.RETRY_USER_BUSY.format(limit=limits.max_runs_per_user)
+            context[REPLY] = (text, {"who": record.requester})
+        elif claimed is Accepted.CHANNEL_BUSY:
+            context[REPLY] = texts.RETRY_CHANNEL_BUSY.format(limit=limits.max_runs_per_channel)
+        elif claimed is not Accepted.NEW:
+            context[REPLY] = texts.RETRY_TAKEN
+        else:
+            deps.enqueue(RETRY_RUN, record.run_id, user)
+
+    return on_retry
+
+
+def _on_feedback(deps: BotDeps) -> Callable[..., None]:
+    """`feedback` (Slack's thumbs under an answer, value ``good:RUN`` or ``bad:RUN``): a click goes
+    into the feedback stream (not the decisions' audit) with who, which answer and where, and into
+    `harness_feedback_total`, unless it repeats the clicker's feedback on that answer or they are
+    past their share of the minute (`FEEDBACK_PER_MINUTE`); the clicker hears which, in private."""
+
+    def on_feedback(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
+        ack()
+        clicker, channel = clicker_and_channel(body)
+        context["reply_channel"], context["reply_user"] = channel, clicker.user
+        verdict, _, run = str(action.get("value") or "").partition(":")
+        try:
+            good = verdict in (FEEDBACK_GOOD, FEEDBACK_BAD)
+            record = deps.store.load_run(check_id("run", run)) if good else None
+        except (BadId, StateError):
+            record = None
+        if record is None or clicker.team != record.team or channel != record.channel:
+            context[REPLY] = texts.FEEDBACK_UNKNOWN
+            return
+        try:
+            user = check_id("user", clicker.user)
+        except BadId:
+            return  # Slack always names a user: nobody to record, nobody to tell
+        where = {"team": record.team, "channel": record.channel, "thread_ts": record.thread_ts}
+        entry = {"event": "feedback", "run_id": record.run_id, "feedback": verdict, "by": user}
+        outcome = deps.store.record_feedback(
+            {**entry, **where, "requester": record.requester},
+            team=record.team,
+            user=user,
+            run_id=record.run_id,
+        )
+        if outcome is FeedbackOutcome.RECORDED:
+            metrics.incr(deps.store.redis, metrics.FEEDBACK, feedback=verdict)
+        context[REPLY] = {
+            FeedbackOutcome.RECORDED: texts.FEEDBACK_THANKS,
+            FeedbackOutcome.SAME: texts.FEEDBACK_SAME,
+            FeedbackOutcome.LIMITED: texts.FEEDBACK_LIMITED.format(limit=FEEDBACK_PER_MINUTE),
+        }[outcome]
+
+    return on_feedback
+
+
+def register(app: App, deps: BotDeps, then: Then) -> None:
+    """Register this surface's listeners."""
+    app.action("stop")(then(_on_stop(deps), tell_clicker))
+    app.action("continue")(then(_on_continue(deps), tell_clicker))
+    app.action("retry")(then(_on_retry(deps), tell_clicker))
+    app.action("feedback")(then(_on_feedback(deps), tell_clicker))

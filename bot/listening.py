@@ -1,0 +1,178 @@
+"""What every listener shares: its dependencies, how it runs, who clicked, and the reply after.
+
+Listeners run before Slack gets its answer (`process_before_response=True`), so the job is in
+Redis before the 200 and a Redis failure answers 500 (Slack retries). That is why each one does
+Redis work only; Slack Web API calls happen in jobs, or on a background thread after the answer
+(`listener` hands each handler's `after` to `Background`). The one exception is `views.open`,
+whose trigger_id lives 3 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import ctypes
+import inspect
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import rq
+from slack_bolt import Ack, BoltContext
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
+
+from harness.config import Config
+from messages.blocks import notice
+from workers import deciders, logs
+from workers.services import enqueue_run_job
+from workers.store import (
+    RunRecord,
+    Store,
+)
+
+log = logging.getLogger(__name__)
+
+START_RUN = "workers.jobs.start_run"
+APPLY_DECISIONS = "workers.jobs.apply_decisions"
+RETRY_RUN = "workers.jobs.retry_run"
+HONOUR_STOP = "workers.jobs.honour_stop"
+REPLY = "ephemeral_reply"  # context key: what the background reply tells the clicker
+Reply = str | tuple[str, dict[str, str]]  # a text, or a text and the users it names by placeholder
+AFTER_THREADS = "slack-after"  # the threads that make Slack calls after the answer
+# What a surface registers each listener with: a handler run before Slack gets its answer, and a
+# Slack call made after it (`listener`).
+Then = Callable[[Callable[..., None], Callable[..., None]], Callable[..., None]]
+
+
+class Background:
+    """A small thread pool for Slack calls made after the answer; safe across gunicorn's fork."""
+
+    def __init__(self, workers: int = 4) -> None:
+        self._workers = workers
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        with self._lock:
+            if self._pool is None or self._pid != os.getpid():  # a forked child has no threads
+                self._pool = ThreadPoolExecutor(
+                    self._workers, thread_name_prefix=AFTER_THREADS, initializer=_name_os_thread
+                )
+                self._pid = os.getpid()
+            self._pool.submit(contextvars.copy_context().run, _logged, fn, *args)  # its lines name the run
+
+
+def _name_os_thread() -> None:
+    """Name the calling thread for the OS too (`top -H`, /proc/PID/task/TID/comm; Linux only), so
+    the CPU of the calls made after the answer can be told apart (tests/bench/bench_ack.py)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(15, AFTER_THREADS.encode())  # 15: PR_SET_NAME
+
+
+def _logged(fn: Callable[..., None], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception:  # a courtesy call must never take a thread down silently
+        log.exception("background Slack call %s failed", getattr(fn, "__name__", fn))
+
+
+@dataclass(frozen=True)
+class BotDeps:
+    """What the listeners need: the store, the queue and the config."""
+
+    store: Store
+    queue: rq.Queue
+    config: Config
+    background: Background = field(default_factory=lambda: Background())
+    groups: deciders.GroupDirectory = field(default_factory=deciders.GroupDirectory)
+
+    def enqueue(self, func: str, run_id: str, *args: Any) -> None:
+        """Enqueue a job about `run_id` with the retry policy every job gets."""
+        enqueue_run_job(self.store, self.queue, func, run_id, *args)
+
+    def may_decide(self, user: str, record: RunRecord) -> bool:
+        """Whether `user` may decide `record` now (`workers.deciders.may_decide`)."""
+        approvals = self.config.approvals
+        return deciders.may_decide(user, record, approvals=approvals, groups=self.groups, store=self.store)
+
+    def deciders(self, record: RunRecord) -> list[str]:
+        """Who may decide `record` now, users and user groups (`workers.deciders.deciders`)."""
+        return deciders.deciders(self.config.approvals, record)
+
+
+def listener(
+    deps: BotDeps, client: WebClient, handler: Callable[..., None], after: Callable[..., None]
+) -> Callable[..., None]:
+    """Run `handler` before Slack gets its answer, then `after` (a Slack call) in the background.
+
+    Bolt's lazy listeners would do the same but deep-copy the whole request first: a fifth of an
+    ack's CPU (tests/bench/bench_ack.py). Both are given the app's own `client` (one token, one
+    workspace), whose connections stay open between calls, rather than the fresh `WebClient` Bolt
+    builds for every request.
+    """
+    wanted = list(inspect.signature(handler).parameters)
+
+    def listener(
+        ack: Ack,
+        body: dict[str, Any],
+        context: BoltContext,
+        action: dict[str, Any] | None = None,
+        view: dict[str, Any] | None = None,
+        event: dict[str, Any] | None = None,
+    ) -> None:
+        given = {"ack": ack, "body": body, "context": context, "client": client}
+        given.update(action=action, view=view, event=event)
+        token = logs.enter(**logs.slack_fields(body))  # every line logged meanwhile names the thread
+        try:
+            handler(**{name: given[name] for name in wanted})
+        finally:
+            deps.background.submit(after, body, context, client)
+            logs.leave(token)
+
+    return listener
+
+
+@dataclass(frozen=True)
+class Clicker:
+    """Who clicked, from which workspace (an org-wide install sends `team: null`: the user's team)."""
+
+    user: str
+    team: str | None
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> Clicker:
+        user = as_dict(body.get("user"))
+        team = as_dict(body.get("team")).get("id") or user.get("team_id")
+        uid = user.get("id")
+        return cls(uid if isinstance(uid, str) else "", team if isinstance(team, str) else None)
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def clicker_and_channel(body: dict[str, Any]) -> tuple[Clicker, str | None]:
+    channel = as_dict(body.get("channel")).get("id") or as_dict(body.get("container")).get("channel_id")
+    return Clicker.of(body), channel if isinstance(channel, str) else None
+
+
+def tell_clicker(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:
+    """After Slack has its answer: an ephemeral reply when a click changed nothing."""
+    reply, channel, user = context.get(REPLY), context.get("reply_channel"), context.get("reply_user")
+    if not (reply and channel and user):
+        return
+    text, users = reply if isinstance(reply, tuple | list) else (reply, {})
+    thread_ts = as_dict(body.get("message")).get("thread_ts") or context.get("reply_thread") or None
+    msg = notice(text, **users)
+    try:
+        client.chat_postEphemeral(
+            channel=channel, user=user, text=msg.text, blocks=msg.blocks, thread_ts=thread_ts
+        )
+    except SlackApiError as exc:
+        log.warning("could not send an ephemeral reply: %s", exc.response.get("error"))
