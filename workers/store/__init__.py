@@ -32,7 +32,7 @@ from workers.store.base import Beside
 from workers.store.escalations import EscalationStore
 from workers.store.grants import Grant, GrantStore
 from workers.store.groups import GROUP_TTL, GroupStore
-from workers.store.keys import DAY, PREFIX, BadId, Keys, check_id, new_run_id
+from workers.store.keys import DAY, BadId, Keys, check_id, new_run_id
 from workers.store.parks import (
     EXPIRES_FIELD,
     LIMIT_CALL,
@@ -86,7 +86,6 @@ __all__ = [
     "IM",
     "LIMIT_CALL",
     "PENDING_TTL",
-    "PREFIX",
     "RECORD_VERSION",
     "RUN_COUNT_HORIZON",
     "THREAD_TTL",

@@ -167,6 +167,26 @@ class Keys:
         """Someone asked the run to stop (the value: who); its driver stops before its next step."""
         return f"{PREFIX}stop:{check_id('run', run_id)}"
 
+    @staticmethod
+    def all_runs() -> str:
+        """A SCAN pattern matching every run record's key (the failed runs' listing)."""
+        return f"{PREFIX}run:*"
+
+    @staticmethod
+    def metric_counters() -> str:
+        """Every counter and histogram bucket of `/metrics`, one hash (`workers.metrics`)."""
+        return f"{PREFIX}metrics:counters"
+
+    @staticmethod
+    def metric_run(run_id: str) -> str:
+        """What of a run the metrics have counted already, so nothing is counted twice."""
+        return f"{PREFIX}metrics:run:{check_id('run', run_id)}"
+
+    @staticmethod
+    def metric_clicked(run_id: str, park_id: int) -> str:
+        """When the click that completed a park happened: the resume observes click-to-resume."""
+        return f"{PREFIX}metrics:clicked:{check_id('run', run_id)}:{int(park_id)}"
+
 
 def _thread_id(team: str, channel: str, thread_ts: str) -> str:
     return f"{check_id('team', team)}:{check_id('channel', channel)}:{check_id('ts', thread_ts)}"
