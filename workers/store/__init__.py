@@ -4,7 +4,7 @@ Every key is built in `keys`, under `harness:`, from validated ids. Check-and-se
 Lua scripts that are safe to run twice (redis-py may retry a command whose reply was lost), each
 in the module of the record it writes, beside the method that sends it:
 
-- `keys`: every key name, and the ids they are built from (`Keys`, `check_id`, `BadId`);
+- `keys`: every key name (the metrics' too), and the ids they are built from (`Keys`, `check_id`, `BadId`);
 - `records`: the run record and how it is stored (`RunRecord`, `pack`, `unpack`, `RecordEncoder`);
 - `admission`: a mention accepted once and a Retry claimed once, within the bounds of runs;
 - `runs`: leases, fenced saves and the writes beside them, stop requests, a run's end, orphans;
