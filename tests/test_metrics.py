@@ -89,7 +89,7 @@ def test_a_label_value_outside_its_list_counts_as_other_so_label_sets_stay_bound
         metrics.incr(conn, metrics.RUNS, outcome="stopped", valve=f"U{time.time_ns()}")
     metrics.observe(conn, metrics.ACK_SECONDS, 0.02, kind="C0123 channel")
 
-    fields = {f.decode() if isinstance(f, bytes) else f for f in conn.hkeys(metrics.MetricKeys.counters())}
+    fields = {f.decode() if isinstance(f, bytes) else f for f in conn.hkeys(Keys.metric_counters())}
     assert fields == {
         "c|harness_mentions|new",
         "c|harness_mentions|other",
@@ -128,7 +128,7 @@ def test_a_step_counts_the_state_totals_as_deltas_and_a_turns_calls_once(conn: r
     assert tokens == {"input": 250, "output": 30, "cache_creation": 5, "cache_read": 1}
     tools = {k[1]: v for k, v in samples.items() if k[0] == "harness_tool_calls_total"}
     assert tools == {(("outcome", "ran"), ("tier", "allow")): 1, (("outcome", "ran"), ("tier", "ask")): 1}
-    assert 0 < conn.ttl(metrics.MetricKeys.run(run_id)) <= metrics.RUN_MARK_TTL
+    assert 0 < conn.ttl(Keys.metric_run(run_id)) <= metrics.RUN_MARK_TTL
 
 
 def test_the_collector_shows_cumulative_buckets_sums_and_the_gauges_read_at_scrape(conn: redis.Redis) -> None:
@@ -176,12 +176,12 @@ def test_a_park_completed_by_its_expiry_forgets_the_click_and_observes_nothing(c
     decisions = {"toolu_1": Decision(Verdict.APPROVED, by="UANN"), "toolu_2": Decision(Verdict.EXPIRED)}
     metrics.resumed(conn, record.run_id, 1, decisions)
     assert scrape(conn)[("harness_click_to_resume_seconds_count", ())] == 0
-    assert conn.exists(metrics.MetricKeys.clicked(record.run_id, 1)) == 0
+    assert conn.exists(Keys.metric_clicked(record.run_id, 1)) == 0
 
 
 def test_the_click_to_resume_time_lands_in_its_bucket(conn: redis.Redis) -> None:
     record = RunRecord(new_run_id(), "T1", "C1", "1.2", "UALICE", "task", status=RunStatus.AWAITING_APPROVAL)
-    conn.set(metrics.MetricKeys.clicked(record.run_id, 3), repr(time.time() - 3.0))  # clicked 3 s ago
+    conn.set(Keys.metric_clicked(record.run_id, 3), repr(time.time() - 3.0))  # clicked 3 s ago
     metrics.resumed(conn, record.run_id, 3, {"toolu_1": Decision(Verdict.APPROVED, by="UANN")})
     samples = scrape(conn)
     buckets = {

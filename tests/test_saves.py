@@ -76,7 +76,7 @@ def a_step(run_id: str) -> tuple[RunState, Beside]:
 
 
 def counts(conn: redis.Redis) -> dict[str, int]:
-    stored = conn.hgetall(metrics.MetricKeys.counters())
+    stored = conn.hgetall(Keys.metric_counters())
     return {k.decode(): int(float(v)) for k, v in stored.items()}
 
 

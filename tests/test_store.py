@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import threading
 import time
 import zlib
 from dataclasses import replace
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 import redis
@@ -209,6 +211,53 @@ def test_parked_runs_carry_a_ttl_and_every_key_is_under_the_prefix(store: Store,
     assert 0 < conn.ttl(Keys.run(run.run_id)) <= 120
     loaded = store.load_run(run.run_id)
     assert loaded is not None and loaded.status is RunStatus.AWAITING_APPROVAL and loaded.park_id == 1
+
+
+def _key_spellings(path: Path) -> list[str]:
+    """Where `path` spells a Redis key itself: a `harness:` string that is no docstring, or the
+    store's PREFIX imported to build one."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            if "harness:" in node.value:
+                found.append(f"{path.name}:{node.lineno} {node.value!r}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("workers.store"):
+            found += [f"{path.name}:{node.lineno} imports PREFIX" for a in node.names if a.name == "PREFIX"]
+    return found
+
+
+def test_every_key_is_spelled_in_the_stores_keys_module() -> None:
+    """`Keys` is the one place a key is spelled: the product's other modules ask it for their keys."""
+    root = Path(__file__).resolve().parents[1]
+    keys_module = root / "workers" / "store" / "keys.py"
+    assert keys_module.is_file()
+    spelled = [
+        where
+        for package in ("harness", "bot", "workers", "playground")
+        for path in sorted((root / package).rglob("*.py"))
+        if path != keys_module
+        for where in _key_spellings(path)
+    ]
+    assert spelled == []
+
+
+def test_the_key_check_finds_a_key_spelled_elsewhere(tmp_path: Path) -> None:
+    """The check above sees a key built outside `Keys` (so its silence means something)."""
+    stray = tmp_path / "stray.py"
+    stray.write_text(
+        '"""Mentions harness:run: in a docstring, which is fine."""\n'
+        "from workers.store import PREFIX\n"
+        'KEY = "harness:mine"\n'
+    )
+    assert _key_spellings(stray) == ["stray.py:2 imports PREFIX", "stray.py:3 'harness:mine'"]
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,7 @@ from harness.loop import TurnDone
 from harness.policy import Tier
 from harness.state import PendingCall, RunState, Verdict
 from harness.valves import Valve
-from workers.store import DAY, PREFIX, Accepted, Beside, Keys, check_id
+from workers.store import DAY, Accepted, Beside, Keys
 
 log = logging.getLogger(__name__)
 
@@ -152,22 +152,6 @@ FAMILIES = (
 )
 
 
-class MetricKeys:
-    """The metrics' keys (all under `harness:metrics:`)."""
-
-    @staticmethod
-    def counters() -> str:
-        return f"{PREFIX}metrics:counters"
-
-    @staticmethod
-    def run(run_id: str) -> str:
-        return f"{PREFIX}metrics:run:{check_id('run', run_id)}"
-
-    @staticmethod
-    def clicked(run_id: str, park_id: int) -> str:
-        return f"{PREFIX}metrics:clicked:{check_id('run', run_id)}:{int(park_id)}"
-
-
 # --- the hash's fields -------------------------------------------------------------------------------
 # counter   c|name|v1|v2…          histogram bucket   b|name|v1…|le      histogram sum   s|name|v1…
 
@@ -208,7 +192,7 @@ def _failed(what: str, exc: Exception) -> None:
 def incr(connection: redis.Redis, family: Family, amount: int = 1, **labels: Any) -> None:
     """Add `amount` to a counter."""
     try:
-        connection.hincrby(MetricKeys.counters(), counter_field(family, **labels), amount)
+        connection.hincrby(Keys.metric_counters(), counter_field(family, **labels), amount)
     except Exception as exc:  # a figure is never worth a failed run or ack
         _failed(family.name, exc)
 
@@ -220,8 +204,8 @@ def observe(connection: redis.Redis, family: Family, seconds: float, **labels: A
         seconds = max(0.0, float(seconds))
         bound = next((b for b in family.buckets if seconds <= b), float("inf"))
         with connection.pipeline(transaction=False) as pipe:
-            pipe.hincrby(MetricKeys.counters(), _bucket_field(family, values, bound), 1)
-            pipe.hincrbyfloat(MetricKeys.counters(), _sum_field(family, values), seconds)
+            pipe.hincrby(Keys.metric_counters(), _bucket_field(family, values, bound), 1)
+            pipe.hincrbyfloat(Keys.metric_counters(), _sum_field(family, values), seconds)
             pipe.execute()
     except Exception as exc:
         _failed(family.name, exc)
@@ -275,9 +259,9 @@ class Gathered:
         try:
             with self._connection.pipeline(transaction=False) as pipe:
                 for name, count in counts.items():
-                    pipe.hincrby(MetricKeys.counters(), name, count)
+                    pipe.hincrby(Keys.metric_counters(), name, count)
                 for name, total in sums.items():
-                    pipe.hincrbyfloat(MetricKeys.counters(), name, total)
+                    pipe.hincrbyfloat(Keys.metric_counters(), name, total)
                 pipe.execute()
         except Exception as exc:
             _failed("gathered observations", exc)
@@ -325,7 +309,7 @@ def step_account(run_id: str, state: RunState, events: Iterable[Any] = ()) -> Be
     for name, total, counter in totals:
         args += [name, int(total), counter]
     args += [counter_field(TOOL_CALLS, tier=c.tier.value, outcome=call_outcome(c)) for c in calls]
-    return Beside("a run's step", _ACCOUNT, (MetricKeys.run(run_id), MetricKeys.counters()), tuple(args))
+    return Beside("a run's step", _ACCOUNT, (Keys.metric_run(run_id), Keys.metric_counters()), tuple(args))
 
 
 def stepped(connection: redis.Redis, run_id: str, state: RunState, events: Iterable[Any] = ()) -> None:
@@ -379,9 +363,9 @@ def decided(connection: redis.Redis, record: Any, verdict: Verdict, approvals: A
         seconds = max(0.0, now - parked_at)
         bound = next((b for b in DECISION_SECONDS.buckets if seconds <= b), float("inf"))
         with connection.pipeline(transaction=False) as pipe:
-            pipe.hincrby(MetricKeys.counters(), _bucket_field(DECISION_SECONDS, values, bound), 1)
-            pipe.hincrbyfloat(MetricKeys.counters(), _sum_field(DECISION_SECONDS, values), seconds)
-            pipe.set(MetricKeys.clicked(record.run_id, record.park_id), repr(now), ex=CLICK_TTL)
+            pipe.hincrby(Keys.metric_counters(), _bucket_field(DECISION_SECONDS, values, bound), 1)
+            pipe.hincrbyfloat(Keys.metric_counters(), _sum_field(DECISION_SECONDS, values), seconds)
+            pipe.set(Keys.metric_clicked(record.run_id, record.park_id), repr(now), ex=CLICK_TTL)
             pipe.execute()
     except Exception as exc:
         _failed(DECISION_SECONDS.name, exc)
@@ -419,7 +403,7 @@ def resume_account(run_id: str, park_id: int, decisions: Mapping[str, Any]) -> B
             "inf" if bound == float("inf") else repr(float(bound)),
             _bucket_field(RESUME_SECONDS, values, bound),
         ]
-    keys = (MetricKeys.clicked(run_id, park_id), MetricKeys.counters())
+    keys = (Keys.metric_clicked(run_id, park_id), Keys.metric_counters())
     return Beside("the click-to-resume time", _RESUMED, keys, tuple(args))
 
 
@@ -440,7 +424,7 @@ def mention(connection: redis.Redis, result: str) -> None:
 def mention_counter() -> tuple[str, dict[Accepted, str]]:
     """Where `Store.accept_event` counts a mention as `mention` would, in the same step as it
     records it: the counters' hash and the field of each outcome."""
-    return MetricKeys.counters(), {a: counter_field(MENTIONS, result=a.value) for a in Accepted}
+    return Keys.metric_counters(), {a: counter_field(MENTIONS, result=a.value) for a in Accepted}
 
 
 # --- the scrape ---------------------------------------------------------------------------------------
@@ -475,7 +459,7 @@ class Collector:
     def collect(self) -> Iterator[Metric]:
         now = time.time()
         with self.connection.pipeline(transaction=False) as pipe:
-            pipe.hgetall(MetricKeys.counters())
+            pipe.hgetall(Keys.metric_counters())
             pipe.zcount(Keys.expiries(), f"({now!r}", "+inf")
             pipe.llen(self.queue.queue)
             pipe.zcard(self.queue.scheduled)

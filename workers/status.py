@@ -17,7 +17,7 @@ from harness.config import Config
 from harness.state import PendingCall, StateError
 from workers.deciders import deciders
 from workers.services import make_queue
-from workers.store import LIMIT_CALL, PREFIX, BadId, Keys, RunRecord, RunStatus, Store, unpack
+from workers.store import LIMIT_CALL, BadId, Keys, RunRecord, RunStatus, Store, unpack
 
 SCAN_BATCH = 200
 
@@ -61,7 +61,7 @@ def parked(store: Store, now: float, limit: int = 500) -> list[Parked]:
 def failed(store: Store) -> Iterator[RunRecord]:
     """Every run record in the store whose run failed (SCAN, in batches of `SCAN_BATCH`)."""
     batch: list[bytes] = []
-    for key in store.redis.scan_iter(match=f"{PREFIX}run:*", count=SCAN_BATCH):
+    for key in store.redis.scan_iter(match=Keys.all_runs(), count=SCAN_BATCH):
         batch.append(key)
         if len(batch) >= SCAN_BATCH:
             yield from _failed_in(store, batch)
