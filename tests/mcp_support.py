@@ -6,9 +6,9 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,7 @@ class HttpDesk:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     sessions: bool = False
+    started: bool = False  # once: its port is fixed from then on (a restart keeps it)
 
     @property
     def http_log(self) -> Path:
@@ -82,6 +83,22 @@ class HttpDesk:
         return f"http://127.0.0.1:{self.port}/mcp"
 
     def start(self) -> HttpDesk:
+        """Start the server; the port is ours only once our process answers on it.
+
+        A free port is only free when it is picked: another test's server may take it first (the
+        suite runs in parallel), and then every request of this test would reach that one. The
+        first start picks another port then; a restart keeps its port and tries again.
+        """
+        for _ in range(5):
+            self._spawn()
+            if wait_until(self._answering, timeout=20) == "ours":
+                return self
+            self.kill()
+            if not self.started:
+                self.port = free_port()
+        raise AssertionError(f"the HTTP MCP server could not have port {self.port} to itself")
+
+    def _spawn(self) -> None:
         env = {**os.environ, "MCP_CALL_LOG": str(self.log), "MCP_REQUIRED_TOKEN": self.token}
         env["MCP_HTTP_LOG"] = str(self.http_log)
         mode = "http-sessions" if self.sessions else "http"
@@ -91,15 +108,21 @@ class HttpDesk:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        wait_until(self._listening, timeout=20)
-        return self
 
-    def _listening(self) -> bool:
+    def _answering(self) -> str | None:
+        """ "ours" once our process answers on the port, "taken" when it could not bind; else None."""
         assert self.proc is not None
         if self.proc.poll() is not None:
-            raise AssertionError(f"the HTTP MCP server exited with {self.proc.returncode}")
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+            return "taken"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/pid", timeout=2) as answer:
+                pid = answer.read().decode()
+        except OSError:
+            return None
+        if pid != str(self.proc.pid):
+            return "taken" if self.proc.poll() is not None else None
+        self.started = True
+        return "ours"
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

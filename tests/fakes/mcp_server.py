@@ -194,6 +194,8 @@ def _http_app(port: int, sessions: bool) -> Any:
     token = os.environ.get("MCP_REQUIRED_TOKEN")
 
     async def check(request: Any, call_next: Any) -> Any:
+        if request.method == "GET" and request.url.path == "/pid":  # which process holds the port
+            return PlainTextResponse(str(os.getpid()))
         if token and request.headers.get("authorization") != f"Bearer {token}":
             return PlainTextResponse("unauthorized", status_code=401)
         if sessions and request.method == "POST" and b'"server/discover"' in await request.body():
