@@ -100,10 +100,22 @@ class TokenMemo:
     def __init__(self, size: int = 4096) -> None:
         self._size = size
         self._known: dict[int, tuple[Mapping[str, Any], int]] = {}
+        self._image_free: dict[int, tuple[Mapping[str, Any], bool]] = {}
 
     def messages_tokens(self, messages: Sequence[Mapping[str, Any]]) -> int:
         """`messages_tokens(messages)`, estimating only the messages not seen before."""
         return sum(self.message_tokens(m) for m in messages)
+
+    def image_free(self, message: Mapping[str, Any]) -> bool:
+        """Whether `message` holds no tool-result image (remembered by identity, as the estimates)."""
+        known = self._image_free.get(id(message))
+        if known is not None and known[0] is message:
+            return known[1]
+        free = not any(_holds_image(block) for block in message["content"] if isinstance(block, dict))
+        if len(self._image_free) >= self._size:
+            self._image_free = {}
+        self._image_free[id(message)] = (message, free)
+        return free
 
     def message_tokens(self, message: Mapping[str, Any]) -> int:
         known = self._known.get(id(message))
@@ -167,16 +179,22 @@ TURN_IMAGE_CHARS = 16_000_000
 TURN_IMAGES = 20
 
 
-def without_old_images(messages: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+def without_old_images(
+    messages: tuple[dict[str, Any], ...], memo: TokenMemo | None = None
+) -> tuple[dict[str, Any], ...]:
     """`messages` with every tool-result image before the last message replaced by a note.
 
     Messages with nothing to replace are kept as the very same objects (the saves and the token
     memo know a message by identity); the result is `messages` itself when nothing changed.
+    `memo` remembers the messages already found free of images, so a request costs a look-up per
+    message rather than a pass over every block of the conversation.
     """
     out: list[dict[str, Any]] | None = None
     for index in range(len(messages) - 1):
         message = messages[index]
         if message["role"] != "user" or not isinstance(message["content"], list):
+            continue
+        if memo is not None and memo.image_free(message):
             continue
         content = [
             _results_without_images(b) if b.get("type") == "tool_result" else b for b in message["content"]
@@ -187,10 +205,15 @@ def without_old_images(messages: tuple[dict[str, Any], ...]) -> tuple[dict[str, 
     return messages if out is None else tuple(out)
 
 
+def _holds_image(block: Mapping[str, Any]) -> bool:
+    inner = block.get("content") if block.get("type") == "tool_result" else None
+    return isinstance(inner, list) and any(isinstance(b, dict) and b.get("type") == "image" for b in inner)
+
+
 def _results_without_images(block: dict[str, Any]) -> dict[str, Any]:
-    inner = block.get("content")
-    if not isinstance(inner, list) or not any(b.get("type") == "image" for b in inner):
+    if not _holds_image(block):
         return block
+    inner = block["content"]
     note = {"type": "text", "text": texts.IMAGE_FROM_EARLIER_TURN}
     return {**block, "content": [note if b.get("type") == "image" else b for b in inner]}
 

@@ -211,7 +211,7 @@ def _query(state: RunState, agent: Agent) -> StepResult:
     if stop := check_budget(state, agent.limits):
         return _stop_or_ask(state, agent, stop)
     # Cleared in the state, not just the request: the thread's saved history stays bounded too.
-    aged = without_old_images(state.messages)
+    aged = without_old_images(state.messages, agent.token_memo)
     if aged is not state.messages:
         state = replace(state, messages=aged)
     request = build_request(state, agent)
@@ -293,7 +293,7 @@ def _ruled(agent: Agent, call: PendingCall) -> PendingCall:
     arguments = _effective_input(call)
     ruling = agent.policy.decide(call.name, arguments, found.own_tier, found.own_tier_why)
     call = replace(call, tier=ruling.tier, why=ruling.why)
-    if ruling.tier is not Tier.DENY and call.decision is None:
+    if ruling.tier is Tier.ASK and call.decision is None:  # an `allow` call is checked as it runs
         try:
             found.checked(arguments)
         except BadInput as exc:
