@@ -37,6 +37,35 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def listens_on(root: int, port: int) -> bool | None:
+    """Whether `root` (or a descendant) holds the socket listening on loopback `port`: True, False
+    when another process does, None when nobody listens there yet.
+
+    A port picked free is only free when picked: in a parallel run another test's server may take
+    it first, and a check that something answers there would then pass for the wrong process.
+    """
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    if not inodes:
+        return None
+    for pid in (root, *descendants(root)):
+        try:
+            held = {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
+        except OSError:
+            continue
+        if any(f"socket:[{inode}]" in held for inode in inodes):
+            return True
+    return False
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.02) -> Any:
     """Poll `predicate` until it returns something truthy; fail with a clear message on timeout."""
     deadline = time.monotonic() + timeout

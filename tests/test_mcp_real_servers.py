@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub
 from tests.conftest import make_agent
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
-from tests.stack import ROOT, free_port, wait_until
+from tests.stack import ROOT, free_port, listens_on, wait_until
 
 INSTALLED = ROOT / ".ci/node_modules/.bin/mcp-server-everything"
 EVERYTHING = Path(os.environ.get("MCP_SERVER_EVERYTHING", INSTALLED))
@@ -64,29 +63,42 @@ class HttpEverything:
     out: Path
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    started: bool = False  # once: its port is fixed from then on (a restart keeps it)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/mcp"
 
     def start(self) -> HttpEverything:
-        with self.out.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [str(EVERYTHING), "streamableHttp"],
-                env={**os.environ, "PORT": str(self.port)},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        wait_until(self._listening, timeout=30)
-        return self
+        """Start it; a port another test's server took meanwhile is given up for another (first start)."""
+        for _ in range(5):
+            with self.out.open("ab") as out:
+                self.proc = subprocess.Popen(
+                    [str(EVERYTHING), "streamableHttp"],
+                    env={**os.environ, "PORT": str(self.port)},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            if wait_until(self._listening, timeout=30) == "ours":
+                self.started = True
+                return self
+            self.kill()
+            if not self.started:
+                self.port = free_port()
+        raise AssertionError(f"server-everything could not have port {self.port} to itself")
 
-    def _listening(self) -> bool:
+    def _listening(self) -> str | None:
+        """ "ours" once it holds the port; "taken" once another process does; else None."""
         assert self.proc is not None
+        held = listens_on(self.proc.pid, self.port)
+        if held:
+            return "ours"
         if self.proc.poll() is not None:
+            if held is False:
+                return "taken"
             code, said = self.proc.returncode, self.out.read_text()
             raise AssertionError(f"server-everything exited with {code}: {said}")
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+        return None
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
