@@ -198,3 +198,25 @@ def test_a_hostile_team_id_reads_nothing(store: Store, slack: FakeSlackAPI) -> N
     park(store, "UALICE")
     deps = deps_for(store, slack)
     assert waiting_on(deps, "T1:*", "UALICE") == ([], False)
+
+
+def test_parks_made_before_the_index_existed_join_it_once_the_worker_starts(
+    store: Store, conn: redis.Redis, slack: FakeSlackAPI
+) -> None:
+    """An upgrade: the parks of an older version are in `expiries` only, so nobody's Home tab listed
+    them until they were parked again. The worker indexes them at start; the index is unchanged by a
+    second start, and a park the run moved on from, or one of a run gone, stays out."""
+    open_park, moved_on, gone = park(store, "UALICE"), park(store, "UBOB"), park(store, "UCAROL")
+    conn.delete(*(key for key in conn.scan_iter("harness:parks:*")))  # as an older version left it
+    conn.delete(Keys.run(gone.run_id))
+    conn.zadd(Keys.expiries(), {f"{moved_on.run_id}:{moved_on.park_id + 7}": time.time() + 60})
+    deps = deps_for(store, slack, approvers=("UANN",))
+    assert shown(deps, "UANN") == []
+
+    assert store.index_open_parks(time.time()) == 2  # the open one and UBOB's current park
+    assert store.index_open_parks(time.time()) == 2
+    assert members(conn, Keys.team_parks(TEAM)) == {member(open_park), member(moved_on)}
+    assert members(conn, Keys.user_parks(TEAM, "UALICE")) == {member(open_park)}
+    assert conn.zscore(Keys.team_parks(TEAM), member(open_park)) == pytest.approx(open_park.expires_at)
+    assert 0 < conn.ttl(Keys.team_parks(TEAM)) <= DAY + 3600
+    assert sorted(shown(deps, "UANN")) == ["n0.txt@UALICE", "n0.txt@UBOB"]

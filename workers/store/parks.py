@@ -21,7 +21,7 @@ from workers.store.audit import AUDIT_MAX_AGE, AUDIT_MAX_ENTRIES
 from workers.store.base import StorePart, as_text
 from workers.store.grants import Grant
 from workers.store.keys import DAY, Keys, check_id, park_member
-from workers.store.records import RecordEncoder, RunRecord, pack, unpack
+from workers.store.records import RecordEncoder, RunRecord, RunStatus, pack, unpack
 
 EXPIRES_FIELD = "~expires"  # never a call id: those are [A-Za-z0-9_-]
 LIMIT_CALL = "limit"  # the one "call" of a park at a limit (on_limit = "ask"); tool_use ids are toolu_…
@@ -394,6 +394,41 @@ class ParkStore(StorePart):
                 record = None
             read.append((record, decisions_of(approvals)))
         return read
+
+    def index_open_parks(self, now: float, batch: int = 200) -> int:
+        """Put every open park into the Home tab's index; how many were found. Idempotent.
+
+        The park script writes the index with each park, but parks made by a version without the
+        index (before an upgrade) are in `expiries` only: a worker calls this once at start, so
+        they show on the Home tab at once instead of when they are parked again.
+        """
+        members: list[tuple[Any, float]] = self.redis.zrangebyscore(  # type: ignore[assignment]
+            Keys.expiries(), now, "+inf", withscores=True
+        )
+        found = 0
+        for start in range(0, len(members), batch):
+            chunk = [(as_text(member), float(score)) for member, score in members[start : start + batch]]
+            with self.redis.pipeline(transaction=False) as pipe:
+                for member, _ in chunk:
+                    pipe.get(Keys.run(member.partition(":")[0]))
+                raws = pipe.execute()
+            with self.redis.pipeline(transaction=False) as pipe:
+                for (member, expires_at), raw in zip(chunk, raws, strict=True):
+                    try:
+                        record = None if raw is None else RunRecord.from_json(unpack(raw))
+                    except StateError:
+                        continue
+                    if record is None or record.status is not RunStatus.AWAITING_APPROVAL:
+                        continue
+                    if park_member(member) != (record.run_id, record.park_id):
+                        continue  # a park the run has moved on from
+                    found += 1
+                    for key in park_indexes(record):
+                        pipe.zadd(key, {member: expires_at})
+                        pipe.expire(key, int(expires_at - now) + DAY, gt=True)
+                        pipe.expire(key, int(expires_at - now) + DAY, nx=True)
+                pipe.execute()
+        return found
 
     def drop_from_index(self, team: str, parks: Sequence[OpenPark], requesters: Mapping[str, str]) -> None:
         """Take parks that are over (their run moved on, or every call is decided) out of the team's
