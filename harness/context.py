@@ -111,7 +111,7 @@ class TokenMemo:
         known = self._image_free.get(id(message))
         if known is not None and known[0] is message:
             return known[1]
-        free = not any(_holds_image(block) for block in message["content"] if isinstance(block, dict))
+        free = _image_free(message)
         if len(self._image_free) >= self._size:
             self._image_free = {}
         self._image_free[id(message)] = (message, free)
@@ -194,15 +194,15 @@ def without_old_images(
         message = messages[index]
         if message["role"] != "user" or not isinstance(message["content"], list):
             continue
-        if memo is not None and memo.image_free(message):
+        if memo.image_free(message) if memo is not None else _image_free(message):
             continue
-        content = [
-            _results_without_images(b) if b.get("type") == "tool_result" else b for b in message["content"]
-        ]
-        if any(new is not old for new, old in zip(content, message["content"], strict=True)):
-            out = out if out is not None else list(messages)
-            out[index] = {**message, "content": content}
+        out = out if out is not None else list(messages)
+        out[index] = {**message, "content": [_results_without_images(b) for b in message["content"]]}
     return messages if out is None else tuple(out)
+
+
+def _image_free(message: Mapping[str, Any]) -> bool:
+    return not any(isinstance(block, dict) and _holds_image(block) for block in message["content"])
 
 
 def _holds_image(block: Mapping[str, Any]) -> bool:

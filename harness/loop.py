@@ -458,7 +458,7 @@ def saves_first(state: RunState, agent: Agent) -> bool:
     if first is None:
         return False
     first = first if first.started else _ruled_again(agent, first)
-    return first.result is None and not first.awaiting and _marks_first(agent, first)
+    return first.result is None and _marks_first(agent, first)  # an awaiting call is not marked
 
 
 def _marks_first(agent: Agent, call: PendingCall) -> bool:

@@ -37,6 +37,7 @@ from workers import deciders, metrics
 from workers.store import (
     BadId,
     DecideOutcome,
+    DecideResult,
     Grant,
     Keys,
     RunRecord,
@@ -123,6 +124,17 @@ def _moved_on(deps: BotDeps, record: RunRecord, ref: CardRef, user: str) -> Repl
     return texts.ALREADY_DECIDED
 
 
+def set_going(deps: BotDeps, record: RunRecord, verdict: Verdict, result: DecideResult) -> bool:
+    """What a decision (or a vote of a quorum) sets going: its metric, noted before the job exists
+    (the resume reads the note), and the job that shows it on the card or resumes the run. True
+    when the decision was recorded: then the clicker needs no reply."""
+    if result.outcome is DecideOutcome.RECORDED:
+        metrics.decided(deps.store.redis, record, verdict, deps.config.approvals)
+    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED, DecideOutcome.COUNTED):
+        deps.enqueue(APPLY_DECISIONS, record.run_id)
+    return result.outcome is DecideOutcome.RECORDED
+
+
 def decide(
     deps: BotDeps,
     record: RunRecord,
@@ -147,11 +159,7 @@ def decide(
         required=deps.config.approvals.required,
         grant=grant,
     )
-    if result.outcome is DecideOutcome.RECORDED:  # noted before the resume job exists: it reads the note
-        metrics.decided(deps.store.redis, record, decision.verdict, deps.config.approvals)
-    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED, DecideOutcome.COUNTED):
-        deps.enqueue(APPLY_DECISIONS, record.run_id)
-    if result.outcome is DecideOutcome.RECORDED:
+    if set_going(deps, record, decision.verdict, result):
         return
     if result.outcome is DecideOutcome.COUNTED:
         required = deps.config.approvals.required

@@ -8,8 +8,8 @@ from typing import Any
 
 from slack_bolt import Ack, App, BoltContext
 
+from bot.listeners.approvals import set_going
 from bot.listening import (
-    APPLY_DECISIONS,
     HONOUR_STOP,
     REPLY,
     RETRY_RUN,
@@ -147,11 +147,7 @@ def _answer_limit(
     result = deps.store.decide(
         record.run_id, record.park_id, LIMIT_CALL, decision, audit=audit, required=approvals.required
     )
-    if result.outcome is DecideOutcome.RECORDED:  # noted before the resume job exists: it reads the note
-        metrics.decided(deps.store.redis, record, verdict, approvals)
-    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED, DecideOutcome.COUNTED):
-        deps.enqueue(APPLY_DECISIONS, record.run_id)  # a Continue that counted: the card shows it
-    if result.outcome is DecideOutcome.RECORDED:
+    if set_going(deps, record, verdict, result):  # a Continue that counted: the card shows it
         return
     standing = result.decision
     if result.outcome is DecideOutcome.COUNTED:

@@ -233,8 +233,8 @@ def bounded(result: ToolResult) -> ToolResult:
             return result
         return replace(result, content=cut(result.content, RESULT_LIMIT_CHARS))
     found = [b.get("text") for b in result.content if b.get("type") == "text"]
-    size = sum(len(t) if isinstance(t, str) else RESULT_LIMIT_CHARS + _CUT_NOTE_ROOM + 1 for t in found)
-    if size <= RESULT_LIMIT_CHARS + _CUT_NOTE_ROOM:
+    strings = [t for t in found if isinstance(t, str)]
+    if len(strings) == len(found) and sum(map(len, strings)) <= RESULT_LIMIT_CHARS + _CUT_NOTE_ROOM:
         return result
     blocks = [{**b, "text": str(b.get("text", ""))} if b.get("type") == "text" else b for b in result.content]
     return replace(result, content=cut_blocks(blocks))
