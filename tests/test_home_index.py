@@ -220,3 +220,8 @@ def test_parks_made_before_the_index_existed_join_it_once_the_worker_starts(
     assert conn.zscore(Keys.team_parks(TEAM), member(open_park)) == pytest.approx(open_park.expires_at)
     assert 0 < conn.ttl(Keys.team_parks(TEAM)) <= DAY + 3600
     assert sorted(shown(deps, "UANN")) == ["n0.txt@UALICE", "n0.txt@UBOB"]
+
+    # A worker's start makes the pass once per Redis: later starts read no run record for it.
+    assert store.index_older_parks(time.time()) == 2
+    assert store.index_older_parks(time.time()) is None
+    assert members(conn, Keys.team_parks(TEAM)) == {member(open_park), member(moved_on)}

@@ -152,7 +152,7 @@ def work() -> int:
         svc = replace(svc, catalog=_relayed(svc, relay))
     jobs.use_services(svc)  # forked work horses inherit it: no per-job setup
     try:  # parks made before the Home tab's index existed (an upgrade) join it now
-        svc.store.index_open_parks(time.time())
+        svc.store.index_older_parks(time.time())
     except redis.RedisError:
         log.exception("could not index the open parks for the Home tab; they join it when parked again")
     warm_up()

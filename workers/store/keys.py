@@ -142,6 +142,11 @@ class Keys:
         return f"{PREFIX}group:{check_id('team', team)}:{check_id('group', group)}"
 
     @staticmethod
+    def parks_indexed() -> str:
+        """Set once every park older than the Home tab's index was put in it (an upgrade's one pass)."""
+        return f"{PREFIX}parks:indexed"
+
+    @staticmethod
     def team_parks(team: str) -> str:
         """The team's open parks (member `run:park`, score: when it expires): the Home tab's index
         for approvers and `escalate_to`, kept with `expiries` by the scripts that park and resume."""

@@ -395,12 +395,21 @@ class ParkStore(StorePart):
             read.append((record, decisions_of(approvals)))
         return read
 
+    def index_older_parks(self, now: float) -> int | None:
+        """`index_open_parks` once per Redis: parks made since are indexed by the park script, so a
+        worker's start pays for the pass only until one has completed. None: it was done before."""
+        if self.redis.exists(Keys.parks_indexed()):
+            return None
+        found = self.index_open_parks(now)
+        self.redis.set(Keys.parks_indexed(), int(now))
+        return found
+
     def index_open_parks(self, now: float, batch: int = 200) -> int:
         """Put every open park into the Home tab's index; how many were found. Idempotent.
 
         The park script writes the index with each park, but parks made by a version without the
-        index (before an upgrade) are in `expiries` only: a worker calls this once at start, so
-        they show on the Home tab at once instead of when they are parked again.
+        index (before an upgrade) are in `expiries` only: they would show on nobody's Home tab
+        until they were parked again.
         """
         members: list[tuple[Any, float]] = self.redis.zrangebyscore(  # type: ignore[assignment]
             Keys.expiries(), now, "+inf", withscores=True
