@@ -92,18 +92,22 @@ class BotDeps:
     background: Background = field(default_factory=lambda: Background())
     groups: deciders.GroupDirectory = field(default_factory=deciders.GroupDirectory)
 
+    def settings_of(self, record: RunRecord) -> Config:
+        """The settings of `record`'s run: its profile as configured now (`Config.settings`)."""
+        return self.config.settings(record.profile)
+
     def enqueue(self, func: str, run_id: str, *args: Any) -> None:
         """Enqueue a job about `run_id` with the retry policy every job gets."""
         enqueue_run_job(self.store, self.queue, func, run_id, *args)
 
     def may_decide(self, user: str, record: RunRecord) -> bool:
         """Whether `user` may decide `record` now (`workers.deciders.may_decide`)."""
-        approvals = self.config.approvals
+        approvals = self.settings_of(record).approvals
         return deciders.may_decide(user, record, approvals=approvals, groups=self.groups, store=self.store)
 
     def deciders(self, record: RunRecord) -> list[str]:
         """Who may decide `record` now, users and user groups (`workers.deciders.deciders`)."""
-        return deciders.deciders(self.config.approvals, record)
+        return deciders.deciders(self.settings_of(record).approvals, record)
 
 
 def listener(

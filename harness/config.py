@@ -10,7 +10,7 @@ import os
 import re
 import tomllib
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -22,6 +22,10 @@ BUILTIN_TOOL_NAMES = ("get_time", "read_file", "list_files", "write_file", "dele
 # An approver is a user (U…, W…) or a user group (S…), which stands for its members.
 _APPROVER_ID = re.compile(r"[UWS][A-Z0-9]{2,}")
 _SERVER_NAME = re.compile(r"[a-z0-9-]{1,32}")
+_PROFILE_NAME = _SERVER_NAME
+_CHANNEL_ID = re.compile(r"[CGD][A-Z0-9]{2,}")
+_TEAM_ID = re.compile(r"[TE][A-Z0-9]{2,}")
+IM_CHANNELS = "im"  # in a profile's `channels`: every direct message (a D… channel)
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 ON_LIMIT_CHOICES = ("stop", "ask")
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -125,6 +129,17 @@ class ResolvedServer:
 
 
 @dataclass(frozen=True)
+class Budgets:
+    """The `[budgets]` table: tokens (as valve 2 counts them) per UTC day; 0 is no budget."""
+
+    per_user_daily_tokens: int = 0
+    per_channel_daily_tokens: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.per_user_daily_tokens or self.per_channel_daily_tokens)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """The `[model]` table (the name is `Config.model`)."""
 
@@ -143,7 +158,60 @@ class Config:
     model: str = DEFAULT_MODEL
     workspace: Path = field(default_factory=Path.cwd)
     model_settings: ModelConfig = field(default_factory=ModelConfig)
-    mcp_servers: tuple[McpServerConfig, ...] = ()
+    mcp_servers: tuple[McpServerConfig, ...] = ()  # every server defined: a profile only picks
+    budgets: Budgets = field(default_factory=Budgets)
+    # The profile these are the settings of (None: the top level), the MCP servers it offers
+    # (None: all) and who may start a run under it (empty: anyone).
+    profile: str | None = None
+    offered_servers: tuple[str, ...] | None = None
+    requesters: tuple[str, ...] = ()
+    # Top level only: the `[[profiles]]`, in file order, each with its whole settings.
+    profiles: tuple[Profile, ...] = ()
+
+    def match(self, channel: str, team: str = "") -> Match:
+        """The profile a run in `channel` of workspace `team` gets (the first that matches), and why."""
+        for profile in self.profiles:
+            why = profile.why_matches(channel, team)
+            if why:
+                return Match(profile.settings, why)
+        return Match(self, f"no profile matches channel {channel or '?'}: the top-level settings")
+
+    def for_run(self, channel: str, team: str = "") -> Config:
+        """The settings of a new run in `channel` of `team`."""
+        return self.match(channel, team).settings
+
+    def for_profile(self, name: str | None) -> Config | None:
+        """The settings of profile `name` as configured now (None or "": the top level); None when
+        there is no profile of that name (it was renamed or removed since). Ask the top level."""
+        if not name:
+            return self
+        return next((p.settings for p in self.profiles if p.name == name), None)
+
+    def settings(self, name: str | None) -> Config:
+        """The settings a run started under profile `name` gets now: the profile as configured now
+        (its tools, policy and approvals after a reload), or `closed` when it is gone."""
+        return self.for_profile(name) or self.closed(name or "")
+
+    def closed(self, name: str) -> Config:
+        """The settings of a run whose profile `name` is no longer configured: nothing is offered
+        and every call is `deny`, so it can only wrap up (fail closed, never the top level's tools)."""
+        return replace(
+            self,
+            profile=name,
+            policy=Policy(default=Tier.DENY),
+            tools=ToolsConfig(builtin=(), modules=()),
+            offered_servers=(),
+            profiles=(),
+        )
+
+    def offers_server(self, name: str) -> bool:
+        """Whether this config offers the tools of MCP server `name`."""
+        return self.offered_servers is None or name in self.offered_servers
+
+    @property
+    def profile_label(self) -> str:
+        """How metrics and the audit name the profile: its name, or "" for the top level."""
+        return self.profile or ""
 
     def resolved_servers(self, environ: Mapping[str, str] | None = None) -> tuple[ResolvedServer, ...]:
         """Every MCP server with its `${VAR}`s filled in; the first missing variable is a `ConfigError`.
@@ -153,6 +221,46 @@ class Config:
         """
         environ = os.environ if environ is None else environ
         return tuple(server.resolved(environ) for server in self.mcp_servers)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One `[[profiles]]` table: which runs it matches, and their whole settings (inherited keys filled)."""
+
+    name: str
+    channels: tuple[str, ...]
+    teams: tuple[str, ...]
+    settings: Config = field(repr=False)
+
+    def why_matches(self, channel: str, team: str) -> str:
+        """Why a run in `channel` of `team` gets this profile, in words; "" when it does not."""
+        if self.teams and team not in self.teams:
+            return ""
+        key = f"profiles[{self.name}]"
+        if not self.channels:
+            where = f"team {team}" if self.teams else "every channel"
+            return f"{key} has no channels: it matches {where}"
+        if channel in self.channels:
+            return f"channel {channel} is in {key}.channels"
+        if channel.startswith("D") and IM_CHANNELS in self.channels:
+            return f'a direct message: {key}.channels has "{IM_CHANNELS}"'
+        return ""
+
+
+@dataclass(frozen=True)
+class Match:
+    """The settings a run gets and why: `settings.profile` names the profile (None: the top level)."""
+
+    settings: Config
+    why: str
+
+    @property
+    def profile(self) -> str | None:
+        return self.settings.profile
+
+    def header(self) -> str:
+        """`# profile: NAME (WHY)` or `# profile: none (WHY)`: the first line of an explanation."""
+        return f"# profile: {self.profile or 'none'} ({self.why})"
 
 
 # key -> (python type(s) accepted, validator or None, description of the expected value)
@@ -199,8 +307,28 @@ _APPROVALS: dict[str, _Spec] = {
     "escalate_to": ((list,), None, "a list of Slack user or user group IDs"),
     "grant_minutes": ((int, float), lambda v: v >= 0, "a number of minutes >= 0"),
 }
+_BUDGETS: dict[str, _Spec] = {
+    "per_user_daily_tokens": ((int,), lambda v: v >= 0, "a whole number >= 0 (0: no budget)"),
+    "per_channel_daily_tokens": ((int,), lambda v: v >= 0, "a whole number >= 0 (0: no budget)"),
+}
+_PROFILE: dict[str, _Spec] = {
+    "name": ((str,), lambda v: bool(_PROFILE_NAME.fullmatch(v)), "1-32 characters of a-z, 0-9, -"),
+    "channels": ((list,), None, 'a list of channel IDs (C…, G…, D…) or "im"'),
+    "teams": ((list,), None, "a list of workspace IDs (T…)"),
+    "requesters": ((list,), None, "a list of Slack user or user group IDs"),
+    "tools": ((dict,), None, "a table ([profiles.tools])"),
+    "policy": ((dict,), None, "a table ([profiles.policy])"),
+    "approvals": ((dict,), None, "a table ([profiles.approvals])"),
+    "model": ((dict,), None, "a table ([profiles.model])"),
+    "limits": ((dict,), None, "a table ([profiles.limits])"),
+    "budgets": ((dict,), None, "a table ([profiles.budgets])"),
+}
+_PROFILE_TOOLS: dict[str, _Spec] = {
+    **_TOOLS,
+    "mcp": ((list,), lambda v: all(isinstance(a, str) for a in v), "a list of [[mcp.servers]] names"),
+}
 # The tables whose keys are checked by name rather than by a spec (their values are parsed by hand).
-_SECTIONS = {"model", "limits", "policy", "approvals", "tools", "mcp"}
+_SECTIONS = {"model", "limits", "policy", "approvals", "tools", "mcp", "budgets", "profiles"}
 _MCP_KEYS = {"servers"}
 _POLICY_KEYS = {"default", "tools", "rules"}
 _RULE_KEYS = {"tool", "args", "tier"}
@@ -210,7 +338,8 @@ def accepted_keys() -> frozenset[str]:
     """Every key the file accepts, dotted: `limits.max_turns`, `mcp.servers.name`, `policy.rules.tier`.
 
     Built from the very tables the parser checks keys against, so docs/configuration.md can be
-    tested against it. A table whose keys are the user's own (`policy.tools`, `policy.rules.args`,
+    tested against it. A profile's tables (`profiles.limits`, …) take the top level's keys and are one
+    key each. A table whose keys are the user's own (`policy.tools`, `policy.rules.args`,
     `mcp.servers.env`, `mcp.servers.headers`) is one key; an array of tables is named without an index.
     """
     tables: dict[str, Collection[str]] = {
@@ -222,6 +351,11 @@ def accepted_keys() -> frozenset[str]:
         "policy.rules": _RULE_KEYS,
         "mcp": _MCP_KEYS,
         "mcp.servers": _SERVER,
+        "budgets": _BUDGETS,
+        # A profile's tables take the top level's keys (each is one row: "as the top level's"),
+        # and its tools table one more.
+        "profiles": _PROFILE,
+        "profiles.tools": set(_PROFILE_TOOLS) - set(_TOOLS),
     }
     return frozenset(f"{table}.{key}" for table, keys in tables.items() for key in keys)
 
@@ -247,6 +381,24 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
 
 def _parse(data: dict[str, Any], where: str, env: Mapping[str, str], base: Path | None = None) -> Config:
     _only_keys(data, _SECTIONS, "", where)
+    top = _settings(data, where, env, base)
+    profiles = _profiles(data, where, env, base, top)
+    return replace(top, profiles=profiles) if profiles else top
+
+
+def _settings(
+    data: dict[str, Any],
+    where: str,
+    env: Mapping[str, str],
+    base: Path | None,
+    policy: Policy | None = None,
+    own_model: bool = False,
+) -> Config:
+    """The settings of one level (the top, or a profile merged over it): every table but profiles.
+
+    `HARNESS_MODEL` wins over the top level's `model.name`; a profile that names its own model
+    (`own_model`) keeps it: the more specific choice.
+    """
     limits = Limits(**_section(data, "limits", _LIMITS, where))
     tools = _tools(_section(data, "tools", _TOOLS, where), where)
     model_raw = _section(data, "model", _MODEL, where)
@@ -259,14 +411,124 @@ def _parse(data: dict[str, Any], where: str, env: Mapping[str, str], base: Path 
     approvals = _approvals(_section(data, "approvals", _APPROVALS, where), where)
     return Config(
         limits=limits,
-        policy=_policy(data.get("policy"), where),
+        policy=policy if policy is not None else _policy(data.get("policy"), where),
         approvals=approvals,
         tools=tools,
-        model=env.get("HARNESS_MODEL") or model_raw.get("name") or DEFAULT_MODEL,
+        model=model_raw["name"]
+        if own_model
+        else env.get("HARNESS_MODEL") or model_raw.get("name") or DEFAULT_MODEL,
         workspace=_workspace(env),
         model_settings=model_settings,
         mcp_servers=_mcp(data.get("mcp"), where, tools),
+        budgets=Budgets(**_section(data, "budgets", _BUDGETS, where)),
     )
+
+
+def _profiles(
+    data: dict[str, Any], where: str, env: Mapping[str, str], base: Path | None, top: Config
+) -> tuple[Profile, ...]:
+    """The `[[profiles]]`, each with the top level's settings and its own keys over them."""
+    raw = data.get("profiles", [])
+    if not isinstance(raw, list) or not all(isinstance(p, dict) for p in raw):
+        raise ConfigError(f"{where}: profiles must be an array of tables ([[profiles]])")
+    servers = {s.name for s in top.mcp_servers}
+    profiles: list[Profile] = []
+    owner: dict[str, str] = {}  # channel -> the profile that lists it
+    for i, table in enumerate(raw):
+        if "name" not in table:
+            raise ConfigError(f"{where}: profiles[{i}].name is missing (every profile needs a name)")
+        values = _section({f"profiles[{i}]": table}, f"profiles[{i}]", _PROFILE, where)
+        name = values["name"]
+        key = f"profiles[{name}]"
+        if any(p.name == name for p in profiles):
+            raise ConfigError(f"{where}: profiles[{i}].name {name!r} is used by two profiles")
+        channels = _ids(
+            values.get("channels", []),
+            _CHANNEL_ID,
+            f"{key}.channels",
+            where,
+            "a channel ID like 'C0123ABCD' or \"im\"",
+            extra=(IM_CHANNELS,),
+        )
+        for channel in channels:
+            if channel in owner:
+                raise ConfigError(
+                    f"{where}: {key}.channels: {channel} is also in profiles[{owner[channel]}].channels "
+                    "(a channel belongs to one profile)"
+                )
+            owner[channel] = name
+        teams = _ids(
+            values.get("teams", []), _TEAM_ID, f"{key}.teams", where, "a workspace ID like 'T0123ABCD'"
+        )
+        requesters = _ids(
+            values.get("requesters", []),
+            _APPROVER_ID,
+            f"{key}.requesters",
+            where,
+            "a Slack user ID like 'U012AB3CD' or user group ID like 'S012AB3CD'",
+        )
+        merged, offered, policy = _merged(data, values, key, servers, where)
+        own_model = "name" in (table.get("model") or {})
+        settings = _settings(merged, f"{where}: {key}", env, base, policy, own_model)
+        settings = replace(settings, profile=name, offered_servers=offered, requesters=requesters)
+        profiles.append(Profile(name=name, channels=channels, teams=teams, settings=settings))
+    return tuple(profiles)
+
+
+def _ids(
+    values: list[Any],
+    pattern: re.Pattern[str],
+    key: str,
+    where: str,
+    expected: str,
+    extra: tuple[str, ...] = (),
+) -> tuple[str, ...]:
+    for i, value in enumerate(values):
+        if not isinstance(value, str) or not (value in extra or pattern.fullmatch(value)):
+            raise ConfigError(f"{where}: {key}[{i}] must be {expected}, got {value!r}")
+    return tuple(dict.fromkeys(values))
+
+
+def _merged(
+    data: dict[str, Any], profile: dict[str, Any], key: str, servers: set[str], where: str
+) -> tuple[dict[str, Any], tuple[str, ...] | None, Policy]:
+    """The top level's tables with the profile's keys over them (each key given replaces), the
+    servers it offers (None: all) and its policy (its rules first, its tools over the top's)."""
+    merged: dict[str, Any] = {"mcp": data.get("mcp")} if "mcp" in data else {}
+    for table, spec in (
+        ("limits", _LIMITS),
+        ("approvals", _APPROVALS),
+        ("model", _MODEL),
+        ("budgets", _BUDGETS),
+        ("tools", _PROFILE_TOOLS),
+    ):
+        own = _section(profile, table, spec, f"{where}", prefix=f"{key}.{table}")
+        inherited = dict(data.get(table) or {})
+        if table == "model" and {"system", "system_file"} & set(own):
+            inherited.pop("system", None)  # one prompt: the profile's replaces the top's, whichever key
+            inherited.pop("system_file", None)
+        merged[table] = {**inherited, **own}
+    offered: tuple[str, ...] | None = None
+    if "mcp" in merged["tools"]:
+        names = merged["tools"].pop("mcp")
+        for i, name in enumerate(names):
+            if name not in servers:
+                known = ", ".join(sorted(servers)) or "none are defined"
+                raise ConfigError(
+                    f"{where}: {key}.tools.mcp[{i}]: no [[mcp.servers]] is named {name!r} ({known})"
+                )
+        offered = tuple(dict.fromkeys(names))
+    top_policy = _policy(data.get("policy"), where)
+    own_policy = _policy(profile.get("policy"), where, prefix=f"{key}.policy")
+    raw_own = profile.get("policy") or {}
+    policy = Policy(
+        default=own_policy.default if "default" in raw_own else top_policy.default,
+        tools={**top_policy.tools, **own_policy.tools},
+        rules=(*own_policy.rules, *top_policy.rules),
+        origins={name: f"{key}.policy.tools" for name in own_policy.tools},
+        default_key=f"{key}.policy.default" if "default" in raw_own else "policy.default",
+    )
+    return merged, offered, policy
 
 
 def _approvals(raw: dict[str, Any], where: str) -> Approvals:
@@ -398,8 +660,13 @@ def _url_without_secrets(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
-def _section(data: dict[str, Any], name: str, spec: dict[str, _Spec], where: str) -> dict[str, Any]:
+def _section(
+    data: dict[str, Any], name: str, spec: dict[str, _Spec], where: str, prefix: str | None = None
+) -> dict[str, Any]:
+    """The table `name` of `data`, its keys and values checked against `spec`; errors name it
+    `prefix` (default: `name`)."""
     raw = data.get(name, {})
+    name = prefix or name
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: [{name}] must be a table")
     _only_keys(raw, set(spec), f"{name}.", where)
@@ -414,26 +681,26 @@ def _section(data: dict[str, Any], name: str, spec: dict[str, _Spec], where: str
     return out
 
 
-def _policy(raw: Any, where: str) -> Policy:
+def _policy(raw: Any, where: str, prefix: str = "policy") -> Policy:
     if raw is None:
         return Policy()
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: [policy] must be a table")
-    _only_keys(raw, _POLICY_KEYS, "policy.", where)
-    default = _tier(raw.get("default", Tier.ASK.value), "policy.default", where)
+        raise ConfigError(f"{where}: [{prefix}] must be a table")
+    _only_keys(raw, _POLICY_KEYS, f"{prefix}.", where)
+    default = _tier(raw.get("default", Tier.ASK.value), f"{prefix}.default", where)
     tools_raw = raw.get("tools", {})
     if not isinstance(tools_raw, dict):
-        raise ConfigError(f'{where}: [policy.tools] must be a table of tool = "tier"')
-    tools = {name: _tier(value, f"policy.tools.{name}", where) for name, value in tools_raw.items()}
+        raise ConfigError(f'{where}: [{prefix}.tools] must be a table of tool = "tier"')
+    tools = {name: _tier(value, f"{prefix}.tools.{name}", where) for name, value in tools_raw.items()}
     rules_raw = raw.get("rules", [])
     if not isinstance(rules_raw, list) or not all(isinstance(r, dict) for r in rules_raw):
-        raise ConfigError(f"{where}: policy.rules must be an array of tables ([[policy.rules]])")
-    rules = tuple(_rule(i + 1, r, where) for i, r in enumerate(rules_raw))
+        raise ConfigError(f"{where}: {prefix}.rules must be an array of tables ([[{prefix}.rules]])")
+    rules = tuple(_rule(i + 1, r, where, f"{prefix}.rules") for i, r in enumerate(rules_raw))
     return Policy(default=default, tools=tools, rules=rules)
 
 
-def _rule(number: int, raw: dict[str, Any], where: str) -> Rule:
-    key = f"policy.rules[{number}]"
+def _rule(number: int, raw: dict[str, Any], where: str, table: str = "policy.rules") -> Rule:
+    key = f"{table}[{number}]"
     _only_keys(raw, _RULE_KEYS, f"{key}.", where)
     for needed in ("tool", "tier"):
         if needed not in raw:
@@ -447,7 +714,8 @@ def _rule(number: int, raw: dict[str, Any], where: str) -> Rule:
     for arg, pattern in args.items():
         if not isinstance(pattern, str):
             raise ConfigError(f"{where}: {key}.args.{arg} must be a glob string, got {pattern!r}")
-    return Rule(number=number, tool=tool, args=dict(args), tier=_tier(raw["tier"], f"{key}.tier", where))
+    rule = Rule(number=number, tool=tool, args=dict(args), tier=_tier(raw["tier"], f"{key}.tier", where))
+    return rule if table == "policy.rules" else replace(rule, table=table)
 
 
 def _tier(value: Any, key: str, where: str) -> Tier:

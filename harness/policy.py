@@ -40,6 +40,7 @@ class Rule:
     tool: str
     args: Mapping[str, str]
     tier: Tier
+    table: str = "policy.rules"  # a profile's own rules: "profiles[NAME].policy.rules"
 
     def matches(self, name: str, arguments: Mapping[str, Any]) -> bool:
         """Whether a call of `name` with `arguments` is one this rule speaks of."""
@@ -54,7 +55,7 @@ class Rule:
     def describe(self) -> str:
         """`policy.rules[N] (tool = "…", path = "…")`."""
         parts = [f"tool = {_quoted(self.tool)}"] + [f"{k} = {_quoted(v)}" for k, v in self.args.items()]
-        return f"policy.rules[{self.number}] ({', '.join(parts)})"
+        return f"{self.table}[{self.number}] ({', '.join(parts)})"
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,10 @@ class Policy:
     default: Tier = Tier.ASK
     tools: Mapping[str, Tier] = field(default_factory=dict)
     rules: tuple[Rule, ...] = ()
+    # Where an entry of `tools` (and the default) was written, when not `[policy]`: a profile's
+    # own entries are named "profiles[NAME].policy.tools", so a why points at the right line.
+    origins: Mapping[str, str] = field(default_factory=dict)
+    default_key: str = "policy.default"
 
     def decide(self, name: str, arguments: Any, own_tier: Tier | None = None, own_why: str = "") -> Ruling:
         """The tier of one call of `name` with `arguments`, and why."""
@@ -89,14 +94,17 @@ class Policy:
         claim on a server whose annotations are not trusted): the default's why carries it.
         """
         if name in self.tools:
-            return Ruling(self.tools[name], f"policy.tools.{_key(name)}")
+            return Ruling(self.tools[name], f"{self._table(name)}.{_key(name)}")
         globs = [(len(p), i, p) for i, p in enumerate(self.tools) if _is_glob(p) and glob_match(p, name)]
         if globs:
             _, _, pattern = max(globs, key=lambda g: (g[0], -g[1]))
-            return Ruling(self.tools[pattern], f"policy.tools.{_key(pattern)}")
+            return Ruling(self.tools[pattern], f"{self._table(pattern)}.{_key(pattern)}")
         if own_tier is not None:
             return Ruling(own_tier, own_why or "tool's own tier")
-        return Ruling(self.default, f"policy.default ({own_why})" if own_why else "policy.default")
+        return Ruling(self.default, f"{self.default_key} ({own_why})" if own_why else self.default_key)
+
+    def _table(self, key: str) -> str:
+        return self.origins.get(key, "policy.tools")
 
     def rules_for(self, name: str) -> tuple[Rule, ...]:
         """The rules whose `tool` matches `name`: they may decide a call of it by its arguments."""

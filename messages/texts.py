@@ -54,6 +54,10 @@ TOO_MANY_RECOVERIES = (
     "Stopped: this run's worker died {times} times while running it, so it was not tried again. "
     "Nothing more was run."
 )
+NOT_A_REQUESTER = (
+    "In this channel only {{who}} may start a run (the channel's profile `{profile}` says so). "
+    "Nothing was started."
+)
 BUSY_USER = (
     "You already have {limit} requests going (running or waiting for approval). "
     "This one was not started: mention me again once one of them is done."

@@ -117,7 +117,7 @@ def _reminder(svc: Services, run_id: str, park_id: int, now: float) -> tuple[str
     msg = escalation_reminder(
         calls=undecided,
         requester=record.requester,
-        escalate_to=svc.config.approvals.escalate_to,
+        escalate_to=svc.settings_of(record).approvals.escalate_to,
         expires_at=expires_at,
     )
     return record.channel, record.thread_ts, msg, record.expires_at

@@ -289,7 +289,7 @@ class Driver:
     def settle(self) -> bool:
         """Let go of a parked run; True when every decision is already in (keep driving it)."""
         self.collect()
-        ttl = park_ttl(self.svc.config.approvals.expire_after_minutes)
+        ttl = park_ttl(self.svc.settings_of(self.record).approvals.expire_after_minutes)
         outcome = self.svc.store.settle_park(self.record, self.token, self.seconds, ttl=ttl)
         if outcome == "lost":
             raise LostLease(self.run_id)

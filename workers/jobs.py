@@ -286,8 +286,16 @@ def _agent(svc: Services, driver: Driver) -> Agent:
             return None
         return Stop(Valve.STOPPED_BY_USER, harness_texts.STOP_BY_USER)
 
+    settings = svc.settings_of(driver.record)
+    if settings.profile is not None and svc.config.for_profile(settings.profile) is None:
+        log.warning(
+            "run %s: its profile %r is no longer configured: nothing is offered to it and no call runs",
+            driver.run_id,
+            settings.profile,
+        )
+    catalog = svc.catalog.narrowed(settings) if svc.catalog is not None else None
     return Agent.from_config(
-        svc.config, svc.catalog, client=svc.model, before_tool=write_ahead, stop_check=stop_check
+        settings, catalog, client=svc.model, before_tool=write_ahead, stop_check=stop_check
     )
 
 
@@ -364,7 +372,7 @@ def _park(
     if not waiting:
         driver.save(state=state.to_json())
         return _advance(svc, driver, state)
-    approvals = svc.config.approvals
+    approvals = svc.settings_of(driver.record).approvals
     minutes = approvals.expire_after_minutes
     expires_at = datetime.now(UTC) + timedelta(minutes=minutes)
     if approvals.escalate_after_minutes:  # scheduled before the park: a driver dying between parks again
@@ -385,7 +393,7 @@ def _approval_card(
     svc: Services, record: RunRecord, call: PendingCall, votes: tuple[str, ...] = ()
 ) -> Message:
     """The card of one parked call, from what the park kept of its tool and reply."""
-    approvals = svc.config.approvals
+    approvals = svc.settings_of(record).approvals
     info = record.call_tools.get(call.id, {})
     expires_at = datetime.fromtimestamp(record.expires_at or time.time(), UTC)
     return cards.approval_card(
@@ -542,7 +550,7 @@ def _retry_if_clicked(svc: Services, driver: Driver) -> str | None:
 def _park_at_limit(svc: Services, driver: Driver, state: RunState, outcome: AwaitingLimit) -> str | None:
     """Park a run at a limit: its card asks Continue or Stop; it expires like an approval (then stops)."""
     record = driver.record
-    minutes = svc.config.approvals.expire_after_minutes
+    minutes = svc.settings_of(record).approvals.expire_after_minutes
     expires_at = datetime.now(UTC) + timedelta(minutes=minutes)
     info = {"question": outcome.question, "reason": outcome.reason, "more": outcome.more}
     driver.record = replace(record, call_tools={LIMIT_CALL: info}, expires_at=expires_at.timestamp())
@@ -555,7 +563,7 @@ def _park_at_limit(svc: Services, driver: Driver, state: RunState, outcome: Awai
 
 def _limit_card(svc: Services, record: RunRecord, votes: tuple[str, ...] = ()) -> Message:
     """The card of a run parked at a limit, from what the park kept; `votes`: Continues so far."""
-    approvals = svc.config.approvals
+    approvals = svc.settings_of(record).approvals
     info = record.call_tools.get(LIMIT_CALL, {})
     return cards.limit_card(
         run_id=record.run_id,

@@ -34,7 +34,7 @@ from harness.client import make_client
 from harness.config import Config, load_config
 from harness.tools.catalog import Catalog
 from workers.slack_http import KeepAliveWebClient
-from workers.store import DAY, QueuedJob, Store
+from workers.store import DAY, QueuedJob, RunRecord, Store
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +226,10 @@ class Services:
             model=make_client(),
             catalog=Catalog.from_config(config),
         )
+
+    def settings_of(self, record: RunRecord) -> Config:
+        """The settings of `record`'s run: its profile as configured now (`Config.settings`)."""
+        return self.config.settings(record.profile)
 
     @functools.cached_property
     def courtesy_slack(self) -> WebClient:

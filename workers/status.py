@@ -85,11 +85,12 @@ def report(store: Store, config: Config, now: float | None = None) -> str:
     for park in waiting:
         record = park.record
         expires_at = record.expires_at or now
-        since = expires_at - config.approvals.expire_after_minutes * 60
+        approvals = config.settings(record.profile).approvals
+        since = expires_at - approvals.expire_after_minutes * 60
         lines.append(
             f"  {_where(record)} park {park.park_id}, parked {_ago(now - since)}, "
             f"expires in {_span(expires_at - now)}; waiting for: {', '.join(park.undecided) or '-'}; "
-            f"must decide: {', '.join(deciders(config.approvals, record, now))}"
+            f"must decide: {', '.join(deciders(approvals, record, now))}"
         )
     broken = sorted(failed(store), key=lambda r: r.created_at)
     lines.append(f"Failed: {len(broken)}")

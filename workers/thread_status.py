@@ -55,7 +55,7 @@ def show(svc: Services, record: RunRecord, phase: Phase) -> RunRecord:
     for method in (SESSION, ASSISTANT) if record.surface == IM else (SESSION,):
         if shown.get(method) == REFUSED:
             continue
-        wanted = phase.value if method == SESSION else _assistant_text(svc, phase)
+        wanted = phase.value if method == SESSION else _assistant_text(svc, record, phase)
         if not _changes_anything(record, shown, method, wanted):
             break
         outcome = _call(svc, method, record, wanted)
@@ -107,12 +107,12 @@ def _call(svc: Services, method: str, record: RunRecord, wanted: str) -> str | N
         return None
 
 
-def _assistant_text(svc: Services, phase: Phase) -> str:
+def _assistant_text(svc: Services, record: RunRecord, phase: Phase) -> str:
     if phase is Phase.WORKING:
         return texts.STATUS_WORKING
     if phase is Phase.ENDED:
         return ""  # clears it
-    approvers = svc.config.approvals.approvers
+    approvers = svc.settings_of(record).approvals.approvers
     return texts.STATUS_WAITING_ON_YOU if not approvers else texts.STATUS_WAITING_ON_APPROVERS
 
 

@@ -129,7 +129,7 @@ def set_going(deps: BotDeps, record: RunRecord, verdict: Verdict, result: Decide
     (the resume reads the note), and the job that shows it on the card or resumes the run. True
     when the decision was recorded: then the clicker needs no reply."""
     if result.outcome is DecideOutcome.RECORDED:
-        metrics.decided(deps.store.redis, record, verdict, deps.config.approvals)
+        metrics.decided(deps.store.redis, record, verdict, deps.settings_of(record).approvals)
     if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED, DecideOutcome.COUNTED):
         deps.enqueue(APPLY_DECISIONS, record.run_id)
     return result.outcome is DecideOutcome.RECORDED
@@ -156,13 +156,13 @@ def decide(
         decision,
         audit=record.audit_fields(call),
         fingerprint=ref.fingerprint,
-        required=deps.config.approvals.required,
+        required=deps.settings_of(record).approvals.required,
         grant=grant,
     )
     if set_going(deps, record, decision.verdict, result):
         return
     if result.outcome is DecideOutcome.COUNTED:
-        required = deps.config.approvals.required
+        required = deps.settings_of(record).approvals.required
         context[REPLY] = texts.APPROVAL_COUNTED.format(count=len(result.votes), required=required)
     elif result.outcome is DecideOutcome.STALE:
         context[REPLY] = texts.STALE_CARD
@@ -195,7 +195,7 @@ def _on_decision(deps: BotDeps, verdict: Verdict, *, grant: bool = False) -> Cal
         if not grant:
             decide(deps, record, ref, Decision(verdict, by=clicker.user), context)
             return
-        approvals = deps.config.approvals
+        approvals = deps.settings_of(record).approvals
         call = awaiting_call(record, ref.call_id)
         if approvals.grant_minutes <= 0 or approvals.required > 1 or call is None:
             context[REPLY] = texts.NO_GRANTS if call is not None else texts.UNKNOWN_APPROVAL
@@ -214,7 +214,7 @@ def _on_decision(deps: BotDeps, verdict: Verdict, *, grant: bool = False) -> Cal
 
 def _may_approve(deps: BotDeps, record: RunRecord, ref: CardRef, user: str, context: BoltContext) -> bool:
     """Whether `user` may approve (not only decline) the call: four eyes, and arguments one can read."""
-    if deciders.self_approval_refused(deps.config.approvals, user, record):
+    if deciders.self_approval_refused(deps.settings_of(record).approvals, user, record):
         context[REPLY] = texts.NO_SELF_APPROVAL  # their decline still counts
         return False
     if not _reviewable(record, ref.call_id):

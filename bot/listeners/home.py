@@ -105,16 +105,19 @@ def waiting_on(deps: BotDeps, team: str, user: str) -> tuple[list[HomeItem], boo
 
 def _home_candidates(deps: BotDeps, team: str, user: str, now: float) -> list[OpenPark]:
     """The open parks that may wait on `user`, soonest expiry first, at most `HOME_SCAN` of them."""
-    approvals = deps.config.approvals
+    config = deps.config
     found: list[OpenPark] = []
-    if not approvals.approvers:  # each run's requester decides it
+    # Each profile may name its own approvers: the candidates of every level are read, once each.
+    levels = {a: None for a in (config.approvals, *(p.settings.approvals for p in config.profiles))}
+    if any(not approvals.approvers for approvals in levels):  # each run's requester decides it
         found += deps.store.open_parks(team, requester=user, now=now, limit=HOME_SCAN)
-    elif _is_named(deps, team, user, approvals.approvers):
+    if any(a.approvers and _is_named(deps, team, user, a.approvers) for a in levels):
         found += deps.store.open_parks(team, now=now, limit=HOME_SCAN)
-    if approvals.escalate_after_minutes and _is_named(deps, team, user, approvals.escalate_to):
-        # `deciders.escalated`: parked at expires_at - expire_after, escalated escalate_after later
-        horizon = now + (approvals.expire_after_minutes - approvals.escalate_after_minutes) * 60
-        found += deps.store.open_parks(team, now=now, until=horizon, limit=HOME_SCAN)
+    for approvals in levels:
+        if approvals.escalate_after_minutes and _is_named(deps, team, user, approvals.escalate_to):
+            # `deciders.escalated`: parked at expires_at - expire_after, escalated escalate_after later
+            horizon = now + (approvals.expire_after_minutes - approvals.escalate_after_minutes) * 60
+            found += deps.store.open_parks(team, now=now, until=horizon, limit=HOME_SCAN)
     unique = {(p.run_id, p.park_id): p for p in found}
     return sorted(unique.values(), key=lambda p: p.expires_at)[:HOME_SCAN]
 

@@ -20,6 +20,7 @@ from bot.listening import (
     BotDeps,
     Then,
 )
+from harness.config import Config
 from messages import texts
 from messages.blocks import notice
 from workers import metrics
@@ -57,6 +58,23 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
             log.warning("ignoring an app_mention whose text is not a string")
             return
         direct = event.get("channel_type") == IM or channel.startswith("D")  # app_mention has no type
+        settings, kept = _settings(deps, team, channel, thread_ts)
+        if settings.requesters and not deps.groups.includes(deps.store, team, user, settings.requesters):
+            log.info(
+                "app_mention %s in %s: %s may not start runs under profile %s",
+                event_id,
+                channel,
+                user,
+                settings.profile,
+            )
+            context["refusal"] = (
+                channel,
+                thread_ts,
+                user,
+                texts.NOT_A_REQUESTER.format(profile=settings.profile),
+                {"who": list(settings.requesters)},
+            )
+            return
         record = RunRecord(
             run_id=new_run_id(),
             team=team,
@@ -66,8 +84,9 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
             task=text[:MAX_TASK_CHARS],
             surface=IM if direct else "channel",
             asked_ts=ts,
+            profile=settings.profile or "",
         )
-        limits = deps.config.limits
+        limits = settings.limits
         accepted = deps.store.accept_event(
             team,
             _message_key(channel, ts) if direct else event_id,
@@ -78,6 +97,8 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
             counted_in=metrics.mention_counter(),
         )
         context["accepted"] = accepted
+        if accepted is Accepted.NEW and kept != record.profile:
+            deps.store.keep_thread_profile(record)
         busy = {
             Accepted.USER_BUSY: limits.max_runs_per_user,
             Accepted.CHANNEL_BUSY: limits.max_runs_per_channel,
@@ -90,12 +111,33 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
     return on_mention
 
 
+def _settings(deps: BotDeps, team: str, channel: str, thread_ts: str) -> tuple[Config, str | None]:
+    """The settings a new run in this thread gets, and the profile the thread kept (None: none).
+
+    A thread keeps the profile its first run started under, so a later mention continues under it
+    even if the channel has moved to another profile since; a profile since removed is matched anew.
+    """
+    config = deps.config
+    kept = deps.store.thread_profile(team, channel, thread_ts)
+    if kept is not None:
+        found = config.for_profile(kept)
+        if found is not None:
+            return found, kept
+    return config.for_run(channel, team), kept
+
+
 def acknowledge_visibly(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:
     """Something visible within a second: an :eyes: reaction, or why the mention was not started."""
     event = body.get("event") or {}
     try:
         if context.get("accepted") is Accepted.NEW:
             client.reactions_add(channel=event["channel"], timestamp=event["ts"], name="eyes")
+        elif context.get("refusal"):
+            channel, thread_ts, user, text, users = context["refusal"]
+            msg = notice(text, **users)
+            client.chat_postEphemeral(
+                channel=channel, user=user, thread_ts=thread_ts, text=msg.text, blocks=msg.blocks
+            )
         elif context.get("busy_notice"):
             channel, thread_ts, text = context["busy_notice"]
             msg = notice(text)

@@ -122,10 +122,11 @@ def _on_edit_submitted(deps: BotDeps) -> Callable[..., None]:
             ack()
             context[REPLY] = texts.STALE_CARD if call is not None else texts.UNKNOWN_APPROVAL
             return
-        edited, errors = edits.read(view, call, record.call_tools.get(call.id, {}), deps.config)
-        if not errors and deps.config.approvals.required > 1:
+        settings = deps.settings_of(record)
+        edited, errors = edits.read(view, call, record.call_tools.get(call.id, {}), settings)
+        if not errors and settings.approvals.required > 1:
             errors = {edits.first_block(view, call): texts.NO_EDIT_WITH_QUORUM}
-        if not errors and deciders.self_approval_refused(deps.config.approvals, clicker.user, record):
+        if not errors and deciders.self_approval_refused(settings.approvals, clicker.user, record):
             errors = {edits.first_block(view, call): texts.NO_SELF_APPROVAL}
         if errors:
             ack(response_action="errors", errors=errors)  # the modal stays open; nothing is decided

@@ -133,7 +133,7 @@ def _answer_limit(
     if not deps.may_decide(clicker.user, record):
         context[REPLY] = (texts.LIMIT_NOT_ALLOWED, {"who": deps.deciders(record)})
         return
-    approvals = deps.config.approvals
+    approvals = deps.settings_of(record).approvals
     if verdict is Verdict.APPROVED and deciders.self_approval_refused(approvals, clicker.user, record):
         context[REPLY] = texts.LIMIT_NO_SELF_CONTINUE  # four eyes: their Stop still counts
         return
@@ -185,7 +185,7 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
         if not deps.may_decide(user, record):
             context[REPLY] = (texts.NOT_ALLOWED_RETRY, {"who": deps.deciders(record)})
             return
-        limits = deps.config.limits
+        limits = deps.settings_of(record).limits
         claimed = deps.store.claim_retry(
             record,
             record.failure_ts,

@@ -22,6 +22,8 @@ from harness.tools.mcp import (
 from harness.tools.modules import load_module_tools
 from harness.tools.registry import ToolRegistry
 
+BUILTIN = "builtin"  # `Catalog.sources` of a built-in tool
+
 
 class Catalog:
     """Built-in and module tools, fixed at start, plus the MCP tools its host lists right now."""
@@ -33,35 +35,94 @@ class Catalog:
         host: McpHost | None = None,
         servers: Sequence[str] = (),
         timeout_seconds: float = 30.0,
+        sources: Mapping[str, str] | None = None,
     ) -> None:
         self.static = tuple(static)
         self.host = host
         self.servers = tuple(servers)
         self.timeout_seconds = timeout_seconds
+        # Where each static tool comes from: BUILTIN, or the `[tools] modules` entry that offers it.
+        self.sources: Mapping[str, str] = dict(sources or {t.name: BUILTIN for t in self.static})
         self._lock = threading.Lock()
         self._cached: tuple[Listing | None, ToolRegistry] = (None, ToolRegistry(self.static, timeout_seconds))
+        self._narrowed: dict[tuple[object, ...], Catalog] = {}
 
     @classmethod
     def from_config(cls, config: Config, host: McpHost | None = None) -> Catalog:
-        """The catalog of `config`; a module that fails or a clash of names is a `ConfigError`."""
-        static = [t for t in BUILTIN_TOOLS if t.name in config.tools.builtin]
+        """Every tool `config` or one of its profiles offers (`narrowed` picks a run's); a module
+        that fails or a clash of names is a `ConfigError`."""
+        levels = [config, *(p.settings for p in config.profiles)]
+        builtin = {name for level in levels for name in level.tools.builtin}
+        static = [t for t in BUILTIN_TOOLS if t.name in builtin]
+        sources = {t.name: BUILTIN for t in static}
         servers = [s.name for s in config.mcp_servers]
-        seen = {t.name for t in static}
-        for found in load_module_tools(config.tools.modules):
-            where = f"tools.modules: {found.module}.{found.name}"
-            if found.name in seen:
-                raise ConfigError(f"{where}: two tools are named {found.name!r}")
-            if not valid_tool_name(found.name):
-                raise ConfigError(f"{where}: {found.name!r} breaks the API's tool-name rule {TOOL_NAME_RULE}")
-            if any(found.name.startswith(s + SEPARATOR) for s in servers):
-                raise ConfigError(f"{where}: {found.name!r} would shadow a tool of an MCP server")
-            seen.add(found.name)
-            static.append(found)
-        return cls(static, host=host, servers=servers, timeout_seconds=config.limits.tool_timeout_seconds)
+        modules = dict.fromkeys(m for level in levels for m in level.tools.modules)
+        for module in modules:
+            for found in load_module_tools((module,)):
+                where = f"tools.modules: {found.module}.{found.name}"
+                if found.name in sources:
+                    raise ConfigError(f"{where}: two tools are named {found.name!r}")
+                if not valid_tool_name(found.name):
+                    raise ConfigError(
+                        f"{where}: {found.name!r} breaks the API's tool-name rule {TOOL_NAME_RULE}"
+                    )
+                if any(found.name.startswith(s + SEPARATOR) for s in servers):
+                    raise ConfigError(f"{where}: {found.name!r} would shadow a tool of an MCP server")
+                sources[found.name] = module
+                static.append(found)
+        return cls(
+            static,
+            host=host,
+            servers=servers,
+            timeout_seconds=config.limits.tool_timeout_seconds,
+            sources=sources,
+        )
 
     def with_host(self, host: McpHost) -> Catalog:
         """The same built-in and module tools, with MCP tools listed by `host`."""
-        return Catalog(self.static, host=host, servers=self.servers, timeout_seconds=self.timeout_seconds)
+        return Catalog(
+            self.static,
+            host=host,
+            servers=self.servers,
+            timeout_seconds=self.timeout_seconds,
+            sources=self.sources,
+        )
+
+    def narrowed(self, settings: Config) -> Catalog:
+        """The tools a run under `settings` (a profile's, or the top level's) is offered: its
+        built-ins, its modules' tools and the tools of the MCP servers it picks. Kept, so that
+        its registry is rebuilt only when the MCP listing changes."""
+        key = (
+            settings.tools.builtin,
+            settings.tools.modules,
+            settings.offered_servers,
+            settings.limits.tool_timeout_seconds,
+        )
+        with self._lock:
+            found = self._narrowed.get(key)
+            if found is None:
+                static = [
+                    t
+                    for t in self.static
+                    if (self.sources[t.name] == BUILTIN and t.name in settings.tools.builtin)
+                    or (self.sources[t.name] != BUILTIN and self.sources[t.name] in settings.tools.modules)
+                ]
+                found = Catalog(
+                    static,
+                    host=self.host,
+                    servers=[s for s in self.servers if settings.offers_server(s)],
+                    timeout_seconds=settings.limits.tool_timeout_seconds,
+                    sources=self.sources,
+                )
+                self._narrowed[key] = found
+        return found
+
+    def source(self, name: str) -> str:
+        """Where tool `name` comes from: BUILTIN, a module's name, or "mcp:SERVER"."""
+        if name in self.sources:
+            return self.sources[name]
+        server = next((s for s in self.servers if name.startswith(s + SEPARATOR)), None)
+        return f"mcp:{server}" if server else ""
 
     def registry(self) -> ToolRegistry:
         """The tools to offer now; rebuilt only when the MCP listing changed."""
@@ -71,7 +132,12 @@ class Catalog:
         with self._lock:
             previous, registry = self._cached
             if listing != previous:
-                tools = [*self.static, *tools_of(self.host, listing)]
+                mine = Listing(
+                    tools=tuple(t for t in listing.tools if t.server in self.servers),
+                    away=listing.away,
+                    timeouts=listing.timeouts,
+                )
+                tools = [*self.static, *tools_of(self.host, mine)]
                 absent = absent_answer(self.servers, listing)
                 registry = ToolRegistry(tools, self.timeout_seconds, absent=absent)
                 self._cached = (listing, registry)

@@ -70,6 +70,8 @@ class RunRecord:
     # What Slack shows of the run (workers.thread_status): per status method, the status it last
     # showed, or "refused" once Slack refused it for this run (then it is not called again).
     status_shown: dict[str, str] = field(default_factory=dict)
+    # The `[[profiles]]` name the run started under ("": the top level); it keeps it to the end.
+    profile: str = ""
 
     @property
     def thread(self) -> tuple[str, str, str]:
@@ -119,9 +121,14 @@ class RunRecord:
             raise StateError("stored run record has an unknown format version; refusing to use it")
         try:
             data["status"] = RunStatus(data["status"])
-            return cls(**data)
+            record = cls(**data)
         except (TypeError, ValueError, KeyError) as exc:
             raise StateError(f"stored run record is malformed ({exc!r}); refusing to use it") from None
+        if not isinstance(record.profile, str):
+            raise StateError(
+                "stored run record names its profile with something not text; refusing to use it"
+            )
+        return record
 
 
 _PACKED = b"z1:"  # zlib, level 1: conversations shrink 3-10x (tests/bench/bench_state.py)

@@ -58,6 +58,19 @@ class ThreadStore(StorePart):
             raise StateError("stored thread has an unknown format version; refusing to use it")
         return tuple(parsed["messages"]), int(seq or 0)
 
+    def thread_profile(self, team: str, channel: str, thread_ts: str) -> str | None:
+        """The profile the thread's first run started under ("": the top level); None: none yet."""
+        raw = self.redis.hget(Keys.history(team, channel, thread_ts), "profile")
+        return None if raw is None else as_text(raw)
+
+    def keep_thread_profile(self, record: RunRecord) -> None:
+        """Remember `record`'s profile as its thread's: later mentions there continue under it."""
+        key = Keys.history(*record.thread)
+        with self.redis.pipeline() as pipe:
+            pipe.hset(key, "profile", record.profile)
+            pipe.expire(key, THREAD_TTL)
+            pipe.execute()
+
     def take_thread(self, record: RunRecord, ttl: int, *, queue: bool = True) -> bool:
         """Make `record` the active run of its thread, or (`queue`) queue it behind the one that is."""
         keys = [Keys.thread_lock(*record.thread), Keys.thread_waiting(*record.thread)]
