@@ -8,6 +8,9 @@ picks among the servers defined once. Bad input stops the process with one line 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ from harness.config import Budgets, Config, ConfigError, load_config
 from harness.policy import Tier
 from harness.state import StateError
 from harness.tools.catalog import BUILTIN, Catalog
+from tests.stack import ROOT
 from workers.store import RunRecord
 
 SERVERS = """
@@ -295,3 +299,29 @@ def test_a_stored_record_whose_profile_is_not_text_is_refused() -> None:
     forged = json.dumps({**json.loads(record.to_json()), "profile": {"name": "ops"}})
     with pytest.raises(StateError):
         RunRecord.from_json(forged)
+
+
+@pytest.mark.parametrize("command", [["harness", "--list-tools"], ["workers"], ["bot"]])
+def test_each_process_refuses_a_bad_profile_at_start_in_one_line(tmp_path: Path, command: list[str]) -> None:
+    """`python -m bot`, `python -m workers` and `python -m harness` stop with status 2 and one line
+    naming the key, before they reach Slack, Redis or the model."""
+    path = tmp_path / "harness.toml"
+    path.write_text(
+        '[[profiles]]\nname = "a"\nchannels = ["C0A"]\n[[profiles]]\nname = "b"\nchannels = ["C0A"]\n'
+    )
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(ROOT),
+        "HARNESS_CONFIG": str(path),
+        "HARNESS_WORKSPACE": str(tmp_path),
+        "SLACK_BOT_TOKEN": "xoxb-test",
+        "SLACK_SIGNING_SECRET": "secret",
+        "SLACK_API_URL": "http://127.0.0.1:9/api/",
+        "REDIS_URL": "redis://127.0.0.1:9/0",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "profiles[b].channels: C0A is also in profiles[a].channels" in lines[0]
