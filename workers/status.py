@@ -106,8 +106,9 @@ def report(store: Store, config: Config, now: float | None = None) -> str:
 
 
 def _where(record: RunRecord) -> str:
+    profile = f" (profile {record.profile})" if record.profile else ""
     return (
-        f"run {record.run_id} in {record.team}/{record.channel} thread {record.thread_ts} "
+        f"run {record.run_id} in {record.team}/{record.channel} thread {record.thread_ts}{profile} "
         f"asked by {record.requester}:"
     )
 
