@@ -75,7 +75,7 @@ class AwaitingApproval:
 
 @dataclass(frozen=True)
 class AwaitingLimit:
-    """With `on_limit = "ask"`: the run reached `valve` (max turns or token budget) and waits.
+    """With `on_limit = "ask"`: the run reached `valve` (max turns, token budget, a daily budget) and waits.
 
     `continue_at_limit` grants `allowance` more of it and carries on; `stop_run(state, valve,
     reason)` ends it as that valve's stop. `question` says what was reached, for the person asked.

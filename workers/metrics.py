@@ -8,8 +8,9 @@ run on other hosts than the bot. They all share one thing, Redis, so that is whe
 - `harness:metrics:counters`, one hash holding every counter and every histogram bucket. A write
   is one HINCRBY (a histogram: a bucket and its sum, in one pipeline); a scrape is one HGETALL,
   pipelined with the gauges it computes (`Collector`). No TTL: the label sets are bounded (every
-  label takes its values from a fixed list here, anything else counts as `other`; never a run id,
-  user id or channel), so the hash stays a few hundred fields, forever.
+  label takes its values from a fixed list here, or for `profile` from the config's profile names,
+  anything else counts as `other`; never a run id, user id or channel), so the hash stays a few
+  hundred fields, forever.
 - `harness:metrics:run:{run_id}`, what of a run has been counted already: a run's turns, model
   requests and tokens are counted as deltas of its state's own totals, and its tool calls once per
   turn, so a run resumed, retried or re-driven after a crash is never counted twice.
