@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,9 +39,13 @@ channels = ["CRL1"]
 builtin = {builtin}
 [profiles.approvals]
 approvers = [{approver}]
+escalate_after_minutes = 600
+escalate_to = [{escalate}]
 """
-CONFIG_A = GENEROUS + DESK.format(builtin='["get_time", "write_file"]', approver='"UANN"')
-CONFIG_B = GENEROUS + DESK.format(builtin='["get_time", "read_file", "write_file"]', approver='"UBEN"')
+CONFIG_A = GENEROUS + DESK.format(builtin='["get_time", "write_file"]', approver='"UANN"', escalate='"UESCA"')
+CONFIG_B = GENEROUS + DESK.format(
+    builtin='["get_time", "read_file", "write_file"]', approver='"UBEN"', escalate='"UESCB"'
+)
 BAD = CONFIG_B + "[budgets]\nper_team_daily_tokens = 5\n"  # no such key
 
 
@@ -137,9 +143,13 @@ def test_sighup_reloads_bot_and_worker_and_a_bad_config_changes_nothing(stack: S
     approve_as(stack, new_card, "UBEN")
     answered(stack, "CRL1", new_ts, "rlfresh done")
 
-    # The run parked under A is still parked, and resumes under B's definition of its profile.
+    # The run parked under A is still parked; the watchdog's reminder names B's escalate_to.
     record = Store(redis.Redis.from_url(stack.redis_url)).load_run(_run_of(stack, parked_ts))
     assert record is not None and record.status is RunStatus.AWAITING_APPROVAL and record.profile == "desk"
+    due_now(stack, record.run_id)
+    reminder = wait_post(stack, "CRL1", parked_ts, lambda m: "UESC" in m["text"])
+    assert "UESCB" in reminder["text"] and "UESCA" not in reminder["text"]
+    # It resumes under B's definition of its profile: B's approver, B's tools.
     approve_as(stack, parked_card, "UBEN")
     answered(stack, "CRL1", parked_ts, "rlparked done")
     assert offered(stack, "rlparked")[-1] == {"get_time", "read_file", "write_file"}
@@ -160,6 +170,14 @@ def test_sighup_reloads_bot_and_worker_and_a_bad_config_changes_nothing(stack: S
     assert replaced(stack, horses.RELOAD) == 1  # a refused reload replaced no horse
     assert replaced(stack, horses.CRASHED) == 0
     assert len(lines(bot, "config reloaded from")) == 1 and len(lines(worker, "config reloaded from")) == 1
+
+
+def due_now(stack: Stack, run_id: str) -> None:
+    """Make the escalation reminder of `run_id`'s park due now (it was set 600 minutes ahead)."""
+    conn = redis.Redis.from_url(stack.redis_url)
+    members = [m for m in conn.zrange("harness:escalations", 0, -1) if m.decode().startswith(f"{run_id}:")]
+    assert len(members) == 1, members
+    conn.zadd("harness:escalations", {members[0]: time.time()}, xx=True)
 
 
 def _run_of(stack: Stack, mention_ts: str) -> str:
@@ -235,7 +253,7 @@ command = "python"
 args = ["-c", "pass"]
 env = {{ TICKETS_TOKEN = "${{{var}}}" }}
 """
-WITH_MODULE = GENEROUS + DESK.format(builtin='["get_time"]', approver='"UBEN"').replace(
+WITH_MODULE = GENEROUS + DESK.format(builtin='["get_time"]', approver='"UBEN"', escalate='"UESCB"').replace(
     "[profiles.approvals]", 'modules = ["rl_echo_tool"]\n[profiles.approvals]'
 )
 
@@ -283,3 +301,33 @@ def ask(stack: Stack, marker: str) -> None:
     status, ts, _ = stack.mention(f"{marker}: say something", channel="CRL1", user="UCAROL")
     assert status == 200
     answered(stack, "CRL1", ts, "said")
+
+
+def test_a_busy_horse_finishes_its_job_under_the_old_config_then_is_replaced(stack: Stack) -> None:
+    arrived, go = threading.Event(), threading.Event()
+
+    def responder(body: dict[str, Any]) -> Any:
+        if "rlbusy" in str(body["messages"][0]) and not arrived.is_set():
+            arrived.set()
+            go.wait(60)  # the horse is in the middle of this run's model request
+        return reply(text("said"))
+
+    stack.model.responder = responder
+    stack.start_bot()
+    worker = stack.start_worker()
+    try:
+        status, busy_ts, _ = stack.mention("rlbusy: take your time", channel="CRL1", user="UCAROL")
+        assert status == 200 and arrived.wait(30)
+        write_config(stack, CONFIG_B)
+        hang_up(worker)
+        wait_until(lambda: lines(worker, "leaves after this job (reload)"), 30)
+        assert replaced(stack, horses.RELOAD) == 0  # not before its job is done
+        go.set()
+        answered(stack, "CRL1", busy_ts, "said")
+        wait_until(lambda: replaced(stack, horses.RELOAD) == 1, 30)
+    finally:
+        go.set()
+    assert offered(stack, "rlbusy") == [{"get_time", "write_file"}]  # its job began under A
+    ask(stack, "rlnext")
+    assert offered(stack, "rlnext") == [{"get_time", "read_file", "write_file"}]
+    assert replaced(stack, horses.CRASHED) == 0
