@@ -25,8 +25,9 @@ T = TypeVar("T")
 
 
 class LiveConfig:
-    """The process's config now. A reload swaps it whole; a reader takes `current` once per
-    request (or job) and keeps that value, so one request never mixes two configs."""
+    """The process's config now, swapped whole by a reload: every read sees the old config or the
+    new one, never a mix. In HTTP mode a web worker's never changes (gunicorn's master swaps it,
+    then forks new workers); in Socket Mode a swap may land between two reads of one request."""
 
     def __init__(self, config: Config) -> None:
         self._config = config
