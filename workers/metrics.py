@@ -113,8 +113,8 @@ JOBS_FAILED = Family("harness_jobs_failed", "RQ jobs that failed with no retry l
 HORSES_REPLACED = Family(
     "harness_work_horses_replaced",
     "Prefork work horses replaced, by why: crashed, memory, threads (one a tool left running), jobs, "
-    "loop (RQ quit on an error), stopped.",
-    {"reason": ("crashed", "memory", "threads", "jobs", "loop", "stopped")},
+    "loop (RQ quit on an error), stopped, reload (the config was read again).",
+    {"reason": ("crashed", "memory", "threads", "jobs", "loop", "stopped", "reload")},
 )
 RECOVERED = Family(
     "harness_runs_recovered", "Runs whose driver died, handed to another worker by a watchdog."
