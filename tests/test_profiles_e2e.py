@@ -10,14 +10,27 @@ next mention; a person a profile leaves out gets an ephemeral reply and nothing 
 from __future__ import annotations
 
 import itertools
+import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from tests.fakes.messages_api import reply, text, tool_use
-from tests.stack import RedisServer, Stack, has_actions, running_stack, thread, wait_post, wait_until
+from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
+from tests.fakes.slack_api import FakeSlackAPI
+from tests.stack import (
+    Process,
+    RedisServer,
+    Stack,
+    descendants,
+    has_actions,
+    running_stack,
+    thread,
+    wait_post,
+    wait_until,
+)
 from workers.store import Keys
 
 pytestmark = pytest.mark.e2e
@@ -191,3 +204,63 @@ def test_a_thread_keeps_its_profile_for_the_next_mention(stack: Stack) -> None:
     stack.settled()
     assert not any(third in str(r["messages"]) for r in stack.model.requests)
     assert not any(f"{third}: done." in m["text"] for m in thread(stack, OPS, ts))
+
+
+# --- a config change applies to new runs; a thread keeps the profile it started under ---------------
+
+MOVED = CONFIG.replace(f'channels = ["{OPS}"]', 'channels = ["CNEWOPS"]').replace(
+    f'channels = ["{GENERAL}", "im"]', f'channels = ["{GENERAL}", "{OPS}", "im"]'
+)
+GONE = MOVED.replace('name = "ops"', 'name = "ops-renamed"')
+
+
+def test_a_thread_keeps_its_profile_across_a_reload_and_new_threads_get_the_new_one(
+    redis_url: str, tmp_path: Path
+) -> None:
+    with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
+        moving = Stack(redis_url, slack, model, tmp_path, config=CONFIG)
+        try:
+            bot, worker = moving.start_bot(), moving.start_worker()
+            first, kept, fresh, rematched = word(), word(), word(), word()
+            ts = ask(moving, OPS, first)
+            wait_post(moving, OPS, ts, lambda m: f"{first}: done." in m["text"])
+            assert offered(moving, first) == ["get_time", "read_file", "write_file"]
+
+            reload(moving, (bot, worker), MOVED, 1)
+            # The old thread continues under `ops` (as configured now); a new one in #ops is `general`'s.
+            moving.model.script_for(first, reply(text(f"{kept}: done.")))
+            moving.mention(f"{kept}: more", channel=OPS, thread_ts=ts)
+            wait_post(moving, OPS, ts, lambda m: f"{kept}: done." in m["text"])
+            assert tools_of(moving, kept) == ["get_time", "read_file", "write_file"]
+            fresh_ts = ask(moving, OPS, fresh)
+            wait_post(moving, OPS, fresh_ts, lambda m: f"{fresh}: done." in m["text"])
+            assert offered(moving, fresh) == ["get_time"]
+
+            reload(moving, (bot, worker), GONE, 2)
+            # Its profile is gone: the thread is matched anew, never left with the old tools.
+            moving.model.script_for(first, reply(text(f"{rematched}: done.")))
+            moving.mention(f"{rematched}: more", channel=OPS, thread_ts=ts)
+            wait_post(moving, OPS, ts, lambda m: f"{rematched}: done." in m["text"])
+            assert tools_of(moving, rematched) == ["get_time"]
+        finally:
+            moving.stop()
+
+
+def reload(stack: Stack, processes: tuple[Process, ...], config: str, times: int) -> None:
+    """Rewrite the config, SIGHUP the bot and the worker, and wait until both serve the new one
+    (the bot once gunicorn's web workers of the old config have left)."""
+    (stack.workdir / "harness.toml").write_text(config, encoding="utf-8")
+    bot = processes[0]
+    old_web = set(descendants(bot.proc.pid))
+    for process in processes:
+        process.proc.send_signal(signal.SIGHUP)
+    wait_until(
+        lambda: all(process.output().count("config reloaded from") == times for process in processes), 30
+    )
+    wait_until(lambda: not set(descendants(bot.proc.pid)) & old_web, 30)
+
+
+def tools_of(stack: Stack, marker: str) -> list[str]:
+    """The tools of the request that carried `marker` anywhere in its conversation (a continuation)."""
+    request = next(r for r in stack.model.requests if marker in str(r["messages"]))
+    return sorted(t["name"] for t in request["tools"])
