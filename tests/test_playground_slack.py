@@ -177,7 +177,7 @@ def test_a_clicks_response_url_replaces_the_message_or_answers_the_clicker_five_
 ) -> None:
     server, client, page = served
     posted = client.chat_postMessage(channel=CHANNEL_ID, text="a card", blocks=[{"type": "divider"}])
-    url = server.playground._response_url(ALICE, posted["ts"], None)
+    url = server.playground._response_url(ALICE, CHANNEL_ID, posted["ts"], None)
     path = url.split("/", 3)[3]
     assert page.request("POST", path, {"replace_original": True, "text": "replaced"})[0] == 200
     assert [m["text"] for m in page.state()["messages"]] == ["replaced"]
