@@ -53,6 +53,7 @@ export function renderToken(inner) {
     return pill('#' + (label || channelName(m[1])), 'channel');
   }
   if ((m = /^!(here|channel|everyone)$/.exec(target))) return pill('@' + m[1], 'special');
+  if ((m = /^!subteam\^([A-Z0-9]+)$/.exec(target))) return pill(label || `@${m[1]}`, 'group');
   if (/^!subteam\^/.test(target)) return pill(label || '@group', 'group');
   if ((m = /^!date\^(\d+)\^/.exec(target))) {
     return el('span', 'date', label || new Date(Number(m[1]) * 1000).toLocaleString());
