@@ -16,9 +16,7 @@ import pytest
 import redis
 
 from playground.slack import CHANNEL_ID, OPS_CHANNEL_ID
-from tests.playground_support import ALICE, BOB, CAROL, Page, Running, playground
-from workers.store.keys import Keys
-from workers.store.records import RunRecord, unpack
+from tests.playground_support import ALICE, BOB, CAROL, Page, Running, playground, runs_started_by
 
 pytestmark = pytest.mark.e2e
 
@@ -48,17 +46,6 @@ def running(redis_db: str, workspace: Path, tmp_path_factory: pytest.TempPathFac
 @pytest.fixture
 def page(running: Running) -> Page:
     return Page(running.url)
-
-
-def runs_started_by(redis_url: str, ts: str) -> list[RunRecord]:
-    """The records of the runs in the thread of the mention `ts`."""
-    client = redis.Redis.from_url(redis_url)
-    try:
-        values = [client.get(key) for key in client.scan_iter(Keys.all_runs())]
-        records = [RunRecord.from_json(unpack(v)) for v in values if v is not None]
-        return [r for r in records if r.thread_ts == ts]
-    finally:
-        client.close()
 
 
 def ephemerals(page: Page, user: str, ts: str, state: dict[str, Any] | None = None) -> list[dict[str, Any]]:
