@@ -94,3 +94,33 @@ def test_someone_ops_does_not_list_as_a_requester_is_told_why_and_nothing_starts
     page.wait_text(here, "no-progress")
     (run,) = runs_started_by(redis_db, here)
     assert (run.requester, run.channel, run.profile) == (CAROL, CHANNEL_ID, "playground")
+
+
+def test_a_small_daily_budget_in_ops_is_spent_in_a_few_mentions_then_mentions_are_told(
+    page: Page, redis_db: str
+) -> None:
+    """#ops gives each person 8,000 tokens a day: about two and a half runs of the demo model."""
+    finished = 0
+    for number in range(4):
+        ts = page.post(
+            "play/mention", {"user": ALICE, "text": f"write note {number}", "channel": OPS_CHANNEL_ID}
+        )["ts"]
+        ending = page.wait_text(ts, FOOTER)
+        if "Stopped by the budget valve" in ending["text"]:
+            break
+        assert "I wrote `notes.md`" in ending["text"]
+        finished += 1
+    else:
+        raise AssertionError("four runs of the demo model never spent 8,000 tokens")
+    assert finished >= 1 and "per_user_daily_tokens" in ending["text"] and "profile `ops`" in ending["text"]
+
+    spent = page.post("play/mention", {"user": ALICE, "text": "write one more", "channel": OPS_CHANNEL_ID})[
+        "ts"
+    ]
+    (reply,) = page.wait(lambda s: ephemerals(page, ALICE, spent, s))
+    assert (
+        "daily budget" in reply["text"]
+        and "8,000 tokens" in reply["text"]
+        and "nothing was started" in reply["text"]
+    )
+    assert reply["channel"] == OPS_CHANNEL_ID and runs_started_by(redis_db, spent) == []
