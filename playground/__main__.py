@@ -19,20 +19,12 @@ from collections.abc import Mapping
 from harness.config import ConfigError, load_config
 from playground import bind_problem, url_host
 from playground.bot_client import Bot
+from playground.profiles import GROUPS, describe
 from playground.server import Playground, Server
-from playground.slack import PEOPLE, Workspace
+from playground.slack import CHANNEL_ID, CHANNELS, PEOPLE, Workspace
 from workers import logs
 
 DEMO_LABEL = "Offline demo model: scripted replies, not Claude. Set ANTHROPIC_API_KEY to use Claude."
-GROUPS = {"S01REVIEWERS": ["U01ALICE", "U02BOB"]}  # a user group to name in `approvers`
-
-
-def notes(approvers: tuple[str, ...], self_approval: bool) -> dict[str, str]:
-    """What each demo user may do with a card, shown beside their name in the user switcher."""
-    if not approvers:
-        return {p.id: "decides their own runs" if self_approval else "" for p in PEOPLE}
-    members = {u for a in approvers for u in GROUPS.get(a, [a])}
-    return {p.id: "approver" if p.id in members else "not an approver" for p in PEOPLE}
 
 
 def main(env: Mapping[str, str] = os.environ) -> int:
@@ -53,13 +45,15 @@ def main(env: Mapping[str, str] = os.environ) -> int:
         return 2
     base_url = f"http://{url_host(host)}:{port}/"
     demo = env.get("PLAYGROUND_DEMO_MODEL") == "1"
+    profiles = describe(config, CHANNELS, PEOPLE)
     playground = Playground(
         workspace=Workspace(token=env["SLACK_BOT_TOKEN"], usergroups=GROUPS),
         bot=Bot(env["PLAYGROUND_BOT_URL"], env["SLACK_SIGNING_SECRET"]),
         base_url=base_url,
         demo=demo,
         model_label=DEMO_LABEL if demo else f"Claude ({config.model})",
-        notes=notes(config.approvals.approvers, config.approvals.self_approval),
+        notes=profiles[CHANNEL_ID]["notes"],
+        profiles=profiles,
     )
     playground.workspace.upload_base = f"{base_url}upload/"
     try:

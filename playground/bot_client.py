@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 
 from slack_sdk.signature import SignatureVerifier
 
-from playground.slack import APP_ID, BOT_USER_ID, CHANNEL_ID, CHANNEL_NAME, TEAM_ID, Person
+from playground.slack import APP_ID, BOT_USER_ID, TEAM_ID, Channel, Person
 
 Json = dict[str, Any]
 TIMEOUT_SECONDS = 10.0  # Slack gives up after 3 s; a local bot that is still starting gets longer
@@ -119,7 +119,7 @@ def app_mention(person: Person, message: Json) -> Json:
         "user": person.id,
         "text": message["text"],
         "ts": message["ts"],
-        "channel": CHANNEL_ID,
+        "channel": message["channel"],
         "event_ts": message["ts"],
         "team": TEAM_ID,
         "client_msg_id": secrets.token_hex(16),
@@ -149,11 +149,12 @@ def block_actions(
     *,
     trigger_id: str,
     response_url: str,
+    channel: Channel | None = None,
     message: Json | None = None,
     ephemeral_ts: str | None = None,
     view: Json | None = None,
 ) -> Json:
-    """A click on a button of a message (or an ephemeral message, or a view) the bot posted."""
+    """A click on a button the bot posted: in a message or ephemeral message of `channel`, or a view."""
     payload: Json = {
         "type": "block_actions",
         "user": user_ref(person),
@@ -170,13 +171,15 @@ def block_actions(
         payload["container"] = {"type": "view", "view_id": view["id"]}
         payload["view"] = view
         return payload
-    payload["channel"] = {"id": CHANNEL_ID, "name": CHANNEL_NAME}
+    if channel is None:
+        raise ValueError("a click on a message needs the message's channel")
+    payload["channel"] = {"id": channel.id, "name": channel.name}
     payload["response_url"] = response_url
     if message is not None:
         payload["container"] = {
             "type": "message",
             "message_ts": message["ts"],
-            "channel_id": CHANNEL_ID,
+            "channel_id": channel.id,
             "is_ephemeral": False,
             **({"thread_ts": message["thread_ts"]} if message.get("thread_ts") else {}),
         }
@@ -185,7 +188,7 @@ def block_actions(
         payload["container"] = {
             "type": "message",
             "message_ts": ephemeral_ts,
-            "channel_id": CHANNEL_ID,
+            "channel_id": channel.id,
             "is_ephemeral": True,
         }
     return payload

@@ -4,7 +4,9 @@ One `ThreadingHTTPServer` (standard library) on 127.0.0.1 answers:
 
 - ``GET /`` and ``/static/…``: the page (plain HTML, CSS and JavaScript, no build step);
 - ``GET /play/state`` and ``GET /play/events`` (server-sent events: the state's version, each
-  time it changes); ``POST /play/{mention,action,submit,close,home}``: what a person does on the
+  time it changes); ``GET /play/channels``: each channel's profile, the tools a run there is
+  offered and what each demo user may do there (`playground.profiles`);
+  ``POST /play/{mention,action,submit,close,home}``: what a person does on the
   page, turned into the signed request Slack would send the bot (`playground.bot_client`);
 - ``POST /play/respond/<id>``: the `response_url` of a click;
 - ``POST /api/<method>``: the Slack Web API the bot and workers call (`SLACK_API_URL`);
@@ -34,7 +36,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from playground import bot_client, demo_model
 from playground.bot_client import Bot, BotUnreachable
-from playground.slack import BOT_USER_ID, ApiError, Person, Workspace
+from playground.slack import BOT_USER_ID, CHANNEL_ID, ApiError, Channel, Person, Workspace
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,7 @@ class ResponseUrl:
     """What a click's `response_url` acts on."""
 
     user: str
+    channel: str
     message_ts: str
     thread_ts: str | None
     expires: float
@@ -97,6 +100,8 @@ class Playground:
     demo: bool
     model_label: str
     notes: Mapping[str, str] = field(default_factory=dict)
+    # channel id -> what `GET /play/channels` says of it (playground.profiles.describe)
+    profiles: Mapping[str, Json] = field(default_factory=dict)
     _responses: dict[str, ResponseUrl] = field(default_factory=dict)
 
     def state(self) -> Json:
@@ -110,15 +115,31 @@ class Playground:
             "model": {"demo": self.demo, "label": self.model_label},
         }
 
+    def channels(self) -> Json:
+        """Each channel of the workspace with its profile, its tools and who may do what there."""
+        return {
+            "channels": [
+                {"id": c.id, "name": c.name, **self.profiles.get(c.id, {})}
+                for c in self.workspace.channels.values()
+            ]
+        }
+
+    def channel(self, channel: Any) -> Channel:
+        found = self.workspace.channels.get(channel) if isinstance(channel, str) else None
+        if found is None:
+            raise PageError(f"no such channel: {channel!r}")
+        return found
+
     def person(self, user: Any) -> Person:
         found = self.workspace.people.get(user) if isinstance(user, str) else None
         if found is None:
             raise PageError(f"no such user: {user!r}")
         return found
 
-    def mention(self, user: Any, text: Any, thread_ts: Any = None) -> Json:
-        """Post a person's message mentioning the bot, and send the bot its `app_mention`."""
+    def mention(self, user: Any, text: Any, thread_ts: Any = None, channel: Any = CHANNEL_ID) -> Json:
+        """Post a person's message mentioning the bot in `channel`, and send the bot its `app_mention`."""
         person = self.person(user)
+        where = self.channel(channel)
         if not isinstance(text, str) or not text.strip():
             raise PageError("write something for the bot to do")
         if thread_ts is not None and not isinstance(thread_ts, str):
@@ -128,7 +149,7 @@ class Playground:
         if mention not in body:
             body = f"{mention} {body.removeprefix('@harness').lstrip()}"
         try:
-            message = self.workspace.post_as(person.id, body, thread_ts)
+            message = self.workspace.post_as(person.id, body, thread_ts, where.id)
         except ApiError as exc:
             raise PageError(f"cannot post: {exc.error}") from None
         self._deliver(lambda: self.bot.send_event(bot_client.app_mention(person, message)))
@@ -152,12 +173,15 @@ class Playground:
             ts = str(request.get("message_ts") or "")
             ephemeral = bool(request.get("ephemeral"))
             found = self.workspace.ephemeral(ts, person.id) if ephemeral else self.workspace.message(ts)
-            if found is None:
+            channel = self.workspace.channel_of(ts)
+            if found is None or channel is None:
                 raise PageError("that message is gone")
             element = _element(found.get("blocks"), block_id, action_id, request.get("value"))
-            url = self._response_url(person.id, ts, found.get("thread_ts"))
+            url = self._response_url(person.id, channel.id, ts, found.get("thread_ts"))
             where: Json = {"ephemeral_ts": ts} if ephemeral else {"message": found}
-            payload = bot_client.block_actions(person, element, trigger_id=trigger, response_url=url, **where)
+            payload = bot_client.block_actions(
+                person, element, trigger_id=trigger, response_url=url, channel=channel, **where
+            )
         self._deliver(lambda: self.bot.send_interaction(payload))
         return {"ok": True}
 
@@ -206,13 +230,13 @@ class Playground:
         if target is None or target.expires < time.monotonic() or target.uses <= 0:
             raise PageError("expired_url", status=404)
         target.uses -= 1
-        self.workspace.respond(target.user, (target.message_ts, target.thread_ts), body)
+        self.workspace.respond(target.user, target.channel, target.message_ts, target.thread_ts, body)
 
-    def _response_url(self, user: str, message_ts: str, thread_ts: str | None) -> str:
+    def _response_url(self, user: str, channel: str, message_ts: str, thread_ts: str | None) -> str:
         now = time.monotonic()
         self._responses = {k: r for k, r in self._responses.items() if r.expires > now}
         key = secrets.token_urlsafe(16)
-        self._responses[key] = ResponseUrl(user, message_ts, thread_ts, now + RESPONSE_URL_SECONDS)
+        self._responses[key] = ResponseUrl(user, channel, message_ts, thread_ts, now + RESPONSE_URL_SECONDS)
         return f"{self.base_url}play/respond/{key}"
 
     @staticmethod
@@ -316,6 +340,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, asset[0].read_bytes(), asset[1], cache=False)
         if path == "/play/state":
             return self._json(200, self.server.playground.state())
+        if path == "/play/channels":
+            return self._json(200, self.server.playground.channels())
         if path == "/play/events":
             return self._events()
         return self._json(404, {"ok": False, "error": "not_found"})
@@ -341,7 +367,9 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(403, {"ok": False, "error": f"the page's {PAGE_HEADER} header is missing"})
         play = self.server.playground
         routes = {
-            "/play/mention": lambda r: play.mention(r.get("user"), r.get("text"), r.get("thread_ts")),
+            "/play/mention": lambda r: play.mention(
+                r.get("user"), r.get("text"), r.get("thread_ts"), r.get("channel", CHANNEL_ID)
+            ),
             "/play/action": play.action,
             "/play/submit": lambda r: play.submit(r.get("user"), r.get("view_id"), r.get("values")),
             "/play/close": lambda r: play.close(r.get("user"), r.get("view_id")),

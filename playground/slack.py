@@ -1,4 +1,4 @@
-"""The playground's Slack: one workspace, one channel, a few people, and the Web API methods the bot calls.
+"""The playground's Slack: one workspace, two channels, a few people, and the Web API methods the bot calls.
 
 `Workspace` holds everything a person sees on the page (messages and threads, reactions, their
 ephemeral replies, their open modals, their App Home) and answers the bot's Web API calls
@@ -26,8 +26,10 @@ Json = dict[str, Any]
 
 TEAM_ID = "T0PLAYGND"
 TEAM_NAME = "Playground"
-CHANNEL_ID = "C0PLAYGND"
+CHANNEL_ID = "C0PLAYGND"  # the first channel: the page opens on it
 CHANNEL_NAME = "playground"
+OPS_CHANNEL_ID = "C0OPS"  # the second: playground/config.toml gives it another profile
+OPS_CHANNEL_NAME = "ops"
 BOT_USER_ID = "U0HARNESS"
 BOT_ID = "B0HARNESS"
 APP_ID = "A0HARNESS"
@@ -55,6 +57,17 @@ PEOPLE = (
 )
 
 
+@dataclass(frozen=True)
+class Channel:
+    """A channel of the playground's workspace (everyone is a member of every one)."""
+
+    id: str
+    name: str
+
+
+CHANNELS = (Channel(CHANNEL_ID, CHANNEL_NAME), Channel(OPS_CHANNEL_ID, OPS_CHANNEL_NAME))
+
+
 class ApiError(Exception):
     """A Web API call Slack would answer with ``{"ok": false, "error": ...}``."""
 
@@ -80,11 +93,13 @@ class Workspace:
         *,
         token: str,
         people: Iterable[Person] = PEOPLE,
+        channels: Iterable[Channel] = CHANNELS,
         usergroups: Mapping[str, list[str]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.token = token
         self.people = {p.id: p for p in people}
+        self.channels = {c.id: c for c in channels}
         self.usergroups = dict(usergroups or {})
         self._clock = clock
         self._lock = threading.Lock()
@@ -105,14 +120,17 @@ class Workspace:
 
     # -- what the page does -------------------------------------------------------------------
 
-    def post_as(self, user: str, text: str, thread_ts: str | None) -> Json:
-        """A person's message in the channel (or a thread of it); the message as stored."""
+    def post_as(self, user: str, text: str, thread_ts: str | None, channel: str = CHANNEL_ID) -> Json:
+        """A person's message in `channel` (or a thread of it there); the message as stored."""
         with self._lock:
             if user not in self.people:
                 raise ApiError("user_not_found")
+            channel = self._channel({"channel": channel})
             if thread_ts is not None:
-                thread_ts = self._root(thread_ts, "thread_not_found")
-            message = self._store(user=user, bot_id=None, text=text, blocks=None, thread_ts=thread_ts)
+                thread_ts = self._root(thread_ts, "thread_not_found", channel)
+            message = self._store(
+                user=user, bot_id=None, text=text, blocks=None, thread_ts=thread_ts, channel=channel
+            )
             self._bump()
             return copy.deepcopy(message)
 
@@ -121,6 +139,12 @@ class Workspace:
         with self._lock:
             found = self._find(ts)
             return self._as_slack(found) if found else None
+
+    def channel_of(self, ts: str) -> Channel | None:
+        """The channel of the message or ephemeral message with this ts."""
+        with self._lock:
+            found = self._find(ts) or next((e for e in self.ephemerals if e["ts"] == ts), None)
+            return self.channels.get(found["channel"]) if found else None
 
     def ephemeral(self, ts: str, user: str) -> Json | None:
         """A copy of `user`'s ephemeral message with this ts."""
@@ -162,20 +186,28 @@ class Workspace:
                     self._bump()
                     return
 
-    def respond(self, user: str, channel_ts: tuple[str, str | None], body: Mapping[str, Any]) -> None:
+    def respond(
+        self, user: str, channel: str, message_ts: str, thread_ts: str | None, body: Mapping[str, Any]
+    ) -> None:
         """A `response_url` POST: replace or delete the clicked message, or an ephemeral reply."""
-        message_ts, thread_ts = channel_ts
         text, blocks = str(body.get("text") or ""), _blocks(body.get("blocks"))
         with self._lock:
-            target = self._find(message_ts)
+            target = self._find(message_ts, channel)
             if body.get("delete_original") and target is not None and target["bot_id"]:
                 self.messages.remove(target)
             elif body.get("replace_original") and target is not None and target["bot_id"]:
                 target.update(text=text, blocks=blocks, edited=True)
             elif body.get("response_type") == "in_channel":
-                self._store(user=BOT_USER_ID, bot_id=BOT_ID, text=text, blocks=blocks, thread_ts=thread_ts)
+                self._store(
+                    user=BOT_USER_ID,
+                    bot_id=BOT_ID,
+                    text=text,
+                    blocks=blocks,
+                    thread_ts=thread_ts,
+                    channel=channel,
+                )
             else:
-                self._ephemeral(user, text, blocks, thread_ts)
+                self._ephemeral(user, text, blocks, thread_ts, channel)
             self._bump()
 
     def snapshot(self) -> Json:
@@ -184,7 +216,7 @@ class Workspace:
             return {
                 "version": self.version,
                 "team": {"id": TEAM_ID, "name": TEAM_NAME},
-                "channel": {"id": CHANNEL_ID, "name": CHANNEL_NAME},
+                "channels": [{"id": c.id, "name": c.name} for c in self.channels.values()],
                 "bot": {"user_id": BOT_USER_ID, "bot_id": BOT_ID, "name": BOT_NAME},
                 "messages": [self._for_page(m) for m in self.messages],
                 "ephemerals": copy.deepcopy(self.ephemerals),
@@ -258,24 +290,25 @@ class Workspace:
         }
 
     def _post_message(self, params: Json) -> Json:
-        self._channel(params)
+        channel = self._channel(params)
         text, blocks = _content(params)
         thread_ts = params.get("thread_ts") or None
         if thread_ts is not None:
-            thread_ts = self._root(str(thread_ts), "thread_not_found")
+            thread_ts = self._root(str(thread_ts), "thread_not_found", channel)
         message = self._store(
             user=BOT_USER_ID,
             bot_id=BOT_ID,
             text=text,
             blocks=blocks,
             thread_ts=thread_ts,
+            channel=channel,
             metadata=_metadata(params.get("metadata")),
         )
-        return {"channel": CHANNEL_ID, "ts": message["ts"], "message": self._as_slack(message)}
+        return {"channel": channel, "ts": message["ts"], "message": self._as_slack(message)}
 
     def _update(self, params: Json) -> Json:
-        self._channel(params)
-        message = self._own(str(params.get("ts") or ""), "cant_update_message")
+        channel = self._channel(params)
+        message = self._own(str(params.get("ts") or ""), "cant_update_message", channel)
         if message.get("streaming"):
             raise ApiError("message_is_streaming")
         text, blocks = _content(params, required=False)
@@ -286,39 +319,39 @@ class Workspace:
         if "metadata" in params:
             message["metadata"] = _metadata(params["metadata"])
         message["edited"] = not message.pop("streamed", False)  # settling a stream is no edit
-        return {"channel": CHANNEL_ID, "ts": message["ts"], "text": message["text"]}
+        return {"channel": channel, "ts": message["ts"], "text": message["text"]}
 
     def _delete(self, params: Json) -> Json:
-        self._channel(params)
-        message = self._own(str(params.get("ts") or ""), "cant_delete_message")
+        channel = self._channel(params)
+        message = self._own(str(params.get("ts") or ""), "cant_delete_message", channel)
         self.messages.remove(message)
-        return {"channel": CHANNEL_ID, "ts": message["ts"]}
+        return {"channel": channel, "ts": message["ts"]}
 
     def _post_ephemeral(self, params: Json) -> Json:
-        self._channel(params)
+        channel = self._channel(params)
         user = str(params.get("user") or "")
         if user not in self.people:
             raise ApiError("user_not_in_channel")
         text, blocks = _content(params)
         thread_ts = params.get("thread_ts") or None
-        item = self._ephemeral(user, text, blocks, str(thread_ts) if thread_ts else None)
+        item = self._ephemeral(user, text, blocks, str(thread_ts) if thread_ts else None, channel)
         return {"message_ts": item["ts"]}
 
     def _permalink(self, params: Json) -> Json:
-        self._channel(params)
-        message = self._find(str(params.get("message_ts") or ""))
+        channel = self._channel(params)
+        message = self._find(str(params.get("message_ts") or ""), channel)
         if message is None:
             raise ApiError("message_not_found")
         # Slack's own form (the bot accepts nothing else); the page turns it into "scroll to that message".
-        link = f"{WORKSPACE_URL}archives/{CHANNEL_ID}/p{message['ts'].replace('.', '')}"
+        link = f"{WORKSPACE_URL}archives/{channel}/p{message['ts'].replace('.', '')}"
         if message["thread_ts"]:
-            link += f"?thread_ts={message['thread_ts']}&cid={CHANNEL_ID}"
-        return {"channel": CHANNEL_ID, "permalink": link}
+            link += f"?thread_ts={message['thread_ts']}&cid={channel}"
+        return {"channel": channel, "permalink": link}
 
     def _reaction(self, *, add: bool) -> Callable[[Json], Json]:
         def react(params: Json) -> Json:
-            self._channel(params)
-            message = self._find(str(params.get("timestamp") or ""))
+            channel = self._channel(params)
+            message = self._find(str(params.get("timestamp") or ""), channel)
             if message is None:
                 raise ApiError("message_not_found")
             name = str(params.get("name") or "").strip(":")
@@ -340,8 +373,8 @@ class Workspace:
         return react
 
     def _replies(self, params: Json) -> Json:
-        self._channel(params)
-        root = self._root(str(params.get("ts") or ""), "thread_not_found")
+        channel = self._channel(params)
+        root = self._root(str(params.get("ts") or ""), "thread_not_found", channel)
         thread = [m for m in self.messages if m["ts"] == root or m["thread_ts"] == root]
         with_metadata = str(params.get("include_all_metadata")).lower() in ("1", "true")
         found = [self._as_slack(m, metadata=with_metadata) for m in thread]
@@ -411,18 +444,22 @@ class Workspace:
         return {"view": self._view_out(self.homes[user])}
 
     def _start_stream(self, params: Json) -> Json:
-        self._channel(params)
-        thread_ts = self._root(str(params.get("thread_ts") or ""), "invalid_arguments")  # always in a thread
+        channel = self._channel(params)
+        thread_ts = self._root(
+            str(params.get("thread_ts") or ""), "invalid_arguments", channel
+        )  # in a thread
         if not (params.get("recipient_team_id") and params.get("recipient_user_id")):
             raise ApiError("invalid_arguments")  # required in a channel
         text = str(params.get("markdown_text") or "")
-        message = self._store(user=BOT_USER_ID, bot_id=BOT_ID, text=text, blocks=None, thread_ts=thread_ts)
+        message = self._store(
+            user=BOT_USER_ID, bot_id=BOT_ID, text=text, blocks=None, thread_ts=thread_ts, channel=channel
+        )
         message.update(streaming=True, streamed=True)
-        return {"channel": CHANNEL_ID, "ts": message["ts"]}
+        return {"channel": channel, "ts": message["ts"]}
 
     def _streaming(self, params: Json) -> Json:
-        self._channel(params)
-        message = self._own(str(params.get("ts") or ""), "cant_update_message")
+        channel = self._channel(params)
+        message = self._own(str(params.get("ts") or ""), "cant_update_message", channel)
         if not message.get("streaming"):
             raise ApiError("message_not_in_streaming_state")
         return message
@@ -432,7 +469,7 @@ class Workspace:
         if not params.get("markdown_text"):
             raise ApiError("invalid_arguments")
         message["text"] += str(params["markdown_text"])
-        return {"channel": CHANNEL_ID, "ts": message["ts"]}
+        return {"channel": message["channel"], "ts": message["ts"]}
 
     def _stop_stream(self, params: Json) -> Json:
         message = self._streaming(params)
@@ -440,7 +477,7 @@ class Workspace:
         message["text"] += str(params.get("markdown_text") or "")
         if params.get("metadata"):
             message["metadata"] = _metadata(params["metadata"])
-        return {"channel": CHANNEL_ID, "ts": message["ts"]}
+        return {"channel": message["channel"], "ts": message["ts"]}
 
     def _upload_url(self, params: Json) -> Json:
         name, length = str(params.get("filename") or ""), str(params.get("length") or "")
@@ -475,13 +512,13 @@ class Workspace:
                 {"id": entry["id"], "name": entry["name"], "title": entry["title"], "size": entry["length"]}
             )
         if params.get("channel_id"):
-            self._channel({"channel": params["channel_id"]})
+            channel = self._channel({"channel": params["channel_id"]})
             thread_ts = params.get("thread_ts") or None
             if thread_ts is not None:
-                thread_ts = self._root(str(thread_ts), "invalid_thread_ts")
+                thread_ts = self._root(str(thread_ts), "invalid_thread_ts", channel)
             text = str(params.get("initial_comment") or "")
             message = self._store(
-                user=BOT_USER_ID, bot_id=BOT_ID, text=text, blocks=None, thread_ts=thread_ts
+                user=BOT_USER_ID, bot_id=BOT_ID, text=text, blocks=None, thread_ts=thread_ts, channel=channel
             )
             message["files"] = done
         return {"files": done}
@@ -534,10 +571,12 @@ class Workspace:
         text: str,
         blocks: list[Json] | None,
         thread_ts: str | None,
+        channel: str,
         metadata: Json | None = None,
     ) -> Json:
         message = {
             "ts": self._next_ts(),
+            "channel": channel,
             "thread_ts": thread_ts,
             "user": user,
             "bot_id": bot_id,
@@ -551,24 +590,34 @@ class Workspace:
         del self.messages[:-MAX_MESSAGES]
         return message
 
-    def _ephemeral(self, user: str, text: str, blocks: list[Json] | None, thread_ts: str | None) -> Json:
-        item = {"ts": self._next_ts(), "thread_ts": thread_ts, "user": user, "text": text, "blocks": blocks}
+    def _ephemeral(
+        self, user: str, text: str, blocks: list[Json] | None, thread_ts: str | None, channel: str
+    ) -> Json:
+        item = {
+            "ts": self._next_ts(),
+            "channel": channel,
+            "thread_ts": thread_ts,
+            "user": user,
+            "text": text,
+            "blocks": blocks,
+        }
         self.ephemerals.append(item)
         del self.ephemerals[:-MAX_MESSAGES]
         return item
 
-    def _find(self, ts: str) -> Json | None:
-        return next((m for m in self.messages if m["ts"] == ts), None)
+    def _find(self, ts: str, channel: str | None = None) -> Json | None:
+        """The message with this ts (in `channel`, when given: Slack finds no ts of another channel)."""
+        return next((m for m in self.messages if m["ts"] == ts and channel in (None, m["channel"])), None)
 
-    def _root(self, ts: str, missing: str) -> str:
-        """The ts of the thread that message `ts` belongs to (its own when it starts one)."""
-        message = self._find(ts)
+    def _root(self, ts: str, missing: str, channel: str) -> str:
+        """The ts of the thread that message `ts` of `channel` belongs to (its own when it starts one)."""
+        message = self._find(ts, channel)
         if message is None:
             raise ApiError(missing)
         return str(message["thread_ts"] or message["ts"])
 
-    def _own(self, ts: str, refused: str) -> Json:
-        message = self._find(ts)
+    def _own(self, ts: str, refused: str, channel: str) -> Json:
+        message = self._find(ts, channel)
         if message is None:
             raise ApiError("message_not_found")
         if message["bot_id"] != BOT_ID:
@@ -577,24 +626,25 @@ class Workspace:
 
     def _thread(self, params: Json) -> str:
         """The thread a status call names (`channel_id` and `thread_ts`, both required): its ts."""
-        self._channel_id(params)
-        thread = self._find(str(params.get("thread_ts") or ""))
+        thread = self._find(str(params.get("thread_ts") or ""), self._channel_id(params))
         if thread is None:
             raise ApiError("invalid_thread_ts")
         return str(thread["thread_ts"] or thread["ts"])
 
-    @staticmethod
-    def _channel_id(params: Json) -> None:
+    def _channel_id(self, params: Json) -> str:
         """The assistant and agent methods name their channel `channel_id`, and must."""
         if not params.get("channel_id"):
             raise ApiError("invalid_arguments")
-        if params["channel_id"] != CHANNEL_ID:
+        if params["channel_id"] not in self.channels:
             raise ApiError("channel_not_found")
+        return str(params["channel_id"])
 
-    @staticmethod
-    def _channel(params: Json) -> None:
-        if params.get("channel", CHANNEL_ID) != CHANNEL_ID and params.get("channel_id") != CHANNEL_ID:
+    def _channel(self, params: Json) -> str:
+        """The channel a call names (`channel`, or `channel_id`), which must be one of the workspace's."""
+        channel = params.get("channel") or params.get("channel_id")
+        if channel not in self.channels:
             raise ApiError("channel_not_found")
+        return str(channel)
 
     def _view_id(self) -> str:
         return f"V{next(self._ids):010d}"
@@ -638,6 +688,7 @@ class Workspace:
     def _for_page(self, message: Json) -> Json:
         return {
             "ts": message["ts"],
+            "channel": message["channel"],
             "thread_ts": message["thread_ts"],
             "user": message["user"],
             "bot_id": message["bot_id"],

@@ -16,7 +16,11 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from tests.stack import free_port, wait_until
+from workers.store.keys import Keys
+from workers.store.records import RunRecord, unpack
 
 ROOT = Path(__file__).resolve().parents[1]
 ALICE, BOB, CAROL = "U01ALICE", "U02BOB", "U03CAROL"
@@ -176,3 +180,14 @@ class Page:
                 "message_ts": message["ts"],
             },
         )
+
+
+def runs_started_by(redis_url: str, ts: str) -> list[RunRecord]:
+    """The records of the runs in the thread of the mention `ts`."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        values = [client.get(key) for key in client.scan_iter(Keys.all_runs())]
+        records = [RunRecord.from_json(unpack(v)) for v in values if v is not None]
+        return [r for r in records if r.thread_ts == ts]
+    finally:
+        client.close()

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.playground_support import ALICE, CAROL, Page, Running, playground
+from playground.slack import CHANNEL_ID, OPS_CHANNEL_ID
+from tests.playground_support import ALICE, BOB, CAROL, Page, Running, playground, runs_started_by
 
 pytestmark = pytest.mark.e2e
 
@@ -65,10 +66,14 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def running(browser: Any, redis_server: Any, workspace: Path) -> Iterator[Running]:
+def redis_db(redis_server: Any) -> str:
+    return str(redis_server.url.rsplit("/", 1)[0] + "/15")
+
+
+@pytest.fixture(scope="module")
+def running(browser: Any, redis_db: str, workspace: Path) -> Iterator[Running]:
     """The README's run command, `make run`, with no Slack settings and no API key."""
-    url = redis_server.url.rsplit("/", 1)[0] + "/15"
-    with playground(url, workspace, make=True) as started:
+    with playground(redis_db, workspace, make=True) as started:
         yield started
 
 
@@ -217,3 +222,51 @@ def test_open_the_card_on_the_home_tab_shows_the_card_in_the_channel(tab: Any, r
     assert len(tab.context.pages) == 1  # no new tab
     tab.locator("button[data-action-id=decline]").last.click()  # tidy: the run ends
     Page(running.url).wait_text(str(parent.get_attribute("data-ts")), "That took")
+
+
+def in_channel(tab: Any, channel: str) -> None:
+    tab.click(f'#nav-channels [data-channel="{channel}"]')
+
+
+def test_ops_has_its_own_profile_tools_and_requesters(
+    tab: Any, redis_db: str, workspace: Path, tmp_path: Path
+) -> None:
+    """Switching channel switches profile: the label, the tools offered, who may ask, what asks."""
+    expect = pytest.importorskip("playwright.sync_api").expect
+    in_channel(tab, CHANNEL_ID)
+    expect(tab.locator("#profile-name")).to_have_text("profile: playground")
+    expect(tab.locator("#profile-tools [data-tool=write_file]")).to_have_text("write_file · ask")
+    expect(tab.locator("#profile-tools [data-tool=delete_file]")).to_have_count(0)
+
+    in_channel(tab, OPS_CHANNEL_ID)
+    expect(tab.locator("#channel-name")).to_have_text("ops")
+    expect(tab.locator("#profile-header")).to_have_text(
+        "# profile: ops (channel C0OPS is in profiles[ops].channels)"
+    )
+    expect(tab.locator("#profile-tools [data-tool=delete_file]")).to_have_text("delete_file · ask")
+    expect(tab.locator("#profile-tools [data-tool=write_file]")).to_have_text("write_file · allow")
+    expect(tab.locator("#profile-rules")).to_contain_text("tokens per person per day")
+    expect(tab.locator("#composer")).to_have_attribute("placeholder", re.compile(r"^Message #ops "))
+
+    as_user(tab, BOB)  # on call: may ask in #ops, where writes run without a card
+    parent = mention(tab, "write a note about the ops handover")
+    ops_thread = str(parent.get_attribute("data-ts"))
+    answer = tab.locator(f'#messages .thread[data-thread="{ops_thread}"]', has_text="That took 3 turns")
+    expect(answer).to_be_visible()
+    assert answer.locator("button[data-action-id=approve]").count() == 0
+    assert "ops handover" in (workspace / "notes.md").read_text()
+
+    as_user(tab, CAROL)
+    expect(tab.locator(f"#user option[value={CAROL}]")).to_contain_text("may not ask here")
+    parent = mention(tab, "delete a file")
+    refused = tab.locator(".ephemeral", has_text="may start a run")
+    expect(refused).to_be_visible()
+    expect(refused).to_contain_text("@S02ONCALL")
+    expect(refused).to_contain_text("Only visible to you")
+    shoot(tab, "playground-ops-refused.png", tmp_path)
+    assert runs_started_by(redis_db, str(parent.get_attribute("data-ts"))) == []  # nothing started
+
+    in_channel(tab, CHANNEL_ID)  # #playground shows none of #ops
+    expect(tab.locator("#profile-name")).to_have_text("profile: playground")
+    expect(tab.locator("#messages .message", has_text="ops handover")).to_have_count(0)
+    expect(tab.locator(".ephemeral", has_text="may start a run")).to_have_count(0)

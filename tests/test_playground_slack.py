@@ -14,13 +14,16 @@ import pytest
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
+from harness.config import load_config
 from messages.home import PERMALINK
 from playground import server as server_module
 from playground.bot_client import Bot
+from playground.profiles import describe
 from playground.server import Playground, Server
-from playground.slack import BOT_USER_ID, CHANNEL_ID, Workspace
-from tests.playground_support import ALICE, CAROL, Page
+from playground.slack import BOT_USER_ID, CHANNEL_ID, CHANNELS, OPS_CHANNEL_ID, PEOPLE, Workspace
+from tests.playground_support import ALICE, BOB, CAROL, Page
 from tests.stack import free_port
+from workers.dev import PLAYGROUND_CONFIG
 
 TOKEN = "xoxb-playground-test"
 
@@ -30,7 +33,9 @@ def served() -> Iterator[tuple[Server, WebClient, Page]]:
     """A playground server with no bot behind it (the bot's address refuses connections)."""
     workspace = Workspace(token=TOKEN, usergroups={"S01REVIEWERS": [ALICE]})
     bot = Bot(f"http://127.0.0.1:{free_port()}/slack/events", "secret")
-    server = Server(("127.0.0.1", 0), Playground(workspace, bot, "http://127.0.0.1/", True, "demo"))
+    profiles = describe(load_config(PLAYGROUND_CONFIG, env={}), CHANNELS, PEOPLE)
+    playground = Playground(workspace, bot, "http://127.0.0.1/", True, "demo", profiles=profiles)
+    server = Server(("127.0.0.1", 0), playground)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}/"
@@ -177,7 +182,7 @@ def test_a_clicks_response_url_replaces_the_message_or_answers_the_clicker_five_
 ) -> None:
     server, client, page = served
     posted = client.chat_postMessage(channel=CHANNEL_ID, text="a card", blocks=[{"type": "divider"}])
-    url = server.playground._response_url(ALICE, posted["ts"], None)
+    url = server.playground._response_url(ALICE, CHANNEL_ID, posted["ts"], None)
     path = url.split("/", 3)[3]
     assert page.request("POST", path, {"replace_original": True, "text": "replaced"})[0] == 200
     assert [m["text"] for m in page.state()["messages"]] == ["replaced"]
@@ -228,6 +233,8 @@ def test_the_page_api_refuses_other_sites_and_says_why(served: Any) -> None:
         ("play/mention", {"user": ALICE, "text": "   "}, "write something"),
         ("play/mention", {"user": "U0NOBODY", "text": "hi"}, "no such user"),
         ("play/mention", {"user": ALICE, "text": "hi", "thread_ts": 5}, "thread_ts"),
+        ("play/mention", {"user": ALICE, "text": "hi", "channel": "C0NOPE"}, "no such channel"),
+        ("play/mention", {"user": ALICE, "text": "hi", "channel": ["C0OPS"]}, "no such channel"),
         (
             "play/action",
             {"user": ALICE, "action_id": "approve", "block_id": "b", "message_ts": "1.0"},
@@ -326,3 +333,89 @@ def test_the_demo_model_answers_on_the_playground_only_when_it_is_on(served: Any
     status, _ = page.request("POST", "model/v1/messages", request)
     assert status == 404
     assert json.dumps(page.state()["model"]) == json.dumps({"demo": False, "label": "demo"})
+
+
+def test_each_channel_says_its_profile_the_tools_it_offers_and_who_may_ask_there(served: Any) -> None:
+    _, _, page = served
+    status, body = page.request("GET", "play/channels")
+    assert status == 200
+    channels = {c["name"]: c for c in body["channels"]}
+    assert list(channels) == ["playground", "ops"]
+    ops, play = channels["ops"], channels["playground"]
+    assert (ops["id"], ops["profile"]) == (OPS_CHANNEL_ID, "ops")
+    assert ops["header"] == "# profile: ops (channel C0OPS is in profiles[ops].channels)"
+    assert play["header"].startswith("# profile: playground (channel C0PLAYGND")
+    tiers = {name: {t["name"]: t["tier"] for t in c["tools"]} for name, c in channels.items()}
+    assert "delete_file" in tiers["ops"] and "delete_file" not in tiers["playground"]
+    assert (tiers["playground"]["write_file"], tiers["ops"]["write_file"]) == ("ask", "allow")
+    assert (
+        next(t for t in ops["tools"] if t["name"] == "write_file")["why"]
+        == "profiles[ops].policy.tools.write_file"
+    )
+    assert ops["restricted"] and not play["restricted"]
+    assert ops["notes"][CAROL].startswith("may not ask here") and "may not" not in ops["notes"][BOB]
+    assert play["notes"] == {ALICE: "approver", BOB: "approver", CAROL: "not an approver"}
+    assert ops["budgets"]["per_user_daily_tokens"] > 0 and play["budgets"]["per_user_daily_tokens"] == 0
+    status, _ = page.request("GET", "play/channels", headers={"Host": "evil.example"})
+    assert status == 421  # the page's own endpoint: loopback names only
+
+
+def test_what_the_page_says_of_a_channel_names_servers_never_their_secrets(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(
+        """
+[[mcp.servers]]
+name = "tickets"
+command = "tickets-server"
+args = ["--token", "arg-secret-1"]
+env = { TICKETS_TOKEN = "env-secret-2", OTHER = "${TICKETS_KEY}" }
+[[mcp.servers]]
+name = "wiki"
+url = "https://wiki.example/mcp"
+headers = { Authorization = "Bearer header-secret-3" }
+[[profiles]]
+name = "ops"
+channels = ["C0OPS"]
+[profiles.tools]
+mcp = ["tickets"]
+"""
+    )
+    described = describe(load_config(config, env={"TICKETS_KEY": "var-secret-4"}), CHANNELS, PEOPLE)
+    shown = json.dumps(described)
+    assert described[OPS_CHANNEL_ID]["elsewhere"] == ["MCP server tickets"]
+    assert described[CHANNEL_ID]["elsewhere"] == ["MCP server tickets", "MCP server wiki"]
+    for secret in (
+        "arg-secret-1",
+        "env-secret-2",
+        "header-secret-3",
+        "var-secret-4",
+        "tickets-server",
+        "wiki.example",
+    ):
+        assert secret not in shown
+
+
+@pytest.mark.filterwarnings("ignore:The top-level `text` argument is missing")
+def test_a_thread_lives_in_its_channel_and_the_page_says_which(served: Any) -> None:
+    server, client, page = served
+    workspace = server.playground.workspace
+    ops = workspace.post_as(BOB, f"<@{BOT_USER_ID}> delete a file", None, OPS_CHANNEL_ID)["ts"]
+    here = workspace.post_as(BOB, "hello", None)["ts"]
+    reply = client.chat_postMessage(channel=OPS_CHANNEL_ID, thread_ts=ops, text="on it")
+    assert reply["channel"] == OPS_CHANNEL_ID
+    client.chat_postEphemeral(channel=OPS_CHANNEL_ID, user=CAROL, thread_ts=ops, text="not you")
+    with pytest.raises(SlackApiError, match="thread_not_found"):
+        client.conversations_replies(channel=CHANNEL_ID, ts=ops)  # not a message of #playground
+    with pytest.raises(SlackApiError, match="message_not_found"):
+        client.chat_getPermalink(channel=OPS_CHANNEL_ID, message_ts=here)
+    link = client.chat_getPermalink(channel=OPS_CHANNEL_ID, message_ts=reply["ts"])["permalink"]
+    assert f"/archives/{OPS_CHANNEL_ID}/" in link and PERMALINK.fullmatch(link)
+    state = page.state()
+    assert [c["id"] for c in state["channels"]] == [CHANNEL_ID, OPS_CHANNEL_ID]
+    assert [(m["channel"], m["text"]) for m in state["messages"]] == [
+        (OPS_CHANNEL_ID, f"<@{BOT_USER_ID}> delete a file"),
+        (CHANNEL_ID, "hello"),
+        (OPS_CHANNEL_ID, "on it"),
+    ]
+    assert [(e["channel"], e["user"]) for e in state["ephemerals"]] == [(OPS_CHANNEL_ID, CAROL)]
+    assert workspace.channel_of(reply["ts"]).name == "ops"  # type: ignore[union-attr]

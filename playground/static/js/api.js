@@ -59,6 +59,18 @@ export function followState(render) {
   connectEvents();
 }
 
+/** GET /play/channels (each channel's profile and tools: fixed while the server runs) into `app.channels`. */
+async function fetchChannels() {
+  try {
+    const res = await fetch('/play/channels', { cache: 'no-store' });
+    if (!res.ok) throw new Error(`HTTP ${res.status}`);
+    app.channels = (await res.json()).channels || [];
+    if (app.state) onState();
+  } catch (e) {
+    showError(`Could not load /play/channels (${e.message})`);
+  }
+}
+
 /** At most one fetch in flight; fetch again afterwards if a newer version was announced. */
 async function fetchState() {
   if (app.fetching) { app.refetch = true; return; }
@@ -90,7 +102,7 @@ function stopPolling() {
 
 function connectEvents() {
   const es = new EventSource('/play/events');
-  es.onopen = () => { stopPolling(); fetchState(); };
+  es.onopen = () => { stopPolling(); fetchState(); fetchChannels(); }; // the server may have restarted
   // Any version but the one shown (a lower one: the server restarted) means fetch again.
   es.onmessage = (e) => { if (!app.state || String(app.state.version) !== e.data.trim()) fetchState(); };
   es.onerror = () => {

@@ -10,6 +10,13 @@ import { showPane } from './home.js';
 import { renderMessage } from './message.js';
 import { app } from './state.js';
 
+let switchChannel = () => {}; // main.js's: select a channel and draw it
+
+/** Tell showMessage how to open another channel. */
+export function onSwitchChannel(fn) {
+  switchChannel = fn;
+}
+
 /** Order of two Slack timestamps, compared exactly (seconds, then the six-digit fraction). */
 function compareTs(a, b) {
   const [ai, af = ''] = String(a).split('.');
@@ -17,12 +24,20 @@ function compareTs(a, b) {
   return Number(ai) - Number(bi) || Number(af.padEnd(6, '0')) - Number(bf.padEnd(6, '0'));
 }
 
+/** The channel's messages and the user's ephemerals there. */
+function inChannel(state, user, channel) {
+  return {
+    messages: state.messages.filter((m) => m.channel === channel),
+    ephemerals: state.ephemerals.filter((e) => e.user === user && e.channel === channel),
+  };
+}
+
 /** Top-level items and each thread's replies (messages and the user's ephemerals), by ts. */
-function buildTimeline(state, user) {
-  const items = state.messages.map((m) => ({ msg: m, eph: false }))
-    .concat(state.ephemerals.filter((e) => e.user === user).map((e) => ({ msg: e, eph: true })));
+function buildTimeline(shown) {
+  const items = shown.messages.map((m) => ({ msg: m, eph: false }))
+    .concat(shown.ephemerals.map((e) => ({ msg: e, eph: true })));
   items.sort((a, b) => compareTs(a.msg.ts, b.msg.ts));
-  const parents = new Set(state.messages.filter((m) => !m.thread_ts || m.thread_ts === m.ts).map((m) => m.ts));
+  const parents = new Set(shown.messages.filter((m) => !m.thread_ts || m.thread_ts === m.ts).map((m) => m.ts));
   const top = [];
   const replies = new Map();
   for (const item of items) {
@@ -51,8 +66,8 @@ function renderThread(parentTs, items) {
 export function renderChannel() {
   const state = app.state;
   const list = $('messages');
-  const sig = JSON.stringify([app.user, state.messages, state.ephemerals.filter((e) => e.user === app.user),
-    state.users, [...app.openThreads]]);
+  const shown = inChannel(state, app.user, app.channel);
+  const sig = JSON.stringify([app.user, app.channel, shown, state.users, [...app.openThreads]]);
   if (sig === app.sigs.channel) return;
   app.sigs.channel = sig;
   const nearBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 120;
@@ -60,7 +75,7 @@ export function renderChannel() {
   const active = document.activeElement; // keep the caret in a reply box across the rebuild
   const focus = active && active.classList.contains('reply-input')
     ? { thread: active.dataset.thread, start: active.selectionStart, end: active.selectionEnd } : null;
-  const { top, replies } = buildTimeline(state, app.user);
+  const { top, replies } = buildTimeline(shown);
   const frag = document.createDocumentFragment();
   if (!top.length) frag.append(el('div', 'empty-note', 'No messages yet. Pick a suggestion below, or mention the bot.'));
   for (const item of top) {
@@ -88,8 +103,9 @@ export function renderChannel() {
   list.scrollTop = nearBottom ? list.scrollHeight : oldTop;
 }
 
-/** Scroll to a message (a permalink was clicked) and flash it. */
-export function showMessage(ts) {
+/** Scroll to a message (a permalink was clicked) and flash it, in its channel. */
+export function showMessage(ts, channel) {
+  if (channel && channel !== app.channel) switchChannel(channel);
   showPane('channel');
   const node = $('messages').querySelector(`.message[data-ts="${CSS.escape(ts)}"]`);
   if (!node) return showError(`That message (${ts}) is not in the channel.`);

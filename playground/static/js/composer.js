@@ -9,7 +9,7 @@ import { app } from './state.js';
 
 const SUGGESTIONS = [
   "Write a note about today's plan",
-  'Delete a file in the workspace',
+  'Delete a file in the workspace (shows a tool only #ops offers)',
   'List the files forever (shows a valve)',
   'Write my secret to secrets/token.txt (shows a deny)',
   'Write a long report on the folder (shows a file)',
@@ -27,7 +27,7 @@ async function sendMention(input, sendButton, threadTs) {
   const text = input.value.trim();
   if (!text || sendButton.disabled) return;
   sendButton.disabled = true;
-  const reply = await post('/play/mention', { user: app.user, text, thread_ts: threadTs });
+  const reply = await post('/play/mention', { user: app.user, text, thread_ts: threadTs, channel: app.channel });
   sendButton.disabled = false;
   if (!reply || !reply.ok) return; // the error strip says why; the text stays
   input.value = '';
@@ -45,7 +45,7 @@ export function setupComposer() {
   input.addEventListener('keydown', (e) => enterSends(e, go));
   for (const label of SUGGESTIONS) {
     $('chips').append(button(label, 'chip', () => {
-      input.value = label.replace(/\s*\(shows an? [a-z]+\)$/, ''); // the hint is for the reader only
+      input.value = label.replace(/\s*\(shows [^)]*\)$/, ''); // the hint is for the reader only
       input.focus();
     }));
   }

@@ -13,7 +13,9 @@ export function showPane(pane) {
   app.pane = pane;
   $('channel-pane').hidden = pane !== 'channel';
   $('home-pane').hidden = pane !== 'home';
-  $('nav-channel').classList.toggle('active', pane === 'channel');
+  for (const node of document.querySelectorAll('#nav-channels .nav-item')) {
+    node.classList.toggle('active', pane === 'channel' && node.dataset.channel === app.channel);
+  }
   $('nav-home').classList.toggle('active', pane === 'home');
   if (pane === 'home' && changed) openHome();
 }

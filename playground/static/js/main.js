@@ -1,8 +1,9 @@
 /*
- * The playground page: shows the server's /play/state as a Slack channel and sends what a person
- * does (mentions, button clicks, modal submits) back to the server as JSON. This module wires the
- * parts together; each draws one thing (channel.js, message.js, composer.js, blocks.js, modals.js,
- * dialogs.js, home.js) from the state in state.js, and api.js talks to the server.
+ * The playground page: shows the server's /play/state as a Slack workspace of a few channels and
+ * sends what a person does (mentions, button clicks, modal submits) back to the server as JSON.
+ * This module wires the parts together; each draws one thing (channel.js, message.js,
+ * composer.js, blocks.js, modals.js, dialogs.js, home.js) from the state in state.js, and api.js
+ * talks to the server. /play/channels says which profile each channel has and what it offers.
  *
  * Safety rule for every module: text that comes from the state (model answers, tool arguments,
  * user names …) only ever reaches the page through textContent, createTextNode or attribute
@@ -11,14 +12,22 @@
 
 import { followState } from './api.js';
 import { setPending } from './blocks.js';
-import { renderChannel, showMessage } from './channel.js';
+import { onSwitchChannel, renderChannel, showMessage } from './channel.js';
 import { setupComposer } from './composer.js';
-import { $, el } from './dom.js';
+import { $, button, el } from './dom.js';
 import { openHome, renderHome, showPane } from './home.js';
 import { closeModal, renderModal, topView } from './modals.js';
-import { app, displayName } from './state.js';
+import { app, currentChannel, displayName } from './state.js';
 
 const STORE_KEY = 'playground.user';
+const CHANNEL_KEY = 'playground.channel';
+
+/** The selected user's note in the selected channel (approver, may not ask here …). */
+function noteOf(user) {
+  const channel = currentChannel();
+  if (channel && channel.notes) return channel.notes[user.id] || '';
+  return user.note || '';
+}
 
 function renderUsers() {
   const state = app.state;
@@ -26,17 +35,78 @@ function renderUsers() {
   if (!state.users.some((u) => u.id === app.user)) {
     app.user = state.users.some((u) => u.id === saved) ? saved : (state.users[0] || {}).id || null;
   }
-  const sig = JSON.stringify(state.users);
+  const labels = state.users.map((u) => [u.id, `${u.real_name || u.name}${noteOf(u) ? ` (${noteOf(u)})` : ''}`]);
+  const sig = JSON.stringify(labels);
   const select = $('user');
   if (sig !== app.sigs.users) {
     app.sigs.users = sig;
-    select.replaceChildren(...state.users.map((u) => {
-      const opt = el('option', null, `${u.real_name || u.name}${u.note ? ` (${u.note})` : ''}`);
-      opt.value = u.id;
+    select.replaceChildren(...labels.map(([id, label]) => {
+      const opt = el('option', null, label);
+      opt.value = id;
       return opt;
     }));
   }
   select.value = app.user;
+}
+
+/** Select channel `id` (kept across reloads) and draw it. */
+function switchChannel(id) {
+  if (id === app.channel) return;
+  app.channel = id;
+  localStorage.setItem(CHANNEL_KEY, id);
+  app.openThreads.clear();
+  render();
+}
+
+function renderChannelList() {
+  const channels = app.state.channels || [];
+  if (!channels.some((c) => c.id === app.channel)) {
+    const saved = localStorage.getItem(CHANNEL_KEY);
+    app.channel = channels.some((c) => c.id === saved) ? saved : (channels[0] || {}).id || null;
+  }
+  const sig = JSON.stringify([channels, app.channel, app.pane]);
+  if (sig === app.sigs.channels) return;
+  app.sigs.channels = sig;
+  $('nav-channels').replaceChildren(...channels.map((c) => {
+    const item = button('', 'nav-item', () => { switchChannel(c.id); showPane('channel'); });
+    item.dataset.channel = c.id;
+    item.classList.toggle('active', app.pane === 'channel' && c.id === app.channel);
+    item.append(el('span', 'hash', '#'), el('span', 'nav-channel-name', c.name));
+    return item;
+  }));
+}
+
+/** The strip under the channel's name: its profile, the tools a run here is offered, its rules. */
+function renderProfile() {
+  const channel = currentChannel();
+  const strip = $('channel-profile');
+  const sig = JSON.stringify(channel);
+  if (sig === app.sigs.profile) return;
+  app.sigs.profile = sig;
+  strip.hidden = !(channel && channel.header);
+  if (strip.hidden) return;
+  $('profile-name').textContent = channel.profile ? `profile: ${channel.profile}` : 'no profile';
+  $('profile-header').textContent = channel.header;
+  const tools = $('profile-tools');
+  tools.replaceChildren(el('span', 'profile-label', 'Tools here:'));
+  for (const tool of channel.tools || []) {
+    const pill = el('span', `tool-pill tier-${tool.tier}`, `${tool.name} · ${tool.tier}`);
+    pill.dataset.tool = tool.name;
+    pill.title = tool.rules ? `${tool.why}; an argument rule may decide some calls` : tool.why;
+    tools.append(pill);
+  }
+  for (const other of channel.elsewhere || []) tools.append(el('span', 'tool-pill tier-other', `+ ${other}`));
+  const rules = [];
+  if (channel.restricted) rules.push('Only some people may ask here (see the user switcher).');
+  const budgets = channel.budgets || {};
+  if (budgets.per_user_daily_tokens) {
+    rules.push(`Budget: ${budgets.per_user_daily_tokens.toLocaleString('en')} tokens per person per day.`);
+  }
+  if (budgets.per_channel_daily_tokens) {
+    rules.push(`Budget: ${budgets.per_channel_daily_tokens.toLocaleString('en')} tokens for the channel per day.`);
+  }
+  $('profile-rules').textContent = rules.join(' ');
+  $('profile-rules').hidden = !rules.length;
 }
 
 function render() {
@@ -44,18 +114,21 @@ function render() {
   state.messages = state.messages || [];
   state.ephemerals = state.ephemerals || [];
   state.users = state.users || [];
+  renderChannelList();
   renderUsers();
+  const channel = currentChannel() || { name: '' };
   const team = (state.team && state.team.name) || 'Playground';
   $('workspace-name').textContent = team;
   $('sidebar-workspace').textContent = team;
-  document.title = `#${state.channel.name} · ${team}`;
-  for (const id of ['channel-name', 'nav-channel-name']) $(id).textContent = state.channel.name;
+  document.title = `#${channel.name} · ${team}`;
+  $('channel-name').textContent = channel.name;
   $('nav-home-name').textContent = `${state.bot.name} · Home`;
-  $('composer').placeholder = `Message #${state.channel.name} (Enter to send, Shift+Enter for a new line)`;
+  $('composer').placeholder = `Message #${channel.name} (Enter to send, Shift+Enter for a new line)`;
   $('sidebar-foot').textContent = `Acting as ${displayName(app.user)}`;
   const banner = $('model-banner');
   banner.hidden = !(state.model && state.model.demo);
   banner.textContent = state.model && state.model.demo ? `🤖 ${state.model.label || 'Offline demo model'}` : '';
+  renderProfile();
   renderChannel();
   renderHome();
   renderModal();
@@ -65,7 +138,9 @@ function render() {
 
 function setup() {
   app.user = localStorage.getItem(STORE_KEY);
+  app.channel = localStorage.getItem(CHANNEL_KEY);
   setupComposer();
+  onSwitchChannel(switchChannel);
   $('user').addEventListener('change', (e) => {
     app.user = e.target.value;
     localStorage.setItem(STORE_KEY, app.user);
@@ -73,19 +148,18 @@ function setup() {
     render();
     if (app.pane === 'home') openHome();
   });
-  $('nav-channel').addEventListener('click', () => showPane('channel'));
   $('nav-home').addEventListener('click', () => showPane('home'));
   document.addEventListener('keydown', (e) => {
     if (e.key !== 'Escape') return;
     if (app.confirmDone) app.confirmDone(false);
     else if (app.state && topView()) closeModal(topView().entry.id);
   });
-  // A permalink into this channel (mrkdwn.js marks it) scrolls to its message instead of a new tab.
+  // A permalink into a channel (mrkdwn.js marks it) scrolls to its message instead of a new tab.
   document.addEventListener('click', (e) => {
     const link = e.target instanceof Element && e.target.closest('a[data-permalink]');
     if (!link) return;
     e.preventDefault();
-    showMessage(link.dataset.permalink);
+    showMessage(link.dataset.permalink, link.dataset.channel);
   });
   followState(render);
 }

@@ -7,7 +7,7 @@
  */
 
 import { el } from './dom.js';
-import { app, displayName, isBotUser, userById } from './state.js';
+import { app, channelName, displayName, isBotUser, userById } from './state.js';
 
 export const EMOJI = {
   eyes: '👀', white_check_mark: '✅', heavy_check_mark: '✔️', hourglass: '⌛',
@@ -50,10 +50,10 @@ export function renderToken(inner) {
     return pill('@' + (known ? displayName(m[1]) : label ? label.replace(/^@/, '') : m[1]), 'user');
   }
   if ((m = /^#([CGD][A-Z0-9]+)$/.exec(target))) {
-    const ch = app.state && app.state.channel;
-    return pill('#' + (label || (ch && ch.id === m[1] ? ch.name : m[1])), 'channel');
+    return pill('#' + (label || channelName(m[1])), 'channel');
   }
   if ((m = /^!(here|channel|everyone)$/.exec(target))) return pill('@' + m[1], 'special');
+  if ((m = /^!subteam\^([A-Z0-9]+)$/.exec(target))) return pill(label || `@${m[1]}`, 'group');
   if (/^!subteam\^/.test(target)) return pill(label || '@group', 'group');
   if ((m = /^!date\^(\d+)\^/.exec(target))) {
     return el('span', 'date', label || new Date(Number(m[1]) * 1000).toLocaleString());
@@ -65,14 +65,17 @@ export function renderToken(inner) {
   return document.createTextNode(`<${decodeEntities(inner)}>`); // not a Slack token: shown as typed
 }
 
-/** An <a> to a checked http(s)/mailto URL; a permalink into this channel scrolls to it instead. */
+/** An <a> to a checked http(s)/mailto URL; a permalink into one of the channels scrolls to it instead. */
 export function makeLink(url, text) {
   const a = el('a', 'link', text);
   a.href = url;
   a.target = '_blank';
   a.rel = 'noopener noreferrer';
   const perma = /\/archives\/([A-Z0-9]+)\/p(\d{10})(\d{6})/.exec(url);
-  if (perma && app.state && perma[1] === app.state.channel.id) a.dataset.permalink = `${perma[2]}.${perma[3]}`;
+  if (perma && app.state && (app.state.channels || []).some((c) => c.id === perma[1])) {
+    a.dataset.permalink = `${perma[2]}.${perma[3]}`;
+    a.dataset.channel = perma[1];
+  }
   return a;
 }
 

@@ -6,6 +6,8 @@
 export const app = {
   state: null, // the last /play/state snapshot
   user: null, // the selected user's id
+  channel: null, // the selected channel's id
+  channels: [], // GET /play/channels: each channel's profile, tools and who may do what there
   pane: 'channel', // 'channel' or 'home'
   fetching: false, // a /play/state request is in flight
   refetch: false, // a change was announced while it was: fetch once more
@@ -17,6 +19,18 @@ export const app = {
   pollTimer: null, // set while /play/events is down
   confirmDone: null, // answers the open confirmation (Escape says no)
 };
+
+/** The selected channel as /play/channels describes it (its id and name alone until that answers). */
+export function currentChannel() {
+  const fromState = ((app.state && app.state.channels) || []).find((c) => c.id === app.channel) || null;
+  return app.channels.find((c) => c.id === app.channel) || fromState;
+}
+
+/** The channel `id`'s name, or the id itself for a channel the workspace does not have. */
+export function channelName(id) {
+  const found = ((app.state && app.state.channels) || []).find((c) => c.id === id);
+  return found ? found.name : id;
+}
 
 /** The snapshot's user `id`, or null. */
 export function userById(id) {

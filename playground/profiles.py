@@ -1,0 +1,93 @@
+"""What the page says of each channel: its profile, the tools a run there is offered, who may do what.
+
+Read from the same config the bot and the worker run with (`HARNESS_CONFIG`), by the functions
+they use: `Config.match` picks the profile, `Catalog.narrowed` the tools, `Policy.decide` their
+tiers, so the page shows what `python -m harness --list-tools --channel C…` prints for the
+built-ins. Module and MCP tools are only named by where they come from: the playground imports no
+module and starts no server. Nothing here is secret: profile, tool and server names, tiers and
+why, user IDs; never a server's command, URL, environment or headers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from harness.config import Config
+from harness.tools.catalog import Catalog
+from harness.tools.files import BUILTIN_TOOLS
+from playground.slack import TEAM_ID, Channel, Person
+
+Json = dict[str, Any]
+# The demo workspace's user groups, to name in `approvers` and `requesters`.
+GROUPS = {"S01REVIEWERS": ["U01ALICE", "U02BOB"], "S02ONCALL": ["U01ALICE", "U02BOB"]}
+
+
+def members(ids: Iterable[str], groups: Mapping[str, list[str]] = GROUPS) -> set[str]:
+    """The user IDs `ids` stand for, a user group standing for its members."""
+    return {u for i in ids for u in groups.get(i, [i])}
+
+
+def notes(
+    settings: Config, people: Iterable[Person], groups: Mapping[str, list[str]] = GROUPS
+) -> dict[str, str]:
+    """What each demo user may do under `settings`, shown beside their name in the user switcher."""
+    approvals = settings.approvals
+    askers = members(settings.requesters, groups) if settings.requesters else None
+    deciders = members(approvals.approvers, groups)
+    out = {}
+    for person in people:
+        if approvals.approvers:
+            role = "approver" if person.id in deciders else "not an approver"
+            if person.id in deciders and not approvals.self_approval:
+                role = "approver, not of their own runs"
+        else:
+            role = "decides their own runs" if approvals.self_approval else ""
+        if askers is not None and person.id not in askers:
+            role = "may not ask here" + (f" · {role}" if role else "")
+        out[person.id] = role
+    return out
+
+
+def tools(settings: Config) -> list[Json]:
+    """The built-in tools a run under `settings` is offered, each with its tier and why."""
+    offered = Catalog(BUILTIN_TOOLS).narrowed(settings).registry()
+    listed = []
+    for found in offered:
+        ruling = settings.policy.decide(found.name, {}, found.own_tier, found.own_tier_why)
+        ruled_by_args = any(r.args for r in settings.policy.rules_for(found.name))
+        listed.append(
+            {"name": found.name, "tier": ruling.tier.value, "why": ruling.why, "rules": ruled_by_args}
+        )
+    return listed
+
+
+def describe(
+    config: Config,
+    channels: Iterable[Channel],
+    people: Iterable[Person],
+    groups: Mapping[str, list[str]] = GROUPS,
+) -> dict[str, Json]:
+    """Channel id -> its profile (name, the `# profile:` line), tools, other tool sources, budgets
+    and each demo user's note, as `GET /play/channels` serves them."""
+    people = tuple(people)
+    described = {}
+    for channel in channels:
+        match = config.match(channel.id, TEAM_ID)
+        settings = match.settings
+        servers = [s.name for s in config.mcp_servers if settings.offers_server(s.name)]
+        budgets = settings.budgets
+        described[channel.id] = {
+            "profile": match.profile,
+            "header": match.header(),
+            "tools": tools(settings),
+            "elsewhere": [f"module {m}" for m in settings.tools.modules]
+            + [f"MCP server {s}" for s in servers],
+            "restricted": bool(settings.requesters),
+            "budgets": {
+                "per_user_daily_tokens": budgets.per_user_daily_tokens,
+                "per_channel_daily_tokens": budgets.per_channel_daily_tokens,
+            },
+            "notes": notes(settings, people, groups),
+        }
+    return described
