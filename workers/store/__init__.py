@@ -27,6 +27,7 @@ from workers.store.audit import (
     FEEDBACK_PER_MINUTE,
     AuditStore,
     FeedbackOutcome,
+    rulings_write,
 )
 from workers.store.base import Beside
 from workers.store.escalations import EscalationStore
@@ -110,5 +111,6 @@ __all__ = [
     "check_id",
     "new_run_id",
     "pack",
+    "rulings_write",
     "unpack",
 ]

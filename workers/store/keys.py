@@ -98,6 +98,11 @@ class Keys:
         return f"{PREFIX}audit"
 
     @staticmethod
+    def audit_ruled(run_id: str) -> str:
+        """The call ids of `run_id` whose tier decision is in the audit: each is written once."""
+        return f"{PREFIX}audit:ruled:{check_id('run', run_id)}"
+
+    @staticmethod
     def feedback() -> str:
         """The answers' feedback stream: apart from the decisions' audit, with its own bounds."""
         return f"{PREFIX}feedback"
