@@ -22,6 +22,7 @@ from typing import Any
 from harness import texts
 from harness.config import BUILTIN_TOOL_NAMES, Config
 from harness.policy import Tier
+from harness.tools.files import BUILTIN_TOOLS
 from workers.audit import RULED, _safe, _when
 
 MCP_SOURCE = "mcp:"
@@ -137,8 +138,11 @@ def _not_offered(draft: Config, settings: Config, tool: str, source: str) -> str
 
 
 def _own_tier(draft: Config, entry: Mapping[str, Any], source: str) -> tuple[Tier | None, str]:
-    """The tool's own tier under `draft`: an MCP tool's read-only claim counts only on a server the
-    draft trusts; any other tool's is what was recorded."""
+    """The tool's own tier under `draft`: a built-in's own; an MCP tool's read-only claim counts
+    only on a server the draft trusts; any other tool's is what was recorded."""
+    builtin = next((t for t in BUILTIN_TOOLS if t.name == entry.get("tool")), None)
+    if source == "builtin" and builtin is not None:
+        return builtin.own_tier, builtin.own_tier_why
     if source.startswith(MCP_SOURCE):
         server = source[len(MCP_SOURCE) :]
         if entry.get("claims_read_only") is not True:
