@@ -73,7 +73,7 @@ WHEN = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00")
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A stack whose audit holds a run's calls in COPS (parked on a write) and one in CGEN."""
+    """A stack whose audit holds a run's calls in COPS (its write declined) and one's in CGEN."""
     server = RedisServer().start()
     try:
         for stack in running_stack(server, tmp_path_factory.mktemp("replay"), LIVE, 0):
@@ -85,6 +85,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     tool_use("get_time", {}),
                     tool_use("write_file", {"path": "drafts/plan.md", "content": "the plan"}),
                 ),
+                reply(text("ops done")),
             )
             stack.model.script_for(
                 "genword",
@@ -97,7 +98,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 reply(text("general done")),
             )
             _, ops_ts, _ = stack.mention("opsword read, time, and draft the plan", channel="COPS")
-            wait_post(stack, "COPS", ops_ts, has_actions)  # parked on the write: its card is out
+            card = wait_post(stack, "COPS", ops_ts, has_actions)  # parked on the write
+            assert stack.click(card, "decline") == 200
+            wait_post(stack, "COPS", ops_ts, lambda m: "ops done" in m.get("text", ""))
             _, gen_ts, _ = stack.mention("genword look around", channel="CGEN")
             wait_post(stack, "CGEN", gen_ts, lambda m: "general done" in m.get("text", ""))
             stack.settled()
@@ -168,7 +171,7 @@ def test_a_bad_days_is_refused(recorded: Stack, tmp_path: Path) -> None:
 
 def test_the_audit_holds_one_entry_per_call_with_what_replay_needs_and_no_secret(recorded: Stack) -> None:
     client = redis.Redis.from_url(recorded.redis_url)
-    raw = [fields[b"entry"].decode() for _, fields in client.xrange(Keys.audit())]
+    raw = [fields[b"entry"].decode() for _, fields in client.xrange(Keys.audit_calls())]
     entries = [json.loads(r) for r in raw if json.loads(r).get("event") == "ruled"]
     assert len(entries) == 7  # each once, although the runs saved many times
     by_tool = {(e["channel"], e["tool"]): e for e in entries}
@@ -183,13 +186,15 @@ def test_the_audit_holds_one_entry_per_call_with_what_replay_needs_and_no_secret
     everything = "\n".join(raw)
     for secret in (BOT_TOKEN, SIGNING_SECRET, "sk-test"):
         assert secret not in everything
+    decisions = [json.loads(fields[b"entry"]) for _, fields in client.xrange(Keys.audit())]
+    assert [(d["verdict"], d["tool"]) for d in decisions] == [("declined", "write_file")]  # apart
 
 
-def test_python_m_workers_audit_prints_one_line_per_ruled_call(recorded: Stack) -> None:
-    done = workers_cli(recorded, "audit")
+def test_python_m_workers_audit_calls_prints_one_line_per_ruled_call(recorded: Stack) -> None:
+    done = workers_cli(recorded, "audit", "--calls")
     assert done.returncode == 0, done.stderr
     ruled = [line for line in done.stdout.splitlines() if " ruled " in line]
-    assert len(ruled) == 7
+    assert len(ruled) == len(done.stdout.splitlines()) == 7
     shown = next(line for line in ruled if "launch_rockets" in line)
     assert 'launch_rockets({"count": 3})' in shown and "channel=CGEN" in shown
     assert "answered=not_offered" in shown and "profile=general" in shown

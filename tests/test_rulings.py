@@ -111,18 +111,19 @@ def test_the_write_records_each_call_once_however_often_it_is_sent(store: Store)
     write = rulings_write(RUN, entries)
     store.write_besides([write, write])
     store.write_besides([rulings_write(RUN, entries[:1])])
-    got = list(store.audit_since(0))
+    got = list(store.calls_since(0))
     assert [e["call_id"] for e in got] == ["toolu_0", "toolu_1", "toolu_2"]
+    assert store.call_entries(2) == got[1:] and store.audit_entries() == []  # decisions' audit apart
     assert store.redis.ttl(Keys.audit_ruled(RUN)) > 0  # the ids are forgotten in time
 
 
-def test_audit_since_pages_through_everything_newer(store: Store) -> None:
+def test_calls_since_pages_through_everything_newer(store: Store) -> None:
     old = int((time.time() - 5 * 86400) * 1000)
-    store.redis.xadd(Keys.audit(), {"entry": json.dumps({"event": "ruled", "n": -1})}, id=f"{old}-0")
+    store.redis.xadd(Keys.audit_calls(), {"entry": json.dumps({"event": "ruled", "n": -1})}, id=f"{old}-0")
     for n in range(2500):
-        store.redis.xadd(Keys.audit(), {"entry": json.dumps({"event": "ruled", "n": n})})
-    store.redis.xadd(Keys.audit(), {"entry": b"not json"})
-    got = list(store.audit_since(time.time() - 86400))
+        store.redis.xadd(Keys.audit_calls(), {"entry": json.dumps({"event": "ruled", "n": n})})
+    store.redis.xadd(Keys.audit_calls(), {"entry": b"not json"})
+    got = list(store.calls_since(time.time() - 86400))
     assert [e.get("n") for e in got[:-1]] == list(range(2500))
     assert "unreadable" in got[-1]
 
@@ -236,8 +237,8 @@ def test_entries_of_other_kinds_or_unreadable_tiers_are_passed_over(tmp_path: Pa
 def test_replay_reads_only_the_last_days(store: Store, redis_url: str, tmp_path: Path) -> None:
     old = int((time.time() - 3 * 86400) * 1000)
     entry = ruled("read_file", "allow", "builtin", channel="C9", profile="")
-    store.redis.xadd(Keys.audit(), {"entry": json.dumps(entry)}, id=f"{old}-0")
-    store.redis.xadd(Keys.audit(), {"entry": json.dumps({**entry, "tool": "get_time"})})
+    store.redis.xadd(Keys.audit_calls(), {"entry": json.dumps(entry)}, id=f"{old}-0")
+    store.redis.xadd(Keys.audit_calls(), {"entry": json.dumps({**entry, "tool": "get_time"})})
     path = tmp_path / "d.toml"
     path.write_text('[tools]\nbuiltin = ["list_files"]\n')
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "REDIS_URL": redis_url}

@@ -1,9 +1,9 @@
 """`python -m workers`: an RQ worker (with its scheduler) for the bot's queue, plus its watchdog.
 
-`python -m workers audit [--limit N] [--feedback]` prints the approval audit log (or the answers'
-feedback) instead; `python -m workers status` the runs in flight, parked (and who must decide) and
-failed; `python -m workers replay DRAFT.toml [--days N]` what a draft config would have changed of
-the recorded calls' tiers.
+`python -m workers audit [--limit N] [--feedback | --calls]` prints the approval audit log (or the
+answers' feedback, or every call's tier decision) instead; `python -m workers status` the runs in
+flight, parked (and who must decide) and failed; `python -m workers replay DRAFT.toml [--days N]`
+what a draft config would have changed of the recorded calls' tiers.
 """
 
 from __future__ import annotations
@@ -232,12 +232,15 @@ def _relayed(svc: Services, relay: RelayServer) -> Catalog:
     return svc.catalog.with_host(client)
 
 
-def audit(limit: int, *, feedback: bool = False) -> int:
+def audit(limit: int, *, feedback: bool = False, calls: bool = False) -> int:
     """Print the newest `limit` entries of the decisions' audit (or, `feedback`, of the answers'
-    feedback), one line each whatever its kind (`workers.audit`)."""
+    feedback; `calls`, of the calls' tier decisions), one line each whatever its kind (`workers.audit`)."""
     try:
         store = Store(redis_connection())
-        entries = store.feedback_entries(limit) if feedback else store.audit_entries(limit)
+        if feedback:
+            entries = store.feedback_entries(limit)
+        else:
+            entries = store.call_entries(limit) if calls else store.audit_entries(limit)
     except redis.RedisError as exc:
         print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
         return 2
@@ -255,7 +258,7 @@ def replay_draft(path: str, days: float) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        entries = Store(redis_connection()).audit_since(time.time() - days * DAY)
+        entries = Store(redis_connection()).calls_since(time.time() - days * DAY)
         results = []
         for result in replay.replay(draft, entries):
             results.append(result)
@@ -298,8 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     audit_parser = sub.add_parser("audit", help="print the approval audit log")
     audit_parser.add_argument("--limit", type=int, default=100)
-    audit_parser.add_argument(
+    shown = audit_parser.add_mutually_exclusive_group()
+    shown.add_argument(
         "--feedback", action="store_true", help="print the answers' feedback (its own stream) instead"
+    )
+    shown.add_argument(
+        "--calls", action="store_true", help="print every call's tier decision (its own stream) instead"
     )
     sub.add_parser("status", help="print the runs in flight, parked (and who must decide) and failed")
     replay_parser = sub.add_parser(
@@ -310,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logs.configure()  # text, or JSON lines with LOG_FORMAT=json (work horses inherit it)
     if args.command == "audit":
-        return audit(args.limit, feedback=args.feedback)
+        return audit(args.limit, feedback=args.feedback, calls=args.calls)
     if args.command == "status":
         return print_status()
     if args.command == "replay":

@@ -2,10 +2,11 @@
 
 The decisions' audit (`harness:audit`) holds decisions (approved, declined, expired, with edits or
 a grant given), votes towards a quorum (`approval_counted`), calls a grant let run (`grant:
-"used"`), answers at a limit (`limit`), and every call's tier decision (`event: "ruled"`,
-`workers.rulings`). The answers' feedback has a stream of its own
+"used"`) and answers at a limit (`limit`). The answers' feedback has a stream of its own
 (`harness:feedback`, `--feedback`); versions before it wrote feedback into the audit, and such
-entries are still read there. An entry of a kind this version does not know (a newer version's,
+entries are still read there. Every call's tier decision has one too (`event: "ruled"`, written by
+`workers.rulings`; `harness:audit:calls`, `--calls`), so that the many calls never push decisions
+out of the decisions' audit. An entry of a kind this version does not know (a newer version's,
 one written by hand, one that is not JSON) is printed as what it holds: reading never crashes.
 
 Every value is printed on one line with nothing a terminal would act on: entries hold text that

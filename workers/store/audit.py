@@ -2,8 +2,9 @@
 and by age, read back newest last. (What `python -m workers audit` prints of them: `workers.audit`.)
 
 Decisions are appended by the decide script (`ParkStore.decide`), in the step that records them.
-Every call's tier decision (`workers.rulings`) rides on the save of the step that ruled it
-(`rulings_write`), written once per run and call id whatever is sent twice.
+Every call's tier decision (`workers.rulings`) has a stream of its own, bounded the same way, so
+that the many calls never push decisions out of theirs: it rides on the save of the step that
+ruled it (`rulings_write`), written once per run and call id whatever is sent twice.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ return 'recorded'
 """
 
 
-# KEYS[1] audit stream, KEYS[2] the run's call ids already recorded. ARGV[1] stream max length,
+# KEYS[1] the calls' stream, KEYS[2] the run's call ids already recorded. ARGV[1] stream max length,
 # ARGV[2] oldest id kept, ARGV[3] TTL s of the ids, ARGV[4..] call id, entry JSON, call id, ...
 # A call already recorded adds nothing: a save (and its besides) sent again after a lost reply
 # writes each ruling once.
@@ -63,7 +64,7 @@ redis.call('EXPIRE', KEYS[2], ARGV[3])
 redis.call('XTRIM', KEYS[1], 'MINID', '~', ARGV[2])
 return 1
 """
-AUDIT_PAGE = 1000  # entries read per round trip by `audit_since`
+AUDIT_PAGE = 1000  # entries read per round trip by `calls_since`
 
 
 def rulings_write(run_id: str, entries: list[dict[str, Any]], *, now: float | None = None) -> Beside:
@@ -73,13 +74,12 @@ def rulings_write(run_id: str, entries: list[dict[str, Any]], *, now: float | No
     args: list[Any] = [AUDIT_MAX_ENTRIES, f"{int((now - AUDIT_MAX_AGE) * 1000)}-0", FINISHED_RUN_TTL]
     for entry in entries:
         args += [str(entry["call_id"]), json.dumps(entry, ensure_ascii=False)]
-    return Beside(
-        "the calls' tier decisions", _RULINGS, (Keys.audit(), Keys.audit_ruled(run_id)), tuple(args)
-    )
+    keys = (Keys.audit_calls(), Keys.audit_ruled(run_id))
+    return Beside("the calls' tier decisions", _RULINGS, keys, tuple(args))
 
 
 class AuditStore(StorePart):
-    """The decisions' audit and the answers' feedback, each a capped stream."""
+    """The decisions' audit, the calls' tier decisions and the answers' feedback, each a capped stream."""
 
     def append_audit(self, entry: dict[str, Any], *, now: float | None = None) -> None:
         """One audit entry written outside a decision (a call a grant let run)."""
@@ -99,12 +99,16 @@ class AuditStore(StorePart):
         """The newest `count` audit entries, oldest first (see `_stream_entries`)."""
         return self._stream_entries(Keys.audit(), count)
 
-    def audit_since(self, since: float) -> Iterator[dict[str, Any]]:
-        """Every audit entry appended at or after `since` (epoch seconds), oldest first, read a
-        page at a time; an unreadable one comes back as `{"unreadable": ...}`."""
+    def call_entries(self, count: int = 100) -> list[dict[str, Any]]:
+        """The newest `count` tier decisions of calls, oldest first."""
+        return self._stream_entries(Keys.audit_calls(), count)
+
+    def calls_since(self, since: float) -> Iterator[dict[str, Any]]:
+        """Every call's tier decision recorded at or after `since` (epoch seconds), oldest first,
+        read a page at a time; an unreadable one comes back as `{"unreadable": ...}`."""
         start = f"{max(int(since * 1000), 0)}-0"
         while True:
-            rows: list[Any] = self.redis.xrange(Keys.audit(), min=start, count=AUDIT_PAGE) or []
+            rows: list[Any] = self.redis.xrange(Keys.audit_calls(), min=start, count=AUDIT_PAGE) or []
             for _, fields_ in rows:
                 yield _entry(fields_.get(b"entry", b""))
             if len(rows) < AUDIT_PAGE:
