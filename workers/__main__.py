@@ -259,15 +259,15 @@ def replay_draft(path: str, days: float) -> int:
         return 2
     try:
         entries = Store(redis_connection()).calls_since(time.time() - days * DAY)
-        results = []
+        tally = replay.Tally()
         for result in replay.replay(draft, entries):
-            results.append(result)
+            tally.add(result)
             if result.changed:
                 print(result.line())
     except redis.RedisError as exc:
         print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
         return 2
-    print(replay.summary(results))
+    print(tally.summary())
     return 0
 
 

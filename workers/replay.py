@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness import texts
@@ -96,20 +96,39 @@ def rule_again(draft: Config, entry: Mapping[str, Any], was: Tier) -> Replayed:
     return Replayed(entry, was, ruling.tier, why, uncertain=bool(unsure))
 
 
-def summary(results: list[Replayed]) -> str:
-    """`120 calls, 7 would change: 5 allow→ask, 2 ask→deny` (or `…, none would change`)."""
-    changed = [r for r in results if r.changed]
-    head = f"{len(results)} calls, "
-    if not changed:
-        line = head + "none would change"
-    else:
-        kinds = Counter(f"{r.was.value}→{r.would_be.value}" for r in changed)
-        ordered = sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))
-        line = head + f"{len(changed)} would change: " + ", ".join(f"{n} {kind}" for kind, n in ordered)
-    unsure = sum(1 for r in results if r.uncertain)
-    if unsure:
-        line += f"; {unsure} uncertain (a rule reads an argument the audit kept only in part)"
-    return line
+@dataclass
+class Tally:
+    """What a replay found, counted as it goes (the calls themselves are not kept)."""
+
+    calls: int = 0
+    changes: Counter[str] = field(default_factory=Counter)  # "allow→ask" -> how many
+    uncertain: int = 0
+
+    def add(self, result: Replayed) -> None:
+        self.calls += 1
+        if result.changed:
+            self.changes[f"{result.was.value}→{result.would_be.value}"] += 1
+        self.uncertain += result.uncertain
+
+    def summary(self) -> str:
+        """`120 calls, 7 would change: 5 allow→ask, 2 ask→deny` (or `…, none would change`)."""
+        line = f"{self.calls} calls, "
+        if not self.changes:
+            line += "none would change"
+        else:
+            ordered = sorted(self.changes.items(), key=lambda kv: (-kv[1], kv[0]))
+            line += f"{self.changes.total()} would change: " + ", ".join(f"{n} {kind}" for kind, n in ordered)
+        if self.uncertain:
+            line += f"; {self.uncertain} uncertain (a rule reads an argument the audit kept only in part)"
+        return line
+
+
+def summary(results: Iterable[Replayed]) -> str:
+    """The summary line of `results` (`Tally.summary`)."""
+    tally = Tally()
+    for result in results:
+        tally.add(result)
+    return tally.summary()
 
 
 def _source(entry: Mapping[str, Any], tool: str) -> str:
