@@ -17,6 +17,7 @@ from bot.listening import BotDeps
 from bot.web import serve, wsgi_app
 from harness.config import ConfigError, load_config
 from workers import logs
+from workers.reload import LiveConfig, reload_into
 from workers.services import SettingsError, make_queue, redis_connection, slack_client
 from workers.store import Store
 
@@ -115,7 +116,8 @@ def main() -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     connection = redis_connection()
-    deps = BotDeps(store=Store(connection), queue=make_queue(connection), config=config)
+    live = LiveConfig(config)  # SIGHUP reads HARNESS_CONFIG again (workers.reload)
+    deps = BotDeps(store=Store(connection), queue=make_queue(connection), config=live)
     try:
         app = create_app(deps, client=client, signing_secret=signing_secret)
     except SlackApiError as exc:
@@ -123,7 +125,7 @@ def main() -> int:
         return 2
     if app_token:
         try:
-            socket_mode.serve(app, app_token)
+            socket_mode.serve(app, app_token, on_reload=lambda: reload_into(live))
         except SlackApiError as exc:
             print(f"error: Slack refused SLACK_APP_TOKEN ({exc.response.get('error')})", file=sys.stderr)
             return 2
@@ -143,6 +145,7 @@ def main() -> int:
         workers=workers,
         threads=4,
         also=metrics_listener,
+        on_reload=lambda: reload_into(live),
     )
     return 0
 

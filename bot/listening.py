@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import ctypes
+import functools
 import inspect
 import logging
 import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import rq
@@ -29,6 +30,7 @@ from slack_sdk.errors import SlackApiError
 from harness.config import Config
 from messages.blocks import notice
 from workers import deciders, logs
+from workers.reload import LiveConfig
 from workers.services import enqueue_run_job
 from workers.store import (
     RunRecord,
@@ -82,15 +84,39 @@ def _logged(fn: Callable[..., None], *args: Any) -> None:
         log.exception("background Slack call %s failed", getattr(fn, "__name__", fn))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class BotDeps:
-    """What the listeners need: the store, the queue and the config."""
+    """What the listeners need: the store, the queue and the config.
+
+    The config is `live`: a reload (SIGHUP) swaps it, and `config` reads the one in force now.
+    A listener reads it once per request and keeps that value.
+    """
 
     store: Store
     queue: rq.Queue
-    config: Config
-    background: Background = field(default_factory=lambda: Background())
-    groups: deciders.GroupDirectory = field(default_factory=deciders.GroupDirectory)
+    live: LiveConfig
+    background: Background
+    groups: deciders.GroupDirectory
+
+    def __init__(
+        self,
+        store: Store,
+        queue: rq.Queue,
+        config: Config | LiveConfig,
+        background: Background | None = None,
+        groups: deciders.GroupDirectory | None = None,
+    ) -> None:
+        set_field = functools.partial(object.__setattr__, self)  # frozen: fields are set once, here
+        set_field("store", store)
+        set_field("queue", queue)
+        set_field("live", config if isinstance(config, LiveConfig) else LiveConfig(config))
+        set_field("background", Background() if background is None else background)
+        set_field("groups", deciders.GroupDirectory() if groups is None else groups)
+
+    @property
+    def config(self) -> Config:
+        """The top-level config in force now (a reload may swap it between two reads)."""
+        return self.live.current
 
     def settings_of(self, record: RunRecord) -> Config:
         """The settings of `record`'s run: its profile as configured now (`Config.settings`)."""

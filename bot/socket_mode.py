@@ -17,7 +17,7 @@ import json
 import logging
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ from slack_sdk.socket_mode.builtin import SocketModeClient
 from slack_sdk.socket_mode.response import SocketModeResponse
 
 from bot.web import payload_problem
+from workers.reload import Hangup
 
 log = logging.getLogger(__name__)
 
@@ -155,8 +156,9 @@ def _envelope_id(raw: str) -> str | None:
     return envelope_id if isinstance(envelope_id, str) else None
 
 
-def serve(app: App, app_token: str) -> None:
-    """Run the app over Socket Mode until SIGTERM or SIGINT (SlackApiError if Slack refuses the token)."""
+def serve(app: App, app_token: str, *, on_reload: Callable[[], object] | None = None) -> None:
+    """Run the app over Socket Mode until SIGTERM or SIGINT (SlackApiError if Slack refuses the
+    token); each SIGHUP runs `on_reload` (on a thread of its own) while envelopes keep flowing."""
     runner = SocketModeRunner(app, app_token)
     try:
         runner.connect()
@@ -166,6 +168,8 @@ def serve(app: App, app_token: str) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if on_reload is not None:
+        Hangup(on_reload).install()
     log.info("Socket Mode: connected, acking every envelope within %.1f s", runner.ack_within)
     stop.wait()
     runner.close()

@@ -390,12 +390,25 @@ class GunicornLogger(glogging.Logger):
 
 
 class Server(BaseApplication):
-    """gunicorn, configured in code: threaded workers, the app built once before forking."""
+    """gunicorn, configured in code: threaded workers, the app built once before forking.
 
-    def __init__(self, application: Any, options: dict[str, Any]) -> None:
+    On SIGHUP gunicorn's master reloads (`Arbiter.reload` calls `reload` here) and forks a new
+    set of workers, sending the old ones a graceful stop: `on_reload` runs in the master first, so
+    what it swaps (the bot's config) is what the new workers inherit.
+    """
+
+    def __init__(
+        self, application: Any, options: dict[str, Any], on_reload: Callable[[], object] | None = None
+    ) -> None:
         self.application = application
         self.options = options
+        self.on_reload = on_reload
         super().__init__()
+
+    def reload(self) -> None:
+        super().reload()
+        if self.on_reload is not None:
+            self.on_reload()
 
     def load_config(self) -> None:
         for key, value in self.options.items():
@@ -413,8 +426,10 @@ def serve(
     workers: int = 2,
     threads: int = 8,
     also: tuple[tuple[str, int], ...] = (),
+    on_reload: Callable[[], object] | None = None,
 ) -> None:
-    """Serve `application` on `host`:`port` (and each (host, port) of `also`) until SIGTERM/SIGINT."""
+    """Serve `application` on `host`:`port` (and each (host, port) of `also`) until SIGTERM/SIGINT;
+    SIGHUP runs `on_reload` in the master, then replaces the workers gracefully."""
     binds = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in ((host, port), *also)]
     Server(
         application,
@@ -432,4 +447,5 @@ def serve(
             # belongs in the user's home, and nobody here uses `gunicornc`.
             "control_socket_disable": True,
         },
+        on_reload,
     ).run()

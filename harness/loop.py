@@ -20,7 +20,7 @@ import anthropic
 from harness import texts
 from harness.client import make_client
 from harness.config import Config, Limits
-from harness.context import TokenMemo, fit_images, within_input_limit, without_old_images
+from harness.context import TokenMemo, fit_images, prompt_tokens, within_input_limit, without_old_images
 from harness.policy import Policy, Tier
 from harness.state import PendingCall, RunState, Status, Usage, Verdict, canonical_json
 from harness.tools import ToolContext, ToolRegistry, ToolResult
@@ -28,6 +28,7 @@ from harness.tools.base import BadInput
 from harness.tools.catalog import Catalog
 from harness.valves import (
     ASKING_VALVES,
+    Budget,
     Stop,
     Valve,
     allowance,
@@ -74,7 +75,7 @@ class AwaitingApproval:
 
 @dataclass(frozen=True)
 class AwaitingLimit:
-    """With `on_limit = "ask"`: the run reached `valve` (max turns or token budget) and waits.
+    """With `on_limit = "ask"`: the run reached `valve` (max turns, token budget, a daily budget) and waits.
 
     `continue_at_limit` grants `allowance` more of it and carries on; `stop_run(state, valve,
     reason)` ends it as that valve's stop. `question` says what was reached, for the person asked.
@@ -88,8 +89,10 @@ class AwaitingLimit:
     @property
     def more(self) -> str:
         """What Continue grants, in words: "8 more turns of tool calls", "40,000 more tokens"."""
-        words = texts.LIMIT_MORE_TURNS if self.valve is Valve.MAX_TURNS else texts.LIMIT_MORE_TOKENS
-        return words.format(more=self.allowance, s="" if self.allowance == 1 else "s")
+        words = {Valve.MAX_TURNS: texts.LIMIT_MORE_TURNS, Valve.BUDGET: texts.LIMIT_MORE_PAST_BUDGET}
+        return words.get(self.valve, texts.LIMIT_MORE_TOKENS).format(
+            more=self.allowance, s="" if self.allowance == 1 else "s"
+        )
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,9 @@ class Agent:
     before_tool: Callable[[RunState, PendingCall], None] | None = None
     # An outside valve (a person pressed Stop), asked before every model request and every tool call.
     stop_check: Callable[[], Stop | None] | None = None
+    # The daily budgets (the worker's; `python -m harness` has none): asked before every model
+    # request, after the other valves, and told what each reply cost.
+    budget: Budget | None = None
     # The input-size estimates of messages already seen (this agent's runs; see `harness.context`).
     token_memo: TokenMemo = field(default_factory=TokenMemo, compare=False, repr=False)
 
@@ -218,8 +224,10 @@ def _query(state: RunState, agent: Agent) -> StepResult:
     limited = within_input_limit(state, request, agent.limits.max_input_tokens, agent.token_memo)
     if limited is not state:
         state, request = limited, build_request(limited, agent)
+    if stop := _over_budget(state, agent, request):
+        return _stop_or_ask(state, agent, stop)
     try:
-        message = agent.client.messages.create(**request)
+        message = _create(agent, request)
     except anthropic.APIStatusError as exc:
         return _failed(state, exc, exc.status_code)
     except anthropic.APIError as exc:
@@ -250,6 +258,29 @@ def _query(state: RunState, agent: Agent) -> StepResult:
     return _stop(
         replace(state, pending=_calls(content, agent)), _terminal_stop(reason, agent.limits, content)
     )
+
+
+def _over_budget(state: RunState, agent: Agent, request: dict[str, Any]) -> Stop | None:
+    """The daily budgets' answer for `request`: reserved with an upper bound of what it may cost."""
+    if agent.budget is None:
+        return None
+    estimate = (
+        prompt_tokens(request) + agent.token_memo.messages_tokens(state.messages) + agent.limits.max_tokens
+    )
+    return agent.budget.admit(estimate, granted=state.usage.total < state.past_budget_until)
+
+
+def _create(agent: Agent, request: dict[str, Any]) -> Any:
+    """Make the model request; the budget is told what it cost (nothing, when it failed)."""
+    if agent.budget is None:
+        return agent.client.messages.create(**request)
+    cost = Usage()
+    try:
+        message = agent.client.messages.create(**request)
+        cost = _usage(message.usage)
+        return message
+    finally:
+        agent.budget.spent(cost)
 
 
 def _append_assistant(
@@ -518,6 +549,8 @@ def continue_at_limit(state: RunState, agent: Agent) -> StepResult:
     more = allowance(valve, agent.limits)
     if valve is Valve.MAX_TURNS:
         state = replace(state, extra_turns=state.extra_turns + more)
+    elif valve is Valve.BUDGET:
+        state = replace(state, past_budget_until=state.usage.total + more)
     else:
         state = replace(state, extra_tokens=state.extra_tokens + more)
     state = replace(state, status=Status.RUNNING, at_limit="")
@@ -544,6 +577,10 @@ def _ask_at_limit(state: RunState, agent: Agent, stop: Stop) -> StepResult:
     limits = agent.limits
     if stop.valve is Valve.MAX_TURNS:
         question = texts.LIMIT_MAX_TURNS.format(limit=turn_limit(state, limits))
+    elif stop.valve is Valve.BUDGET:
+        question = texts.LIMIT_BUDGET.format(
+            detail=stop.detail or stop.reason
+        )  # which, its size, when it resets
     else:
         question = texts.LIMIT_TOKEN_BUDGET.format(used=state.usage.total, limit=token_limit(state, limits))
     held = replace(state, status=Status.AWAITING_LIMIT, at_limit=stop.valve.value, pending=())

@@ -174,6 +174,9 @@ class RunState:
     extra_turns: int = 0
     extra_tokens: int = 0
     at_limit: str = ""
+    # Continue at the daily budget (valve `budget`): below this many tokens of its own usage the run
+    # may make requests past the budget (they are still counted). 0: never granted.
+    past_budget_until: int = 0
 
     @property
     def awaiting(self) -> tuple[PendingCall, ...]:
@@ -194,6 +197,7 @@ class RunState:
             "extra_turns": self.extra_turns,
             "extra_tokens": self.extra_tokens,
             "at_limit": self.at_limit,
+            "past_budget_until": self.past_budget_until,
         }
 
     @classmethod
@@ -218,6 +222,7 @@ class RunState:
                 extra_turns=int(data.get("extra_turns", 0)),
                 extra_tokens=int(data.get("extra_tokens", 0)),
                 at_limit=str(data.get("at_limit", "")),
+                past_budget_until=int(data.get("past_budget_until", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"stored run state is malformed ({exc!r}); refusing to resume it") from None

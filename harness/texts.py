@@ -33,6 +33,7 @@ STOP_CONTEXT_WINDOW = (
     "Stopped: the conversation no longer fits in the model's context window. Start a new thread to carry on."
 )
 STOP_UNKNOWN_REASON = "Stopped: the model ended its reply for a reason the harness does not know ({reason})."
+STOP_BUDGET = "Stopped by the budget valve: {detail}"
 STOP_BY_USER = "Stopped at a person's request, before the next model request; calls not yet run were not run."
 
 # A limit that asks ([limits] on_limit = "ask"): what the run reached, and what Continue grants.
@@ -43,8 +44,13 @@ LIMIT_MAX_TURNS = (
 LIMIT_TOKEN_BUDGET = (
     "Reached the token budget: the run has used {used:,} tokens, at or over its budget of {limit:,}."
 )
+LIMIT_BUDGET = "Reached a daily budget: {detail}"
 LIMIT_MORE_TURNS = "{more:,} more turn{s} of tool calls"
 LIMIT_MORE_TOKENS = "{more:,} more token{s}"
+LIMIT_MORE_PAST_BUDGET = (
+    "{more:,} more token{s} for this run past the daily budget (the day's spend then goes over it, "
+    "by your choice)"
+)
 
 FAILED_MODEL_API = "The model API failed after retrying: {error}"
 

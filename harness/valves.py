@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
 from harness import texts
 from harness.config import Limits
-from harness.state import RunState
+from harness.state import RunState, Usage
 
 
 class Valve(StrEnum):
@@ -22,10 +23,11 @@ class Valve(StrEnum):
     UNKNOWN_STOP = "unknown_stop_reason"
     CRASHES = "crashes"  # the run took its worker down too often (set by the Slack driver)
     STOPPED_BY_USER = "stopped_by_user"  # a person pressed Stop (checked through `Agent.stop_check`)
+    BUDGET = "budget"  # a daily budget of the user or the channel is spent (checked through `Agent.budget`)
 
 
 # With `[limits] on_limit = "ask"` these valves ask to continue instead of stopping.
-ASKING_VALVES = (Valve.MAX_TURNS, Valve.TOKEN_BUDGET)
+ASKING_VALVES = (Valve.MAX_TURNS, Valve.TOKEN_BUDGET, Valve.BUDGET)
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,22 @@ class Stop:
 
     valve: Valve
     reason: str
+    detail: str = ""  # the reason without its "Stopped by …" head: what a question at the limit says
+
+
+class Budget(Protocol):
+    """A spending gate kept outside the run (the workers' daily budgets, in Redis).
+
+    `admit` is asked right before every model request, after the other valves, with an upper
+    bound of what the request may cost (`estimate`: its input estimate plus `max_tokens`): None
+    lets it go, a `Stop` (valve `budget`) holds it back. `granted`: Continue let this run go past
+    the budget, so it is counted but never held back. Exactly one `spent` follows every admitted
+    request, with what the reply cost (nothing when the request failed).
+    """
+
+    def admit(self, estimate: int, *, granted: bool) -> Stop | None: ...
+
+    def spent(self, usage: Usage) -> None: ...
 
 
 def turn_limit(state: RunState, limits: Limits) -> int:
@@ -47,7 +65,8 @@ def token_limit(state: RunState, limits: Limits) -> int:
 
 
 def allowance(valve: Valve, limits: Limits) -> int:
-    """What one Continue at `valve` grants: one more `max_turns` (at least 1) or `token_budget`."""
+    """What one Continue at `valve` grants: one more `max_turns` (at least 1) or `token_budget`
+    (at `budget`: this run may spend that many more tokens past the daily budget)."""
     return max(limits.max_turns, 1) if valve is Valve.MAX_TURNS else limits.token_budget
 
 

@@ -66,6 +66,28 @@ BUSY_CHANNEL = (
     "This channel already has {limit} requests going (running or waiting for approval). "
     "This one was not started: mention me again once one of them is done."
 )
+# Daily budgets ([budgets]): which one is spent, its size, and when it resets.
+BUDGET_USER = (
+    "the daily budget per person{profile} of {budget:,} tokens (`per_user_daily_tokens`) is spent for "
+    "the person who asked this: {spent:,} tokens used today. It resets at 00:00 UTC, in {left}."
+)
+BUDGET_CHANNEL = (
+    "this {where}'s daily budget{profile} of {budget:,} tokens (`per_channel_daily_tokens`) is spent: "
+    "{spent:,} tokens used today. It resets at 00:00 UTC, in {left}."
+)
+BUDGET_HELD = (
+    "the daily budget {what} of {budget:,} tokens is held in full by requests in flight that did not "
+    "finish in time ({spent:,} tokens used today). It resets at 00:00 UTC, in {left}."
+)
+BUDGET_PROFILE = " under profile `{profile}`"
+BUDGET_SPENT_USER = (
+    "You have used your daily budget{profile} of {budget:,} tokens ({spent:,} today), so nothing was "
+    "started. It resets at 00:00 UTC, in {left}."
+)
+BUDGET_SPENT_CHANNEL = (
+    "This {where} has used its daily budget{profile} of {budget:,} tokens ({spent:,} today), so nothing "
+    "was started. It resets at 00:00 UTC, in {left}."
+)
 WRONG_TEAM = "This button does not belong to this workspace. Nothing was changed."
 NOT_REVIEWABLE = (
     "These arguments are too large to review in Slack, so this call cannot be approved here. "

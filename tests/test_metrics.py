@@ -4,6 +4,7 @@ Prometheus text, and writes that never raise when Redis is gone."""
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import pytest
@@ -104,9 +105,15 @@ def test_a_label_value_outside_its_list_counts_as_other_so_label_sets_stay_bound
 
 
 def test_every_family_declares_only_fixed_label_values() -> None:
+    """A fixed list, or a pattern of the config's own bounded names (a profile's): never an id."""
     for family in metrics.FAMILIES:
         for name, allowed in family.labels.items():
-            assert allowed and all(isinstance(v, str) and "|" not in v for v in allowed), (family.name, name)
+            if isinstance(allowed, re.Pattern):
+                assert not allowed.fullmatch("a|b") and not allowed.fullmatch("a" * 33), (family.name, name)
+                assert not allowed.fullmatch("U0123ABCD") and not allowed.fullmatch("C0123ABCD")
+            else:
+                fixed = all(isinstance(v, str) and "|" not in v for v in allowed)
+                assert allowed and fixed, (family.name, name)
             assert name not in ("run_id", "user", "channel", "team", "thread_ts")
 
 

@@ -13,6 +13,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -22,7 +23,7 @@ from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
 
 from harness.client import warm_up
-from harness.config import ConfigError, ResolvedServer, load_config
+from harness.config import Config, ConfigError, ResolvedServer, load_config
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub, guard_forks
 from harness.tools.relay import RelayServer, private_directory
@@ -32,6 +33,7 @@ from workers import audit as audit_lines
 from workers import horses, jobs, logs, metrics, replay, status
 from workers.driver import lease_seconds
 from workers.health import WORKER_TTL
+from workers.reload import Hangup, reload, servers_kept
 from workers.services import (
     Services,
     SettingsError,
@@ -48,9 +50,10 @@ log = logging.getLogger("workers.watchdog")
 ESCALATION_RETRY_SECONDS = 30  # a reminder Slack refused is tried again this much later (before expiry)
 
 
-def watchdog(store: Store, stop: threading.Event, svc: Services | None = None) -> None:
+def watchdog(store: Store, stop: threading.Event, svc: Callable[[], Services] | None = None) -> None:
     """Expire parks whose time has come, remind `escalate_to` of those nobody decided in time, and
-    hand runs with no driver to any worker.
+    hand runs with no driver to any worker. `svc` gives the services in force at each pass (a
+    reload swaps them: a reminder reads the run's settings as configured now).
 
     A run needs a driver when it is marked active (queued, running, ending, or parked with every
     decision in) and nobody holds its lease: its driver died. It is continued within about one
@@ -63,7 +66,7 @@ def watchdog(store: Store, stop: threading.Event, svc: Services | None = None) -
             now = time.time()
             jobs.expire_due(store, queue, now)
             if svc is not None:
-                escalate_due(svc, now)
+                escalate_due(svc(), now)
             for run_id in store.orphans(now - seconds, lambda job_id: job_waiting(queue, job_id)):
                 log.warning("run %s has no driver; continuing it on another worker", run_id)
                 enqueue_run_job(store, queue, jobs.recover_run, run_id)
@@ -159,15 +162,23 @@ def work() -> int:
     warm_up()
     stop = threading.Event()
     watch_store = Store(redis_connection())  # its own connection: never shared with a fork
-    watch_svc = replace(svc, store=watch_store)  # posts escalation reminders with the worker's client
+    # The watchdog posts escalation reminders with the worker's client, under the config in force.
     threading.Thread(
-        target=watchdog, args=(watch_store, stop, watch_svc), name="watchdog", daemon=True
+        target=watchdog,
+        args=(watch_store, stop, lambda: replace(jobs.services(), store=watch_store)),
+        name="watchdog",
+        daemon=True,
     ).start()
     try:
         if kind == "prefork":
             scheduler = RQScheduler([svc.queue], connection=svc.store.redis, serializer=JSONSerializer)
-            horses.Supervisor(lambda: _serve_horse(svc, limits), svc.store.redis, scheduler).run()
+            supervisor = horses.Supervisor(
+                lambda: _serve_horse(jobs.services(), limits), svc.store.redis, scheduler
+            )
+            Hangup(lambda: _reload(supervisor.replace_horse)).install()
+            supervisor.run()
         else:
+            Hangup(_reload).install()  # `fork`: the next job's fork has it; `simple`: the next job
             _serve(svc, horses.HarnessSimpleWorker if kind == "simple" else horses.HarnessWorker)
     finally:
         stop.set()
@@ -176,6 +187,29 @@ def work() -> int:
         if hub is not None:
             hub.close()
     return 0
+
+
+def _reload(then: Callable[[], None] = lambda: None) -> bool:
+    """SIGHUP: read the config again and hand the new services to the next job (`then`: have the
+    prefork horse replaced after its job); a bad config changes nothing (`workers.reload`)."""
+    running = jobs.services()
+
+    def install(fresh: Services) -> None:
+        jobs.use_services(fresh)
+        servers_kept(running.config, fresh.config)
+        then()
+
+    return reload(lambda config: _services_for(running, config), install)
+
+
+def _services_for(running: Services, config: Config) -> Services:
+    """The services of the running worker under `config`: its modules imported, its `${VAR}`s
+    checked (a `ConfigError` refuses the reload). MCP servers are started once per worker, so the
+    running ones stay: a new server's tools are offered after a restart, a removed one's no more."""
+    config.resolved_servers()  # the secrets are not kept: only whether each one is there
+    catalog = Catalog.from_config(config)
+    host = running.catalog.host if running.catalog is not None else None
+    return replace(running, config=config, catalog=catalog if host is None else catalog.with_host(host))
 
 
 def _serve(svc: Services, worker_class: type[horses.HarnessWorker | horses.HarnessSimpleWorker]) -> None:

@@ -29,7 +29,9 @@ from typing import Any
 
 import redis
 from rq import SimpleWorker, Worker
+from rq.exceptions import StopRequested
 from rq.scheduler import RQScheduler
+from rq.worker import WorkerStatus
 
 from harness.tools.registry import IDLE_LANE
 from workers import logs, metrics
@@ -49,10 +51,11 @@ THREADS = "threads"  # a job left a thread running (a tool that timed out and ne
 JOBS = "jobs"  # it ran HARNESS_WORKER_MAX_JOBS jobs
 LOOP = "loop"  # RQ quit its loop on an error (a Redis restart during its heartbeat, say)
 STOPPED = "stopped"  # the horse alone was asked to stop (a SIGTERM sent to its pid)
-REASONS = (CRASHED, MEMORY, THREADS, JOBS, LOOP, STOPPED)
+RELOAD = "reload"  # the worker read its config again (SIGHUP): the next horse is forked with it
+REASONS = (CRASHED, MEMORY, THREADS, JOBS, LOOP, STOPPED, RELOAD)
 
 # A horse's exit status says why it left, so the worker knows what to count.
-_EXIT_STATUS = {STOPPED: 0, MEMORY: 10, THREADS: 11, JOBS: 12, LOOP: 13}
+_EXIT_STATUS = {STOPPED: 0, MEMORY: 10, THREADS: 11, JOBS: 12, LOOP: 13, RELOAD: 14}
 _REASON_OF_STATUS = {code: reason for reason, code in _EXIT_STATUS.items()}
 
 _PR_SET_PDEATHSIG = 1
@@ -189,19 +192,43 @@ class HarnessSimpleWorker(_Observed, _StopAware, _PromptUnsubscribe, SimpleWorke
 
 
 class HarnessHorseWorker(HarnessSimpleWorker):
-    """The RQ worker inside a prefork horse: jobs in-process, and it leaves when `limits` says so."""
+    """The RQ worker inside a prefork horse: jobs in-process, and it leaves when `limits` says so,
+    or after its job when its worker reloaded the config (SIGHUP, sent by `Supervisor.replace_horse`)."""
 
     limits: Limits
     leaving: str | None = None
+
+    def _install_signal_handlers(self) -> None:
+        super()._install_signal_handlers()
+        signal.signal(signal.SIGHUP, self._on_hangup)
+        if _hangup_before_work.is_set():  # it came between the fork and now
+            self._leave(RELOAD)
+
+    def _on_hangup(self, signum: int, frame: FrameType | None) -> None:
+        self._leave(RELOAD)
+        if self.get_state() != WorkerStatus.BUSY:
+            raise StopRequested()  # waiting for a job: leave now, as RQ's own warm shutdown does
+
+    def _leave(self, reason: str) -> None:
+        if self.leaving is None:
+            log.info("work horse %d leaves after this job (%s); a fresh one replaces it", os.getpid(), reason)
+            self.leaving = reason
+        self._stop_requested = True  # RQ's loop checks this before it takes the next job
 
     def execute_job(self, job: Any, queue: Any) -> None:
         self.limits.before_job()
         super().execute_job(job, queue)
         reason = self.limits.after_job()
         if reason is not None:
-            log.info("work horse %d leaves after this job (%s); a fresh one replaces it", os.getpid(), reason)
-            self.leaving = reason
-            self._stop_requested = True  # RQ's loop checks this before it takes the next job
+            self._leave(reason)
+
+
+# A SIGHUP a horse got before its RQ worker started: the worker leaves before its first job.
+_hangup_before_work = threading.Event()
+
+
+def _early_hangup(signum: int, frame: FrameType | None) -> None:
+    _hangup_before_work.set()
 
 
 def _die_with_parent(signum: int) -> None:
@@ -232,6 +259,15 @@ class Supervisor:
         self.horse = 0
         self.stopping = False
         self._done = threading.Event()
+        self._forking = threading.Lock()  # a horse is forked, or told to leave, one at a time
+
+    def replace_horse(self) -> None:
+        """Have the horse leave after its current job (at once when it waits for one), so that the
+        next is forked from this process as it is now: after a config reload (`RELOAD`)."""
+        with self._forking:
+            if self.horse:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.horse, signal.SIGHUP)
 
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -243,7 +279,8 @@ class Supervisor:
         try:
             while not self.stopping:
                 born = time.monotonic()
-                self.horse = self._fork()
+                with self._forking:
+                    self.horse = self._fork()
                 status = self._wait(self.horse)
                 self.horse = 0
                 if self.stopping:
@@ -289,11 +326,17 @@ class Supervisor:
 
     def _fork(self) -> int:
         parent = os.getpid()
+        # SIGHUP is held across the fork: one sent to the new horse before it has its own handler
+        # waits for it instead of reaching the worker's (which does nothing in a horse).
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
         pid = os.fork()
         if pid:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
             return pid
         status = 1
         try:
+            signal.signal(signal.SIGHUP, _early_hangup)
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
             os.setpgid(0, 0)  # signals to our group (a terminal's Ctrl-C) reach the horse through us only
             _die_with_parent(signal.SIGKILL)
             if os.getppid() != parent:  # the worker died before the line above

@@ -49,7 +49,7 @@ from harness.state import (
 from harness.valves import Stop, Valve, token_limit
 from messages import cards, endings, texts, turns
 from messages.blocks import Message, notice
-from workers import deciders, logs, metrics, outbox, rulings, thread_status
+from workers import budgets, deciders, logs, metrics, outbox, rulings, thread_status
 from workers.driver import Driver, park_ttl
 from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
 from workers.store import LIMIT_CALL, BadId, Grant, RunRecord, RunStatus, Store, rulings_write
@@ -296,8 +296,18 @@ def _agent(svc: Services, driver: Driver) -> Agent:
             settings.profile,
         )
     catalog = svc.catalog.narrowed(settings) if svc.catalog is not None else None
+    record = driver.record
+    gate = budgets.Gate(
+        svc.store,
+        record.team,
+        record.requester,
+        record.channel,
+        record.profile,
+        settings.budgets,
+        stop_check=stop_check,
+    )
     return Agent.from_config(
-        settings, catalog, client=svc.model, before_tool=write_ahead, stop_check=stop_check
+        settings, catalog, client=svc.model, before_tool=write_ahead, stop_check=stop_check, budget=gate
     )
 
 

@@ -8,8 +8,9 @@ run on other hosts than the bot. They all share one thing, Redis, so that is whe
 - `harness:metrics:counters`, one hash holding every counter and every histogram bucket. A write
   is one HINCRBY (a histogram: a bucket and its sum, in one pipeline); a scrape is one HGETALL,
   pipelined with the gauges it computes (`Collector`). No TTL: the label sets are bounded (every
-  label takes its values from a fixed list here, anything else counts as `other`; never a run id,
-  user id or channel), so the hash stays a few hundred fields, forever.
+  label takes its values from a fixed list here, or for `profile` from the config's profile names,
+  anything else counts as `other`; never a run id, user id or channel), so the hash stays a few
+  hundred fields, forever.
 - `harness:metrics:run:{run_id}`, what of a run has been counted already: a run's turns, model
   requests and tokens are counted as deltas of its state's own totals, and its tool calls once per
   turn, so a run resumed, retried or re-driven after a crash is never counted twice.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -58,7 +60,8 @@ class Family:
 
     name: str  # for a counter, without `_total` (prometheus_client adds it)
     help: str
-    labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Each label's allowed values: a fixed list, or a pattern (values the config bounds: profile names).
+    labels: Mapping[str, tuple[str, ...] | re.Pattern[str]] = field(default_factory=dict)
     buckets: tuple[float, ...] = ()  # a histogram's upper bounds; empty: a counter
 
     @property
@@ -69,6 +72,10 @@ class Family:
         """The label values of `given`, each one of its label's allowed values, else `other`."""
         out = []
         for name, allowed in self.labels.items():
+            if isinstance(allowed, re.Pattern):
+                value = str(given.get(name) or "")
+                out.append(value if allowed.fullmatch(value) else OTHER)
+                continue
             value = str(given.get(name) or NONE)
             out.append(value if value in allowed else OTHER)
         return tuple(out)
@@ -106,8 +113,8 @@ JOBS_FAILED = Family("harness_jobs_failed", "RQ jobs that failed with no retry l
 HORSES_REPLACED = Family(
     "harness_work_horses_replaced",
     "Prefork work horses replaced, by why: crashed, memory, threads (one a tool left running), jobs, "
-    "loop (RQ quit on an error), stopped.",
-    {"reason": ("crashed", "memory", "threads", "jobs", "loop", "stopped")},
+    "loop (RQ quit on an error), stopped, reload (the config was read again).",
+    {"reason": ("crashed", "memory", "threads", "jobs", "loop", "stopped", "reload")},
 )
 RECOVERED = Family(
     "harness_runs_recovered", "Runs whose driver died, handed to another worker by a watchdog."
@@ -134,6 +141,14 @@ FEEDBACK = Family(
     "Clicks on the thumbs under an answer, by which one.",
     {"feedback": ("good", "bad")},
 )
+# A profile's name (1-32 of a-z, 0-9, -) or "" for the top-level settings: what the config allows.
+PROFILE_LABEL = re.compile(r"[a-z0-9-]{0,32}")
+BUDGET_TOKENS = Family(
+    "harness_budget_tokens",
+    'Tokens spent by model requests (as [budgets] counts them), by the profile of the run; profile="" '
+    "is the top-level settings.",
+    {"profile": PROFILE_LABEL},
+)
 FAMILIES = (
     RUNS,
     TURNS,
@@ -149,6 +164,7 @@ FAMILIES = (
     RESUME_SECONDS,
     ACK_SECONDS,
     FEEDBACK,
+    BUDGET_TOKENS,
 )
 
 
@@ -427,6 +443,12 @@ def mention_counter() -> tuple[str, dict[Accepted, str]]:
     return Keys.metric_counters(), {a: counter_field(MENTIONS, result=a.value) for a in Accepted}
 
 
+def budget_counter(profile: str) -> tuple[str, str]:
+    """Where `Store.budget_settle` counts a request's cost for `harness_budget_tokens`, in the same
+    step as it counts it against the budgets: the counters' hash and the field of `profile`."""
+    return Keys.metric_counters(), counter_field(BUDGET_TOKENS, profile=profile)
+
+
 # --- the scrape ---------------------------------------------------------------------------------------
 
 
@@ -525,7 +547,8 @@ def _text(value: Any) -> str:
 
 def _allowed(family: Family, values: Sequence[str]) -> bool:
     return len(values) == len(family.labels) and all(
-        v in (*allowed, OTHER) for v, allowed in zip(values, family.labels.values(), strict=True)
+        v == OTHER or (allowed.fullmatch(v) if isinstance(allowed, re.Pattern) else v in allowed)
+        for v, allowed in zip(values, family.labels.values(), strict=True)
     )
 
 

@@ -4,7 +4,8 @@ In flight: the members of `harness:active` (queued, running, or parked with ever
 each with whether a driver holds it now. Parked: the open parks of `harness:expiries`, the soonest
 to expire first. Failed: run records whose status is `failed` (a model API error; their thread has
 a Retry button), found by a SCAN of `harness:run:*`, so this reads every run of the last 7 days:
-an operator's command, not something to poll.
+an operator's command, not something to poll. Near a budget: every user and channel that spent at
+least 80% of a daily budget today (UTC), with the profile whose budget it is.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from dataclasses import dataclass
 
 from harness.config import Config
 from harness.state import PendingCall, StateError
+from workers import budgets
 from workers.deciders import deciders
 from workers.services import make_queue
-from workers.store import LIMIT_CALL, BadId, Keys, RunRecord, RunStatus, Store, unpack
+from workers.store import LIMIT_CALL, USER_SCOPE, BadId, Keys, RunRecord, RunStatus, Store, unpack, utc_day
 
 SCAN_BATCH = 200
 
@@ -97,6 +99,7 @@ def report(store: Store, config: Config, now: float | None = None) -> str:
     for record in broken:
         error = (record.error or "").splitlines()[0][:200] if record.error else "(no error recorded)"
         lines.append(f"  {_where(record)} started {_ago(now - record.created_at)}: {error}")
+    lines.extend(_near_budgets(store, config, now))
     queue = make_queue(store.redis)
     lines.append(
         f"Queue {queue.name}: {queue.count} waiting, {queue.scheduled_job_registry.count} scheduled, "
@@ -105,9 +108,25 @@ def report(store: Store, config: Config, now: float | None = None) -> str:
     return "\n".join(lines)
 
 
+def _near_budgets(store: Store, config: Config, now: float) -> list[str]:
+    found = budgets.near(store, config, now)
+    lines = [
+        f"Near a budget (>= {budgets.NEAR:.0%} of a daily budget, UTC day {utc_day(now)}, resets in "
+        f"{budgets.until_reset(now)}): {len(found)}"
+    ]
+    for near in found:
+        key = "per_user_daily_tokens" if near.kind == USER_SCOPE else "per_channel_daily_tokens"
+        lines.append(
+            f"  {near.kind} {near.who} in {near.team}: {near.spent:,} of {near.budget:,} tokens "
+            f"({near.spent / near.budget:.0%}), profile {near.profile or 'none'} ({key})"
+        )
+    return lines
+
+
 def _where(record: RunRecord) -> str:
+    profile = f" (profile {record.profile})" if record.profile else ""
     return (
-        f"run {record.run_id} in {record.team}/{record.channel} thread {record.thread_ts} "
+        f"run {record.run_id} in {record.team}/{record.channel} thread {record.thread_ts}{profile} "
         f"asked by {record.requester}:"
     )
 

@@ -2,6 +2,8 @@
 
 A mention is acked with the run and its job written in one step (deduplicated by Slack's event id,
 or for a DM by its message), then :eyes: (or why it was not started) after Slack has its answer.
+A requester the profile leaves out, or a daily budget already spent, starts nothing: the requester
+gets an ephemeral reply saying why.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from bot.listening import (
 from harness.config import Config
 from messages import texts
 from messages.blocks import notice
-from workers import metrics
+from workers import budgets, metrics
 from workers.services import queued_job
 from workers.store import (
     IM,
@@ -74,6 +76,12 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
                 texts.NOT_A_REQUESTER.format(profile=settings.profile),
                 {"who": list(settings.requesters)},
             )
+            return
+        spent = budgets.refusal(deps.store, settings, team, user, channel)
+        if spent is not None:
+            log.info("app_mention %s in %s: a daily budget is spent; nothing started", event_id, channel)
+            if deps.store.first_delivery(team, _message_key(channel, ts) if direct else event_id):
+                context["refusal"] = (channel, thread_ts, user, spent, {})  # one reply, Slack's retries aside
             return
         record = RunRecord(
             run_id=new_run_id(),

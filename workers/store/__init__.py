@@ -12,6 +12,7 @@ in the module of the record it writes, beside the method that sends it:
 - `parks`: parks, their decisions and votes, and the Home tab's index of who is waited on;
 - `escalations`: parks whose expiry has come, reminders due to `escalate_to`;
 - `grants`: "Approve for this thread"; `groups`: user groups' members, cached;
+- `budgets`: the daily token budgets: each user's and channel's spend today, holds of requests in flight;
 - `audit`: the audit stream of decisions and the feedback stream of answers.
 
 `Store` is one object on one connection, made of one part per module (`base.StorePart`).
@@ -30,6 +31,18 @@ from workers.store.audit import (
     rulings_write,
 )
 from workers.store.base import Beside
+from workers.store.budgets import (
+    BUDGET_TTL,
+    CHANNEL_SCOPE,
+    HOLD_SECONDS,
+    USER_SCOPE,
+    Admission,
+    Admitted,
+    BudgetStore,
+    Scope,
+    SpentToday,
+    utc_day,
+)
 from workers.store.escalations import EscalationStore
 from workers.store.grants import Grant, GrantStore
 from workers.store.groups import GROUP_TTL, GroupStore
@@ -61,7 +74,15 @@ from workers.store.threads import HISTORY_VERSION, THREAD_TTL, ThreadStore
 
 
 class Store(
-    AdmissionStore, RunStore, ThreadStore, ParkStore, EscalationStore, GrantStore, GroupStore, AuditStore
+    AdmissionStore,
+    RunStore,
+    ThreadStore,
+    ParkStore,
+    EscalationStore,
+    GrantStore,
+    GroupStore,
+    AuditStore,
+    BudgetStore,
 ):
     """Runs, threads, decisions and dedup marks in Redis: one part per kind of record, one connection.
 
@@ -75,6 +96,8 @@ __all__ = [
     "AUDIT_MAX_AGE",
     "AUDIT_MAX_ENTRIES",
     "AUDIT_PREVIEW_CHARS",
+    "BUDGET_TTL",
+    "CHANNEL_SCOPE",
     "DAY",
     "ENDED",
     "EVENT_TTL",
@@ -83,6 +106,7 @@ __all__ = [
     "FEEDBACK_PER_MINUTE",
     "FINISHED_RUN_TTL",
     "GROUP_TTL",
+    "HOLD_SECONDS",
     "HISTORY_VERSION",
     "IM",
     "LIMIT_CALL",
@@ -90,9 +114,13 @@ __all__ = [
     "RECORD_VERSION",
     "RUN_COUNT_HORIZON",
     "THREAD_TTL",
+    "USER_SCOPE",
     "Accepted",
+    "Admission",
+    "Admitted",
     "BadId",
     "Beside",
+    "BudgetStore",
     "DecideOutcome",
     "DecideResult",
     "FeedbackOutcome",
@@ -107,10 +135,13 @@ __all__ = [
     "RunRecord",
     "RunStatus",
     "Saved",
+    "Scope",
+    "SpentToday",
     "Store",
     "check_id",
     "new_run_id",
     "pack",
     "rulings_write",
     "unpack",
+    "utc_day",
 ]

@@ -26,6 +26,9 @@ _ID = {
     "tool": re.compile(r"^[A-Za-z0-9_-]{1,128}$"),
     "fingerprint": re.compile(r"^[0-9a-f]{16}$"),
     "group": re.compile(r"^S[A-Z0-9]{1,31}$"),
+    "request": re.compile(r"^[0-9a-f]{32}$"),
+    "day": re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"),
+    "scope": re.compile(r"^(user|channel)$"),
 }
 
 
@@ -187,6 +190,25 @@ class Keys:
     def all_runs() -> str:
         """A SCAN pattern matching every run record's key (the failed runs' listing)."""
         return f"{PREFIX}run:*"
+
+    @staticmethod
+    def budget_spent(day: str) -> str:
+        """The tokens spent on UTC day `day` (YYYY-MM-DD), one hash for every user and channel
+        (`workers.store.budgets` spells its fields)."""
+        return f"{PREFIX}budget:{check_id('day', day)}:spent"
+
+    @staticmethod
+    def budget_holds(day: str, scope: str, team: str, who: str) -> str:
+        """The holds of requests in flight on `day` against one user's or channel's budget (a hash:
+        request id -> "tokens deadline")."""
+        kind = check_id("scope", scope)
+        owner = f"{kind}:{check_id('team', team)}:{check_id(kind, who)}"
+        return f"{PREFIX}budget:{check_id('day', day)}:holds:{owner}"
+
+    @staticmethod
+    def budget_settled(day: str) -> str:
+        """The requests of `day` whose cost is counted (a set of request ids): counted once."""
+        return f"{PREFIX}budget:{check_id('day', day)}:settled"
 
     @staticmethod
     def metric_counters() -> str:
