@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TextIO
 
 from harness import texts
@@ -36,6 +38,17 @@ SHOWN_RESULT_CHARS = 200
 # What approves an `ask` call at the prompt; anything else, and end of input, declines (fail closed).
 APPROVING_ANSWERS = frozenset({"", "y", "yes"})
 EXIT_FINISHED, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+INSPECT_FLAGS = ("--list-tools", "--explain-call")
+# Where an explanation is about: the flag, the Where field, the ID's shape and how to say it.
+WHERE_FLAGS = {
+    "--channel": (
+        "channel",
+        re.compile(r"[CGD][A-Z0-9]{1,31}"),
+        "a channel ID like C0123ABCD (C…, G… or D…)",
+    ),
+    "--team": ("team", re.compile(r"[TE][A-Z0-9]{1,31}"), "a workspace ID like T0123ABCD"),
+    "--user": ("user", re.compile(r"[UW][A-Z0-9]{1,31}"), "a user ID like U012AB3CD (U… or W…)"),
+}
 
 
 def compact(value: object) -> str:
@@ -114,6 +127,90 @@ def run_in_terminal(task: str, agent: Agent, terminal: Terminal) -> tuple[RunSta
         result = step(state, agent)
 
 
+class UsageError(ValueError):
+    """The command line cannot be used; the message is the one line to print."""
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """`--list-tools` or `--explain-call NAME JSON`, and where a run would be (`--channel` …)."""
+
+    flag: str
+    values: tuple[str, ...] = ()
+    where: dict[str, str] = field(default_factory=dict)  # channel, team, user: the flags given
+
+
+def parse_inspection(args: list[str]) -> Inspection:
+    """The inspection `args` ask for: one of `INSPECT_FLAGS` and any of `WHERE_FLAGS`, in any order."""
+    flag: str | None = None
+    values: tuple[str, ...] = ()
+    where: dict[str, str] = {}
+    rest = list(args)
+    while rest:
+        token = rest.pop(0)
+        if token in INSPECT_FLAGS:
+            wanted = 2 if token == "--explain-call" else 0
+            if flag is not None or len(rest) < wanted:
+                raise UsageError(texts.CLI_USAGE)
+            flag, values, rest = token, tuple(rest[:wanted]), rest[wanted:]
+        elif token in WHERE_FLAGS:
+            name, pattern, expected = WHERE_FLAGS[token]
+            if not rest:
+                raise UsageError(texts.CLI_FLAG_NEEDS_VALUE.format(flag=token))
+            if name in where:
+                raise UsageError(texts.CLI_FLAG_TWICE.format(flag=token))
+            value = rest.pop(0)
+            if not pattern.fullmatch(value):
+                raise UsageError(texts.CLI_BAD_ID.format(flag=token, expected=expected, value=value))
+            where[name] = value
+        else:
+            raise UsageError(texts.CLI_USAGE)
+    if flag is None:
+        raise UsageError(texts.CLI_WHERE_ALONE)
+    return Inspection(flag, values, where)
+
+
+def explain_where(config: Config, where: dict[str, str], out: TextIO) -> Config:
+    """The settings a run there would get, after printing which profile and why (and, with a
+    user, whether they may start it and the budgets in force)."""
+    match = config.match(where.get("channel", ""), where.get("team", ""))
+    print(match.header(), file=out)
+    settings = match.settings
+    if "user" in where:
+        print(requester_line(settings, where["user"]), file=out)
+        print(budgets_line(settings), file=out)
+    return settings
+
+
+def requester_line(settings: Config, user: str) -> str:
+    """`# requester: …`: whether `user` may start a run under `settings`; a user group listed in
+    `requesters` cannot be resolved offline, so that case says so rather than guess."""
+    key = f"profiles[{settings.profile}].requesters"
+    if settings.profile is None:
+        return texts.CLI_REQUESTER_TOP.format(user=user)
+    if not settings.requesters:
+        return texts.CLI_REQUESTER_ANYONE.format(user=user, key=key)
+    if user in settings.requesters:
+        return texts.CLI_REQUESTER_LISTED.format(user=user, key=key)
+    groups = [who for who in settings.requesters if who.startswith("S")]
+    if groups:
+        return texts.CLI_REQUESTER_GROUPS.format(user=user, key=key, groups=", ".join(groups))
+    return texts.CLI_REQUESTER_REFUSED.format(user=user, key=key, who=", ".join(settings.requesters))
+
+
+def budgets_line(settings: Config) -> str:
+    """`# budgets: …`: the daily token budgets a run under `settings` counts against."""
+    budgets = settings.budgets
+
+    def shown(tokens: int) -> str:
+        return texts.CLI_BUDGET_TOKENS.format(tokens=tokens) if tokens else texts.CLI_NO_BUDGET
+
+    key = f"profiles[{settings.profile}].budgets" if settings.profile else "budgets"
+    return texts.CLI_BUDGETS.format(
+        user=shown(budgets.per_user_daily_tokens), channel=shown(budgets.per_channel_daily_tokens), key=key
+    )
+
+
 def list_tools(catalog: Catalog, policy: Policy, out: TextIO) -> int:
     """`--list-tools`: one `NAME<TAB>TIER<TAB>WHY` line per tool offered."""
     for found in catalog.registry():
@@ -127,8 +224,11 @@ def list_tools(catalog: Catalog, policy: Policy, out: TextIO) -> int:
     return 0
 
 
-def explain_call(catalog: Catalog, policy: Policy, name: str, raw: str, out: TextIO) -> int:
-    """`--explain-call NAME JSON`: the tier one call would get, and why."""
+def explain_call(
+    catalog: Catalog, policy: Policy, name: str, raw: str, out: TextIO, not_offered: str = ""
+) -> int:
+    """`--explain-call NAME JSON`: the tier one call would get, and why (`not_offered`: why a tool
+    of that name is not offered, when it is offered elsewhere)."""
     try:
         arguments = json.loads(raw)
     except ValueError as exc:
@@ -139,7 +239,7 @@ def explain_call(catalog: Catalog, policy: Policy, name: str, raw: str, out: Tex
         return EXIT_USAGE
     found = catalog.registry().get(name)
     if found is None:
-        print(f"{name}\t-\t{texts.WHY_UNKNOWN_TOOL}", file=out)
+        print(f"{name}\t-\t{not_offered or texts.WHY_UNKNOWN_TOOL}", file=out)
         return EXIT_FAILED
     ruling = policy.decide(name, arguments, found.own_tier, found.own_tier_why)
     print(f"{name}\t{ruling.tier.value}\t{ruling.why}", file=out)
@@ -149,9 +249,15 @@ def explain_call(catalog: Catalog, policy: Policy, name: str, raw: str, out: Tex
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     args = sys.argv[1:] if argv is None else argv
-    inspect = args[0] if args and args[0] in ("--list-tools", "--explain-call") else None
+    inspection = None
+    if args and (args[0] in INSPECT_FLAGS or args[0] in WHERE_FLAGS):
+        try:
+            inspection = parse_inspection(args)
+        except UsageError as exc:
+            print(exc, file=sys.stderr)
+            return EXIT_USAGE
     task = " ".join(args).strip()
-    if not task or task in ("-h", "--help") or (inspect == "--explain-call" and len(args) != 3):
+    if not task or task in ("-h", "--help"):
         print(texts.CLI_USAGE, file=sys.stderr)
         return EXIT_USAGE
     # Warnings (an MCP server that cannot start) go to stderr, one line each; stdout stays the transcript.
@@ -166,13 +272,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        if inspect == "--list-tools":
-            return list_tools(catalog, config.policy, sys.stdout)
-        if inspect == "--explain-call":
-            return explain_call(catalog, config.policy, args[1], args[2], sys.stdout)
+        if inspection is not None:
+            return _inspect(inspection, config, catalog)
         return _run(task, config, catalog)
     finally:
         opened.__exit__(None, None, None)
+
+
+def _inspect(inspection: Inspection, config: Config, catalog: Catalog) -> int:
+    """`--list-tools` / `--explain-call`: as the config's top level sees them, or, with `--channel`,
+    `--team` or `--user`, exactly what a run there gets (its profile's tools and policy)."""
+    settings, offered, not_offered = config, catalog, ""
+    if inspection.where:
+        settings = explain_where(config, inspection.where, sys.stdout)
+        offered = catalog.narrowed(settings)
+        where = f"profile {settings.profile}" if settings.profile else "the top level"
+        not_offered = texts.WHY_NOT_OFFERED_HERE.format(where=where)
+    if inspection.flag == "--list-tools":
+        return list_tools(offered, settings.policy, sys.stdout)
+    name, raw = inspection.values
+    if catalog.registry().get(name) is None:
+        not_offered = ""  # offered nowhere: the unknown tool's why
+    return explain_call(offered, settings.policy, name, raw, sys.stdout, not_offered)
 
 
 def _run(task: str, config: Config, catalog: Catalog) -> int:

@@ -119,9 +119,28 @@ CLI_NO_API_KEY = (
 )
 CLI_USAGE = (
     'usage: python -m harness "TASK"\n'
-    "       python -m harness --list-tools\n"
-    "       python -m harness --explain-call NAME 'JSON-ARGUMENTS'"
+    "       python -m harness --list-tools [--channel C…] [--team T…] [--user U…]\n"
+    "       python -m harness --explain-call NAME 'JSON-ARGUMENTS' [--channel C…] [--team T…] [--user U…]"
 )
+CLI_BAD_ID = "error: {flag} must be {expected}, got {value!r}"
+CLI_FLAG_TWICE = "error: {flag} is given twice"
+CLI_FLAG_NEEDS_VALUE = "error: {flag} needs a value"
+CLI_WHERE_ALONE = "error: --channel, --team and --user go with --list-tools or --explain-call"
+CLI_REQUESTER_ANYONE = "# requester: {user} may start a run here ({key} is empty: anyone may)"
+CLI_REQUESTER_TOP = "# requester: {user} may start a run here (the top level lets anyone ask)"
+CLI_REQUESTER_LISTED = "# requester: {user} may start a run here ({key} lists {user})"
+CLI_REQUESTER_GROUPS = (
+    "# requester: {user} is not listed in {key}; they may start a run here only as a member of "
+    "{groups} (user groups cannot be resolved offline: ask Slack)"
+)
+CLI_REQUESTER_REFUSED = (
+    "# requester: {user} may not start a run here ({key} lists only {who}): their mention gets an "
+    "ephemeral reply and starts nothing"
+)
+CLI_BUDGETS = "# budgets: per user {user}, per channel {channel} (UTC days; {key})"
+CLI_BUDGET_TOKENS = "{tokens:,} tokens a day"
+CLI_NO_BUDGET = "none"
+WHY_NOT_OFFERED_HERE = "not offered under {where}: answered as an error, never run"
 CLI_RULES_MAY_DECIDE = "; {rules} may decide a call by its arguments"
 CLI_EXPLAIN_BAD_JSON = "error: --explain-call: the arguments are not a JSON object: {error}"
 CLI_INTERRUPTED = "Interrupted: stopped cleanly; no tool was left running."

@@ -1,8 +1,9 @@
 """`python -m workers`: an RQ worker (with its scheduler) for the bot's queue, plus its watchdog.
 
-`python -m workers audit [--limit N] [--feedback]` prints the approval audit log (or the answers'
-feedback) instead; `python -m workers status` the runs in flight, parked (and who must decide) and
-failed.
+`python -m workers audit [--limit N] [--feedback | --calls]` prints the approval audit log (or the
+answers' feedback, or every call's tier decision) instead; `python -m workers status` the runs in
+flight, parked (and who must decide) and failed; `python -m workers replay DRAFT.toml [--days N]`
+what a draft config would have changed of the recorded calls' tiers.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from harness.tools.relay import RelayServer, private_directory
 from harness.tools.sandbox import protect_process
 from messages.cards import escalation_reminder
 from workers import audit as audit_lines
-from workers import horses, jobs, logs, metrics, status
+from workers import horses, jobs, logs, metrics, replay, status
 from workers.driver import lease_seconds
 from workers.health import WORKER_TTL
 from workers.reload import Hangup, reload, servers_kept
@@ -41,7 +42,7 @@ from workers.services import (
     make_queue,
     redis_connection,
 )
-from workers.store import RunStatus, Store
+from workers.store import DAY, RunStatus, Store
 
 log = logging.getLogger("workers.watchdog")
 
@@ -265,17 +266,42 @@ def _relayed(svc: Services, relay: RelayServer) -> Catalog:
     return svc.catalog.with_host(client)
 
 
-def audit(limit: int, *, feedback: bool = False) -> int:
+def audit(limit: int, *, feedback: bool = False, calls: bool = False) -> int:
     """Print the newest `limit` entries of the decisions' audit (or, `feedback`, of the answers'
-    feedback), one line each whatever its kind (`workers.audit`)."""
+    feedback; `calls`, of the calls' tier decisions), one line each whatever its kind (`workers.audit`)."""
     try:
         store = Store(redis_connection())
-        entries = store.feedback_entries(limit) if feedback else store.audit_entries(limit)
+        if feedback:
+            entries = store.feedback_entries(limit)
+        else:
+            entries = store.call_entries(limit) if calls else store.audit_entries(limit)
     except redis.RedisError as exc:
         print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
         return 2
     for line in audit_lines.lines(entries, feedback=feedback):
         print(line)
+    return 0
+
+
+def replay_draft(path: str, days: float) -> int:
+    """`python -m workers replay`: the recorded calls of the last `days` days ruled again under the
+    draft at `path`; one line per call whose tier would change, then a summary (`workers.replay`)."""
+    try:
+        draft = load_config(path)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        entries = Store(redis_connection()).calls_since(time.time() - days * DAY)
+        tally = replay.Tally()
+        for result in replay.replay(draft, entries):
+            tally.add(result)
+            if result.changed:
+                print(result.line())
+    except redis.RedisError as exc:
+        print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
+        return 2
+    print(tally.summary())
     return 0
 
 
@@ -293,21 +319,43 @@ def print_status() -> int:
     return 0
 
 
+def _days(raw: str) -> float:
+    """`--days`: a number of days > 0 (fractions allowed)."""
+    try:
+        days = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of days, got {raw!r}") from None
+    if not 0 < days <= 3650:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 3650, got {raw!r}")
+    return days
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers")
     sub = parser.add_subparsers(dest="command")
     audit_parser = sub.add_parser("audit", help="print the approval audit log")
     audit_parser.add_argument("--limit", type=int, default=100)
-    audit_parser.add_argument(
+    shown = audit_parser.add_mutually_exclusive_group()
+    shown.add_argument(
         "--feedback", action="store_true", help="print the answers' feedback (its own stream) instead"
     )
+    shown.add_argument(
+        "--calls", action="store_true", help="print every call's tier decision (its own stream) instead"
+    )
     sub.add_parser("status", help="print the runs in flight, parked (and who must decide) and failed")
+    replay_parser = sub.add_parser(
+        "replay", help="print the recorded calls whose tier a draft config would change, then a summary"
+    )
+    replay_parser.add_argument("draft", metavar="DRAFT.toml", help="the draft config")
+    replay_parser.add_argument("--days", type=_days, default=30, help="how far back to look (default 30)")
     args = parser.parse_args(argv)
     logs.configure()  # text, or JSON lines with LOG_FORMAT=json (work horses inherit it)
     if args.command == "audit":
-        return audit(args.limit, feedback=args.feedback)
+        return audit(args.limit, feedback=args.feedback, calls=args.calls)
     if args.command == "status":
         return print_status()
+    if args.command == "replay":
+        return replay_draft(args.draft, args.days)
     return work()
 
 

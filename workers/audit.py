@@ -4,7 +4,9 @@ The decisions' audit (`harness:audit`) holds decisions (approved, declined, expi
 a grant given), votes towards a quorum (`approval_counted`), calls a grant let run (`grant:
 "used"`) and answers at a limit (`limit`). The answers' feedback has a stream of its own
 (`harness:feedback`, `--feedback`); versions before it wrote feedback into the audit, and such
-entries are still read there. An entry of a kind this version does not know (a newer version's,
+entries are still read there. Every call's tier decision has one too (`event: "ruled"`, written by
+`workers.rulings`; `harness:audit:calls`, `--calls`), so that the many calls never push decisions
+out of the decisions' audit. An entry of a kind this version does not know (a newer version's,
 one written by hand, one that is not JSON) is printed as what it holds: reading never crashes.
 
 Every value is printed on one line with nothing a terminal would act on: entries hold text that
@@ -21,7 +23,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 DECIDED = ("approved", "declined", "expired")
+RULED = "ruled"  # the event of a call's tier decision (workers.rulings)
 _UNKNOWN_SHOWN = 500  # characters of an unknown entry's JSON
+_ARGS_SHOWN = 600  # characters of a ruled call's arguments
 
 
 def lines(entries: Iterable[Mapping[str, Any]], *, feedback: bool = False) -> Iterator[str]:
@@ -35,6 +39,8 @@ def audit_line(entry: Mapping[str, Any]) -> str:
     verdict, where = entry.get("verdict"), _where(entry)
     if entry.get("event") == "feedback" and verdict is None:  # written by a version before the stream
         return feedback_line(entry)
+    if entry.get("event") == RULED and verdict is None:
+        return ruled_line(entry)
     if verdict == "approval_counted":
         approvers = ",".join(_text(a) for a in entry.get("approvers") or ())
         count = f"{_text(entry.get('count'))} of {_text(entry.get('required'))}"
@@ -59,6 +65,21 @@ def audit_line(entry: Mapping[str, Any]) -> str:
         extra += f" why={_quoted(entry['tier_why'])}"
     who = _who(entry) if entry.get("by") else "(nobody: expired)"
     return f"{_when(entry)} {_text(verdict):<8} by {who} {_call(entry)} {where}{extra}"
+
+
+def ruled_line(entry: Mapping[str, Any]) -> str:
+    """A call's tier decision: when, the tier, the call, where, and what replay reads of it."""
+    args = json.dumps(entry.get("input"), ensure_ascii=False, default=str)
+    if len(args) > _ARGS_SHOWN:
+        args = args[:_ARGS_SHOWN] + "…"
+    call = f"{_text(entry.get('tool'))}({_safe(args)})"
+    extra = f" profile={_text(entry.get('profile') or '-')} source={_text(entry.get('source') or '-')}"
+    if entry.get("answered"):
+        extra += f" answered={_text(entry['answered'])}"
+    if entry.get("cut") and isinstance(entry["cut"], list):
+        extra += f" cut={','.join(_text(k) for k in entry['cut'])}"
+    extra += f" input_sha256={_text(entry.get('input_sha256'))} why={_quoted(entry.get('why') or '')}"
+    return f"{_when(entry)} ruled    {_text(entry.get('tier')):<5} {call} {_where(entry)}{extra}"
 
 
 def feedback_line(entry: Mapping[str, Any]) -> str:

@@ -29,6 +29,7 @@ from harness.loop import (
     Failed,
     Finished,
     Outcome,
+    ToolsRequested,
     TurnDone,
     continue_at_limit,
     saves_first,
@@ -48,10 +49,10 @@ from harness.state import (
 from harness.valves import Stop, Valve, token_limit
 from messages import cards, endings, texts, turns
 from messages.blocks import Message, notice
-from workers import budgets, deciders, logs, metrics, outbox, thread_status
+from workers import budgets, deciders, logs, metrics, outbox, rulings, thread_status
 from workers.driver import Driver, park_ttl
 from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
-from workers.store import LIMIT_CALL, BadId, Grant, RunRecord, RunStatus, Store
+from workers.store import LIMIT_CALL, BadId, Grant, RunRecord, RunStatus, Store, rulings_write
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +268,7 @@ def _advance(svc: Services, driver: Driver, state: RunState) -> str | None:
         driver.dispatch(then=working)  # the status after the posts: a post in a DM clears it
         result = step(state, agent)
         state = result.state
+        _record_rulings(svc, driver, result.events, agent)
         _owe_summaries(driver, result.events, agent, state)
         if result.outcome is not None:
             driver.collect()
@@ -307,6 +309,25 @@ def _agent(svc: Services, driver: Driver) -> Agent:
     return Agent.from_config(
         settings, catalog, client=svc.model, before_tool=write_ahead, stop_check=stop_check, budget=gate
     )
+
+
+def _record_rulings(svc: Services, driver: Driver, events: tuple[Event, ...], agent: Agent) -> None:
+    """The audit entry of every call of a reply just ruled, written with the step's save: a crash
+    before it loses the reply too (the step is made again), and each call is written once."""
+    for event in events:
+        if not isinstance(event, ToolsRequested) or not event.calls:
+            continue
+        try:
+            entries = []
+            for call in event.calls:
+                found = agent.tools.get(call.name)
+                source = (
+                    svc.catalog.source(call.name) if found is not None and svc.catalog is not None else ""
+                )
+                entries.append(rulings.ruling_entry(driver.record, call, found, source))
+            driver.beside_next_save(rulings_write(driver.run_id, entries))
+        except Exception:  # the audit of a ruling is never worth the run
+            log.exception("run %s: the calls' tier decisions could not be recorded", driver.run_id)
 
 
 def _owe_summaries(driver: Driver, events: tuple[Event, ...], agent: Agent, state: RunState) -> None:
@@ -612,6 +633,7 @@ def _resume_at_limit(
     if decision.verdict is Verdict.APPROVED:
         agent = _agent(svc, driver)
         result = continue_at_limit(state, agent)
+        _record_rulings(svc, driver, result.events, agent)
         driver.save(status=RunStatus.RUNNING, state=result.state.to_json(), expires_at=None)
         svc.store.take_thread(driver.record, RUN_JOB_TIMEOUT)
         driver.deliver()

@@ -28,6 +28,7 @@ from workers.store.audit import (
     FEEDBACK_PER_MINUTE,
     AuditStore,
     FeedbackOutcome,
+    rulings_write,
 )
 from workers.store.base import Beside
 from workers.store.budgets import (
@@ -140,6 +141,7 @@ __all__ = [
     "check_id",
     "new_run_id",
     "pack",
+    "rulings_write",
     "unpack",
     "utc_day",
 ]

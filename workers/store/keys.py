@@ -101,6 +101,17 @@ class Keys:
         return f"{PREFIX}audit"
 
     @staticmethod
+    def audit_calls() -> str:
+        """Every call's tier decision: a stream of its own, so that calls (many) never push the
+        decisions (who approved what) out of theirs."""
+        return f"{PREFIX}audit:calls"
+
+    @staticmethod
+    def audit_ruled(run_id: str) -> str:
+        """The call ids of `run_id` whose tier decision is in `audit_calls`: each is written once."""
+        return f"{PREFIX}audit:ruled:{check_id('run', run_id)}"
+
+    @staticmethod
     def feedback() -> str:
         """The answers' feedback stream: apart from the decisions' audit, with its own bounds."""
         return f"{PREFIX}feedback"
