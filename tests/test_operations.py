@@ -149,6 +149,8 @@ def test_a_scrape_after_a_run_shows_exactly_what_the_run_did(stack: Stack) -> No
         ("harness_turns_total", ()): 2,
         ("harness_model_requests_total", ()): 3,
         **{("harness_tokens_total", (("kind", k),)): 3 * per_request[k] for k in kinds},
+        # Every token a run spends, under its profile ("" for the top level), budget or none.
+        ("harness_budget_tokens_total", (("profile", ""),)): 3 * sum(per_request.values()),
         ("harness_tool_calls_total", (("outcome", "ran"), ("tier", "allow"))): 2,
         ("harness_tool_calls_total", (("outcome", "ran"), ("tier", "ask"))): 1,
         ("harness_runs_ended_total", (("outcome", "finished"), ("valve", "none"))): 1,
