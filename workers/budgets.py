@@ -64,6 +64,8 @@ class Gate:
         return scopes(self.budgets, self.team, self.user, self.channel)
 
     def admit(self, estimate: int, *, granted: bool) -> Stop | None:
+        if not any(scope.budget > 0 for scope in self.scopes):
+            return None  # no budget to hold anything against: `spent` still counts what it costs
         request_id, pause = uuid.uuid4().hex, FIRST_PAUSE
         give_up = time.monotonic() + self.hold_seconds
         while True:
