@@ -21,7 +21,18 @@ from harness.state import Usage
 from harness.valves import Stop, Valve
 from messages import texts
 from workers import metrics
-from workers.store import CHANNEL_SCOPE, HOLD_SECONDS, USER_SCOPE, Admission, Admitted, Scope, Store, utc_day
+from workers.store import (
+    CHANNEL_SCOPE,
+    HOLD_SECONDS,
+    USER_SCOPE,
+    Admission,
+    Admitted,
+    Beside,
+    Scope,
+    Store,
+    budget_settled,
+    utc_day,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +65,9 @@ class Gate:
     profile: str  # "" the top level
     budgets: Budgets
     stop_check: Callable[[], Stop | None] | None = None
+    # Where the cost of a request that held nothing goes: beside the run's next save (one round
+    # trip fewer per request); None: counted at once.
+    defer: Callable[[Beside], None] | None = None
     hold_seconds: float = HOLD_SECONDS
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
@@ -84,16 +98,28 @@ class Gate:
             pause = min(pause * 2, LONGEST_PAUSE)
 
     def spent(self, usage: Usage) -> None:
-        day, request_id = self._open or (utc_day(self.clock()), uuid.uuid4().hex)
-        self._open = None
-        self.store.budget_settle(
-            day,
-            self.scopes,
-            request_id,
-            usage.total,
-            profile=self.profile,
-            counted_in=metrics.budget_counter(self.profile),
-        )
+        held, self._open = self._open, None
+        day, request_id = held or (utc_day(self.clock()), uuid.uuid4().hex)
+        if held is None and self.defer is not None:  # nothing held for it: the count rides the next save
+            self.defer(
+                budget_settled(
+                    day,
+                    self.scopes,
+                    request_id,
+                    usage.total,
+                    profile=self.profile,
+                    counted_in=metrics.budget_counter(self.profile),
+                )
+            )
+        else:  # a hold to drop now: others may be waiting on it
+            self.store.budget_settle(
+                day,
+                self.scopes,
+                request_id,
+                usage.total,
+                profile=self.profile,
+                counted_in=metrics.budget_counter(self.profile),
+            )
 
     def _stop(self, found: Admitted, now: float) -> Stop:
         scope = found.scope

@@ -305,6 +305,7 @@ def _agent(svc: Services, driver: Driver) -> Agent:
         record.profile,
         settings.budgets,
         stop_check=stop_check,
+        defer=driver.beside_next_save,
     )
     return Agent.from_config(
         settings, catalog, client=svc.model, before_tool=write_ahead, stop_check=stop_check, budget=gate

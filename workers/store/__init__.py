@@ -41,6 +41,7 @@ from workers.store.budgets import (
     BudgetStore,
     Scope,
     SpentToday,
+    budget_settled,
     utc_day,
 )
 from workers.store.escalations import EscalationStore
@@ -143,5 +144,6 @@ __all__ = [
     "pack",
     "rulings_write",
     "unpack",
+    "budget_settled",
     "utc_day",
 ]

@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from workers.store.base import StorePart, as_text
+from workers.store.base import Beside, StorePart, as_text
 from workers.store.keys import DAY, Keys, check_id
 
 BUDGET_TTL = DAY + 6 * 3600  # a day's keys outlive it by a few hours (a reply that comes after midnight)
@@ -205,21 +205,8 @@ class BudgetStore(StorePart):
         `counted_in`: the metrics' hash and field where the spend of its profile is counted in the
         same step (`workers.metrics.budget_counter`). False when it was counted before.
         """
-        keys = [
-            Keys.budget_spent(day),
-            Keys.budget_settled(day),
-            counted_in[0] if counted_in else Keys.budget_spent(day),  # a key all the same: unused
-            *(s.holds(day) for s in scopes),
-        ]
-        fields = [f for s in scopes for f in (s.field, s.profile_field(profile))]
-        args: list[Any] = [
-            check_id("request", request_id),
-            max(0, int(tokens)),
-            BUDGET_TTL,
-            counted_in[1] if counted_in else "",
-            *fields,
-        ]
-        return bool(self._script(_SETTLE)(keys=keys, args=args))
+        write = budget_settled(day, scopes, request_id, tokens, profile=profile, counted_in=counted_in)
+        return bool(self._script(write.script)(keys=list(write.keys), args=list(write.args)))
 
     def budget_spent(self, scopes: Sequence[Scope], now: float | None = None) -> list[int]:
         """What each of `scopes` spent today (UTC)."""
@@ -243,3 +230,31 @@ def _lines(stored: dict[str, int]) -> Iterable[SpentToday]:
             continue
         _, kind, team, who, profile = parts
         yield SpentToday(kind, team, who, profile, value, stored.get(f"{kind}|{team}|{who}", value))
+
+
+def budget_settled(
+    day: str,
+    scopes: Sequence[Scope],
+    request_id: str,
+    tokens: int,
+    *,
+    profile: str = "",
+    counted_in: tuple[str, str] | None = None,
+) -> Beside:
+    """`BudgetStore.budget_settle` as a write to send beside a run's next save (idempotent: a
+    request is counted once, whichever round trip carries it)."""
+    keys = (
+        Keys.budget_spent(day),
+        Keys.budget_settled(day),
+        counted_in[0] if counted_in else Keys.budget_spent(day),  # a key all the same: unused
+        *(s.holds(day) for s in scopes),
+    )
+    fields = [f for s in scopes for f in (s.field, s.profile_field(profile))]
+    args = (
+        check_id("request", request_id),
+        max(0, int(tokens)),
+        BUDGET_TTL,
+        counted_in[1] if counted_in else "",
+        *fields,
+    )
+    return Beside("a model request's cost, counted in the daily budgets", _SETTLE, keys, args)
