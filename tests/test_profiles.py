@@ -325,3 +325,24 @@ def test_each_process_refuses_a_bad_profile_at_start_in_one_line(tmp_path: Path,
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "profiles[b].channels: C0A is also in profiles[a].channels" in lines[0]
+
+
+def test_a_module_named_by_one_profile_is_offered_only_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "opsdesk_tools.py").write_text(
+        "from harness.tools import ToolContext, tool\n\n"
+        "@tool(side_effects=False)\n"
+        "def page_oncall(ctx: ToolContext) -> str:\n"
+        '    """Page the on-call engineer."""\n'
+        '    return "paged"\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = config_of(
+        tmp_path,
+        '[[profiles]]\nname = "ops"\nchannels = ["C0OPS"]\n[profiles.tools]\nmodules = ["opsdesk_tools"]\n',
+    )
+    catalog = Catalog.from_config(config)  # the module is imported once, for every level
+    assert catalog.source("page_oncall") == "opsdesk_tools"
+    assert "page_oncall" in catalog.narrowed(config.for_run("C0OPS")).registry().names()
+    assert "page_oncall" not in catalog.narrowed(config.for_run("C0ELSE")).registry().names()
