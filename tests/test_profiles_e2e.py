@@ -35,7 +35,7 @@ from workers.store import Keys
 
 pytestmark = pytest.mark.e2e
 
-DB = 12
+DB = 8  # other stacks: see tests/test_groups_escalation_home.py; 7 is test_profiles_mcp_e2e
 OPS, GENERAL = "COPS", "CGENERAL"
 CONFIG = f"""
 [limits]
