@@ -119,7 +119,7 @@ def test_a_direct_message_matches_the_im_profile_and_other_channels_the_top_leve
     ]
     elsewhere = harness(config, "--list-tools", "--channel", "CELSE", "--team", "T9")
     lines = elsewhere.stdout.splitlines()
-    assert lines[0] == "# profile: none (no profile matches channel CELSE: the top-level settings)"
+    assert lines[0] == "# profile: none"
     assert [line.split("\t")[0] for line in lines[1:]] == [
         "get_time",
         "read_file",

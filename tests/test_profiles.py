@@ -132,7 +132,8 @@ def test_the_first_profile_that_matches_wins_and_says_why(tmp_path: Path) -> Non
     assert config.match("C0ANY", "T2").profile == "everything-else-in-t2"
     top = config.match("C0GENERAL", "T1")
     assert top.profile is None and top.settings is config
-    assert top.header().startswith("# profile: none (no profile matches channel C0GENERAL")
+    assert top.header() == "# profile: none"  # the contract's words
+    assert top.why.startswith("no profile matches channel C0GENERAL")
 
 
 def test_a_profile_inherits_every_key_it_does_not_give(tmp_path: Path) -> None:

@@ -249,8 +249,9 @@ class Match:
         return self.settings.profile
 
     def header(self) -> str:
-        """`# profile: NAME (WHY)` or `# profile: none (WHY)`: the first line of an explanation."""
-        return f"# profile: {self.profile or 'none'} ({self.why})"
+        """`# profile: NAME (WHY)`, or `# profile: none` (the contract's words) when no profile
+        matches: the first line of an explanation."""
+        return f"# profile: {self.profile} ({self.why})" if self.profile else "# profile: none"
 
 
 def _expand(value: str, environ: Mapping[str, str], key: str) -> str:
