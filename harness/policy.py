@@ -174,3 +174,50 @@ def _compiled(pattern: str) -> re.Pattern[str]:
             out.append(re.escape(pattern[i]))
             i += 1
     return re.compile("".join(out), re.DOTALL)
+
+
+# An argument named like a path: `path`, `file`, `dir`, …, or ending in one (`file_path`, `src_dir`).
+_PATH_ARGUMENT = re.compile(r"^(?:.*_)?(?:path|file|filename|filepath|dir|directory|folder)$", re.IGNORECASE)
+
+
+def path_arguments(call_input: Any) -> dict[str, str]:
+    """The call's arguments named like a path whose values are text, by name."""
+    if not isinstance(call_input, dict):
+        return {}
+    return {k: v for k, v in call_input.items() if isinstance(v, str) and _PATH_ARGUMENT.fullmatch(str(k))}
+
+
+def _relative(value: str) -> str | None:
+    """`value` normalised, if it stays inside the workspace by name (not absolute, no `..` left)."""
+    path = normalise_path(value)
+    if not path or path.startswith("/") or ".." in path.split("/"):
+        return None
+    return path
+
+
+def grant_directory(call_input: Any) -> str | None:
+    """The directory (`docs/`) a grant scoped by this call would cover: the one holding its first
+    path-like argument, when every path-like argument lies inside it; else None (nothing to scope)."""
+    paths = path_arguments(call_input)
+    if not paths:
+        return None
+    first = _relative(next(iter(paths.values())))
+    if first is None or "/" not in first:
+        return None  # the workspace's root is no narrower than the thread
+    directory = first.rsplit("/", 1)[0] + "/"
+    return directory if inside_directory(call_input, directory) else None
+
+
+def inside_directory(call_input: Any, directory: str) -> bool:
+    """Whether every path-like argument of the call normalises to inside `directory` (`docs/`).
+
+    `docs/../x` is `x`, outside; absolute paths and paths that climb above the workspace never are.
+    """
+    paths = path_arguments(call_input)
+    if not paths or not directory.endswith("/"):
+        return False
+    for value in paths.values():
+        path = _relative(value)
+        if path is None or not path.startswith(directory):
+            return False
+    return True

@@ -50,6 +50,8 @@ class Decision:
     `edited_input`: a reviewer approved the call with these arguments instead of the model's.
     `approvers`: with a quorum, everyone whose approval counted (`by` made it complete).
     `grant`: approved for the thread (`by` granted it), or let run by an earlier such grant.
+    `grant_dir`: that grant covers only calls whose paths lie in this directory (`docs/`).
+    `grant_uses`, `grant_left`: a grant limited in uses, and how many were left after this call.
     """
 
     verdict: Verdict
@@ -58,6 +60,9 @@ class Decision:
     edited_input: dict[str, Any] | None = None
     approvers: tuple[str, ...] = ()
     grant: str | None = None  # None, "given" (this click granted the thread) or "used"
+    grant_dir: str | None = None
+    grant_uses: int = 0  # 0: not limited
+    grant_left: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"verdict": self.verdict.value, "by": self.by, "reason": self.reason}
@@ -67,6 +72,12 @@ class Decision:
             data["approvers"] = list(self.approvers)
         if self.grant:
             data["grant"] = self.grant
+        if self.grant_dir:
+            data["grant_dir"] = self.grant_dir
+        if self.grant_uses:
+            data["grant_uses"] = self.grant_uses
+        if self.grant_left is not None:
+            data["grant_left"] = self.grant_left
         return data
 
     @classmethod
@@ -79,6 +90,9 @@ class Decision:
             edited_input=edited if isinstance(edited, dict) else None,
             approvers=tuple(str(a) for a in data.get("approvers") or ()),
             grant=data.get("grant") or None,
+            grant_dir=str(data["grant_dir"]) if data.get("grant_dir") else None,
+            grant_uses=int(data.get("grant_uses") or 0),
+            grant_left=int(data["grant_left"]) if data.get("grant_left") is not None else None,
         )
 
 

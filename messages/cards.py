@@ -15,11 +15,12 @@ from typing import Any
 
 from slack_sdk.models.blocks import ActionsBlock, ButtonElement
 
+from harness.policy import grant_directory
 from harness.state import PendingCall, Verdict
 from messages import texts
 from messages.arguments import Arg, Shown, args_reviewable, arguments_of, pack, present
 from messages.blocks import Message, context, fit, scaled, section, with_tail
-from messages.limits import BUTTON_VALUE_MAX, SECTION_MAX, TEXT_MAX
+from messages.limits import BUTTON_TEXT_MAX, BUTTON_VALUE_MAX, SECTION_MAX, TEXT_MAX
 from messages.markdown import FENCE
 from messages.text import (
     ELLIPSIS,
@@ -92,6 +93,7 @@ def approval_card(
     votes: Sequence[str] = (),
     self_approval: bool = True,
     grant_minutes: float = 0,
+    grant_uses: int = 0,
 ) -> Message:
     """The card asking a human to approve or decline one `ask`-tier call.
 
@@ -128,13 +130,23 @@ def approval_card(
         ButtonElement(text="Decline with reason…", action_id="decline_with_reason", value=value),
     ]
     if grant_minutes > 0 and required <= 1:
+        lasting = _duration(grant_minutes) + (f", {plural(grant_uses, 'use')}" if grant_uses else "")
         buttons.append(
             ButtonElement(
-                text=f"Approve for this thread ({_duration(grant_minutes)})",
+                text=f"Approve for this thread ({lasting})",
                 action_id="approve_thread",
                 value=value,
             )
         )
+        directory = grant_directory(call.input)
+        if directory is not None:
+            buttons.append(
+                ButtonElement(
+                    text=cut(f"Approve {call.name} under {directory} ({lasting})", BUTTON_TEXT_MAX),
+                    action_id="approve_dir",
+                    value=value,
+                )
+            )
     view_all = ButtonElement(text="View all arguments", action_id="view_args", value=value)
     args = arguments_of(call)
     reviewable = args_reviewable(args)
@@ -221,6 +233,7 @@ def decided_card(
     approvers: Sequence[str] = (),
     grant: str | None = None,
     grant_until: datetime | None = None,
+    grant_dir: str | None = None,
 ) -> Message:
     """The approval card once decided: no buttons left, the outcome and who decided shown."""
     when = slack_date(at)
@@ -233,11 +246,12 @@ def decided_card(
         if verdict is Verdict.APPROVED and edited_input is not None:
             changes = _changes(call.input if isinstance(call.input, dict) else {}, edited_input)
             return f"✏️ Approved with edits{who} at {when}\n{cut(changes, scaled(2400, scale, 100))}"
+        where = f" under {inline(grant_dir, 200)}" if grant_dir else ""
         if verdict is Verdict.APPROVED and grant == "used":
-            return f"✅ Run under a grant for this thread{who} at {when}"
+            return f"✅ Run under a grant for this thread{where}{who} at {when}"
         if verdict is Verdict.APPROVED and grant == "given":
             until = f" until {slack_date(grant_until)}" if grant_until else ""
-            return f"✅ Approved{who} at {when}, with later calls of this tool in this thread{until}"
+            return f"✅ Approved{who} at {when}, with later calls of this tool{where} in this thread{until}"
         if verdict is Verdict.APPROVED:
             return f"✅ Approved{who} at {when}"
         if verdict is Verdict.EXPIRED:
@@ -342,11 +356,15 @@ def limit_decided(
     return Message(text=with_tail(question, outcome, " — "), blocks=[section(head), section(outcome)])
 
 
-def grant_notice(*, tool: str, by: str, requester: str, until: datetime, value: str) -> Message:
-    """The thread's note of a grant, with the button that revokes it."""
+def grant_notice(
+    *, tool: str, by: str, requester: str, until: datetime, value: str, directory: str = "", uses: int = 0
+) -> Message:
+    """The thread's note of a grant (its scope and uses, if limited), with the button that revokes it."""
+    where = f" under {inline(directory, 200)}" if directory else ""
+    limited = f" (at most {plural(uses, 'call')})" if uses else ""
     text = (
-        f"🔓 {mention(by)} approved {inline(tool, 120)} for this thread until {slack_date(until)}: later "
-        f"calls of it in runs {mention(requester)} asks for here run without a card."
+        f"🔓 {mention(by)} approved {inline(tool, 120)}{where} for this thread until {slack_date(until)}"
+        f"{limited}: later calls of it{where} in runs {mention(requester)} asks for here run without a card."
     )
     actions = ActionsBlock(
         block_id="grant",
@@ -355,10 +373,13 @@ def grant_notice(*, tool: str, by: str, requester: str, until: datetime, value: 
     return Message(text=text, blocks=[section(text), actions])
 
 
-def grant_revoked(*, tool: str, by: str, at: datetime) -> Message:
+def grant_revoked(*, tool: str, by: str, at: datetime, directory: str = "") -> Message:
     """The grant's notice once revoked: who revoked it and when, no button left."""
     when = slack_date(at)
-    text = f"🔒 The grant of {inline(tool, 120)} in this thread was revoked by {mention(by)} at {when}."
+    where = f" under {inline(directory, 200)}" if directory else ""
+    text = (
+        f"🔒 The grant of {inline(tool, 120)}{where} in this thread was revoked by {mention(by)} at {when}."
+    )
     return Message(text=text, blocks=[section(text)])
 
 

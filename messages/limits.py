@@ -11,6 +11,7 @@ from __future__ import annotations
 SECTION_MAX = 3000
 CONTEXT_TEXT_MAX = 2000
 BUTTON_VALUE_MAX = 2000
+BUTTON_TEXT_MAX = 75
 TEXT_MAX = 3000  # our own cap on the `text` fallback (Slack allows 40000)
 BLOCKS_JSON_MAX = 11500  # Slack refuses blocks of ~13k characters; stay clear of 12k
 PRIVATE_METADATA_MAX = 3000

@@ -121,6 +121,10 @@ EDIT_STILL_NOT_REVIEWABLE = (
 NO_EDIT_WITH_QUORUM = (
     "This call needs several approvals, so it cannot be edited: decline it with a reason instead."
 )
+NO_SCOPED_GRANT = (
+    "This call names no directory a grant could be limited to. Nothing was changed: approve it "
+    "on its own, or for the thread."
+)
 NO_SUCH_GRANT = (
     "There is no such grant in this thread any more (it expired or was revoked). Nothing was changed."
 )

@@ -14,14 +14,14 @@ from typing import Any
 from slack_sdk.models.blocks import ActionsBlock, ButtonElement, ConfirmObject
 
 from harness.policy import Tier
-from harness.state import PendingCall, Verdict
+from harness.state import Decision, PendingCall, Verdict
 from harness.texts import WHY_UNKNOWN_TOOL
 from messages import texts
 from messages.arguments import args_json
 from messages.blocks import Attachment, Message, blocks_size, context, section, with_tail
 from messages.limits import BLOCKS_JSON_MAX, BUTTON_VALUE_MAX, SECTION_MAX
 from messages.markdown import FENCE, FENCE_SAFE
-from messages.text import inline, mention, quoted, visible
+from messages.text import inline, mention, plural, quoted, visible
 
 ARG_LIMIT = 300  # per call in a turn summary
 RESULT_FILE_MIN = 2000  # a tool result longer than this also comes whole, in a file with its turn
@@ -47,12 +47,23 @@ def _outcome(call: PendingCall, limit: int) -> str:
     if result.is_error:
         shown = f"✗ {shown}"
     if decision is not None and decision.verdict is Verdict.APPROVED and decision.grant == "used":
-        shown += f" (run under {mention(decision.by)}'s grant for this thread)"
+        shown += f" ({_grant_used(call.name, decision)})"
     elif decision is not None and decision.verdict is Verdict.APPROVED and decision.edited_input is not None:
         shown += f" (approved with edits by {mention(decision.by)})"
     elif decision is not None and decision.verdict is Verdict.APPROVED:
         shown += f" (approved by {mention(decision.by)})"
     return shown
+
+
+def _grant_used(tool: str, decision: Decision) -> str:
+    """ "ran under @ann's grant for write_file under docs/ (2 of 5 uses left)"."""
+    scope = (
+        f"{inline(tool, 80)} under {inline(decision.grant_dir, 200)}" if decision.grant_dir else "this thread"
+    )
+    left = ""
+    if decision.grant_uses and decision.grant_left is not None:
+        left = f" ({decision.grant_left} of {plural(decision.grant_uses, 'use')} left)"
+    return f"ran under {mention(decision.by)}'s grant for {scope}{left}"
 
 
 def _call_line(call: PendingCall, limit: int) -> str:

@@ -52,7 +52,7 @@ from messages.blocks import Message, notice
 from workers import budgets, deciders, logs, metrics, outbox, rulings, thread_status
 from workers.driver import Driver, park_ttl
 from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
-from workers.store import LIMIT_CALL, BadId, Grant, RunRecord, RunStatus, Store, rulings_write
+from workers.store import LIMIT_CALL, BadId, Grant, RunRecord, RunStatus, Store, grant_slot, rulings_write
 
 log = logging.getLogger(__name__)
 
@@ -135,43 +135,50 @@ def apply_decisions(run_id: str) -> None:
 def _spread_grants(
     svc: Services, record: RunRecord, calls: dict[str, PendingCall], decisions: dict[str, Decision | None]
 ) -> dict[str, Decision | None]:
-    """A grant given on one card covers the park's other calls of that tool: decide them, say so once."""
+    """A grant given on one card covers the park's other calls in its scope: decide them (each
+    spending a use), say so once."""
     out = dict(decisions)
     for call_id, decision in decisions.items():
         if decision is None or decision.grant != "given" or call_id not in calls:
             continue
-        tool = calls[call_id].name
-        grant = _announce_grant(svc, record, tool)
-        if grant is None:
-            continue
+        grant = _announce_grant(svc, record, calls[call_id].name, decision.grant_dir or "")
         for other_id, other in decisions.items():
             sibling = calls.get(other_id)
-            if other is None and sibling is not None and sibling.name == tool:
-                used = Decision(Verdict.APPROVED, by=grant.by, grant="used")
-                result = svc.store.decide(
-                    record.run_id,
-                    record.park_id,
-                    other_id,
-                    used,
-                    audit=record.audit_fields(sibling),
-                    fingerprint=sibling.fingerprint,
-                )
-                out[other_id] = result.decision
+            if grant is None or other is not None or sibling is None or sibling.name != grant.tool:
+                continue
+            used = _use_grant(svc, record, sibling, [grant])
+            if used is None:
+                continue
+            result = svc.store.decide(
+                record.run_id,
+                record.park_id,
+                other_id,
+                used[1],
+                audit=record.audit_fields(sibling),
+                fingerprint=sibling.fingerprint,
+            )
+            out[other_id] = result.decision
     return out
 
 
-def _announce_grant(svc: Services, record: RunRecord, tool: str) -> Grant | None:
-    """The thread's standing grant of `tool`; the first to see it posts the notice with Revoke."""
-    grant = _grant_for(svc, record, tool)
-    if grant is not None and svc.store.first_card_update(
-        record.run_id, record.park_id, f"grant-{tool}"[:128]
-    ):
+def _announce_grant(svc: Services, record: RunRecord, tool: str, directory: str) -> Grant | None:
+    """The thread's standing grant of `tool` (under `directory`); the first to see it posts the
+    notice with Revoke."""
+    try:
+        grant = svc.store.grant(record.team, record.channel, record.thread_ts, tool, grant_slot(directory))
+    except BadId:
+        return None
+    if grant is None or grant.requester != record.requester:
+        return None
+    if svc.store.first_card_update(record.run_id, record.park_id, f"grant-{tool}-{grant.slot}"[:128]):
         note = cards.grant_notice(
             tool=tool,
             by=grant.by,
             requester=grant.requester,
             until=datetime.fromtimestamp(grant.until, UTC),
-            value=f"{record.run_id}:{tool}",
+            value=f"{record.run_id}:{tool}" + (f":{grant.slot}" if grant.slot else ""),
+            directory=grant.directory,
+            uses=grant.uses,
         )
         svc.post(record.channel, record.thread_ts, note.text, note.blocks)
     return grant
@@ -443,6 +450,7 @@ def _approval_card(
         votes=votes,
         self_approval=approvals.self_approval,
         grant_minutes=approvals.grant_minutes,
+        grant_uses=approvals.grant_uses,
     )
 
 
@@ -482,14 +490,15 @@ def _apply_grants(
 ) -> tuple[RunState, tuple[PendingCall, ...]]:
     """Calls that a standing grant of this thread covers are approved by it; the rest still wait.
 
-    A grant covers `ask` calls of its tool in runs of its requester only; `deny` never reaches here.
+    A grant covers `ask` calls of its tool (under its directory, if scoped) in runs of its requester
+    only, while it has uses left; `deny` never reaches here.
     """
     granted: dict[str, Decision] = {}
     for call in calls:
-        grant = _grant_for(svc, record, call.name)
-        if grant is None:
+        used = _use_grant(svc, record, call, _grants_for(svc, record, call))
+        if used is None:
             continue
-        granted[call.id] = Decision(Verdict.APPROVED, by=grant.by, grant="used")
+        grant, granted[call.id] = used
         svc.store.append_audit(
             {
                 "run_id": record.run_id,
@@ -505,12 +514,36 @@ def _apply_grants(
     return state, tuple(c for c in calls if c.id not in granted)
 
 
-def _grant_for(svc: Services, record: RunRecord, tool: str) -> Grant | None:
+def _grants_for(svc: Services, record: RunRecord, call: PendingCall) -> list[Grant]:
+    """The thread's standing grants of the call's tool whose scope holds it, given for this requester."""
     try:
-        grant = svc.store.grant(record.team, record.channel, record.thread_ts, tool)
+        found = svc.store.covering(record.team, record.channel, record.thread_ts, call.name, call.input)
     except BadId:
-        return None
-    return grant if grant is not None and grant.requester == record.requester else None
+        return []
+    return [g for g in found if g.requester == record.requester]
+
+
+def _use_grant(
+    svc: Services, record: RunRecord, call: PendingCall, grants: list[Grant]
+) -> tuple[Grant, Decision] | None:
+    """The first of `grants` that covers `call` and still has a use to spend on it, and the decision
+    that says so; None when none does (the call asks)."""
+    for grant in grants:
+        if grant.tool != call.name or not grant.covers(call.input):
+            continue
+        spent = svc.store.take_grant(grant, f"{record.run_id}:{call.id}")
+        if spent is None:
+            continue
+        decision = Decision(
+            Verdict.APPROVED,
+            by=spent.by,
+            grant="used",
+            grant_dir=spent.directory or None,
+            grant_uses=spent.uses,
+            grant_left=spent.left,
+        )
+        return spent, decision
+    return None
 
 
 def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
@@ -538,7 +571,7 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
     state = record_decisions(state, {k: v for k, v in decisions.items() if v is not None})
     for call in state.pending:  # a grant clicked before the park settled: its notice is still due
         if call.decision is not None and call.decision.grant == "given":
-            _announce_grant(svc, record, call.name)
+            _announce_grant(svc, record, call.name, call.decision.grant_dir or "")
     shown = view.cards_updated
     for call in state.pending:
         if call.decision is not None and call.id in record.cards and call.id not in shown:
@@ -747,6 +780,7 @@ def _decided_card(
         approvers=decision.approvers,
         grant=decision.grant,
         grant_until=datetime.fromtimestamp(grant_until, UTC) if grant_until else None,
+        grant_dir=decision.grant_dir,
     )
 
 

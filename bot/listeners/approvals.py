@@ -1,4 +1,5 @@
-"""Approval actions on a card: approve, decline, approve for the thread, and revoking a grant.
+"""Approval actions on a card: approve, decline, approve for the thread (or under a directory), and
+revoking a grant.
 
 Every button names `run:call:fingerprint`; `open_record` checks the run, the workspace, the channel
 and the clicker before anything is recorded, and `decide` records a decision atomically (four eyes,
@@ -29,6 +30,7 @@ from bot.listening import (
     clicker_and_channel,
     tell_clicker,
 )
+from harness.policy import grant_directory
 from harness.state import Decision, PendingCall, StateError, Verdict
 from messages import texts
 from messages.arguments import fully_reviewable
@@ -43,6 +45,7 @@ from workers.store import (
     RunRecord,
     RunStatus,
     check_id,
+    grant_slot,
 )
 
 log = logging.getLogger(__name__)
@@ -181,7 +184,9 @@ def decide(
             context[REPLY] = texts.ALREADY_DECIDED
 
 
-def _on_decision(deps: BotDeps, verdict: Verdict, *, grant: bool = False) -> Callable[..., None]:
+def _on_decision(
+    deps: BotDeps, verdict: Verdict, *, grant: bool = False, scoped: bool = False
+) -> Callable[..., None]:
     def on_decision(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
         ack()
         clicker, channel = clicker_and_channel(body)
@@ -200,14 +205,28 @@ def _on_decision(deps: BotDeps, verdict: Verdict, *, grant: bool = False) -> Cal
         if approvals.grant_minutes <= 0 or approvals.required > 1 or call is None:
             context[REPLY] = texts.NO_GRANTS if call is not None else texts.UNKNOWN_APPROVAL
             return
+        directory = grant_directory(call.input) if scoped else ""
+        if directory is None:  # a card only offers it for a call with a directory to scope to
+            context[REPLY] = texts.NO_SCOPED_GRANT
+            return
         try:
-            key = Keys.grant(record.team, record.channel, record.thread_ts, call.name)
+            key = Keys.grant(record.team, record.channel, record.thread_ts, call.name, grant_slot(directory))
         except BadId:
             context[REPLY] = texts.NO_GRANTS
             return
         until = time.time() + approvals.grant_minutes * 60
-        given = Grant(key, call.name, clicker.user, record.requester, until, record.run_id)
-        decide(deps, record, ref, Decision(verdict, by=clicker.user, grant="given"), context, grant=given)
+        given = Grant(
+            key,
+            call.name,
+            clicker.user,
+            record.requester,
+            until,
+            record.run_id,
+            directory=directory,
+            uses=approvals.grant_uses,
+        )
+        decision = Decision(verdict, by=clicker.user, grant="given", grant_dir=directory or None)
+        decide(deps, record, ref, decision, context, grant=given)
 
     return on_decision
 
@@ -243,24 +262,29 @@ def _on_revoke_grant(deps: BotDeps) -> Callable[..., None]:
         ack()
         clicker, channel = clicker_and_channel(body)
         context["reply_channel"], context["reply_user"] = channel, clicker.user
-        run_id, _, tool = str(action.get("value") or "").partition(":")
+        run_id, _, rest = str(action.get("value") or "").partition(":")
+        tool, _, slot = rest.partition(":")
         try:
             record = deps.store.load_run(check_id("run", run_id))
             check_id("tool", tool)
+            if slot:
+                check_id("slot", slot)
         except (BadId, StateError):
             record = None
         if record is None or clicker.team != record.team or channel != record.channel:
             context[REPLY] = texts.NO_SUCH_GRANT
             return
-        grant = deps.store.grant(record.team, record.channel, record.thread_ts, tool)
+        grant = deps.store.grant(record.team, record.channel, record.thread_ts, tool, slot)
         allowed = clicker.user in (record.requester, grant.by if grant else None)
         if not (allowed or deps.may_decide(clicker.user, record)):
             context[REPLY] = (texts.NOT_ALLOWED_REVOKE, {"who": deps.deciders(record)})
             return
-        if grant is None or not deps.store.revoke_grant(record.team, record.channel, record.thread_ts, tool):
+        if grant is None or not deps.store.revoke_grant(
+            record.team, record.channel, record.thread_ts, tool, slot
+        ):
             context[REPLY] = texts.NO_SUCH_GRANT
             return
-        context["revoked"] = (tool, clicker.user)
+        context["revoked"] = (tool, clicker.user, grant.directory)
 
     return on_revoke
 
@@ -271,8 +295,8 @@ def _after_revoke(body: dict[str, Any], context: BoltContext, client: WebClient)
     message = as_dict(body.get("message"))
     channel = context.get("reply_channel")
     if revoked and channel and message.get("ts"):
-        tool, by = revoked
-        msg = grant_revoked(tool=tool, by=by, at=datetime.now(UTC))
+        tool, by, directory = revoked
+        msg = grant_revoked(tool=tool, by=by, at=datetime.now(UTC), directory=directory)
         try:
             client.chat_update(channel=channel, ts=message["ts"], text=msg.text, blocks=msg.blocks)
         except SlackApiError as exc:
@@ -285,4 +309,6 @@ def register(app: App, deps: BotDeps, then: Then) -> None:
     for action_id, verdict in (("approve", Verdict.APPROVED), ("decline", Verdict.DECLINED)):
         app.action(action_id)(then(_on_decision(deps, verdict), tell_clicker))
     app.action("approve_thread")(then(_on_decision(deps, Verdict.APPROVED, grant=True), tell_clicker))
+    scoped = _on_decision(deps, Verdict.APPROVED, grant=True, scoped=True)
+    app.action("approve_dir")(then(scoped, tell_clicker))
     app.action("revoke_grant")(then(_on_revoke_grant(deps), _after_revoke))

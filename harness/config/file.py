@@ -84,6 +84,7 @@ _APPROVALS: dict[str, _Spec] = {
     "escalate_after_minutes": ((int, float), lambda v: v >= 0, "a number of minutes >= 0"),
     "escalate_to": ((list,), None, "a list of Slack user or user group IDs"),
     "grant_minutes": ((int, float), lambda v: v >= 0, "a number of minutes >= 0"),
+    "grant_uses": ((int,), lambda v: v >= 0, "a whole number >= 0 (0: no limit)"),
 }
 _BUDGETS: dict[str, _Spec] = {
     "per_user_daily_tokens": ((int,), lambda v: v >= 0, "a whole number >= 0 (0: no budget)"),

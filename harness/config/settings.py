@@ -60,6 +60,8 @@ class Approvals:
     escalate_to: tuple[str, ...] = ()
     # > 0: cards also offer "Approve for this thread", good for this many minutes.
     grant_minutes: float = 0.0
+    # > 0: a grant lets at most this many later calls run, then they ask again (0: no limit).
+    grant_uses: int = 0
 
 
 @dataclass(frozen=True)

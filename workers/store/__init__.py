@@ -45,7 +45,7 @@ from workers.store.budgets import (
     utc_day,
 )
 from workers.store.escalations import EscalationStore
-from workers.store.grants import Grant, GrantStore
+from workers.store.grants import Grant, GrantStore, grant_slot
 from workers.store.groups import GROUP_TTL, GroupStore
 from workers.store.keys import DAY, BadId, Keys, check_id, new_run_id
 from workers.store.parks import (
@@ -140,6 +140,7 @@ __all__ = [
     "SpentToday",
     "Store",
     "check_id",
+    "grant_slot",
     "new_run_id",
     "pack",
     "rulings_write",

@@ -29,6 +29,7 @@ _ID = {
     "request": re.compile(r"^[0-9a-f]{32}$"),
     "day": re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"),
     "scope": re.compile(r"^(user|channel)$"),
+    "slot": re.compile(r"^[0-9a-f]{24}$"),
 }
 
 
@@ -146,9 +147,11 @@ class Keys:
         return f"{PREFIX}expiries"
 
     @staticmethod
-    def grant(team: str, channel: str, thread_ts: str, tool: str) -> str:
-        """An "Approve for this thread" grant of one tool (expires with the grant)."""
-        return f"{PREFIX}grant:{_thread_id(team, channel, thread_ts)}:{check_id('tool', tool)}"
+    def grant(team: str, channel: str, thread_ts: str, tool: str, slot: str = "") -> str:
+        """A grant of one tool for a thread (expires with the grant); `slot`: the hash of the
+        directory a scoped grant covers ("" for the whole thread)."""
+        key = f"{PREFIX}grant:{_thread_id(team, channel, thread_ts)}:{check_id('tool', tool)}"
+        return f"{key}:dir:{check_id('slot', slot)}" if slot else key
 
     @staticmethod
     def group_members(team: str, group: str) -> str:

@@ -1,0 +1,128 @@
+"""Grants that fit, below the Slack surface: which directory a call offers, which calls lie inside
+it, `grant_uses` parsed strictly, and uses spent atomically on a real Redis (racing callers)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.config import ConfigError, load_config
+from harness.policy import grant_directory, inside_directory, path_arguments
+from workers.store import Grant, Keys, Store, grant_slot
+
+
+@pytest.mark.parametrize(
+    ("call_input", "directory"),
+    [
+        ({"path": "docs/a.txt", "content": "x"}, "docs/"),
+        ({"path": "./docs//sub/a.txt"}, "docs/sub/"),
+        ({"path": "docs\\a.txt"}, "docs/"),
+        ({"file_path": "src/app/main.py"}, "src/app/"),
+        ({"path": "a.txt"}, None),  # the workspace's root: no narrower than the thread
+        ({"path": "/etc/passwd"}, None),
+        ({"path": "../outside/x"}, None),
+        ({"path": "docs/../../x/y"}, None),
+        ({"content": "no path"}, None),
+        ({"path": 3}, None),
+        ({"src_path": "docs/a", "dst_path": "other/b"}, None),  # one grant would not cover both
+        ({"src_path": "docs/a", "dst_path": "docs/b"}, "docs/"),
+        ("not a dict", None),
+    ],
+)
+def test_the_directory_a_card_offers(call_input: Any, directory: str | None) -> None:
+    assert grant_directory(call_input) == directory
+
+
+@pytest.mark.parametrize(
+    ("call_input", "inside"),
+    [
+        ({"path": "docs/b.txt"}, True),
+        ({"path": "docs/deep/er/b.txt"}, True),
+        ({"path": "./docs/b.txt"}, True),
+        ({"path": "docs/../secret"}, False),  # normalises to `secret`
+        ({"path": "docs/sub/../../secret"}, False),
+        ({"path": "/docs/b.txt"}, False),  # absolute paths never match
+        ({"path": "../docs/b.txt"}, False),
+        ({"path": "docsx/b.txt"}, False),
+        ({"path": "docs"}, False),
+        ({"path": "docs/b.txt", "target_file": "etc/x"}, False),  # every path-like argument counts
+        ({"content": "docs/b.txt"}, False),  # nothing named like a path: nothing to hold inside
+    ],
+)
+def test_which_calls_lie_inside_a_directory(call_input: Any, inside: bool) -> None:
+    assert inside_directory(call_input, "docs/") is inside
+
+
+def test_only_arguments_named_like_a_path_count() -> None:
+    found = path_arguments({"path": "a", "dir": "b", "out_file": "c", "content": "d", "pathology": "e"})
+    assert found == {"path": "a", "dir": "b", "out_file": "c"}
+
+
+def test_grant_uses_is_parsed_strictly(tmp_path: Path) -> None:
+    path = tmp_path / "h.toml"
+    path.write_text("[approvals]\ngrant_minutes = 30\ngrant_uses = 5\n", encoding="utf-8")
+    assert load_config(path, env={}).approvals.grant_uses == 5
+    for bad in ("-1", "1.5", "true", "'5'"):
+        path.write_text(f"[approvals]\ngrant_uses = {bad}\n", encoding="utf-8")
+        with pytest.raises(ConfigError) as info:
+            load_config(path, env={})
+        assert "approvals.grant_uses" in str(info.value) and "\n" not in str(info.value)
+
+
+def _grant(store: Store, directory: str, uses: int) -> Grant:
+    key = Keys.grant("T1", "C1", "1.2", "write_file", grant_slot(directory))
+    grant = Grant(key, "write_file", "UANN", "UALICE", time.time() + 60, "r", directory=directory, uses=uses)
+    store.redis.set(key, json.dumps(grant.to_json()), ex=60)
+    return grant
+
+
+def test_a_scoped_grant_is_found_only_for_calls_inside_it(store: Store) -> None:
+    _grant(store, "docs/", 0)
+    found = store.covering("T1", "C1", "1.2", "write_file", {"path": "docs/sub/a.txt"})
+    assert [g.directory for g in found] == ["docs/"]
+    for outside in ("docs/../secret", "/docs/a", "other/a.txt", "a.txt"):
+        assert store.covering("T1", "C1", "1.2", "write_file", {"path": outside}) == []
+    assert store.covering("T1", "C1", "1.2", "delete_file", {"path": "docs/a.txt"}) == []
+
+
+def test_uses_are_spent_once_per_call_and_then_run_out(store: Store) -> None:
+    grant = _grant(store, "docs/", 2)
+    first = store.take_grant(grant, "r:c1")
+    assert first is not None and first.left == 1
+    again = store.take_grant(grant, "r:c1")  # the same call again (a lost reply): nothing more spent
+    assert again is not None and again.left == 1
+    second = store.take_grant(grant, "r:c2")
+    assert second is not None and second.left == 0
+    assert store.take_grant(grant, "r:c3") is None
+    assert store.covering("T1", "C1", "1.2", "write_file", {"path": "docs/a.txt"}) == []
+    assert 0 < store.redis.ttl(grant.key) <= 60  # spending keeps the grant's expiry
+
+
+def test_two_runs_racing_on_the_last_use_exactly_one_spends_it(redis_url: str) -> None:
+    import redis
+
+    for attempt in range(30):
+        setup = Store(redis.Redis.from_url(redis_url))
+        grant = _grant(setup, f"race{attempt}/", 1)
+        barrier = threading.Barrier(2)
+        won: list[str] = []
+
+        def run(
+            name: str, grant: Grant = grant, barrier: threading.Barrier = barrier, won: list[str] = won
+        ) -> None:
+            store = Store(redis.Redis.from_url(redis_url))  # a connection each, as two workers have
+            barrier.wait()
+            if store.take_grant(grant, f"{name}:call") is not None:
+                won.append(name)
+
+        racers = [threading.Thread(target=run, args=(f"run{i}",)) for i in range(2)]
+        for racer in racers:
+            racer.start()
+        for racer in racers:
+            racer.join()
+        assert len(won) == 1, (attempt, won)
