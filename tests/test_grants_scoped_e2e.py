@@ -33,6 +33,10 @@ CONFIG = """
 approvers = ["UALICE", "UANN", "UBEN"]
 grant_minutes = 30
 grant_uses = 2
+[[policy.rules]]
+tool = "write_file"
+args = { path = "docs/private/**" }
+tier = "deny"
 [limits]
 max_runs_per_user = 1000
 max_runs_per_channel = 1000
@@ -41,7 +45,7 @@ max_runs_per_channel = 1000
 
 @pytest.fixture(scope="module")
 def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """Approvers UALICE, UANN, UBEN; grants of 30 minutes and at most 2 calls."""
+    """Approvers UALICE, UANN, UBEN; grants of 30 minutes and at most 2 calls; docs/private/ denied."""
     yield from running_stack(redis_server, tmp_path_factory.mktemp("grants"), CONFIG, DB)
 
 
@@ -192,6 +196,30 @@ def test_a_card_without_a_directory_offers_no_scoped_grant(stack: Stack) -> None
     stack.click(card, "decline")
     done(stack, channel, ts, marker)
     assert not [m for m in thread(stack, channel, ts) if "revoke_grant" in action_ids(m)]
+
+
+def test_a_scoped_grant_never_lifts_deny_inside_its_directory(stack: Stack) -> None:
+    marker = "scopedeny"
+    (stack.workspace / "docs").mkdir(exist_ok=True)
+    channel, ts, [card] = park_writes(
+        stack,
+        marker,
+        [{"path": "docs/open.txt", "content": "o"}],
+        then=[
+            reply(text(f"{marker} first done")),
+            reply(tool_use("write_file", {"path": "docs/private/key.txt", "content": "k"})),
+            reply(text(f"{marker} deny done")),
+        ],
+    )
+    stack.click(card, "approve_dir", user="UANN")
+    done(stack, channel, ts, marker, "first done")
+    wait_post(stack, channel, ts, lambda m: "revoke_grant" in action_ids(m))
+    stack.mention("and the key", channel=channel, thread_ts=ts, user="UALICE")
+    done(stack, channel, ts, marker, "deny done")
+    assert not (stack.workspace / "docs/private").exists()
+    assert not [e for e in entries_about(stack, "docs/private/key.txt") if e.get("grant")]
+    grant = next(k for k in grant_keys(stack) if ":dir:" in k and channel in k)
+    assert "taken" not in redis.Redis.from_url(stack.redis_url).get(grant).decode()  # no use spent
 
 
 _ = new_channel  # the channels come from the same counter as test_approvals_e2e's
