@@ -126,3 +126,20 @@ def test_two_runs_racing_on_the_last_use_exactly_one_spends_it(redis_url: str) -
         for racer in racers:
             racer.join()
         assert len(won) == 1, (attempt, won)
+
+
+def test_the_audit_line_of_a_call_a_scoped_grant_let_run_names_its_directory_and_uses_left() -> None:
+    from workers.audit import audit_line
+
+    entry = {
+        "at": time.time(),
+        "verdict": "approved",
+        "by": "UANN",
+        "tool": "write_file",
+        "grant": "used",
+        "grant_dir": "docs/",
+        "grant_uses": 5,
+        "grant_left": 2,
+    }
+    line = audit_line(entry)
+    assert "grant=used" in line and "docs/" in line and "grant_left=2/5" in line

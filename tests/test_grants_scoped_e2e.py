@@ -222,4 +222,39 @@ def test_a_scoped_grant_never_lifts_deny_inside_its_directory(stack: Stack) -> N
     assert "taken" not in redis.Redis.from_url(stack.redis_url).get(grant).decode()  # no use spent
 
 
+def test_a_scoped_grant_clicked_by_a_stranger_or_forged_on_a_root_path_changes_nothing(stack: Stack) -> None:
+    marker = "scopeforged"
+    (stack.workspace / "pub").mkdir(exist_ok=True)
+    channel, ts, [card] = park_writes(stack, marker, [{"path": "pub/x.txt", "content": "x"}])
+    before = grant_keys(stack)
+    assert stack.click(card, "approve_dir", user="UMALLORY") == 200
+    wait_until(
+        lambda: any(
+            "may decide this approval" in e["text"] for e in stack.slack.ephemerals if e["user"] == "UMALLORY"
+        )
+    )
+    root_channel, root_ts, [root] = park_writes(stack, "rootforged", [{"path": "top.txt", "content": "t"}])
+    value = next(
+        e["value"]
+        for b in root["blocks"]
+        if b["type"] == "actions"
+        for e in b["elements"]
+        if e["action_id"] == "approve"
+    )
+    status, _ = stack.click_value(root, "approve_dir", value, user="UALICE")  # no such button on that card
+    assert status == 200
+    wait_until(
+        lambda: any("no directory" in e["text"] for e in stack.slack.ephemerals if e["user"] == "UALICE")
+    )
+    stack.settled()
+    assert grant_keys(stack) == before
+    assert has_actions(now(stack, channel, card)) and has_actions(now(stack, root_channel, root))
+    assert not (stack.workspace / "pub/x.txt").exists() and not (stack.workspace / "top.txt").exists()
+    assert audit(stack, call_id(card)) == [] and audit(stack, call_id(root)) == []
+    stack.click(card, "decline")
+    stack.click(root, "decline")
+    done(stack, channel, ts, marker)
+    done(stack, root_channel, root_ts, "rootforged")
+
+
 _ = new_channel  # the channels come from the same counter as test_approvals_e2e's

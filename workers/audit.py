@@ -53,6 +53,10 @@ def audit_line(entry: Mapping[str, Any]) -> str:
         extra += f" reason={_quoted(entry['reason'])}"
     if entry.get("grant"):
         extra += f" grant={_text(entry['grant'])}"
+    if entry.get("grant_dir"):
+        extra += f" grant_dir={_quoted(entry['grant_dir'])}"
+    if entry.get("grant_uses"):
+        extra += f" grant_left={_text(entry.get('grant_left'))}/{_text(entry['grant_uses'])}"
     if entry.get("approvers"):
         extra += f" approvers={','.join(_text(a) for a in entry['approvers'])}"
     if entry.get("edited_input") is not None:
