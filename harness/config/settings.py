@@ -60,6 +60,10 @@ class Approvals:
     escalate_to: tuple[str, ...] = ()
     # > 0: cards also offer "Approve for this thread", good for this many minutes.
     grant_minutes: float = 0.0
+    # > 0: this long before a park expires, one reminder in its thread with an Extend button.
+    remind_before_minutes: float = 0.0
+    # How many times Extend may push a park's expiry `expire_after_minutes` later.
+    max_extensions: int = 1
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,7 @@ class RunRecord:
     status_shown: dict[str, str] = field(default_factory=dict)
     # The `[[profiles]]` name the run started under ("": the top level); it keeps it to the end.
     profile: str = ""
+    extensions: int = 0  # how many times Extend has moved this park's expiry later
 
     @property
     def thread(self) -> tuple[str, str, str]:
