@@ -8,7 +8,9 @@ import time
 
 import redis
 
+from harness.config import Approvals
 from tests.test_home_index import park
+from workers.deciders import escalated
 from workers.store import DAY, ExtendOutcome, ExtendResult, Keys, RunRecord, Store
 
 
@@ -93,3 +95,18 @@ def test_a_record_saved_between_read_and_extend_is_not_overwritten(conn: redis.R
     result = store.extend_park(raw, current, seen=0, most=1, seconds=600, remind_before=0, now=time.time())
     assert result.outcome is ExtendOutcome.MOVED
     assert store.extensions(record.run_id, record.park_id)[1] == 0
+
+
+def test_an_extended_park_stays_escalated_and_counts_its_age_from_the_park(conn: redis.Redis) -> None:
+    store = Store(conn)
+    record = park(store, "UALICE", expires_in=120)  # an hour's park, 58 min in
+    approvals = Approvals(expire_after_minutes=60, escalate_after_minutes=30, escalate_to=("UBOSS",))
+    assert record.expires_at is not None and escalated(approvals, record)
+    read = store.read_run(record.run_id)
+    assert read is not None
+    result = store.extend_park(*read, seen=0, most=1, seconds=3600, remind_before=0)
+    assert result.outcome is ExtendOutcome.EXTENDED
+    moved = store.load_run(record.run_id)
+    assert moved is not None and moved.expires_at == record.expires_at + 3600
+    assert moved.parked_at(60) == record.parked_at(60) == record.expires_at - 3600
+    assert escalated(approvals, moved)  # escalate_to keep their say after an Extend

@@ -389,9 +389,7 @@ def decided(connection: redis.Redis, record: Any, verdict: Verdict, approvals: A
         now = time.time()
         if record.expires_at is None:
             return
-        # Each Extend moved the expiry `expire_after_minutes` later: the park is older than that.
-        extensions = 1 + max(0, int(getattr(record, "extensions", 0) or 0))
-        parked_at = float(record.expires_at) - approvals.expire_after_minutes * 60 * extensions
+        parked_at = record.parked_at(approvals.expire_after_minutes)  # each Extend included
         seconds = max(0.0, now - parked_at)
         bound = next((b for b in DECISION_SECONDS.buckets if seconds <= b), float("inf"))
         with connection.pipeline(transaction=False) as pipe:
