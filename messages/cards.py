@@ -2,7 +2,8 @@
 
 The card that asks a person to approve or decline one `ask`-tier call, the same card once decided
 or once its run was stopped, the question at a limit (`on_limit = "ask"`) and its answer, a grant's
-notice and its revocation, and the one reminder that pings `escalate_to`. Each button's value
+notice and its revocation, the one reminder that pings `escalate_to`, and the reminder before a
+park expires (with Extend) and what it reads once extended. Each button's value
 binds a click to the exact call its card shows (`button_value`).
 """
 
@@ -394,4 +395,40 @@ def escalation_reminder(
     text = texts.ESCALATION.format(
         who=who, calls=names, requester=mention(requester), expires=slack_date(expires_at)
     )
+    return Message(text=text, blocks=[section(text)])
+
+
+def expiry_reminder(
+    *,
+    run_id: str,
+    park_id: int,
+    calls: Sequence[PendingCall],
+    requester: str,
+    deciders: Sequence[str],
+    expires_at: datetime,
+    extend_minutes: float,
+    extensions: int,
+    max_extensions: int,
+) -> Message:
+    """The reminder before a park expires: it mentions who may decide, with an Extend button whose
+    value binds the click to the extension count it was posted at (a double click extends once)."""
+    names = ", ".join(inline(c.name, 120) for c in calls[:10]) or "a call"
+    if len(calls) > 10:
+        names += f" and {len(calls) - 10} more"
+    who = ", ".join(approver(w) for w in deciders[:20])
+    left = max(0, max_extensions - extensions)
+    text = texts.EXPIRY_REMINDER.format(
+        who=who, calls=names, requester=mention(requester), expires=slack_date(expires_at)
+    )
+    rule = texts.EXTEND_RULE.format(duration=_duration(extend_minutes), left=plural(left, "more time"))
+    actions = ActionsBlock(
+        block_id="reminder",
+        elements=[ButtonElement(text="Extend", action_id="extend", value=f"{run_id}:{park_id}:{extensions}")],
+    ).to_dict()
+    return Message(text=text, blocks=[section(text), context(rule), actions])
+
+
+def reminder_extended(*, by: str, expires_at: datetime) -> Message:
+    """The reminder once Extend moved the expiry: who extended it, until when; no button left."""
+    text = texts.EXTENDED.format(who=mention(by), expires=slack_date(expires_at))
     return Message(text=text, blocks=[section(text)])

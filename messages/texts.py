@@ -135,6 +135,21 @@ ESCALATION = (
     ":bell: {who}: nobody has decided {calls} yet (asked for by {requester}). You may decide it now, "
     "on the card above; it expires {expires}."
 )
+EXPIRY_REMINDER = (
+    ":hourglass: {who}: {calls} (asked for by {requester}) still waits for a decision and expires "
+    "{expires}. Decide it on the card above, or extend it."
+)
+EXTEND_RULE = "Extend keeps it open {duration} longer; it can be extended {left}."
+EXTENDED = ":hourglass_flowing_sand: {who} extended this approval: it now expires {expires}."
+EXTEND_NOT_ALLOWED = "Only {who} or the requester may extend this approval. Nothing was changed."
+EXTEND_EXPIRED = (
+    "This approval has already expired or been decided; it cannot be extended. Nothing was changed."
+)
+EXTEND_TAKEN = "This approval was already extended; it now expires {expires}. Nothing was changed."
+EXTEND_MOST = (
+    "This approval has been extended {count} already, the most allowed; it expires {expires}. "
+    "Nothing was changed."
+)
 HOME_TITLE = "Waiting on you"
 HOME_UPDATED = "Approvals you may decide now, the soonest to expire first. As of {at}."
 HOME_EMPTY = "Nothing is waiting on you: there is no open approval you may decide right now."

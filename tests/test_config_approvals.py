@@ -85,3 +85,50 @@ def test_a_bad_value_is_one_line_naming_the_key(tmp_path: Path, text: str, key: 
         load_config(write(tmp_path, "[approvals]\n" + text), env={})
     message = str(info.value)
     assert key in message and "\n" not in message
+
+
+def test_reminders_before_expiry_and_extensions_are_read_at_top_level_and_in_a_profile(
+    tmp_path: Path,
+) -> None:
+    text = (
+        "[approvals]\nexpire_after_minutes = 60\nremind_before_minutes = 10\nmax_extensions = 3\n"
+        "[[profiles]]\nname = 'ops'\nchannels = ['C0OPS']\n[profiles.approvals]\nmax_extensions = 0\n"
+    )
+    config = load_config(write(tmp_path, text), env={})
+    assert Approvals().remind_before_minutes == 0 and Approvals().max_extensions == 1
+    assert config.approvals.remind_before_minutes == 10 and config.approvals.max_extensions == 3
+    ops = config.settings("ops").approvals
+    assert ops.max_extensions == 0 and ops.remind_before_minutes == 10  # the rest is inherited
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("remind_before_minutes = -1\n", "approvals.remind_before_minutes"),
+        ("remind_before_minutes = 'soon'\n", "approvals.remind_before_minutes"),
+        ("remind_before_minutes = true\n", "approvals.remind_before_minutes"),
+        # A reminder due before the park exists would say nothing a card did not.
+        ("expire_after_minutes = 10\nremind_before_minutes = 10\n", "approvals.remind_before_minutes"),
+        ("expire_after_minutes = 0.1\nremind_before_minutes = 0.2\n", "approvals.remind_before_minutes"),
+        ("max_extensions = -1\n", "approvals.max_extensions"),
+        ("max_extensions = 1.5\n", "approvals.max_extensions"),
+        ("max_extensions = false\n", "approvals.max_extensions"),
+    ],
+)
+def test_a_bad_reminder_or_extension_value_is_one_line_naming_the_key(
+    tmp_path: Path, text: str, key: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, "[approvals]\n" + text), env={})
+    message = str(info.value)
+    assert key in message and "\n" not in message
+
+
+def test_a_profile_whose_reminder_would_come_after_its_own_expiry_is_refused(tmp_path: Path) -> None:
+    text = (
+        "[approvals]\nremind_before_minutes = 30\n"
+        "[[profiles]]\nname = 'ops'\nchannels = ['C0OPS']\n[profiles.approvals]\nexpire_after_minutes = 20\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), env={})
+    assert "remind_before_minutes" in str(info.value) and "profiles" in str(info.value)

@@ -28,9 +28,9 @@ from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub, guard_forks
 from harness.tools.relay import RelayServer, private_directory
 from harness.tools.sandbox import protect_process
-from messages.cards import escalation_reminder
+from messages.cards import escalation_reminder, expiry_reminder
 from workers import audit as audit_lines
-from workers import horses, jobs, logs, metrics, replay, status
+from workers import deciders, horses, jobs, logs, metrics, replay, status
 from workers.driver import lease_seconds
 from workers.health import WORKER_TTL
 from workers.reload import Hangup, reload, servers_kept
@@ -66,7 +66,9 @@ def watchdog(store: Store, stop: threading.Event, svc: Callable[[], Services] | 
             now = time.time()
             jobs.expire_due(store, queue, now)
             if svc is not None:
-                escalate_due(svc(), now)
+                services = svc()
+                escalate_due(services, now)
+                remind_due(services, now)
             for run_id in store.orphans(now - seconds, lambda job_id: job_waiting(queue, job_id)):
                 log.warning("run %s has no driver; continuing it on another worker", run_id)
                 enqueue_run_job(store, queue, jobs.recover_run, run_id)
@@ -125,6 +127,60 @@ def _reminder(svc: Services, run_id: str, park_id: int, now: float) -> tuple[str
         expires_at=expires_at,
     )
     return record.channel, record.thread_ts, msg, record.expires_at
+
+
+def remind_due(svc: Services, now: float) -> int:
+    """Post the reminder, with Extend, of every park whose time before expiry has come; returns how
+    many. Claimed as escalations are (one watchdog posts); a park decided or expired meanwhile gets
+    none; one Slack refused is tried again later (before the expiry)."""
+    posted = 0
+    for run_id, park_id in svc.store.claim_due_reminders(now):
+        try:
+            reminder = _expiry_reminder(svc, run_id, park_id, now)
+        except Exception:  # one unreadable run must not keep the others from their reminders
+            log.exception("run %s: cannot build its reminder before expiry", run_id)
+            continue
+        if reminder is None:
+            continue
+        channel, thread_ts, msg, expires_at, extensions = reminder
+        tag = {"run": run_id, "key": f"reminder-{park_id}-{extensions}"}
+        if tag["key"] in (svc.find_posted(channel, thread_ts, run_id) or {}):
+            continue  # an earlier attempt did post it (its answer was lost): never twice
+        if svc.post(channel, thread_ts, msg.text, msg.blocks, tag=tag):
+            log.info("run %s park %d: reminder before expiry posted", run_id, park_id)
+            posted += 1
+        elif now + ESCALATION_RETRY_SECONDS < expires_at:
+            svc.store.schedule_reminder(run_id, park_id, now + ESCALATION_RETRY_SECONDS)
+    return posted
+
+
+def _expiry_reminder(
+    svc: Services, run_id: str, park_id: int, now: float
+) -> tuple[str, str, Any, float, int] | None:
+    """Where to post park `park_id`'s reminder before expiry, and what; None if it is due none."""
+    record = svc.store.load_run(run_id)
+    if record is None or record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park_id:
+        return None
+    expires, extensions = svc.store.extensions(run_id, park_id)  # what a click reads: the truth
+    if not expires or now >= expires:
+        return None  # the expiry answers it now
+    decisions = svc.store.decisions(run_id, park_id)
+    undecided = [c for c in record.run_state().awaiting if c.id in decisions and decisions[c.id] is None]
+    if not undecided:
+        return None
+    approvals = svc.settings_of(record).approvals
+    msg = expiry_reminder(
+        run_id=run_id,
+        park_id=park_id,
+        calls=undecided,
+        requester=record.requester,
+        deciders=deciders.deciders(approvals, record, now),
+        expires_at=datetime.fromtimestamp(expires, UTC),
+        extend_minutes=approvals.expire_after_minutes,
+        extensions=extensions,
+        max_extensions=approvals.max_extensions,
+    )
+    return record.channel, record.thread_ts, msg, expires, extensions
 
 
 def work() -> int:

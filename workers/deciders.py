@@ -38,11 +38,11 @@ def named(approvals: Approvals, requester: str) -> list[str]:
 
 def escalated(approvals: Approvals, record: RunRecord, now: float | None = None) -> bool:
     """Whether `record` is parked and past its escalation time (`escalate_after_minutes`)."""
-    if not approvals.escalate_after_minutes or record.expires_at is None:
+    parked_at = record.parked_at(approvals.expire_after_minutes)
+    if not approvals.escalate_after_minutes or parked_at is None:
         return False
     if record.status is not RunStatus.AWAITING_APPROVAL:
         return False
-    parked_at = record.expires_at - approvals.expire_after_minutes * 60
     return (time.time() if now is None else now) >= parked_at + approvals.escalate_after_minutes * 60
 
 

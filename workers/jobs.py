@@ -52,7 +52,17 @@ from messages.blocks import Message, notice
 from workers import budgets, deciders, logs, metrics, outbox, rulings, thread_status
 from workers.driver import Driver, park_ttl
 from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
-from workers.store import LIMIT_CALL, BadId, Grant, RunRecord, RunStatus, Store, grant_slot, rulings_write
+from workers.store import (
+    LIMIT_CALL,
+    BadId,
+    DecideOutcome,
+    Grant,
+    RunRecord,
+    RunStatus,
+    Store,
+    grant_slot,
+    rulings_write,
+)
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +218,11 @@ def expire_due(store: Store, queue: rq.Queue, now: float) -> int:
             for call_id, decision in store.decisions(run_id, park_id).items():
                 if decision is None:
                     audit = record.audit_fields(calls.get(call_id))
-                    store.decide(run_id, park_id, call_id, Decision(Verdict.EXPIRED), audit=audit, now=now)
+                    result = store.decide(
+                        run_id, park_id, call_id, Decision(Verdict.EXPIRED), audit=audit, now=now
+                    )
+                    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED):
+                        metrics.incr(store.redis, metrics.EXPIRATIONS, profile=record.profile)
             enqueue_run_job(store, queue, apply_decisions, run_id)
             done += 1
         if record is not None and record.park_id == park_id:
@@ -417,9 +431,14 @@ def _park(
     if approvals.escalate_after_minutes:  # scheduled before the park: a driver dying between parks again
         due = expires_at - timedelta(minutes=minutes - approvals.escalate_after_minutes)
         svc.store.schedule_escalation(driver.run_id, driver.record.park_id + 1, due.timestamp())
+    if approvals.remind_before_minutes:  # the same: one reminder before the expiry, with Extend
+        due = expires_at - timedelta(minutes=approvals.remind_before_minutes)
+        svc.store.schedule_reminder(driver.run_id, driver.record.park_id + 1, due.timestamp())
     intent = _intent(state)
     call_tools = {c.id: _call_tool_info(agent, c, intent) for c in waiting}
-    driver.record = replace(driver.record, call_tools=call_tools, expires_at=expires_at.timestamp())
+    driver.record = replace(
+        driver.record, call_tools=call_tools, expires_at=expires_at.timestamp(), extensions=0
+    )
     for call in waiting:
         driver.owe(_approval_card(svc, driver.record, call), role=outbox.CARD, call=call.id)
     driver.park(state, waiting, park_ttl(minutes), expires_at.timestamp())
@@ -618,7 +637,9 @@ def _park_at_limit(svc: Services, driver: Driver, state: RunState, outcome: Awai
     minutes = svc.settings_of(record).approvals.expire_after_minutes
     expires_at = datetime.now(UTC) + timedelta(minutes=minutes)
     info = {"question": outcome.question, "reason": outcome.reason, "more": outcome.more}
-    driver.record = replace(record, call_tools={LIMIT_CALL: info}, expires_at=expires_at.timestamp())
+    driver.record = replace(
+        record, call_tools={LIMIT_CALL: info}, expires_at=expires_at.timestamp(), extensions=0
+    )
     driver.owe(_limit_card(svc, driver.record), role=outbox.CARD, call=LIMIT_CALL)
     driver.park_limit(state, park_ttl(minutes), expires_at.timestamp())
     driver.deliver()

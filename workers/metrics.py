@@ -149,6 +149,19 @@ BUDGET_TOKENS = Family(
     "is the top-level settings.",
     {"profile": PROFILE_LABEL},
 )
+WAIT_SECONDS = Family(
+    "harness_approval_wait_seconds",
+    "Time from a park to the click that decided it (an expiry is no decision), by the run's profile; "
+    'profile="" is the top-level settings.',
+    {"profile": PROFILE_LABEL},
+    buckets=DECISION_SECONDS.buckets,
+)
+EXPIRATIONS = Family(
+    "harness_approval_expirations",
+    "Calls (and limit questions) nobody decided before their park expired, by the run's profile; "
+    'profile="" is the top-level settings.',
+    {"profile": PROFILE_LABEL},
+)
 FAMILIES = (
     RUNS,
     TURNS,
@@ -165,6 +178,8 @@ FAMILIES = (
     ACK_SECONDS,
     FEEDBACK,
     BUDGET_TOKENS,
+    WAIT_SECONDS,
+    EXPIRATIONS,
 )
 
 
@@ -374,13 +389,17 @@ def decided(connection: redis.Redis, record: Any, verdict: Verdict, approvals: A
         now = time.time()
         if record.expires_at is None:
             return
-        parked_at = float(record.expires_at) - approvals.expire_after_minutes * 60
-        values = DECISION_SECONDS.values({"verdict": verdict.value})
+        parked_at = record.parked_at(approvals.expire_after_minutes)  # each Extend included
         seconds = max(0.0, now - parked_at)
         bound = next((b for b in DECISION_SECONDS.buckets if seconds <= b), float("inf"))
         with connection.pipeline(transaction=False) as pipe:
-            pipe.hincrby(Keys.metric_counters(), _bucket_field(DECISION_SECONDS, values, bound), 1)
-            pipe.hincrbyfloat(Keys.metric_counters(), _sum_field(DECISION_SECONDS, values), seconds)
+            for family, labels in (
+                (DECISION_SECONDS, {"verdict": verdict.value}),
+                (WAIT_SECONDS, {"profile": getattr(record, "profile", "")}),
+            ):
+                values = family.values(labels)
+                pipe.hincrby(Keys.metric_counters(), _bucket_field(family, values, bound), 1)
+                pipe.hincrbyfloat(Keys.metric_counters(), _sum_field(family, values), seconds)
             pipe.set(Keys.metric_clicked(record.run_id, record.park_id), repr(now), ex=CLICK_TTL)
             pipe.execute()
     except Exception as exc:

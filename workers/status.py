@@ -88,7 +88,7 @@ def report(store: Store, config: Config, now: float | None = None) -> str:
         record = park.record
         expires_at = record.expires_at or now
         approvals = config.settings(record.profile).approvals
-        since = expires_at - approvals.expire_after_minutes * 60
+        since = record.parked_at(approvals.expire_after_minutes) or now
         lines.append(
             f"  {_where(record)} park {park.park_id}, parked {_ago(now - since)}, "
             f"expires in {_span(expires_at - now)}; waiting for: {', '.join(park.undecided) or '-'}; "

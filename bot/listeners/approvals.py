@@ -1,5 +1,5 @@
-"""Approval actions on a card: approve, decline, approve for the thread (or under a directory), and
-revoking a grant.
+"""Approval actions on a card: approve, decline, approve for the thread (or under a directory),
+revoking a grant, and Extend on the reminder before a park expires.
 
 Every button names `run:call:fingerprint`; `open_record` checks the run, the workspace, the channel
 and the clicker before anything is recorded, and `decide` records a decision atomically (four eyes,
@@ -34,12 +34,14 @@ from harness.policy import grant_directory
 from harness.state import Decision, PendingCall, StateError, Verdict
 from messages import texts
 from messages.arguments import fully_reviewable
-from messages.cards import grant_revoked
+from messages.cards import grant_revoked, reminder_extended
+from messages.text import plural, slack_date
 from workers import deciders, metrics
 from workers.store import (
     BadId,
     DecideOutcome,
     DecideResult,
+    ExtendOutcome,
     Grant,
     Keys,
     RunRecord,
@@ -304,6 +306,96 @@ def _after_revoke(body: dict[str, Any], context: BoltContext, client: WebClient)
     tell_clicker(body, context, client)
 
 
+MAX_EXTEND_TRIES = 5  # a record saved between read and write (a card's ts noted) is read again
+
+
+@dataclass(frozen=True)
+class ReminderRef:
+    """What an Extend button names: the run, the park, and how many extensions it was posted at."""
+
+    run_id: str
+    park_id: int
+    seen: int
+
+    @classmethod
+    def parse(cls, value: Any) -> ReminderRef:
+        run_id, park, seen = (str(value or "").split(":") + ["", ""])[:3]
+        if not (park.isdigit() and seen.isdigit() and len(park) < 10 and len(seen) < 10):
+            raise BadId("not a valid reminder value")
+        return cls(check_id("run", run_id), int(park), int(seen))
+
+
+def _on_extend(deps: BotDeps) -> Callable[..., None]:
+    def on_extend(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
+        ack()
+        clicker, channel = clicker_and_channel(body)
+        context["reply_channel"], context["reply_user"] = channel, clicker.user
+        try:
+            ref = ReminderRef.parse(action.get("value"))
+            read = deps.store.read_run(ref.run_id)
+        except (BadId, StateError):
+            context[REPLY] = texts.UNKNOWN_APPROVAL
+            return
+        for _ in range(MAX_EXTEND_TRIES):
+            if read is None:
+                context[REPLY] = texts.UNKNOWN_APPROVAL
+                return
+            raw, record = read
+            if clicker.team != record.team or channel != record.channel:
+                context[REPLY] = texts.UNKNOWN_APPROVAL
+                return
+            if not (clicker.user == record.requester or deps.may_decide(clicker.user, record)):
+                context[REPLY] = (texts.EXTEND_NOT_ALLOWED, {"who": deps.deciders(record)})
+                return
+            if record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != ref.park_id:
+                context[REPLY] = texts.EXTEND_EXPIRED
+                return
+            approvals = deps.settings_of(record).approvals
+            result = deps.store.extend_park(
+                raw,
+                record,
+                seen=ref.seen,
+                most=approvals.max_extensions,
+                seconds=approvals.expire_after_minutes * 60,
+                remind_before=approvals.remind_before_minutes * 60,
+            )
+            if result.outcome is not ExtendOutcome.MOVED:
+                break
+            read = deps.store.read_run(ref.run_id)
+        else:
+            context[REPLY] = texts.EXTEND_EXPIRED  # the record kept changing: nothing was changed
+            return
+        expires = slack_date(datetime.fromtimestamp(result.expires_at, UTC)) if result.expires_at else ""
+        if result.outcome is ExtendOutcome.EXTENDED:
+            log.info("run %s park %d: extended by %s", record.run_id, record.park_id, clicker.user)
+            context["extended"] = (clicker.user, result.expires_at)
+        elif result.outcome is ExtendOutcome.TAKEN:
+            context[REPLY] = texts.EXTEND_TAKEN.format(expires=expires)
+        elif result.outcome is ExtendOutcome.MOST:
+            context[REPLY] = texts.EXTEND_MOST.format(
+                count=plural(result.extensions, "time"), expires=expires
+            )
+        else:
+            context[REPLY] = texts.EXTEND_EXPIRED
+
+    return on_extend
+
+
+def _after_extend(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:
+    """The reminder loses its button and says who extended it, until when; or the clicker hears why not."""
+    extended = context.get("extended")
+    message = as_dict(body.get("message"))
+    channel = context.get("reply_channel")
+    if extended and channel and message.get("ts"):
+        by, expires_at = extended
+        msg = reminder_extended(by=by, expires_at=datetime.fromtimestamp(expires_at, UTC))
+        try:
+            client.chat_update(channel=channel, ts=message["ts"], text=msg.text, blocks=msg.blocks)
+        except SlackApiError as exc:
+            log.warning("could not mark the reminder extended: %s", exc.response.get("error"))
+    tell_clicker(body, context, client)
+
+
 def register(app: App, deps: BotDeps, then: Then) -> None:
     """Register this surface's listeners."""
     for action_id, verdict in (("approve", Verdict.APPROVED), ("decline", Verdict.DECLINED)):
@@ -312,3 +404,4 @@ def register(app: App, deps: BotDeps, then: Then) -> None:
     scoped = _on_decision(deps, Verdict.APPROVED, grant=True, scoped=True)
     app.action("approve_dir")(then(scoped, tell_clicker))
     app.action("revoke_grant")(then(_on_revoke_grant(deps), _after_revoke))
+    app.action("extend")(then(_on_extend(deps), _after_extend))

@@ -85,6 +85,8 @@ _APPROVALS: dict[str, _Spec] = {
     "escalate_to": ((list,), None, "a list of Slack user or user group IDs"),
     "grant_minutes": ((int, float), lambda v: v >= 0, "a number of minutes >= 0"),
     "grant_uses": ((int,), lambda v: v >= 0, "a whole number >= 0 (0: no limit)"),
+    "remind_before_minutes": ((int, float), lambda v: v >= 0, "a number of minutes >= 0"),
+    "max_extensions": ((int,), lambda v: v >= 0, "a whole number >= 0"),
 }
 _BUDGETS: dict[str, _Spec] = {
     "per_user_daily_tokens": ((int,), lambda v: v >= 0, "a whole number >= 0 (0: no budget)"),
@@ -334,6 +336,12 @@ def _approvals(raw: dict[str, Any], where: str) -> Approvals:
                 f"{where}: approvals.escalate_to must name at least one user or user group "
                 "when approvals.escalate_after_minutes > 0"
             )
+    if approvals.remind_before_minutes >= approvals.expire_after_minutes:
+        # A reminder due before the park even exists would come at once and say nothing new.
+        raise ConfigError(
+            f"{where}: approvals.remind_before_minutes ({approvals.remind_before_minutes:g}) must be "
+            f"less than approvals.expire_after_minutes ({approvals.expire_after_minutes:g})"
+        )
     return approvals
 
 

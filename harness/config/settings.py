@@ -62,6 +62,10 @@ class Approvals:
     grant_minutes: float = 0.0
     # > 0: a grant lets at most this many later calls run, then they ask again (0: no limit).
     grant_uses: int = 0
+    # > 0: this long before a park expires, one reminder in its thread with an Extend button.
+    remind_before_minutes: float = 0.0
+    # How many times Extend may push a park's expiry `expire_after_minutes` later.
+    max_extensions: int = 1
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from workers.store.budgets import (
     budget_settled,
     utc_day,
 )
-from workers.store.escalations import EscalationStore
+from workers.store.escalations import EscalationStore, ExtendOutcome, ExtendResult
 from workers.store.grants import Grant, GrantStore, grant_slot
 from workers.store.groups import GROUP_TTL, GroupStore
 from workers.store.keys import DAY, BadId, Keys, check_id, new_run_id
@@ -103,6 +103,8 @@ __all__ = [
     "ENDED",
     "EVENT_TTL",
     "EXPIRES_FIELD",
+    "ExtendOutcome",
+    "ExtendResult",
     "FEEDBACK_MAX_ENTRIES",
     "FEEDBACK_PER_MINUTE",
     "FINISHED_RUN_TTL",

@@ -180,6 +180,11 @@ class Keys:
         return f"{PREFIX}escalations"
 
     @staticmethod
+    def reminders() -> str:
+        """Parks due a reminder before they expire, with Extend (member `run:park`, score: when due)."""
+        return f"{PREFIX}reminders"
+
+    @staticmethod
     def stream(run_id: str, key: str) -> str:
         """The ts of a run's answer while it streams (a successor closes a stream left open)."""
         return f"{PREFIX}stream:{check_id('run', run_id)}:{int(key)}"

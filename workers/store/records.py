@@ -72,6 +72,14 @@ class RunRecord:
     status_shown: dict[str, str] = field(default_factory=dict)
     # The `[[profiles]]` name the run started under ("": the top level); it keeps it to the end.
     profile: str = ""
+    extensions: int = 0  # how many times Extend has moved this park's expiry later
+
+    def parked_at(self, expire_after_minutes: float) -> float | None:
+        """When the current park was made: its expiry less `expire_after_minutes` for it and for
+        each Extend since (each moved the expiry that much later)."""
+        if self.expires_at is None:
+            return None
+        return self.expires_at - expire_after_minutes * 60 * (1 + max(0, int(self.extensions)))
 
     @property
     def thread(self) -> tuple[str, str, str]:
