@@ -25,6 +25,7 @@ from workers.store.records import RecordEncoder, RunRecord, RunStatus, pack, unp
 
 EXPIRES_FIELD = "~expires"  # never a call id: those are [A-Za-z0-9_-]
 LIMIT_CALL = "limit"  # the one "call" of a park at a limit (on_limit = "ask"); tool_use ids are toolu_…
+BATCH = "~batch"  # RunRecord.cards key of a park's Approve all / Decline all message (never a call id)
 
 
 class DecideOutcome(StrEnum):
