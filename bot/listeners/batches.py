@@ -79,30 +79,24 @@ def decide_all(
         return texts.NO_SELF_APPROVAL  # their Decline all still counts
     open_ = deps.store.decisions(record.run_id, record.park_id)
     votes = deps.store.votes(record.run_id, record.park_id) if approving else {}
-    unreadable, recorded, counted, expired = [], 0, 0, False
+    unreadable, todo = [], []
     for call in calls:
         if open_.get(call.id, "gone") is not None or user in votes.get(call.id, ()):
             continue  # decided already (or not of this park), or this approver's vote already counts
         if approving and not fully_reviewable(call):
             unreadable.append(call.name)  # nobody approves bytes they could not have read
             continue
-        result = deps.store.decide(
-            record.run_id,
-            record.park_id,
-            call.id,
-            decision,
-            audit=record.audit_fields(call),
-            fingerprint=call.fingerprint,
-            required=approvals.required,
-        )
-        if result.outcome is DecideOutcome.RECORDED:
-            recorded += 1
-            metrics.decided(deps.store.redis, record, decision.verdict, approvals)
-        elif result.outcome is DecideOutcome.COUNTED and user in result.votes:
-            counted += 1
-        elif result.outcome is DecideOutcome.EXPIRED:
-            expired = True
-            break  # the park is past its expiry: the clock decides the rest
+        todo.append((call.id, record.audit_fields(call), call.fingerprint))
+    results = (
+        deps.store.decide_each(record.run_id, record.park_id, todo, decision, required=approvals.required)
+        if todo
+        else []
+    )
+    recorded = sum(r.outcome is DecideOutcome.RECORDED for r in results)
+    counted = sum(r.outcome is DecideOutcome.COUNTED and user in r.votes for r in results)
+    expired = any(r.outcome is DecideOutcome.EXPIRED for r in results)  # the clock decides the rest
+    if recorded:
+        metrics.decided(deps.store.redis, record, decision.verdict, approvals, calls=recorded)
     if recorded or counted or expired:
         deps.enqueue(APPLY_DECISIONS, record.run_id)  # one job shows them all and resumes the run
     return _reply(recorded, counted, expired, unreadable, approving)
