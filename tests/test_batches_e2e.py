@@ -37,6 +37,7 @@ pytestmark = pytest.mark.e2e
 
 DB = 12  # other stacks: see tests/test_groups_escalation_home.py and tests/test_approvals_e2e.py
 QUORUM_CHANNELS = [f"C15{i:02d}" for i in range(10)]
+BRIEF_CHANNELS = [f"C16{i:02d}" for i in range(10)]
 CONFIG = f"""
 [limits]
 max_runs_per_user = 1000
@@ -52,9 +53,16 @@ channels = {QUORUM_CHANNELS!r}
 approvers = ["UALICE", "UANN", "UBEN"]
 required = 2
 self_approval = false
+
+[[profiles]]
+name = "brief"
+channels = {BRIEF_CHANNELS!r}
+[profiles.approvals]
+expire_after_minutes = 0.1
 """.replace("'", '"')
 _channels = itertools.count(1400)
 _quorum_channels = iter(QUORUM_CHANNELS)
+_brief_channels = iter(BRIEF_CHANNELS)
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +75,11 @@ def is_batch(message: dict[str, Any]) -> bool:
 
 
 def park(
-    stack: Stack, marker: str, paths: list[str], *, quorum: bool = False
+    stack: Stack, marker: str, paths: list[str], *, quorum: bool = False, brief: bool = False
 ) -> tuple[str, str, list[dict[str, Any]], dict[str, Any] | None]:
     """UALICE asks for one write per path in one reply: the channel, the mention's ts, the cards in
     the model's order, and the batch message (None when there is none, once the cards are out)."""
-    channel = next(_quorum_channels) if quorum else f"C{next(_channels)}"
+    channel = next(_quorum_channels) if quorum else next(_brief_channels) if brief else f"C{next(_channels)}"
     calls = [tool_use("write_file", {"path": p, "content": f"{marker} {p}"}) for p in paths]
     stack.model.script_for(marker, reply(text("Writing."), *calls), reply(text(f"{marker} done")))
     status, ts, _ = stack.mention(f"{marker}: please write", channel=channel, user="UALICE")
@@ -289,6 +297,23 @@ def test_the_requesters_decline_all_counts_without_self_approval(stack: Stack) -
         [entry] = final(audit(stack, call_id(card)))
         assert entry["verdict"] == "declined" and entry["by"] == "UALICE"
     assert "2 declined" in shown(now(stack, channel, batch))
+
+
+def test_a_batch_whose_park_expired_shows_it_and_a_late_click_changes_nothing(stack: Stack) -> None:
+    marker = "batchexpired"
+    channel, ts, [c1, c2], batch = park(stack, marker, ["e-one.txt", "e-two.txt"], brief=True)
+    assert batch is not None
+    wait_until(lambda: not has_actions(now(stack, channel, batch)), timeout=30)
+    done(stack, channel, ts, marker)
+    stack.settled()
+    assert "2 expired" in shown(now(stack, channel, batch))
+    stack.click_value(batch, "approve_all", batch_value(batch), user="UANN", block_id="batch")
+    wait_reply(stack, "UANN", channel, "no longer waiting")
+    stack.settled()
+    assert ran(stack, "e-one.txt") is None and ran(stack, "e-two.txt") is None
+    for card in (c1, c2):
+        assert [e["verdict"] for e in final(audit(stack, call_id(card)))] == ["expired"]
+    assert len(asked(stack, marker)) == 2
 
 
 def test_texts_used_above_are_the_bots() -> None:
