@@ -12,11 +12,11 @@ import logging
 from slack_bolt import App
 from slack_sdk import WebClient
 
-from bot.listeners import approvals, assistant, home, mentions, modals, runs
+from bot.listeners import approvals, assistant, batches, home, mentions, modals, runs
 from bot.listening import BotDeps, listener
 from bot.web import bolt_error_handler
 
-SURFACES = (mentions, approvals, modals, runs, home, assistant)
+SURFACES = (mentions, approvals, batches, modals, runs, home, assistant)
 
 
 def create_app(

@@ -174,6 +174,26 @@ STOPPED_BY = (
     ":octagonal_sign: Stopped by {who} with the Stop button, before the next model request. "
     "Calls not yet run were not run."
 )
+BATCH_HEAD = (
+    ":raised_hand: *{count} calls of this turn wait for approval.* Each has its own card above; "
+    "*Approve all* or *Decline all* decides every one still open that you may decide, as your own "
+    "approval or decline of each."
+)
+BATCH_RULES = (
+    "Asked for by {requester} · Quorum, four eyes and who may decide apply to each call · Expires {expires}"
+)
+BATCH_DONE = "All {count} calls of this turn are decided: {summary}."
+BATCH_CLOSED = "These calls are no longer waiting for a decision (the run moved on). Nothing was changed."
+BATCH_NOTHING_OPEN = "Every call of this batch is already decided. Nothing was changed."
+BATCH_ALREADY_COUNTED = (
+    "Your approval already counts on every call still open here; they run once enough people approve. "
+    "Nothing was changed."
+)
+BATCH_COUNTED = "Your approval counts on {count} call(s); each runs once enough people approve it."
+BATCH_NOT_REVIEWABLE = (
+    "Not approved: {calls} — the arguments are too large to review in Slack, so they cannot be "
+    "approved here. Decline them, or ask for something smaller."
+)
 CARD_STOPPED = ":octagonal_sign: Not run: the run was stopped by {who} at {when}."
 LIMIT_CHOICE = "*Continue* gives it {more}. *Stop* ends the run here."
 LIMIT_RULES = "Asked for by {requester} · Only {who} may choose · Expires {expires}: then the run stops"

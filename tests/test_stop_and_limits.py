@@ -250,6 +250,7 @@ def test_stop_while_parked_ends_the_run_at_once_and_clears_its_cards(stack: Stac
     _, ts, _ = stack.mention("parkstop: write two files", channel=channel)
     wait_until(lambda: len([m for m in thread(stack, channel, ts) if has_button("approve")(m)]) == 2)
     cards = [m for m in thread(stack, channel, ts) if has_button("approve")(m)]
+    batch = wait_post(stack, channel, ts, has_button("approve_all"))  # two calls: Approve all too
     working = wait_post(stack, channel, ts, is_working)
     stack.settled()  # parked: no worker holds it
     assert press(stack, cards[0], "approve", user="UANN") == 200  # one call decided, one still open
@@ -265,6 +266,8 @@ def test_stop_while_parked_ends_the_run_at_once_and_clears_its_cards(stack: Stac
     assert buttons(first) == [] and "Approved" in str(first["blocks"])
     assert buttons(second) == [] and "stopped by <@UANN>" in str(second["blocks"])
     assert buttons(current(stack, channel, working)) == []
+    stopped = current(stack, channel, batch)
+    assert buttons(stopped) == [] and "stopped by <@UANN>" in str(stopped["blocks"])
 
     assert press(stack, cards[1], "approve", user="UANN") == 200  # the old card, clicked anyway
     wait_until(lambda: any("no longer open" in t for t in ephemerals_to(stack, "UANN")))

@@ -53,6 +53,7 @@ from workers import budgets, deciders, logs, metrics, outbox, rulings, thread_st
 from workers.driver import Driver, park_ttl
 from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
 from workers.store import (
+    BATCH,
     LIMIT_CALL,
     BadId,
     DecideOutcome,
@@ -441,6 +442,15 @@ def _park(
     )
     for call in waiting:
         driver.owe(_approval_card(svc, driver.record, call), role=outbox.CARD, call=call.id)
+    if len(waiting) > 1:  # owed in the park's own write, like the cards; `park` numbers it next
+        batch = cards.batch_card(
+            run_id=driver.run_id,
+            park_id=driver.record.park_id + 1,
+            calls=waiting,
+            requester=driver.record.requester,
+            expires_at=expires_at,
+        )
+        driver.owe(batch, role=outbox.CARD, call=BATCH)
     driver.park(state, waiting, park_ttl(minutes), expires_at.timestamp())
     driver.deliver()
     driver.record = thread_status.show(svc, driver.record, thread_status.Phase.WAITING)  # after the cards
@@ -597,6 +607,10 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
             driver.record = outbox.owe_update(
                 driver.record, record.cards[call.id], _decided_card(record, call, call.decision)
             )
+    if BATCH in record.cards:  # buttons gone, each call's outcome and who decided it
+        batch = [c for c in state.pending if c.id in decisions]
+        done = cards.batch_decided(calls=batch, decisions=decisions)
+        driver.record = outbox.owe_update(driver.record, record.cards[BATCH], done)
     # Durably running before anything else: the decisions stay in Redis until the park's TTL. The
     # same round trip forgets the park's expiry and takes the thread again.
     driver.beside_next_save(svc.store.resumed(driver.record, RUN_JOB_TIMEOUT))
@@ -727,6 +741,8 @@ def _stop_parked(svc: Services, driver: Driver, by: str) -> str | None:
             )
         elif call_id in calls:
             msg = cards.card_stopped(call=calls[call_id], requester=record.requester, by=by, at=now)
+        elif call_id == BATCH:
+            msg = cards.batch_stopped(calls=state.awaiting, by=by, at=now)
         else:
             continue
         driver.record = outbox.owe_update(driver.record, ts, msg)

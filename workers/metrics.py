@@ -381,10 +381,12 @@ def run_ended(connection: redis.Redis, record: Any, valve: str = "") -> None:
     log.info("run ended: %s%s", status, f" ({label})" if label != NONE else "")
 
 
-def decided(connection: redis.Redis, record: Any, verdict: Verdict, approvals: Approvals) -> None:
-    """A click decided a park's call (or its limit): observe the time since the park (its expiry
-    less `expire_after_minutes`), and note when it happened for the click-to-resume time. One
-    round trip."""
+def decided(
+    connection: redis.Redis, record: Any, verdict: Verdict, approvals: Approvals, calls: int = 1
+) -> None:
+    """A click decided a park's call (or its limit; `calls` of them, for Approve all): observe the
+    time since the park (its expiry less `expire_after_minutes`) once per call, and note when it
+    happened for the click-to-resume time. One round trip."""
     try:
         now = time.time()
         if record.expires_at is None:
@@ -398,8 +400,8 @@ def decided(connection: redis.Redis, record: Any, verdict: Verdict, approvals: A
                 (WAIT_SECONDS, {"profile": getattr(record, "profile", "")}),
             ):
                 values = family.values(labels)
-                pipe.hincrby(Keys.metric_counters(), _bucket_field(family, values, bound), 1)
-                pipe.hincrbyfloat(Keys.metric_counters(), _sum_field(family, values), seconds)
+                pipe.hincrby(Keys.metric_counters(), _bucket_field(family, values, bound), calls)
+                pipe.hincrbyfloat(Keys.metric_counters(), _sum_field(family, values), seconds * calls)
             pipe.set(Keys.metric_clicked(record.run_id, record.park_id), repr(now), ex=CLICK_TTL)
             pipe.execute()
     except Exception as exc:

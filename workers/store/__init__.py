@@ -49,6 +49,7 @@ from workers.store.grants import Grant, GrantStore, grant_slot
 from workers.store.groups import GROUP_TTL, GroupStore
 from workers.store.keys import DAY, BadId, Keys, check_id, new_run_id
 from workers.store.parks import (
+    BATCH,
     EXPIRES_FIELD,
     LIMIT_CALL,
     DecideOutcome,
@@ -112,6 +113,7 @@ __all__ = [
     "HOLD_SECONDS",
     "HISTORY_VERSION",
     "IM",
+    "BATCH",
     "LIMIT_CALL",
     "PENDING_TTL",
     "RECORD_VERSION",

@@ -25,6 +25,7 @@ from workers.store.records import RecordEncoder, RunRecord, RunStatus, pack, unp
 
 EXPIRES_FIELD = "~expires"  # never a call id: those are [A-Za-z0-9_-]
 LIMIT_CALL = "limit"  # the one "call" of a park at a limit (on_limit = "ask"); tool_use ids are toolu_…
+BATCH = "~batch"  # RunRecord.cards key of a park's Approve all / Decline all message (never a call id)
 
 
 class DecideOutcome(StrEnum):
@@ -209,6 +210,55 @@ return {outcome, decision}
 )
 
 
+def _decide_call(
+    run_id: str,
+    park_id: int,
+    call_id: str,
+    decision: Decision,
+    audit: dict[str, Any] | None,
+    now: float,
+    fingerprint: str,
+    required: int,
+    grant: Grant | None,
+) -> tuple[list[str], list[Any]]:
+    """The keys and arguments of the decide script for one call (see `_DECIDE`)."""
+    payload = json.dumps(decision.to_json(), sort_keys=True)
+    expired = json.dumps(Decision(Verdict.EXPIRED).to_json(), sort_keys=True)
+    base = {"at": now, "run_id": run_id, "park_id": int(park_id), "call_id": call_id, **(audit or {})}
+    entry = {**base, **decision.to_json()}
+    expired_entry = {**base, **Decision(Verdict.EXPIRED).to_json(), "late_click_by": decision.by}
+    oldest = f"{int((now - AUDIT_MAX_AGE) * 1000)}-0"
+    grant_key = grant.key if grant else Keys.approvals(run_id, park_id)  # a key; unused without a grant
+    keys = [Keys.approvals(run_id, park_id), Keys.audit(), Keys.active(), grant_key]
+    voter = decision.by if decision.verdict is Verdict.APPROVED and required > 1 and decision.by else ""
+    args: list[Any] = [
+        check_id("call", call_id),
+        payload,
+        json.dumps(entry, ensure_ascii=False),
+        repr(now),
+        expired,
+        json.dumps(expired_entry, ensure_ascii=False),
+        run_id,
+        AUDIT_MAX_ENTRIES,
+        oldest,
+        fingerprint,
+        max(1, int(required)),
+        voter,
+        json.dumps(grant.to_json()) if grant else "",
+        max(1, int(grant.seconds)) if grant else 1,
+    ]
+    return keys, args
+
+
+def _decide_result(raw: Any) -> DecideResult:
+    outcome, stored = raw
+    result = DecideOutcome(as_text(outcome))
+    if result is DecideOutcome.COUNTED:
+        return DecideResult(result, None, tuple(as_text(stored).split(",")))
+    standing = Decision.from_json(json.loads(stored)) if stored else None
+    return DecideResult(result, standing)
+
+
 class ParkStore(StorePart):
     """Parks, the decisions and votes on their calls, the cards updated, and the Home tab's index."""
 
@@ -304,37 +354,31 @@ class ParkStore(StorePart):
         `audit` (who, what, the input's hash and preview, when, outcome) to the audit stream.
         """
         now = time.time() if now is None else now
-        payload = json.dumps(decision.to_json(), sort_keys=True)
-        expired = json.dumps(Decision(Verdict.EXPIRED).to_json(), sort_keys=True)
-        base = {"at": now, "run_id": run_id, "park_id": int(park_id), "call_id": call_id, **(audit or {})}
-        entry = {**base, **decision.to_json()}
-        expired_entry = {**base, **Decision(Verdict.EXPIRED).to_json(), "late_click_by": decision.by}
-        oldest = f"{int((now - AUDIT_MAX_AGE) * 1000)}-0"
-        grant_key = grant.key if grant else Keys.approvals(run_id, park_id)  # a key; unused without a grant
-        keys = [Keys.approvals(run_id, park_id), Keys.audit(), Keys.active(), grant_key]
-        voter = decision.by if decision.verdict is Verdict.APPROVED and required > 1 and decision.by else ""
-        args: list[Any] = [
-            check_id("call", call_id),
-            payload,
-            json.dumps(entry, ensure_ascii=False),
-            repr(now),
-            expired,
-            json.dumps(expired_entry, ensure_ascii=False),
-            run_id,
-            AUDIT_MAX_ENTRIES,
-            oldest,
-            fingerprint,
-            max(1, int(required)),
-            voter,
-            json.dumps(grant.to_json()) if grant else "",
-            max(1, int(grant.seconds)) if grant else 1,
-        ]
-        outcome, stored = self._script(_DECIDE)(keys=keys, args=args)
-        result = DecideOutcome(as_text(outcome))
-        if result is DecideOutcome.COUNTED:
-            return DecideResult(result, None, tuple(as_text(stored).split(",")))
-        standing = Decision.from_json(json.loads(stored)) if stored else None
-        return DecideResult(result, standing)
+        keys, args = _decide_call(
+            run_id, park_id, call_id, decision, audit, now, fingerprint, required, grant
+        )
+        return _decide_result(self._script(_DECIDE)(keys=keys, args=args))
+
+    def decide_each(
+        self,
+        run_id: str,
+        park_id: int,
+        calls: list[tuple[str, dict[str, Any], str]],
+        decision: Decision,
+        *,
+        required: int = 1,
+    ) -> list[DecideResult]:
+        """`decide` of `decision` on each of `calls` (call id, audit, fingerprint), in order, in one
+        round trip: each call's step is atomic on its own, as if clicked one after the other."""
+        now = time.time()
+        script = self._script(_DECIDE)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for call_id, audit, fingerprint in calls:
+                keys, args = _decide_call(
+                    run_id, park_id, call_id, decision, audit, now, fingerprint, required, None
+                )
+                script(keys=keys, args=args, client=pipe)
+            return [_decide_result(raw) for raw in pipe.execute()]
 
     def votes(self, run_id: str, park_id: int) -> dict[str, tuple[str, ...]]:
         """Who has approved each call of the park so far (calls that need a quorum)."""

@@ -1,0 +1,139 @@
+"""Approve all / Decline all on a park of two or more calls.
+
+A batch button names `run:park`. A click is the clicker's own approve or decline of every call of
+that park still open, one call at a time through the same atomic `decide` as a card's button (per
+call: the fingerprint the park holds, the audit entry, the quorum). Then one job shows the
+decisions and, once every call is decided, resumes the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from slack_bolt import Ack, App, BoltContext
+
+from bot.listening import (
+    APPLY_DECISIONS,
+    REPLY,
+    BotDeps,
+    Clicker,
+    Reply,
+    Then,
+    clicker_and_channel,
+    tell_clicker,
+)
+from harness.state import Decision, PendingCall, StateError, Verdict
+from messages import texts
+from messages.arguments import fully_reviewable
+from workers import deciders, metrics
+from workers.store import BadId, DecideOutcome, RunRecord, RunStatus, check_id
+
+
+def _parse(value: Any) -> tuple[str, int]:
+    run_id, _, park = str(value or "").partition(":")
+    if not park.isdigit() or len(park) > 12:
+        raise BadId(f"bad park id {park[:20]!r}")
+    return check_id("run", run_id), int(park)
+
+
+def _open_park(
+    deps: BotDeps, value: Any, clicker: Clicker, channel: str | None, context: BoltContext
+) -> tuple[RunRecord, tuple[PendingCall, ...]] | None:
+    """The run and the open calls of the park a batch button names, if the clicker may decide
+    them; else a reply is set."""
+    try:
+        run_id, park_id = _parse(value)
+        record = deps.store.load_run(run_id)
+    except BadId:
+        record, park_id = None, -1
+    except StateError:
+        context[REPLY] = texts.UNREADABLE_RUN
+        return None
+    if record is None:
+        context[REPLY] = texts.UNKNOWN_APPROVAL
+    elif clicker.team != record.team:
+        context[REPLY] = texts.WRONG_TEAM
+    elif channel != record.channel:
+        context[REPLY] = texts.WRONG_CHANNEL
+    elif not deps.may_decide(clicker.user, record):
+        context[REPLY] = (texts.NOT_ALLOWED, {"who": deps.deciders(record)})
+    elif record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park_id:
+        context[REPLY] = texts.BATCH_CLOSED
+    else:
+        try:
+            return record, record.run_state().awaiting
+        except StateError:
+            context[REPLY] = texts.UNREADABLE_RUN  # fail closed: no decision on what we cannot read
+    return None
+
+
+def decide_all(
+    deps: BotDeps, record: RunRecord, calls: tuple[PendingCall, ...], decision: Decision
+) -> Reply | None:
+    """`decision` on every call of `calls` still open, in the model's order; the reply owed, if any."""
+    approvals = deps.settings_of(record).approvals
+    approving = decision.verdict is Verdict.APPROVED
+    user = decision.by or ""
+    if approving and deciders.self_approval_refused(approvals, user, record):
+        return texts.NO_SELF_APPROVAL  # their Decline all still counts
+    open_ = deps.store.decisions(record.run_id, record.park_id)
+    votes = deps.store.votes(record.run_id, record.park_id) if approving else {}
+    unreadable, todo = [], []
+    for call in calls:
+        if open_.get(call.id, "gone") is not None or user in votes.get(call.id, ()):
+            continue  # decided already (or not of this park), or this approver's vote already counts
+        if approving and not fully_reviewable(call):
+            unreadable.append(call.name)  # nobody approves bytes they could not have read
+            continue
+        todo.append((call.id, record.audit_fields(call), call.fingerprint))
+    results = (
+        deps.store.decide_each(record.run_id, record.park_id, todo, decision, required=approvals.required)
+        if todo
+        else []
+    )
+    recorded = sum(r.outcome is DecideOutcome.RECORDED for r in results)
+    counted = sum(r.outcome is DecideOutcome.COUNTED and user in r.votes for r in results)
+    expired = any(r.outcome is DecideOutcome.EXPIRED for r in results)  # the clock decides the rest
+    if recorded:
+        metrics.decided(deps.store.redis, record, decision.verdict, approvals, calls=recorded)
+    if recorded or counted or expired:
+        deps.enqueue(APPLY_DECISIONS, record.run_id)  # one job shows them all and resumes the run
+    return _reply(recorded, counted, expired, unreadable, approving)
+
+
+def _reply(
+    recorded: int, counted: int, expired: bool, unreadable: list[str], approving: bool
+) -> Reply | None:
+    if expired:
+        return texts.ALREADY_EXPIRED
+    if unreadable:
+        names = ", ".join(sorted(set(unreadable))[:10])
+        return texts.BATCH_NOT_REVIEWABLE.format(calls=names)
+    if counted:
+        return texts.BATCH_COUNTED.format(count=counted)
+    if recorded:
+        return None
+    return texts.BATCH_ALREADY_COUNTED if approving else texts.BATCH_NOTHING_OPEN
+
+
+def _on_batch(deps: BotDeps, verdict: Verdict) -> Callable[..., None]:
+    def on_batch(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
+        ack()
+        clicker, channel = clicker_and_channel(body)
+        context["reply_channel"], context["reply_user"] = channel, clicker.user
+        opened = _open_park(deps, action.get("value"), clicker, channel, context)
+        if opened is None:
+            return
+        record, calls = opened
+        reply = decide_all(deps, record, calls, Decision(verdict, by=clicker.user))
+        if reply is not None:
+            context[REPLY] = reply
+
+    return on_batch
+
+
+def register(app: App, deps: BotDeps, then: Then) -> None:
+    """Register this surface's listeners."""
+    app.action("approve_all")(then(_on_batch(deps, Verdict.APPROVED), tell_clicker))
+    app.action("decline_all")(then(_on_batch(deps, Verdict.DECLINED), tell_clicker))
