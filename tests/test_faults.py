@@ -26,7 +26,7 @@ from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import RedisServer, Stack, wait_until
 from workers.jobs import MAX_RECOVERIES
 from workers.services import enqueue_run_job, make_queue
-from workers.store import Keys, RunRecord, RunStatus, Store, new_run_id, pack, unpack
+from workers.store import BATCH, Keys, RunRecord, RunStatus, Store, new_run_id, pack, unpack
 
 pytestmark = pytest.mark.e2e
 FAST_LEASE = {"HARNESS_LEASE_SECONDS": "2"}
@@ -73,14 +73,22 @@ def wait_text(stack: Stack, channel: str, ts: str, needle: str, timeout: float =
     )
 
 
+def is_card(message: dict[str, Any]) -> bool:
+    """A call's approval card: its buttons include `approve` (a park's Approve all message does not)."""
+    return any(
+        element.get("action_id") == "approve"
+        for block in message.get("blocks") or []
+        if block.get("type") == "actions"
+        for element in block.get("elements") or []
+    )
+
+
 def cards(stack: Stack, channel: str, ts: str) -> list[dict[str, Any]]:
-    return [m for m in posts(stack, channel, ts) if "approve" in str(m["blocks"])]
+    return [m for m in posts(stack, channel, ts) if is_card(m)]
 
 
 def card_of(stack: Stack, channel: str, ts: str) -> dict[str, Any]:
-    return wait_until(
-        lambda: next((m for m in posts(stack, channel, ts) if "approve" in str(m["blocks"])), None)
-    )
+    return wait_until(lambda: next((m for m in posts(stack, channel, ts) if is_card(m)), None))
 
 
 def value_of(card: dict[str, Any]) -> str:
@@ -289,9 +297,16 @@ def test_a_worker_killed_while_parking_posts_every_card_once_and_stays_clickable
     wait_until(lambda: len(cards(stack, "C21", ts)) == 2, timeout=RECOVERY_BOUND)
     assert time.monotonic() - started < RECOVERY_BOUND
     [record] = runs(stack)
-    wait_until(lambda: len(runs(stack)[0].cards) == 2 and not runs(stack)[0].outbox)
+    # Its two cards and its Approve all message (`BATCH`) are known, and nothing is owed any more.
+    wait_until(
+        lambda: (
+            set(runs(stack)[0].cards) == {*(c.id for c in record.run_state().awaiting), BATCH}
+            and not runs(stack)[0].outbox
+        )
+    )
     stack.settled()
     assert len(cards(stack, "C21", ts)) == 2  # every card exactly once
+    assert len([m for m in posts(stack, "C21", ts) if "approve_all" in str(m["blocks"])]) == 1  # and the batch
     conn = redis.Redis.from_url(stack.redis_url)
     assert conn.zscore(Keys.expiries(), f"{record.run_id}:1") is not None  # its expiry is scheduled
     for card in cards(stack, "C21", ts):

@@ -155,6 +155,7 @@ def test_a_scrape_after_a_run_shows_exactly_what_the_run_did(stack: Stack) -> No
         ("harness_tool_calls_total", (("outcome", "ran"), ("tier", "ask"))): 1,
         ("harness_runs_ended_total", (("outcome", "finished"), ("valve", "none"))): 1,
         ("harness_approval_decision_seconds_count", (("verdict", "approved"),)): 1,
+        ("harness_approval_wait_seconds_count", (("profile", ""),)): 1,
         ("harness_click_to_resume_seconds_count", ()): 1,
         ("harness_ack_seconds_count", (("kind", "event"),)): 1,
         ("harness_ack_seconds_count", (("kind", "interaction"),)): 1,
