@@ -124,7 +124,7 @@ def test_calls_are_grouped_by_directory_and_a_decline_elsewhere_does_not_count(t
         audit.add("approved", arguments={"path": f"top{i}.md"})  # the root: no narrower than the tool
     (found,) = audit.suggest(_config(tmp_path))
     assert dict(found.args) == {"path": "docs/**"}
-    assert found.effect == "31 calls, 10 would change: 10 ask→allow"
+    assert found.effect == "10 calls, 10 would change: 10 ask→allow"  # only the calls it covers
 
 
 def test_a_decline_in_a_subdirectory_the_rule_would_cover_blocks_it(tmp_path: Path) -> None:
@@ -203,3 +203,11 @@ def test_the_home_view_shows_suggestions_escaped_in_a_code_block() -> None:
     assert "Suggested rules" in text
     assert "```\\n[[policy.rules]]" in text and "&lt;@U1&gt; &amp; co" in text and "<@U1>" not in text
     assert "Suggested rules" not in json.dumps(home_view([], at=datetime.now(UTC)))
+
+
+def test_only_the_levels_asked_for_are_suggested(tmp_path: Path) -> None:
+    audit = Audit()
+    for _ in range(10):
+        audit.add("approved")  # profile ops
+    assert audit.suggest(_config(tmp_path), profiles={""}) == []
+    assert len(audit.suggest(_config(tmp_path), profiles={"ops"})) == 1
