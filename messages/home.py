@@ -16,9 +16,12 @@ from harness.state import PendingCall
 from messages import texts
 from messages.arguments import args_json, arguments_of
 from messages.blocks import context, section
-from messages.text import escape, inert, inline, mention, slack_date
+from messages.text import code, escape, inert, inline, mention, slack_date
 
 HOME_ITEMS_MAX = 20  # each item is two blocks; a Home view holds 100
+SUGGESTIONS_MAX = 3  # suggested rules shown at most: one block each, after three of heading
+SUGGEST_MIN_APPROVALS = 10  # as `workers.suggestions` counts them (said on the tab)
+SUGGEST_DAYS = 30
 _CHANNEL_ID = re.compile(r"[CDG][A-Z0-9]{1,30}")
 # A card's link as chat.getPermalink gives it: anything else is not offered as a link.
 PERMALINK = re.compile(r"https://[A-Za-z0-9.-]+/archives/[A-Z0-9]+/p[0-9]+(\?[A-Za-z0-9=&._-]*)?")
@@ -50,8 +53,39 @@ def _home_item(item: HomeItem) -> dict[str, Any]:
     return section("\n".join(lines))
 
 
-def home_view(items: Sequence[HomeItem], *, more: bool = False, at: datetime) -> dict[str, Any]:
-    """The bot's Home tab for one person: the approvals they may decide now, each with its card."""
+@dataclass(frozen=True)
+class SuggestedRule:
+    """A rule the audit suggests (`workers.suggestions`): its TOML, and what replaying it would change."""
+
+    snippet: str
+    effect: str
+
+
+def _suggested(rules: Sequence[SuggestedRule], capped: int | None) -> list[dict[str, Any]]:
+    intro = texts.HOME_SUGGESTED_INTRO.format(n=SUGGEST_MIN_APPROVALS, days=SUGGEST_DAYS)
+    if capped:
+        intro += " " + texts.HOME_SUGGESTED_CAPPED.format(n=capped)
+    blocks = [
+        DividerBlock().to_dict(),
+        HeaderBlock(text=PlainTextObject(text=texts.HOME_SUGGESTED_TITLE)).to_dict(),
+        context(intro),
+    ]
+    for rule in rules[:SUGGESTIONS_MAX]:
+        effect = texts.HOME_SUGGESTED_EFFECT.format(effect=inert(rule.effect, 600))
+        blocks.append(section(f"{code(rule.snippet, 2000)}\n{effect}"))
+    return blocks
+
+
+def home_view(
+    items: Sequence[HomeItem],
+    *,
+    more: bool = False,
+    at: datetime,
+    suggestions: Sequence[SuggestedRule] = (),
+    capped: int | None = None,
+) -> dict[str, Any]:
+    """The bot's Home tab for one person: the approvals they may decide now, each with its card;
+    then, for an approver, the rules the audit suggests (`capped`: the entries read, when capped)."""
     shown = list(items[:HOME_ITEMS_MAX])
     more = more or len(items) > len(shown)
     blocks: list[dict[str, Any]] = [
@@ -64,4 +98,6 @@ def home_view(items: Sequence[HomeItem], *, more: bool = False, at: datetime) ->
         blocks += [DividerBlock().to_dict(), _home_item(item)]
     if more:
         blocks.append(context(texts.HOME_MORE))
+    if suggestions:
+        blocks += _suggested(suggestions, capped)
     return View(type="home", blocks=blocks).to_dict()

@@ -155,6 +155,13 @@ HOME_UPDATED = "Approvals you may decide now, the soonest to expire first. As of
 HOME_EMPTY = "Nothing is waiting on you: there is no open approval you may decide right now."
 HOME_MORE = "…and more are waiting on you: decide some of these, then open this tab again."
 HOME_OPEN_CARD = "Open the card"
+HOME_SUGGESTED_TITLE = "Suggested rules"
+HOME_SUGGESTED_INTRO = (
+    "Calls people here approved at least {n} times and never declined in the last {days} days. "
+    "To stop being asked, add a rule to the config file (then reload):"
+)
+HOME_SUGGESTED_EFFECT = "Replaying the recorded calls with it: {effect}."
+HOME_SUGGESTED_CAPPED = "(only the newest {n} entries of the audit were read)"
 HOME_NO_LINK = "(its card's link could not be read: find the card in that channel)"
 
 # Stopping a run (the Stop button, Slack's own stop) and limits that ask (on_limit = "ask").

@@ -8,6 +8,7 @@ reminder mentioning the group SLEADS and UBOSS, who may then decide it too; call
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -282,3 +283,24 @@ def test_an_empty_home_tab_says_so(stack: Stack) -> None:
     home = home_of(stack, "UNOBODY")
     assert texts.HOME_EMPTY in home and texts.HOME_TITLE in home
     assert "Open the card" not in home
+
+
+def test_suggested_rules_show_on_approvers_home_tabs_only(stack: Stack) -> None:
+    """Ten approvals of writes under `sug<b>&/` (as the audit records them) and no decline:
+    an approver's Home tab offers the rule, escaped in a code block, with what replay would change;
+    a requester who approves nothing is not shown it."""
+    store = Store(redis.Redis.from_url(stack.redis_url))
+    client = redis.Redis.from_url(stack.redis_url)
+    for n in range(10):
+        ids = {"run_id": f"rsuggest{n}", "call_id": f"toolu_suggest{n}", "team": "T1", "channel": "C999"}
+        arguments = {"path": f"sug<b>&/{n}.md", "content": "x"}
+        ruled = {**ids, "event": "ruled", "at": time.time(), "profile": "", "tool": "write_file"}
+        ruled |= {"source": "builtin", "tier": "ask", "why": "policy.default", "input": arguments}
+        client.xadd(Keys.audit_calls(), {"entry": json.dumps(ruled)})
+        store.append_audit({**ids, "verdict": "approved", "by": "UANN", "tool": "write_file"})
+    home = home_of(stack, "UANN")
+    assert texts.HOME_SUGGESTED_TITLE in home
+    assert '```\\n[[policy.rules]]\\ntool = "write_file"\\nargs = { path = "sug&lt;b&gt;&amp;/**" }' in home
+    assert "<b>" not in home and "10 would change: 10 ask→allow." in home  # other tests ruled calls too
+    stranger = home_of(stack, "UDAVE")
+    assert texts.HOME_SUGGESTED_TITLE not in stranger and "sug&lt;b&gt;" not in stranger

@@ -18,8 +18,8 @@ from bot.listening import (
     Then,
 )
 from harness.state import StateError
-from messages.home import HOME_ITEMS_MAX, HomeItem, home_view
-from workers import deciders
+from messages.home import HOME_ITEMS_MAX, HomeItem, SuggestedRule, home_view
+from workers import deciders, suggestions
 from workers.store import (
     BadId,
     OpenPark,
@@ -50,7 +50,8 @@ def _home_publisher(deps: BotDeps) -> Callable[..., None]:
         team, user = wanted
         items, more = waiting_on(deps, team, user)
         items = [replace(item, link=_permalink(client, item)) for item in items]
-        view = home_view(items, more=more, at=datetime.now(UTC))
+        rules, capped = suggested_rules(deps, team, user)
+        view = home_view(items, more=more, at=datetime.now(UTC), suggestions=rules, capped=capped)
         try:
             client.views_publish(user_id=user, view=view)
         except SlackApiError as exc:
@@ -101,6 +102,24 @@ def waiting_on(deps: BotDeps, team: str, user: str) -> tuple[list[HomeItem], boo
             break  # enough to fill the tab and to know there is more
     deps.store.drop_from_index(team, over, requesters)
     return items[:HOME_ITEMS_MAX], len(items) > HOME_ITEMS_MAX
+
+
+def suggested_rules(deps: BotDeps, team: str, user: str) -> tuple[list[SuggestedRule], int | None]:
+    """The rules the audit suggests for the levels (the top level, each profile) whose approvers
+    name `user`, and how many entries were read when that was capped; nothing for anyone else.
+
+    At most `suggestions.SCAN_MAX` of the newest entries of each stream are read (two round trips).
+    """
+    config = deps.config
+    levels = {"": config.approvals, **{p.name: p.settings.approvals for p in config.profiles}}
+    mine = {name for name, a in levels.items() if a.approvers and _is_named(deps, team, user, a.approvers)}
+    if not mine:
+        return [], None
+    decisions = deps.store.audit_entries(suggestions.SCAN_MAX)
+    calls = deps.store.call_entries(suggestions.SCAN_MAX)
+    found = suggestions.suggest(config, decisions, calls, now=time.time(), team=team, profiles=mine)
+    capped = max(len(decisions), len(calls)) >= suggestions.SCAN_MAX
+    return [SuggestedRule(s.snippet, s.effect) for s in found], suggestions.SCAN_MAX if capped else None
 
 
 def _home_candidates(deps: BotDeps, team: str, user: str, now: float) -> list[OpenPark]:
