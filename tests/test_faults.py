@@ -306,7 +306,7 @@ def test_a_worker_killed_while_parking_posts_every_card_once_and_stays_clickable
     )
     stack.settled()
     assert len(cards(stack, "C21", ts)) == 2  # every card exactly once
-    assert len([m for m in posts(stack, "C21", ts) if "approve_all" in str(m["blocks"])]) == 1  # and the batch
+    assert len([m for m in posts(stack, "C21", ts) if "approve_all" in str(m["blocks"])]) == 1  # batch: once
     conn = redis.Redis.from_url(stack.redis_url)
     assert conn.zscore(Keys.expiries(), f"{record.run_id}:1") is not None  # its expiry is scheduled
     for card in cards(stack, "C21", ts):
