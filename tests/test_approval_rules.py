@@ -84,7 +84,7 @@ def test_the_audit_command_reads_one_entry_of_every_kind_the_code_writes(
         time.time() + 60,
     )
     decide(4, Decision(Verdict.APPROVED, by="UANN", grant="given"), grant=grant)
-    store.append_audit(  # a call a standing grant let run (workers.jobs._apply_grants)
+    store.append_audit(  # a call a standing grant let run (workers.granting.apply_grants)
         {
             "run_id": run.run_id,
             "call_id": "toolu_9",

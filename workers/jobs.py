@@ -49,19 +49,16 @@ from harness.state import (
 from harness.valves import Stop, Valve, token_limit
 from messages import cards, endings, texts, turns
 from messages.blocks import Message, notice
-from workers import budgets, deciders, logs, metrics, outbox, rulings, thread_status
+from workers import budgets, deciders, granting, logs, metrics, outbox, rulings, thread_status
 from workers.driver import Driver, park_ttl
 from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
 from workers.store import (
     BATCH,
     LIMIT_CALL,
-    BadId,
     DecideOutcome,
-    Grant,
     RunRecord,
     RunStatus,
     Store,
-    grant_slot,
     rulings_write,
 )
 
@@ -122,7 +119,7 @@ def apply_decisions(run_id: str) -> None:
     if record is None or record.status is not RunStatus.AWAITING_APPROVAL:
         return
     calls = _pending_by_id(record)
-    decisions = _spread_grants(svc, record, calls, svc.store.decisions(run_id, record.park_id))
+    decisions = granting.spread_grants(svc, record, calls, svc.store.decisions(run_id, record.park_id))
     if decisions and all(d is not None for d in decisions.values()):
         drive(run_id)  # the resume updates every card
         return
@@ -141,58 +138,6 @@ def apply_decisions(run_id: str) -> None:
         elif decision is not None and svc.store.first_card_update(run_id, record.park_id, call_id):
             msg = _decided_card(record, calls[call_id], decision)
             svc.update(record.channel, card, msg.text, msg.blocks)
-
-
-def _spread_grants(
-    svc: Services, record: RunRecord, calls: dict[str, PendingCall], decisions: dict[str, Decision | None]
-) -> dict[str, Decision | None]:
-    """A grant given on one card covers the park's other calls in its scope: decide them (each
-    spending a use), say so once."""
-    out = dict(decisions)
-    for call_id, decision in decisions.items():
-        if decision is None or decision.grant != "given" or call_id not in calls:
-            continue
-        grant = _announce_grant(svc, record, calls[call_id].name, decision.grant_dir or "")
-        for other_id, other in decisions.items():
-            sibling = calls.get(other_id)
-            if grant is None or other is not None or sibling is None or sibling.name != grant.tool:
-                continue
-            used = _use_grant(svc, record, sibling, [grant])
-            if used is None:
-                continue
-            result = svc.store.decide(
-                record.run_id,
-                record.park_id,
-                other_id,
-                used[1],
-                audit=record.audit_fields(sibling),
-                fingerprint=sibling.fingerprint,
-            )
-            out[other_id] = result.decision
-    return out
-
-
-def _announce_grant(svc: Services, record: RunRecord, tool: str, directory: str) -> Grant | None:
-    """The thread's standing grant of `tool` (under `directory`); the first to see it posts the
-    notice with Revoke."""
-    try:
-        grant = svc.store.grant(record.team, record.channel, record.thread_ts, tool, grant_slot(directory))
-    except BadId:
-        return None
-    if grant is None or grant.requester != record.requester:
-        return None
-    if svc.store.first_card_update(record.run_id, record.park_id, f"grant-{tool}-{grant.slot}"[:128]):
-        note = cards.grant_notice(
-            tool=tool,
-            by=grant.by,
-            requester=grant.requester,
-            until=datetime.fromtimestamp(grant.until, UTC),
-            value=f"{record.run_id}:{tool}" + (f":{grant.slot}" if grant.slot else ""),
-            directory=grant.directory,
-            uses=grant.uses,
-        )
-        svc.post(record.channel, record.thread_ts, note.text, note.blocks)
-    return grant
 
 
 def drive(run_id: str, *, recovering: bool = False) -> None:
@@ -422,7 +367,7 @@ def _end(driver: Driver, status: RunStatus, valve: str = "") -> str | None:
 def _park(
     svc: Services, driver: Driver, state: RunState, agent: Agent, outcome: AwaitingApproval
 ) -> str | None:
-    state, waiting = _apply_grants(svc, driver.record, state, outcome.calls)
+    state, waiting = granting.apply_grants(svc, driver.record, state, outcome.calls)
     if not waiting:
         driver.save(state=state.to_json())
         return _advance(svc, driver, state)
@@ -514,67 +459,6 @@ def _call_tool_info(agent: Agent, call: PendingCall, intent: str) -> dict[str, A
     return info
 
 
-def _apply_grants(
-    svc: Services, record: RunRecord, state: RunState, calls: tuple[PendingCall, ...]
-) -> tuple[RunState, tuple[PendingCall, ...]]:
-    """Calls that a standing grant of this thread covers are approved by it; the rest still wait.
-
-    A grant covers `ask` calls of its tool (under its directory, if scoped) in runs of its requester
-    only, while it has uses left; `deny` never reaches here.
-    """
-    granted: dict[str, Decision] = {}
-    for call in calls:
-        used = _use_grant(svc, record, call, _grants_for(svc, record, call))
-        if used is None:
-            continue
-        grant, granted[call.id] = used
-        svc.store.append_audit(
-            {
-                "run_id": record.run_id,
-                "call_id": call.id,
-                **record.audit_fields(call),
-                **granted[call.id].to_json(),
-                "grant_until": grant.until,
-            }
-        )
-    if not granted:
-        return state, calls
-    state = record_decisions(state, granted)
-    return state, tuple(c for c in calls if c.id not in granted)
-
-
-def _grants_for(svc: Services, record: RunRecord, call: PendingCall) -> list[Grant]:
-    """The thread's standing grants of the call's tool whose scope holds it, given for this requester."""
-    try:
-        found = svc.store.covering(record.team, record.channel, record.thread_ts, call.name, call.input)
-    except BadId:
-        return []
-    return [g for g in found if g.requester == record.requester]
-
-
-def _use_grant(
-    svc: Services, record: RunRecord, call: PendingCall, grants: list[Grant]
-) -> tuple[Grant, Decision] | None:
-    """The first of `grants` that covers `call` and still has a use to spend on it, and the decision
-    that says so; None when none does (the call asks)."""
-    for grant in grants:
-        if grant.tool != call.name or not grant.covers(call.input):
-            continue
-        spent = svc.store.take_grant(grant, f"{record.run_id}:{call.id}")
-        if spent is None:
-            continue
-        decision = Decision(
-            Verdict.APPROVED,
-            by=spent.by,
-            grant="used",
-            grant_dir=spent.directory or None,
-            grant_uses=spent.uses,
-            grant_left=spent.left,
-        )
-        return spent, decision
-    return None
-
-
 def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
     """Resume a parked run once every call is decided; else let it go (it stays parked)."""
     while True:
@@ -600,7 +484,7 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
     state = record_decisions(state, {k: v for k, v in decisions.items() if v is not None})
     for call in state.pending:  # a grant clicked before the park settled: its notice is still due
         if call.decision is not None and call.decision.grant == "given":
-            _announce_grant(svc, record, call.name, call.decision.grant_dir or "")
+            granting.announce_grant(svc, record, call.name, call.decision.grant_dir or "")
     shown = view.cards_updated
     for call in state.pending:
         if call.decision is not None and call.id in record.cards and call.id not in shown:
