@@ -13,7 +13,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -86,29 +86,46 @@ def escalate_due(svc: Services, now: float) -> int:
     one posts. A park decided (or expired) meanwhile gets no reminder. A post Slack refused is
     tried again later (before the expiry), unless the thread shows it did arrive.
     """
+    claimed = svc.store.claim_due_escalations(now)
+    return _post_due(svc, claimed, _reminder, svc.store.schedule_escalation, "escalation reminder", now)
+
+
+Due = tuple[str, str, Any, float, str]  # channel, thread, message, the park's expiry, its outbox key
+
+
+def _post_due(
+    svc: Services,
+    claimed: Iterable[tuple[str, int]],
+    build: Callable[[Services, str, int, float], Due | None],
+    again: Callable[[str, int, float], object],
+    what: str,
+    now: float,
+) -> int:
+    """Post the message `build` makes for each claimed park, at most once (a post whose answer was
+    lost is found in the thread); one Slack refused is scheduled `again` before the expiry."""
     posted = 0
-    for run_id, park_id in svc.store.claim_due_escalations(now):
+    for run_id, park_id in claimed:
         try:
-            reminder = _reminder(svc, run_id, park_id, now)
+            due = build(svc, run_id, park_id, now)
         except Exception:  # one unreadable run must not keep the others from their reminders
-            log.exception("run %s: cannot build its escalation reminder", run_id)
+            log.exception("run %s: cannot build its %s", run_id, what)
             continue
-        if reminder is None:
-            log.info("run %s park %d: decided (or expired) in time, no escalation reminder", run_id, park_id)
+        if due is None:
+            log.info("run %s park %d: decided (or expired) in time, no %s", run_id, park_id, what)
             continue
-        channel, thread_ts, msg, expires_at = reminder
-        tag = {"run": run_id, "key": f"escalation-{park_id}"}
-        if tag["key"] in (svc.find_posted(channel, thread_ts, run_id) or {}):
+        channel, thread_ts, msg, expires_at, key = due
+        tag = {"run": run_id, "key": key}
+        if key in (svc.find_posted(channel, thread_ts, run_id) or {}):
             continue  # an earlier attempt did post it (its answer was lost): never twice
         if svc.post(channel, thread_ts, msg.text, msg.blocks, tag=tag):
-            log.info("run %s park %d: escalation reminder posted", run_id, park_id)
+            log.info("run %s park %d: %s posted", run_id, park_id, what)
             posted += 1
         elif now + ESCALATION_RETRY_SECONDS < expires_at:
-            svc.store.schedule_escalation(run_id, park_id, now + ESCALATION_RETRY_SECONDS)
+            again(run_id, park_id, now + ESCALATION_RETRY_SECONDS)
     return posted
 
 
-def _reminder(svc: Services, run_id: str, park_id: int, now: float) -> tuple[str, str, Any, float] | None:
+def _reminder(svc: Services, run_id: str, park_id: int, now: float) -> Due | None:
     """Where to post the reminder of park `park_id` of `run_id`, and what; None if it is not due one."""
     record = svc.store.load_run(run_id)
     if record is None or record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park_id:
@@ -126,37 +143,20 @@ def _reminder(svc: Services, run_id: str, park_id: int, now: float) -> tuple[str
         escalate_to=svc.settings_of(record).approvals.escalate_to,
         expires_at=expires_at,
     )
-    return record.channel, record.thread_ts, msg, record.expires_at
+    return record.channel, record.thread_ts, msg, record.expires_at, f"escalation-{park_id}"
 
 
 def remind_due(svc: Services, now: float) -> int:
     """Post the reminder, with Extend, of every park whose time before expiry has come; returns how
     many. Claimed as escalations are (one watchdog posts); a park decided or expired meanwhile gets
     none; one Slack refused is tried again later (before the expiry)."""
-    posted = 0
-    for run_id, park_id in svc.store.claim_due_reminders(now):
-        try:
-            reminder = _expiry_reminder(svc, run_id, park_id, now)
-        except Exception:  # one unreadable run must not keep the others from their reminders
-            log.exception("run %s: cannot build its reminder before expiry", run_id)
-            continue
-        if reminder is None:
-            continue
-        channel, thread_ts, msg, expires_at, extensions = reminder
-        tag = {"run": run_id, "key": f"reminder-{park_id}-{extensions}"}
-        if tag["key"] in (svc.find_posted(channel, thread_ts, run_id) or {}):
-            continue  # an earlier attempt did post it (its answer was lost): never twice
-        if svc.post(channel, thread_ts, msg.text, msg.blocks, tag=tag):
-            log.info("run %s park %d: reminder before expiry posted", run_id, park_id)
-            posted += 1
-        elif now + ESCALATION_RETRY_SECONDS < expires_at:
-            svc.store.schedule_reminder(run_id, park_id, now + ESCALATION_RETRY_SECONDS)
-    return posted
+    claimed = svc.store.claim_due_reminders(now)
+    return _post_due(
+        svc, claimed, _expiry_reminder, svc.store.schedule_reminder, "reminder before expiry", now
+    )
 
 
-def _expiry_reminder(
-    svc: Services, run_id: str, park_id: int, now: float
-) -> tuple[str, str, Any, float, int] | None:
+def _expiry_reminder(svc: Services, run_id: str, park_id: int, now: float) -> Due | None:
     """Where to post park `park_id`'s reminder before expiry, and what; None if it is due none."""
     record = svc.store.load_run(run_id)
     if record is None or record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park_id:
@@ -180,7 +180,7 @@ def _expiry_reminder(
         extensions=extensions,
         max_extensions=approvals.max_extensions,
     )
-    return record.channel, record.thread_ts, msg, expires, extensions
+    return record.channel, record.thread_ts, msg, expires, f"reminder-{park_id}-{extensions}"
 
 
 def work() -> int:
