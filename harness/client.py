@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anthropic
@@ -81,3 +82,19 @@ def warm_up() -> None:
             "usage": {"input_tokens": 1, "output_tokens": 1},
         }
     )
+
+
+def streamed_reply(
+    client: anthropic.Anthropic, request: dict[str, Any], on_text: Callable[[str], None]
+) -> Any:
+    """The reply to `request`, streamed (`messages.stream`): `on_text` gets each piece of its text as
+    the model writes it, and the message returned is the one `messages.create` would have given.
+
+    The SDK retries the opening request as `create` does; a stream cut off midway raises, and the
+    reply counts as not received (the step is made again).
+    """
+    with client.messages.stream(**request) as stream:
+        for event in stream:
+            if event.type == "text" and event.text:
+                on_text(event.text)
+        return stream.get_final_message()

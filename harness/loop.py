@@ -18,7 +18,7 @@ from typing import Any
 import anthropic
 
 from harness import texts
-from harness.client import make_client
+from harness.client import make_client, streamed_reply
 from harness.config import Config, Limits
 from harness.context import TokenMemo, fit_images, prompt_tokens, within_input_limit, without_old_images
 from harness.policy import Policy, Tier
@@ -140,6 +140,26 @@ Event = ToolsRequested | ToolReturned | TurnDone | WrappedUp
 
 
 @dataclass(frozen=True)
+class TextWritten:
+    """A piece of the reply's text, as the model writes it (before the reply is whole)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class CallRunning:
+    """`call` of `turn` is about to run (its write-ahead mark, if it needs one, is saved)."""
+
+    turn: int
+    call: PendingCall
+
+
+# What a front end with a live view (`Agent.live`) sees as it happens, before the step returns:
+# the reply's words, and each call as it starts and as it returns.
+LiveEvent = TextWritten | CallRunning | ToolReturned
+
+
+@dataclass(frozen=True)
 class StepResult:
     state: RunState
     outcome: Outcome | None = None
@@ -168,6 +188,9 @@ class Agent:
     # The daily budgets (the worker's; `python -m harness` has none): asked before every model
     # request, after the other valves, and told what each reply cost.
     budget: Budget | None = None
+    # A live view of the run (Slack's streaming message): with it, every reply is streamed and its
+    # words, and each call as it starts and returns, are handed to it as they happen.
+    live: Callable[[LiveEvent], None] | None = None
     # The input-size estimates of messages already seen (this agent's runs; see `harness.context`).
     token_memo: TokenMemo = field(default_factory=TokenMemo, compare=False, repr=False)
 
@@ -273,14 +296,22 @@ def _over_budget(state: RunState, agent: Agent, request: dict[str, Any]) -> Stop
 def _create(agent: Agent, request: dict[str, Any]) -> Any:
     """Make the model request; the budget is told what it cost (nothing, when it failed)."""
     if agent.budget is None:
-        return agent.client.messages.create(**request)
+        return _request(agent, request)
     cost = Usage()
     try:
-        message = agent.client.messages.create(**request)
+        message = _request(agent, request)
         cost = _usage(message.usage)
         return message
     finally:
         agent.budget.spent(cost)
+
+
+def _request(agent: Agent, request: dict[str, Any]) -> Any:
+    """The reply to `request`: streamed to the live view, when there is one."""
+    live = agent.live
+    if live is None:
+        return agent.client.messages.create(**request)
+    return streamed_reply(agent.client, request, lambda piece: live(TextWritten(piece)))
 
 
 def _append_assistant(
@@ -453,9 +484,14 @@ def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
             if stop := _stop_requested(agent):  # it never started: answered as not run, not as unknown
                 return _stop_mid_turn(state, stop, events)
             state, call = marked, marked.pending[index]
+        if agent.live is not None:
+            agent.live(CallRunning(state.turns, call))
         call = replace(call, result=_answer(agent, call))
         state = _with_call(state, index, call)
-        events.append(ToolReturned(state.turns, call))
+        returned = ToolReturned(state.turns, call)
+        if agent.live is not None:
+            agent.live(returned)
+        events.append(returned)
     results = fit_images([_tool_result(c.id, c.result) for c in state.pending if c.result is not None])
     events.append(TurnDone(state.turns, state.pending, state.usage.total))
     state = replace(

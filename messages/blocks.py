@@ -35,7 +35,6 @@ class Message:
     text: str
     blocks: list[dict[str, Any]]
     attachment: Attachment | None = None
-    stream: str | None = None  # Markdown to stream into the thread before the message settles as above
 
 
 def section(mrkdwn: str) -> dict[str, Any]:

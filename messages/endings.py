@@ -28,7 +28,6 @@ from messages.markdown import FENCE
 from messages.text import (
     ELLIPSIS,
     answer_mrkdwn,
-    escape,
     inert,
     mention,
     mrkdwn_prefix_len,
@@ -84,8 +83,7 @@ def final_answer(answer: str, turns: int, requests: int, *, run_id: str | None =
     """The model's answer (its Markdown as mrkdwn, escaped, split over sections), the footer, and
     with `run_id` Slack's feedback buttons (`feedback`: ``good:RUN`` or ``bad:RUN``).
 
-    An answer longer than a message can hold is cut, says so, and comes whole as a file. `stream`
-    is the answer as Slack streams it first (escaped Markdown), before the message settles.
+    An answer longer than a message can hold is cut, says so, and comes whole as a file.
     """
     footer = _footer(turns, requests)
     feedback = [] if run_id is None else [feedback_buttons(run_id)]
@@ -101,9 +99,8 @@ def final_answer(answer: str, turns: int, requests: int, *, run_id: str | None =
     whole = (
         Attachment("answer.md", texts.ANSWER_FILE_TITLE, visible(answer, answer=True)) if cut_off[0] else None
     )
-    streamed = escape(visible(answer.strip(), answer=True)) or None  # inert while it streams too
     text = with_tail(answer, footer, mode="answer")
-    return Message(text=text, blocks=blocks, attachment=whole, stream=streamed)
+    return Message(text=text, blocks=blocks, attachment=whole)
 
 
 def feedback_buttons(run_id: str) -> dict[str, Any]:

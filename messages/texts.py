@@ -232,6 +232,8 @@ LIMIT_EXPIRED_REASON = "{reason} Nobody chose Continue or Stop before the questi
 # What Slack shows while a run works (workers.thread_status): the assistant thread's status line,
 # which Slack shows as "harness <status>"; and what a new thread of the assistant pane suggests.
 STATUS_WORKING = "is working on it…"
+TASK_WAITING = "Waiting for approval: see its card below."
+LIVE_ENDED = "_This turn ended before its calls were decided._"
 STATUS_WAITING_ON_YOU = "is waiting for your decision on the card above"
 STATUS_WAITING_ON_APPROVERS = "is waiting for a decision from an approver"
 SUGGESTED_PROMPTS_TITLE = "Try one of these"

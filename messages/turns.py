@@ -21,9 +21,10 @@ from messages.arguments import args_json
 from messages.blocks import Attachment, Message, blocks_size, context, section, with_tail
 from messages.limits import BLOCKS_JSON_MAX, BUTTON_VALUE_MAX, SECTION_MAX
 from messages.markdown import FENCE, FENCE_SAFE
-from messages.text import inline, mention, plural, quoted, visible
+from messages.text import answer_mrkdwn, inline, mention, mrkdwn_prefix_len, plural, quoted, units, visible
 
 ARG_LIMIT = 300  # per call in a turn summary
+SAID_MAX = 1500  # characters of the model's words before its calls, in a turn summary
 RESULT_FILE_MIN = 2000  # a tool result longer than this also comes whole, in a file with its turn
 RESULT_LIMIT = 300
 
@@ -88,9 +89,19 @@ def _pack_sections(lines: Sequence[str]) -> list[dict[str, Any]]:
     return [section(s) for s in sections]
 
 
-def turn_summary(turn: int, calls: Sequence[PendingCall], tokens: int, budget: int) -> Message:
-    """One message per turn: each call with its arguments and outcome, and the tokens used so far."""
+def turn_summary(
+    turn: int, calls: Sequence[PendingCall], tokens: int, budget: int, *, said: str = ""
+) -> Message:
+    """One message per turn: each call with its arguments and outcome, and the tokens used so far.
+
+    `said`: what the model wrote before its calls, shown first (the turn's live message showed it
+    as it was written; the summary it settles into keeps it).
+    """
     usage = f"{tokens:,} / {budget:,} tokens used"
+    words = answer_mrkdwn(said)
+    if units(words) > SAID_MAX:
+        words = words[: mrkdwn_prefix_len(words, SAID_MAX - 1)] + "…"
+    said_blocks = [section(words)] if words else []
     limit = max(60, min(ARG_LIMIT, 6000 // max(len(calls), 1)))
     lines = [_call_line(call, limit) for call in calls]
     head = f"*Turn {turn}*" + ("" if calls else " (no tool calls)")
@@ -98,7 +109,7 @@ def turn_summary(turn: int, calls: Sequence[PendingCall], tokens: int, budget: i
     def build(shown: int) -> list[dict[str, Any]]:
         rest = len(lines) - shown
         tail = [f"…and {rest} more call{'s' if rest != 1 else ''}"] if rest else []
-        return [*_pack_sections([head, *lines[:shown], *tail]), context(usage)]
+        return [*said_blocks, *_pack_sections([head, *lines[:shown], *tail]), context(usage)]
 
     def fits(blocks: list[dict[str, Any]]) -> bool:
         return len(blocks) <= 50 and blocks_size(blocks) <= BLOCKS_JSON_MAX

@@ -508,15 +508,14 @@ def test_the_answer_streams_into_the_thread_then_settles_and_a_refused_stream_fa
     methods = [c.method for c in stack.slack.calls if c.params.get("channel") == channel]
     streamed = [m for m in methods if m.startswith("chat.") and "Stream" in m]
     assert streamed[0] == "chat.startStream" and streamed[-1] == "chat.stopStream"
-    assert streamed.count("chat.appendStream") == 3  # 1,021 characters in chunks of 400
     start = next(
         c for c in stack.slack.calls if c.method == "chat.startStream" and c.params["channel"] == channel
     )
     assert (start.params["recipient_team_id"], start.params["recipient_user_id"]) == ("T1", "UALICE")
     appended = "".join(
-        c.params["markdown_text"]
+        c.params.get("markdown_text") or ""
         for c in stack.slack.calls
-        if c.method == "chat.appendStream" and c.params["channel"] == channel
+        if "Stream" in c.method and c.params["channel"] == channel
     )
     assert "<!here>" not in appended and "&lt;!here&gt;" in appended  # inert while it streams too
     assert answer["blocks"][0]["text"]["text"].startswith("*Streamed* &lt;!here&gt;")  # then settled

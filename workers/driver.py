@@ -23,6 +23,7 @@ from harness.state import PendingCall, RunState, StateError
 from messages import texts, turns
 from messages.blocks import Message, notice
 from workers import outbox
+from workers.live import LiveView
 from workers.services import Services
 from workers.store import (
     DAY,
@@ -82,6 +83,7 @@ class Driver:
         self._stop_seen: tuple[str | None, float] | None = None  # (who pressed Stop, when) per the last save
         self._beside: list[Beside] = []  # what the next save carries (a step's metrics)
         self._encoder = RecordEncoder()  # packs the conversation a message at a time, save after save
+        self.live: LiveView | None = None  # what Slack shows of the run as it happens (workers.live)
 
     def __enter__(self) -> Driver | None:
         took, raw = self.svc.store.acquire_and_read(self.run_id, self.token, self.seconds)
@@ -176,9 +178,12 @@ class Driver:
             return seen[0]
         return self.svc.store.stop_requested(self.run_id)
 
-    def owe(self, msg: Message, role: str = outbox.MESSAGE, call: str | None = None) -> None:
-        """Owe Slack a post in the thread; the next save stores the debt, `deliver` pays it."""
-        self.record = outbox.owe_post(self.record, msg, role, call)
+    def owe(
+        self, msg: Message, role: str = outbox.MESSAGE, call: str | None = None, *, live: str | None = None
+    ) -> None:
+        """Owe Slack a post in the thread (settling live message `live`, if given); the next save
+        stores the debt, `deliver` pays it."""
+        self.record = outbox.owe_post(self.record, msg, role, call, live=live)
 
     def deliver(self) -> None:
         """Pay what the run owes Slack. Not saved here: the next write drops the paid debts."""

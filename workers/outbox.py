@@ -17,7 +17,7 @@ from typing import Any
 from messages import texts
 from messages.blocks import Message, notice
 from workers.services import Services, file_key, upload_name
-from workers.store import DAY, Keys, RunRecord
+from workers.store import Keys, RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +27,19 @@ FAILURE = "failure"  # a failure with a Retry button: its ts is RunRecord.failur
 MESSAGE = "message"  # anything else
 
 
-def owe_post(record: RunRecord, msg: Message, role: str = MESSAGE, call: str | None = None) -> RunRecord:
-    """`record` owing one more post in its thread (and the file that comes with it, if any)."""
+def owe_post(
+    record: RunRecord, msg: Message, role: str = MESSAGE, call: str | None = None, *, live: str | None = None
+) -> RunRecord:
+    """`record` owing one more post in its thread (and the file that comes with it, if any).
+
+    `live`: the ts of the live message (`workers.live`) that showed it happening; the post settles
+    into that message, or, when it cannot, replaces it.
+    """
     key = str(record.posted + 1)
     entry: dict[str, Any] = {"op": "post", "key": key, "role": role, "call": call, "text": msg.text}
     entry["blocks"] = msg.blocks
-    if msg.stream:
-        entry["stream"] = msg.stream
+    if live:
+        entry["live"] = live
     owed = [entry]
     if msg.attachment is not None:
         file = msg.attachment
@@ -71,7 +77,7 @@ def deliver(svc: Services, record: RunRecord, *, reconcile: bool) -> RunRecord:
     cards = dict(record.cards)
     failure_ts = record.failure_ts
     for entry in record.outbox:
-        ts = _pay(svc, record, entry, posted, reconcile=reconcile)
+        ts = _pay(svc, record, entry, posted)
         if ts and entry.get("role") == CARD and entry.get("call"):
             cards[entry["call"]] = ts
         elif ts and entry.get("role") == FAILURE:
@@ -79,48 +85,26 @@ def deliver(svc: Services, record: RunRecord, *, reconcile: bool) -> RunRecord:
     return replace(record, outbox=[], cards=cards, failure_ts=failure_ts)
 
 
-def _stream(
-    svc: Services, record: RunRecord, entry: dict[str, Any], tag: dict[str, str], *, reconcile: bool
-) -> str | None:
-    """Stream a post into the thread, then settle it as the post: its ts, or None to post it instead.
-
-    The stream's ts is kept in Redis while it streams: a driver that dies mid-stream leaves it
-    there, and the next one closes that stream and settles it, rather than leaving it open and
-    posting the answer a second time.
-    """
-    key = Keys.stream(record.run_id, entry["key"])
-    orphan = svc.store.redis.get(key) if reconcile else None  # only a driver that died leaves one
-    if orphan is not None:
-        ts = orphan.decode() if isinstance(orphan, bytes) else str(orphan)
-        if svc.finish_stream(record.channel, ts, entry["text"], entry["blocks"], tag):
-            svc.store.redis.delete(key)
-            return ts
-    streamed = svc.stream(
-        record.channel,
-        record.thread_ts,
-        entry["stream"],
-        entry["text"],
-        entry["blocks"],
-        tag=tag,
-        recipient=(record.team, record.requester),
-        started=lambda ts: svc.store.redis.set(key, ts, ex=DAY),
-    )
-    svc.store.redis.delete(key)
-    return streamed
+def _settle(svc: Services, record: RunRecord, entry: dict[str, Any], tag: dict[str, str]) -> str | None:
+    """Settle the live message that showed a post happening as the post: its ts, or None (then it
+    is taken out of the thread, and the post goes out whole as a message of its own)."""
+    ts = entry["live"]
+    msg = (entry["text"], entry["blocks"])
+    settled = svc.settle_live(record.channel, record.thread_ts, ts, msg, tag)
+    if not settled:
+        svc.discard_live(record.channel, ts)
+    svc.store.redis.srem(Keys.live(record.run_id), ts)
+    return ts if settled else None
 
 
-def _pay(
-    svc: Services, record: RunRecord, entry: dict[str, Any], posted: dict[str, str], *, reconcile: bool
-) -> str | None:
+def _pay(svc: Services, record: RunRecord, entry: dict[str, Any], posted: dict[str, str]) -> str | None:
     op = entry["op"]
     if op == "post":
         if entry["key"] in posted:
             return posted[entry["key"]]
         tag = {"run": record.run_id, "key": entry["key"]}
-        if entry.get("stream"):
-            streamed = _stream(svc, record, entry, tag, reconcile=reconcile)
-            if streamed:
-                return streamed
+        if entry.get("live") and (settled := _settle(svc, record, entry, tag)):
+            return settled
         return svc.post(record.channel, record.thread_ts, entry["text"], entry["blocks"], tag=tag)
     if op == "upload":
         if file_key(entry["key"]) in posted:

@@ -9,7 +9,7 @@ import os
 import re
 import ssl
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ from slack_sdk.http_retry.builtin_handlers import (
 from harness.client import make_client
 from harness.config import Config, load_config
 from harness.tools.catalog import Catalog
+from workers.live import LiveStreams
 from workers.slack_http import KeepAliveWebClient
 from workers.store import DAY, QueuedJob, RunRecord, Store
 
@@ -45,7 +46,6 @@ RUN_JOB_TIMEOUT = 3600  # a whole run between two parks: (max_turns + 1) request
 MESSAGE_EVENT_TYPE = "harness_message"  # Slack message metadata that names a run's post
 RETRY_INTERVALS = [1, 5, 15]
 COURTESY_TIMEOUT = 5  # seconds: a status line is not worth a stalled run
-STREAM_CHUNK = 400  # characters per chat.appendStream
 COURTESY_MAX_WAIT = 5  # seconds of a 429's Retry-After a courtesy call waits out (once); longer: skipped
 
 
@@ -314,56 +314,46 @@ class Services:
             return None
         return found
 
-    def stream(
+    @functools.cached_property
+    def live_streams(self) -> LiveStreams:
+        """The process's live messages (`workers.live`) and the pacing of stream writes per thread."""
+        return LiveStreams()
+
+    def settle_live(
         self,
         channel: str,
         thread_ts: str,
-        markdown: str,
-        text: str,
-        blocks: list[dict[str, Any]],
-        *,
+        ts: str,
+        msg: tuple[str, list[dict[str, Any]]],
         tag: dict[str, str],
-        recipient: tuple[str, str],
-        started: Callable[[str], object],
-    ) -> str | None:
-        """Stream `markdown` into the thread (`chat.startStream`, `appendStream`), then stop the
-        stream and settle the message as `text` and `blocks`, tagged like a post. Its ts, or None
-        when Slack refused to stream (the caller posts instead). `started` gets the ts first.
-        """
-        team, user = recipient
-        try:
-            opened = self.slack.chat_startStream(
-                channel=channel, thread_ts=thread_ts, recipient_team_id=team, recipient_user_id=user
-            )
-            ts = str(opened["ts"])
-        except (SlackApiError, OSError) as exc:
-            log.info("cannot stream into %s/%s (%s): posting instead", channel, thread_ts, _slack_error(exc))
-            return None
-        started(ts)
-        try:
-            for at in range(0, len(markdown), STREAM_CHUNK):
-                self.slack.chat_appendStream(
-                    channel=channel, ts=ts, markdown_text=markdown[at : at + STREAM_CHUNK]
-                )
-        except (SlackApiError, OSError) as exc:  # what streamed so far is replaced below all the same
-            log.warning("stream %s/%s broke off (%s); settling it", channel, ts, _slack_error(exc))
-        return ts if self.finish_stream(channel, ts, text, blocks, tag) else None
-
-    def finish_stream(
-        self, channel: str, ts: str, text: str, blocks: list[dict[str, Any]], tag: dict[str, str]
     ) -> bool:
-        """Stop a stream (one already stopped is fine) and settle its message as `text` and `blocks`."""
+        """Settle live message `ts` as `msg` (text, blocks), tagged like a post: its stream stopped
+        first (by its writer, when this process runs it; one already stopped is fine)."""
+        text, blocks = msg
+        if not self.live_streams.stopped(ts):
+            try:
+                self.courtesy_slack.chat_stopStream(channel=channel, ts=ts)
+            except (SlackApiError, OSError) as exc:
+                log.debug("stopping stream %s/%s: %s", channel, ts, _slack_error(exc))
         metadata = {"event_type": MESSAGE_EVENT_TYPE, "event_payload": tag}
-        try:  # untagged until it is settled: a crash in between leaves it to be settled again
-            self.slack.chat_stopStream(channel=channel, ts=ts)
-        except (SlackApiError, OSError) as exc:
-            log.info("stopping stream %s/%s: %s", channel, ts, _slack_error(exc))
+        self.live_streams.pacer.wait(channel, thread_ts)
         try:
             self.slack.chat_update(channel=channel, ts=ts, text=text, blocks=blocks, metadata=metadata)
             return True
         except (SlackApiError, OSError) as exc:
             log.error("could not settle stream %s/%s: %s", channel, ts, _slack_error(exc))
             return False
+
+    def discard_live(self, channel: str, ts: str) -> None:
+        """Take live message `ts` out of the thread (stopped, then deleted): what it showed is
+        posted whole instead, or was never owed (a reply lost with its driver)."""
+        self.live_streams.stopped(ts)
+        with contextlib.suppress(SlackApiError, OSError):
+            self.courtesy_slack.chat_stopStream(channel=channel, ts=ts)
+        try:
+            self.slack.chat_delete(channel=channel, ts=ts)
+        except (SlackApiError, OSError) as exc:
+            log.warning("could not delete stream %s/%s: %s", channel, ts, _slack_error(exc))
 
     def upload(self, channel: str, thread_ts: str, filename: str, title: str, content: str) -> bool:
         """Post a file in a thread (`files_upload_v2`); a failure is logged, never raised.

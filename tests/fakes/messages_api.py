@@ -24,6 +24,7 @@ import hmac
 import json
 import re
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -91,6 +92,9 @@ class Reply:
     headers: tuple[tuple[str, str], ...] = ()
     # Serve the blocks' ids as scripted even when they repeat: a buggy or compromised endpoint.
     verbatim_ids: bool = False
+    # Streamed (``"stream": true``) as a model writes: text in tokens of ~4 characters, this many
+    # per second (0: the whole reply at once).
+    tokens_per_second: float = 0.0
 
     @property
     def is_error(self) -> bool:
@@ -144,8 +148,10 @@ def reply(
     stop_reason: str | None = None,
     usage: Mapping[str, int] | None = None,
     verbatim_ids: bool = False,
+    tokens_per_second: float = 0.0,
 ) -> Reply:
-    """A successful message reply; ``stop_reason`` defaults from the blocks."""
+    """A successful message reply; ``stop_reason`` defaults from the blocks; streamed at
+    ``tokens_per_second`` when asked for as a stream."""
     if stop_reason is None:
         has_tool = any(b.get("type") == "tool_use" for b in blocks)
         stop_reason = "tool_use" if has_tool else "end_turn"
@@ -155,6 +161,7 @@ def reply(
         stop_reason=stop_reason,
         usage=dict(usage) if usage else None,
         verbatim_ids=verbatim_ids,
+        tokens_per_second=tokens_per_second,
     )
 
 
@@ -553,15 +560,28 @@ def _first_user_text(body: Mapping[str, Any]) -> str:
     return ""
 
 
+TOKEN_CHARS = 4  # characters per token of a paced stream
+
+
 def _sse(message: dict[str, Any]) -> bytes:
     """Render a complete message as the Messages API's streaming event sequence."""
+    return b"".join(piece for _, piece in _sse_pieces(message, paced=False))
+
+
+def _sse_pieces(message: dict[str, Any], *, paced: bool) -> list[tuple[bool, bytes]]:
+    """The stream's events, each with whether it carries a token of text; `paced`: text deltas
+    one token each (as a model writes them), else one delta per block."""
     start = {**message, "content": [], "stop_reason": None}
     events: list[tuple[str, dict[str, Any]]] = [("message_start", {"message": start})]
     for i, block in enumerate(message["content"]):
         kind = block.get("type")
         deltas: list[dict[str, Any]] = []
         if kind == "text":
-            skeleton, deltas = {**block, "text": ""}, [{"type": "text_delta", "text": block["text"]}]
+            skeleton = {**block, "text": ""}
+            body = block["text"]
+            step = TOKEN_CHARS if paced else max(len(body), 1)
+            pieces = [body[i : i + step] for i in range(0, len(body), step)] or [""]
+            deltas = [{"type": "text_delta", "text": piece} for piece in pieces]
         elif kind == "tool_use":
             skeleton = {**block, "input": {}}
             deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block["input"])}]
@@ -580,8 +600,13 @@ def _sse(message: dict[str, Any]) -> bytes:
     stop = {"stop_reason": message["stop_reason"], "stop_sequence": None}
     events.append(("message_delta", {"delta": stop, "usage": message["usage"]}))
     events.append(("message_stop", {}))
-    out = "".join(f"event: {n}\ndata: {json.dumps({'type': n, **d})}\n\n" for n, d in events)
-    return out.encode()
+    return [
+        (
+            n == "content_block_delta" and d["delta"]["type"] == "text_delta",
+            f"event: {n}\ndata: {json.dumps({'type': n, **d})}\n\n".encode(),
+        )
+        for n, d in events
+    ]
 
 
 class _Server(ThreadingHTTPServer):
@@ -628,9 +653,35 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         for key, value in headers:
             self.send_header(key, value)
+        if isinstance(payload, _Paced):  # no length: the stream ends when the connection closes
+            self.send_header("connection", "close")
+            self.end_headers()
+            payload.write(self.wfile, fake)
+            return
         self.send_header("content-length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
+
+
+@dataclass(frozen=True)
+class _Paced:
+    """A stream written as a model writes it: a token of text every ``1 / rate`` seconds."""
+
+    pieces: list[tuple[bool, bytes]]
+    rate: float
+
+    def write(self, out: Any, fake: FakeMessagesAPI) -> None:
+        first = True
+        for is_text, piece in self.pieces:
+            if is_text and not first:
+                time.sleep(1 / self.rate)  # the model writing (what is simulated), not a wait on a test
+            out.write(piece)
+            out.flush()
+            if is_text and first:
+                first = False
+                with fake._cond:
+                    fake.first_tokens.append(time.monotonic())
+                    fake._cond.notify_all()
 
 
 class FakeMessagesAPI:
@@ -643,6 +694,8 @@ class FakeMessagesAPI:
         self._queue: deque[Reply] = deque()
         self._marker_queues: dict[str, deque[Reply]] = {}
         self._requests: list[dict[str, Any]] = []
+        # When each paced stream wrote its first token of text (``time.monotonic()``), in order.
+        self.first_tokens: list[float] = []
         self._valid: list[dict[str, Any]] = []
         self._errors: list[str] = []
         self._served_ids: set[str] = set()
@@ -775,6 +828,9 @@ class FakeMessagesAPI:
         if chosen.is_error:
             return self._render_error(chosen)
         message = self._render_message(chosen, body)
+        if body.get("stream") is True and chosen.tokens_per_second > 0:
+            paced = _Paced(_sse_pieces(message, paced=True), chosen.tokens_per_second)
+            return 200, self._base_headers("text/event-stream"), paced  # type: ignore[return-value]
         if body.get("stream") is True:
             return 200, self._base_headers("text/event-stream"), _sse(message)
         return 200, self._base_headers("application/json"), json.dumps(message).encode()

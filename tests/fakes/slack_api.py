@@ -60,6 +60,7 @@ BUTTON_VALUE_MAX = 2000
 ID_MAX = 255
 MAX_SUGGESTED_PROMPTS = 4
 AGENT_SESSION_STATUSES = ("active", "processing", "suspended", "closed")
+TASK_STATUSES = ("pending", "in_progress", "complete", "error")  # a task_update chunk's status
 AGENT_SESSION_TITLE_MAX = 200
 # What an app not set up as an agent hears from agents.sessions.setStatus. Slack's reference does
 # not name it; the bot treats any refusal alike, so the name is this fake's own.
@@ -89,6 +90,7 @@ class Call:
     status: int = 200
     errors: list[str] = field(default_factory=list)
     response: dict[str, Any] = field(default_factory=dict)
+    at: float = field(default_factory=time.monotonic)  # when it was answered (this process's clock)
 
 
 @dataclass
@@ -423,6 +425,8 @@ class FakeSlackAPI:
         self.tls = tls
         # Whether the app is set up as an agent: only then may it call agents.sessions.setStatus.
         self.agent = agent
+        # A workspace whose streams take task_update chunks (Slack's task display); off: refused.
+        self.tasks_supported = True
         # Slack names a token's scopes in the `x-oauth-scopes` header of every answer; None: no header.
         self.scopes = scopes
         self.bot_user_id = bot_user_id
@@ -1271,13 +1275,70 @@ class FakeSlackAPI:
             raise _ApiError(
                 "invalid_arguments", errors=["recipient_team_id and recipient_user_id are required"]
             )
+        words, tasks = self._chunks(params)
+        mode = params.get("task_display_mode")
+        if mode is not None and mode not in ("timeline", "plan"):
+            raise _ApiError("invalid_arguments", errors=["task_display_mode must be timeline or plan"])
         ts = self._store_message(
-            channel, str(params.get("markdown_text") or ""), [], thread_ts, self.bot_user_id
+            channel, str(params.get("markdown_text") or "") + words, [], thread_ts, self.bot_user_id
         )
         msg = self._find_message(channel, ts)
         assert msg is not None
         msg["streaming"] = msg["unsettled"] = True
+        msg["tasks"] = {}
+        self._apply_tasks(msg, tasks)
         return {"channel": channel, "ts": ts}
+
+    def _chunks(self, params: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+        """A stream call's ``chunks``: their words joined, and their task updates in order.
+
+        Slack's rules as this fake knows them: a list of objects of a known ``type``; a
+        ``markdown_text`` chunk has text; a ``task_update`` has an id, a title and a status of
+        pending, in_progress, complete or error.  With :attr:`tasks_supported` off (a workspace
+        without task updates) a task chunk is refused.
+        """
+        chunks = params.get("chunks")
+        if chunks is None:
+            return "", []
+        if isinstance(chunks, str):
+            try:
+                chunks = json.loads(chunks)
+            except ValueError:
+                raise _ApiError("invalid_chunks") from None
+        if not isinstance(chunks, list) or not chunks:
+            raise _ApiError("invalid_chunks", errors=["chunks must be a non-empty list"])
+        words, tasks = [], []
+        for chunk in chunks:
+            kind = chunk.get("type") if isinstance(chunk, dict) else None
+            if kind == "markdown_text" and isinstance(chunk.get("text"), str) and chunk["text"]:
+                words.append(chunk["text"])
+            elif kind == "task_update":
+                if not self.tasks_supported:
+                    raise _ApiError("invalid_chunks", errors=["task_update is not supported here"])
+                if not (
+                    isinstance(chunk.get("id"), str)
+                    and chunk["id"]
+                    and isinstance(chunk.get("title"), str)
+                    and chunk["title"]
+                    and chunk.get("status") in TASK_STATUSES
+                ):
+                    raise _ApiError("invalid_chunks", errors=["task_update needs id, title and status"])
+                tasks.append(copy.deepcopy(chunk))
+            else:
+                raise _ApiError("invalid_chunks", errors=[f"unknown or empty chunk: {kind!r}"])
+        text = "".join(words)
+        if len(text) > 12_000:
+            raise _ApiError("msg_too_long")
+        self._record_texts(text or None, None)
+        return text, tasks
+
+    @staticmethod
+    def _apply_tasks(msg: dict[str, Any], tasks: list[dict[str, Any]]) -> None:
+        """Each task update replaces the task of its id (first seen keeps its place)."""
+        for task in tasks:
+            shown = msg["tasks"].setdefault(task["id"], {})
+            shown.update({k: v for k, v in task.items() if k != "type"})
+            shown.setdefault("history", []).append(task["status"])
 
     def _streaming(self, params: dict[str, Any]) -> dict[str, Any]:
         channel = self._require_str(params, "channel", "channel_not_found")
@@ -1291,28 +1352,43 @@ class FakeSlackAPI:
     def _chat_append_stream(self, params: dict[str, Any]) -> dict[str, Any]:
         msg = self._streaming(params)
         text = params.get("markdown_text")
-        if not isinstance(text, str) or not text:
-            raise _ApiError("invalid_arguments", errors=["missing required field: markdown_text"])
+        words, tasks = self._chunks(params)
+        if not words and not tasks and (not isinstance(text, str) or not text):
+            raise _ApiError("invalid_arguments", errors=["missing required field: markdown_text or chunks"])
+        text = str(text or "")
         if len(text) > 12_000:
             raise _ApiError("msg_too_long")
-        msg["text"] += text
-        self._record_texts(text, None)
+        msg["text"] += text + words
+        self._apply_tasks(msg, tasks)
+        if text:
+            self._record_texts(text, None)
         return {"channel": msg["channel"], "ts": msg["ts"]}
 
     def _chat_stop_stream(self, params: dict[str, Any]) -> dict[str, Any]:
         msg = self._streaming(params)
+        words, tasks = self._chunks(params)
         msg["streaming"] = False
         if params.get("markdown_text"):
             msg["text"] += str(params["markdown_text"])
+        msg["text"] += words
+        self._apply_tasks(msg, tasks)
         if params.get("metadata") is not None:
             msg["metadata"] = self._valid_metadata(params["metadata"])
         return {"channel": msg["channel"], "ts": msg["ts"], "message": self._slack_message(msg)}
 
     def streams(self) -> list[dict[str, Any]]:
-        """Every message that was streamed: channel, ts, text now, and whether it still streams."""
+        """Every message that was streamed: channel, ts, text now, whether it still streams, and
+        its tasks (id -> its latest title, status, details, output, and ``history`` of statuses)."""
         with self._lock:
             return [
-                {"channel": m["channel"], "ts": m["ts"], "text": m["text"], "streaming": m["streaming"]}
+                {
+                    "channel": m["channel"],
+                    "ts": m["ts"],
+                    "text": m["text"],
+                    "streaming": m["streaming"],
+                    "tasks": copy.deepcopy(m.get("tasks") or {}),
+                    "thread_ts": m.get("thread_ts"),
+                }
                 for msgs in self._messages.values()
                 for m in msgs
                 if "streaming" in m

@@ -185,9 +185,10 @@ class Keys:
         return f"{PREFIX}reminders"
 
     @staticmethod
-    def stream(run_id: str, key: str) -> str:
-        """The ts of a run's answer while it streams (a successor closes a stream left open)."""
-        return f"{PREFIX}stream:{check_id('run', run_id)}:{int(key)}"
+    def live(run_id: str) -> str:
+        """The ts of a run's live messages still streaming or unsettled (`workers.live`): a set, so a
+        successor of a driver that died stops and removes those no saved step owes a settlement."""
+        return f"{PREFIX}live:{check_id('run', run_id)}"
 
     @staticmethod
     def stop_request(run_id: str) -> str:

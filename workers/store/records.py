@@ -73,6 +73,8 @@ class RunRecord:
     # The `[[profiles]]` name the run started under ("": the top level); it keeps it to the end.
     profile: str = ""
     extensions: int = 0  # how many times Extend has moved this park's expiry later
+    # The live message (workers.live) of the turn the run parked in: its turn summary settles into it.
+    live_ts: str | None = None
 
     def parked_at(self, expire_after_minutes: float) -> float | None:
         """When the current park was made: its expiry less `expire_after_minutes` for it and for

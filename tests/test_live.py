@@ -1,0 +1,136 @@
+"""The live view (`workers.live`) against the fake Slack Web API, through a real `WebClient`.
+
+Each test feeds the view what the harness would (`TextWritten`, `CallRunning`, `ToolReturned`) and
+waits on what Slack received: the statuses a task goes through, words batched into paced writes,
+a refused workspace, a stream that breaks.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from slack_sdk import WebClient
+
+from harness.loop import CallRunning, TextWritten, ToolReturned
+from harness.policy import Tier
+from harness.state import PendingCall
+from harness.tools import ToolResult
+from tests.fakes.slack_api import FakeSlackAPI
+from tests.stack import wait_until
+from workers.live import PACE_SECONDS, LiveStreams, LiveView
+
+CHANNEL = "C42"
+
+
+@pytest.fixture
+def slack() -> Iterator[FakeSlackAPI]:
+    with FakeSlackAPI(bot_token="xoxb-test") as fake:
+        yield fake
+
+
+def root(slack: FakeSlackAPI) -> str:
+    client = WebClient(token="xoxb-test", base_url=slack.base_url)
+    return str(client.chat_postMessage(channel=CHANNEL, text="the ask")["ts"])
+
+
+def view(slack: FakeSlackAPI, thread_ts: str, opened: list[str] | None = None) -> LiveView:
+    client = WebClient(token="xoxb-test", base_url=slack.base_url)
+    seen = opened if opened is not None else []
+    return LiveView(client, LiveStreams(), (CHANNEL, thread_ts, "T1", "UALICE"), opened=seen.append)
+
+
+def call(call_id: str, name: str = "get_time", result: ToolResult | None = None) -> PendingCall:
+    return PendingCall(id=call_id, name=name, input={"path": "a.txt"}, tier=Tier.ALLOW, why="", result=result)
+
+
+def stream_writes(slack: FakeSlackAPI) -> list[Any]:
+    return [c for c in slack.calls if "Stream" in c.method]
+
+
+def tasks_of(slack: FakeSlackAPI) -> dict[str, Any]:
+    (stream,) = slack.streams()
+    return stream["tasks"]
+
+
+def test_a_task_goes_through_pending_in_progress_and_complete_or_error(slack: FakeSlackAPI) -> None:
+    live = view(slack, root(slack))
+    ok, bad = call("toolu_1"), call("toolu_2", "read_file")
+    live.requested([ok, bad])
+    wait_until(lambda: slack.streams() and len(tasks_of(slack)) == 2)
+    live(CallRunning(1, ok))
+    wait_until(lambda: tasks_of(slack)["toolu_1"]["status"] == "in_progress")
+    live(ToolReturned(1, call("toolu_1", result=ToolResult("12:00", False))))
+    live(CallRunning(1, bad))
+    wait_until(lambda: tasks_of(slack)["toolu_2"]["status"] == "in_progress")
+    live(ToolReturned(1, call("toolu_2", "read_file", ToolResult("<!here> no such file", True))))
+    ts = live.seal()
+    wait_until(lambda: not slack.streams()[0]["streaming"])
+    tasks = tasks_of(slack)
+    assert tasks["toolu_1"]["history"] == ["pending", "in_progress", "complete"]
+    assert tasks["toolu_2"]["history"] == ["pending", "in_progress", "error"]
+    assert tasks["toolu_2"]["output"] == "&lt;!here&gt; no such file"  # tool text is inert here too
+    assert tasks["toolu_2"]["title"].startswith("read_file")
+    assert ts == slack.streams()[0]["ts"]
+    start = stream_writes(slack)[0]
+    assert start.method == "chat.startStream" and start.params["task_display_mode"] == "timeline"
+    assert (start.params["recipient_team_id"], start.params["recipient_user_id"]) == ("T1", "UALICE")
+
+
+def test_words_are_batched_into_writes_at_most_one_per_pace(slack: FakeSlackAPI) -> None:
+    opened: list[str] = []
+    live = view(slack, root(slack), opened)
+    live(TextWritten("first "))
+    wait_until(lambda: stream_writes(slack))  # the first words go out at once
+    pieces = [f"w{i} " for i in range(200)]
+    for piece in pieces:
+        live(TextWritten(piece))
+    wait_until(lambda: "w199" in slack.streams()[0]["text"])
+    live.seal()
+    wait_until(lambda: not slack.streams()[0]["streaming"])
+    writes = stream_writes(slack)
+    assert opened == [slack.streams()[0]["ts"]]  # told once, when it opened
+    assert slack.streams()[0]["text"] == "first " + "".join(pieces)  # every word once, in order
+    assert len(writes) <= 4  # start, the batch written while the first was paced, the stop
+    gaps = [b.at - a.at for a, b in itertools.pairwise(writes)]
+    assert all(gap >= PACE_SECONDS - 0.02 for gap in gaps), gaps
+
+
+def test_a_workspace_that_refuses_streams_is_not_asked_again(slack: FakeSlackAPI) -> None:
+    slack.fail_next("chat.startStream", error="not_allowed_token_type")
+    live = view(slack, root(slack))
+    live(TextWritten("hello"))
+    assert live.seal() is None  # nothing opened: the caller posts instead
+    assert "stream" in live.refused
+    live(TextWritten("again"))
+    live.requested([call("toolu_9")])
+    assert live.seal() is None
+    assert len(stream_writes(slack)) == 1
+
+
+def test_a_workspace_without_task_updates_gets_the_words_alone(slack: FakeSlackAPI) -> None:
+    slack.tasks_supported = False
+    live = view(slack, root(slack))
+    live(TextWritten("checking"))
+    live.requested([call("toolu_3")])
+    ts = live.seal()
+    wait_until(lambda: slack.streams() and not slack.streams()[0]["streaming"])
+    assert ts is not None and slack.streams()[0]["text"] == "checking"
+    assert "tasks" in live.refused and not slack.streams()[0]["tasks"]
+
+
+def test_a_broken_stream_takes_no_more_writes_and_says_so(slack: FakeSlackAPI) -> None:
+    live = view(slack, root(slack))
+    live(TextWritten("one "))
+    wait_until(lambda: stream_writes(slack))
+    slack.fail_next("chat.appendStream", status=500, times=5)
+    live(TextWritten("two "))
+    wait_until(lambda: any(not c.ok for c in stream_writes(slack)))
+    live(TextWritten("three "))
+    ts = live.seal()
+    assert ts is not None
+    assert live.message is None
+    failed_at = next(c.at for c in stream_writes(slack) if not c.ok)
+    assert not [c for c in stream_writes(slack) if c.at > failed_at]  # nothing after the break

@@ -1,0 +1,202 @@
+"""A thread that shows progress as it happens (issue 21, item 5), end to end.
+
+The real bot and a real `python -m workers` process, the fake Messages API streaming its replies as
+a model writes them (tokens at a set rate), and the fake Slack Web API keeping Slack's streaming
+rules (`chat.startStream` / `appendStream` / `stopStream`, `task_update` chunks). Checked: the words
+reach Slack while the model still writes, paced to one stream write per 300 ms per thread; calls
+show as tasks (pending, in progress, complete, error) and the message settles into the turn summary;
+a parked turn's message waits with its tasks and takes its summary after the decision; a workspace
+without tasks or streams gets today's messages; a stream broken by Slack errors, or by a worker
+SIGKILLed midway, still leaves the answer whole, once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.fakes.messages_api import reply, text, tool_use
+from tests.stack import RedisServer, Stack, running_stack, thread, wait_post, wait_until
+from workers.live import PACE_SECONDS
+
+_channels = itertools.count(7100)
+GENEROUS = "[limits]\nmax_runs_per_user = 1000\nmax_runs_per_channel = 1000\n"
+PACE_SLACK = 0.02  # how much sooner than PACE_SECONDS two writes may be seen (clock and HTTP jitter)
+
+
+def new_channel() -> str:
+    return f"C{next(_channels)}"
+
+
+@pytest.fixture(scope="module")
+def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    yield from running_stack(redis_server, tmp_path_factory.mktemp("live"), GENEROUS, db=9)
+
+
+def footer(turns: int, requests: int) -> str:
+    return f"That took {turns} turns of tool calls across {requests} model requests."
+
+
+def stream_calls(stack: Stack, channel: str) -> list[Any]:
+    return [c for c in stack.slack.calls if c.params.get("channel") == channel and "Stream" in c.method]
+
+
+def writes_to(stack: Stack, channel: str, ts: str) -> list[Any]:
+    """The writes Slack accepted to message `ts`: its stream's start, appends and stop, its settling."""
+    return [
+        c
+        for c in stack.slack.calls
+        if c.params.get("channel") == channel and c.ok and ts in (c.params.get("ts"), c.response.get("ts"))
+    ]
+
+
+def streams_in(stack: Stack, channel: str) -> list[dict[str, Any]]:
+    return [s for s in stack.slack.streams() if s["channel"] == channel]
+
+
+def test_the_answer_reaches_slack_while_the_model_writes_it_paced_and_settles_whole(stack: Stack) -> None:
+    channel = new_channel()
+    words = "**Live** <!here> " + " ".join(f"w{i}" for i in range(120))  # ~170 tokens at 50/s: ~3.4 s
+    stack.model.script_for("liveans", reply(text(words), tokens_per_second=50))
+    _, ts, _ = stack.mention("liveans: talk", channel=channel)
+    answer = wait_post(stack, channel, ts, lambda m: footer(0, 1) in m["text"], timeout=30)
+
+    calls = stream_calls(stack, channel)
+    start = calls[0]
+    assert start.method == "chat.startStream" and calls[-1].method == "chat.stopStream"
+    first_token = stack.model.first_tokens[-1]
+    assert start.at - first_token < 0.5  # the first words went out at once
+    appends = [c for c in calls if c.method == "chat.appendStream"]
+    assert len(appends) >= 5  # the answer grew in Slack while the model wrote it …
+    assert len(appends) <= 3.4 / PACE_SECONDS + 2  # … batched, not a write per token
+    spoken = (start.params.get("markdown_text") or "") + "".join(
+        c.params.get("markdown_text") or "" for c in calls[1:]
+    )
+    assert "<!here>" not in spoken and "&lt;!here&gt;" in spoken  # inert while it streams
+    assert spoken.count("w119") == 1 and spoken.count("w0 ") == 1
+    writes = writes_to(stack, channel, start.response["ts"])
+    assert [c.method for c in writes][-2:] == ["chat.stopStream", "chat.update"]
+    gaps = [b.at - a.at for a, b in itertools.pairwise(writes)]
+    assert min(gaps) >= PACE_SECONDS - PACE_SLACK, gaps  # one write per 300 ms per thread, settling too
+    assert answer["ts"] == start.response["ts"]  # the streamed message became the answer
+    assert answer["blocks"][0]["text"]["text"].startswith("*Live* &lt;!here&gt;")
+    assert "w119" in str(answer["blocks"])
+    assert len([m for m in thread(stack, channel, ts) if "w119" in m["text"]]) == 1
+    assert not any(s["streaming"] for s in streams_in(stack, channel))
+
+
+def test_calls_show_as_tasks_and_the_message_settles_into_the_turn_summary(stack: Stack) -> None:
+    channel = new_channel()
+    stack.model.script_for(
+        "livetask",
+        reply(
+            text("Let me look around first."),
+            tool_use("get_time", {}),
+            tool_use("read_file", {"path": "no-such-file.txt"}),
+        ),
+        reply(text("all looked at")),
+    )
+    _, ts, _ = stack.mention("livetask: look", channel=channel)
+    wait_post(stack, channel, ts, lambda m: footer(1, 2) in m["text"], timeout=30)
+    summary = wait_post(stack, channel, ts, lambda m: "Turn 1" in m["text"])
+
+    streamed = {s["ts"]: s for s in streams_in(stack, channel)}
+    assert summary["ts"] in streamed  # the turn's live message settled into its summary
+    tasks = list(streamed[summary["ts"]]["tasks"].values())
+    assert [t["title"].split()[0] for t in tasks] == ["get_time", "read_file"]  # the model's order
+    # Shown as they ended (pending and in progress came within one write's 300 ms: batched away).
+    assert tasks[0]["status"] == "complete" and tasks[1]["status"] == "error"
+    assert "no-such-file" in tasks[1]["title"]
+    assert "Let me look around first." in str(summary["blocks"])  # the words it streamed stay
+    assert "get_time" in str(summary["blocks"]) and "tokens used" in str(summary["blocks"])
+    starts = [c for c in stream_calls(stack, channel) if c.method == "chat.startStream"]
+    assert starts[0].params.get("task_display_mode") == "timeline" or starts[0].params.get("markdown_text")
+
+
+def test_a_parked_turn_waits_with_its_tasks_and_its_summary_settles_there_after_the_decision(
+    stack: Stack,
+) -> None:
+    channel = new_channel()
+    stack.model.script_for(
+        "livepark", reply(tool_use("write_file", {"path": "live.txt", "content": "x"})), reply(text("wrote"))
+    )
+    _, ts, _ = stack.mention("livepark: write", channel=channel)
+    card = wait_post(
+        stack, channel, ts, lambda m: "approve" in str(m.get("blocks")) and "live.txt" in m["text"]
+    )
+    waiting = wait_until(
+        lambda: next((s for s in streams_in(stack, channel) if s["tasks"] and not s["streaming"]), None)
+    )
+    (task,) = waiting["tasks"].values()
+    assert task["status"] == "pending" and "approval" in task["details"].lower()
+    assert stack.click(card, "approve") == 200
+    wait_post(stack, channel, ts, lambda m: footer(1, 2) in m["text"], timeout=30)
+    summary = wait_post(stack, channel, ts, lambda m: "Turn 1" in m["text"])
+    assert summary["ts"] == waiting["ts"]  # one message for the turn, before and after the park
+    assert (stack.workspace / "live.txt").read_text() == "x"
+
+
+def test_a_workspace_without_tasks_still_streams_words_and_posts_the_summaries(stack: Stack) -> None:
+    channel = new_channel()
+    stack.slack.tasks_supported = False
+    try:
+        stack.model.script_for(
+            "notasks", reply(text("checking"), tool_use("get_time", {})), reply(text("done without tasks"))
+        )
+        _, ts, _ = stack.mention("notasks: go", channel=channel)
+        answer = wait_post(stack, channel, ts, lambda m: footer(1, 2) in m["text"], timeout=30)
+    finally:
+        stack.slack.tasks_supported = True
+    assert "done without tasks" in answer["text"]
+    assert wait_post(stack, channel, ts, lambda m: "Turn 1" in m["text"])
+    refused = [c for c in stream_calls(stack, channel) if not c.ok]
+    assert refused and all(c.error == "invalid_chunks" for c in refused)
+    assert not any(s["tasks"] for s in streams_in(stack, channel))
+
+
+def test_a_workspace_that_refuses_streams_gets_posts_and_is_not_asked_again_in_the_run(stack: Stack) -> None:
+    channel = new_channel()
+    stack.slack.fail_next("chat.startStream", error="not_allowed_token_type")
+    stack.model.script_for(
+        "nolive", reply(text("first"), tool_use("get_time", {})), reply(text("posted instead"))
+    )
+    _, ts, _ = stack.mention("nolive: go", channel=channel)
+    wait_post(stack, channel, ts, lambda m: "posted instead" in m["text"] and footer(1, 2) in m["text"])
+    assert wait_post(stack, channel, ts, lambda m: "Turn 1" in m["text"])
+    assert len(stream_calls(stack, channel)) == 1  # refused once, then never tried again
+    assert not streams_in(stack, channel)
+
+
+def test_a_stream_broken_by_slack_errors_midway_still_leaves_the_answer_whole_once(stack: Stack) -> None:
+    channel = new_channel()
+    words = " ".join(f"part{i}" for i in range(150))
+    stack.model.script_for("brokenlive", reply(text(words), tokens_per_second=80))
+    _, ts, _ = stack.mention("brokenlive: talk", channel=channel)
+    wait_until(lambda: any(c.method == "chat.appendStream" for c in stream_calls(stack, channel)), 20)
+    stack.slack.fail_next("chat.appendStream", status=500, times=3)
+    answer = wait_post(stack, channel, ts, lambda m: footer(0, 1) in m["text"], timeout=30)
+    failed = [c for c in stream_calls(stack, channel) if c.method == "chat.appendStream" and not c.ok]
+    assert failed  # it did break midway
+    later = [
+        c for c in stream_calls(stack, channel) if c.at > failed[0].at and c.method == "chat.appendStream"
+    ]
+    assert not later  # a broken stream is not written to again
+    assert f"{words.split()[-1]}" in str(answer["blocks"]) and "part0 " in str(answer["blocks"])
+    assert len([m for m in thread(stack, channel, ts) if "part149" in m["text"]]) == 1  # whole, once
+
+
+def test_a_stream_whose_settling_fails_is_replaced_by_a_post_never_left_beside_it(stack: Stack) -> None:
+    channel = new_channel()
+    stack.model.script_for("unsettled", reply(text("this answer " * 20), tokens_per_second=200))
+    stack.slack.fail_next("chat.update", error="cant_update_message", times=3)
+    _, ts, _ = stack.mention("unsettled: talk", channel=channel)
+    answer = wait_post(stack, channel, ts, lambda m: footer(0, 1) in m["text"], timeout=30)
+    assert "this answer" in answer["text"]
+    assert len([m for m in thread(stack, channel, ts) if "this answer" in m["text"]]) == 1
+    deleted = [
+        c for c in stack.slack.calls if c.method == "chat.delete" and c.params.get("channel") == channel
+    ]
+    assert deleted and deleted[0].ok  # the partial stream went before the whole answer was posted

@@ -1,0 +1,348 @@
+"""A run's thread as it happens: the model's words streamed while it writes them, its calls as tasks.
+
+Each model reply, and the turn of tool calls that follows it, gets one streaming message
+(`chat.startStream`, `chat.appendStream`, `chat.stopStream`). The reply's text is appended as the
+SDK hands it over; each call shows as a Slack task (`task_update` chunks: pending when the model
+asks for it, in progress while it runs, complete or error once it returned). When the turn is done
+the message settles (`chat.update`, through the outbox) into the turn summary, and after the last
+reply into the final answer: the thread keeps what it always kept, and shows it while it happens.
+
+Slack's limits are kept by pacing: one writer thread per message, and per thread no stream write
+(start, append, stop, the settling update) less than `PACE_SECONDS` after the one before. What the
+model writes meanwhile is batched into the next write, so the first words go out at once and a
+fast model never drives more than one write per `PACE_SECONDS`.
+
+Streaming is a courtesy, never a condition. A workspace that refuses streams (or task chunks) gets
+today's messages: the outbox posts the turn summary and the answer instead, and the run stops
+trying for the rest of its drive. A stream that breaks midway (Slack errors) stops growing; its
+message is then settled with the whole text, so the answer arrives whole, once. Every open stream
+is in `Keys.live(run_id)` (a set), so a driver that dies midway leaves its messages to the next
+driver, which stops and deletes those no saved step owes a settlement to.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
+
+from harness.loop import CallRunning, LiveEvent, TextWritten, ToolReturned
+from harness.state import PendingCall
+from messages import texts
+from messages.arguments import args_json
+from messages.text import cut, escape, inert, visible
+
+log = logging.getLogger(__name__)
+
+PACE_SECONDS = 0.3  # per thread, between two stream writes (Slack's limits; a reader sees no flicker)
+OPEN_WAIT_SECONDS = 6.0  # how long a seal waits for a message still opening (a courtesy call's timeout)
+TITLE_CHARS = 120
+OUTPUT_CHARS = 200
+PENDING, IN_PROGRESS, COMPLETE, ERROR = "pending", "in_progress", "complete", "error"
+# Slack errors that mean "not here, not for this run": streams (or task chunks) are not tried again.
+_TRANSIENT = {"ratelimited", "rate_limited", "internal_error", "fatal_error", "service_unavailable"}
+
+
+class Pacer:
+    """When each thread may next be written to: one stream write per `PACE_SECONDS` per thread."""
+
+    def __init__(self, seconds: float = PACE_SECONDS) -> None:
+        self.seconds = seconds
+        self._next: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+
+    def wait(self, channel: str, thread_ts: str) -> None:
+        """Take the thread's next slot, waiting until it comes (pacing, not synchronisation)."""
+        key = (channel, thread_ts)
+        with self._lock:
+            now = time.monotonic()
+            at = max(now, self._next.get(key, now))
+            self._next[key] = at + self.seconds
+            if len(self._next) > 4096:  # forget threads long quiet
+                self._next = {k: v for k, v in self._next.items() if v > now}
+        if at > now:
+            time.sleep(at - now)
+
+
+@dataclass
+class _Batch:
+    text: list[str] = field(default_factory=list)
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> its latest task_update
+
+    def __bool__(self) -> bool:
+        return bool(self.text or self.tasks)
+
+
+class LiveMessage:
+    """One streaming message and the thread that writes it, paced (see the module docstring)."""
+
+    def __init__(
+        self,
+        slack: WebClient,
+        pacer: Pacer,
+        where: tuple[str, str, str, str],
+        *,
+        tasks: bool,
+        opened: Callable[[str], object],
+        refused: Callable[[str], None],
+    ) -> None:
+        self.channel, self.thread_ts, self._team, self._user = where
+        self.slack = slack
+        self.pacer = pacer
+        self.tasks_ok = tasks
+        self.ts: str | None = None
+        self.broken = False  # Slack refused a write: nothing more is sent (the settlement fixes it)
+        self._opened = opened
+        self._refused = refused
+        self._pending = _Batch()
+        self._closing = False
+        self._done = False
+        self._cond = threading.Condition()
+        context = contextvars.copy_context()  # its log lines name the run
+        self._thread = threading.Thread(target=context.run, args=(self._work,), name="live", daemon=True)
+        self._thread.start()
+
+    def text(self, piece: str) -> None:
+        """Append `piece` (escaped Markdown) at the next write."""
+        with self._cond:
+            if not self._closing:
+                self._pending.text.append(piece)
+                self._cond.notify()
+
+    def task(self, chunk: dict[str, Any]) -> None:
+        """Show task `chunk` (a `task_update`) at the next write; a later one of the same id wins."""
+        if not self.tasks_ok:
+            return
+        with self._cond:
+            if not self._closing:
+                self._pending.tasks[chunk["id"]] = chunk
+                self._cond.notify()
+
+    def seal(self) -> str | None:
+        """No more writes after what is pending; the stream is stopped meanwhile. Its ts, once
+        open (waiting for a start still in flight), or None when it never opened."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+            deadline = time.monotonic() + OPEN_WAIT_SECONDS
+            while self.ts is None and not self._done:
+                if not self._cond.wait(max(0.0, deadline - time.monotonic())):
+                    break
+            return self.ts
+
+    def join(self, timeout: float = OPEN_WAIT_SECONDS + PACE_SECONDS * 2) -> None:
+        """Wait until the stream is stopped (`seal` first)."""
+        self._thread.join(timeout)
+
+    def _work(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._pending and not self._closing:
+                        self._cond.wait()
+                if self.ts is None and not self._pending and self._closing:
+                    return  # sealed before anything was written: nothing to open or stop
+                self.pacer.wait(self.channel, self.thread_ts)
+                with self._cond:
+                    batch, self._pending = self._pending, _Batch()
+                    last = self._closing
+                if not self._write(batch, last) or last:
+                    return
+        except Exception:  # a live view is never worth the run
+            log.exception("stream in %s/%s failed", self.channel, self.thread_ts)
+        finally:
+            with self._cond:
+                self._done = True
+                self._cond.notify_all()
+
+    def _write(self, batch: _Batch, last: bool) -> bool:
+        """One paced write of `batch`: the start, an append, or the stop. False: no more writes."""
+        chunks = self._chunks(batch)
+        markdown = None if chunks else "".join(batch.text) or None
+        try:
+            if self.ts is None:
+                opened = self.slack.chat_startStream(
+                    channel=self.channel,
+                    thread_ts=self.thread_ts,
+                    recipient_team_id=self._team,
+                    recipient_user_id=self._user,
+                    markdown_text=markdown,
+                    chunks=chunks,
+                    task_display_mode="timeline" if batch.tasks else None,
+                )
+                with self._cond:
+                    self.ts = str(opened["ts"])
+                    self._cond.notify_all()
+                self._opened(self.ts)
+                if last:
+                    self.slack.chat_stopStream(channel=self.channel, ts=self.ts)
+            elif last:
+                self.slack.chat_stopStream(
+                    channel=self.channel, ts=self.ts, markdown_text=markdown, chunks=chunks
+                )
+            elif chunks or markdown:
+                self.slack.chat_appendStream(
+                    channel=self.channel, ts=self.ts, markdown_text=markdown, chunks=chunks
+                )
+            return True
+        except (SlackApiError, OSError) as exc:
+            error = _error(exc)
+            if chunks and batch.tasks and self.tasks_ok and error not in _TRANSIENT and self.ts is None:
+                self.tasks_ok = False  # no task chunks here: the words alone
+                self._refused("tasks")
+                return self._write(_Batch(text=batch.text), last)
+            if self.ts is None:
+                log.info(
+                    "cannot stream into %s/%s (%s): posting instead", self.channel, self.thread_ts, error
+                )
+                if error not in _TRANSIENT:
+                    self._refused("stream")
+            else:
+                log.warning("stream %s/%s broke off (%s); it is settled whole", self.channel, self.ts, error)
+            self.broken = True
+            with self._cond:
+                self._cond.notify_all()
+            return False
+
+    def _chunks(self, batch: _Batch) -> list[dict[str, Any]] | None:
+        """The batch as chunks when it holds tasks (the words first); None: text alone suffices."""
+        if not batch.tasks:
+            return None
+        words = "".join(batch.text)
+        head = [{"type": "markdown_text", "text": words}] if words else []
+        return head + list(batch.tasks.values())
+
+
+class LiveStreams:
+    """The process's open live messages by ts, so that the settlement waits for a stream's stop."""
+
+    def __init__(self) -> None:
+        self.pacer = Pacer()
+        self._open: dict[str, LiveMessage] = {}
+        self._lock = threading.Lock()
+
+    def add(self, message: LiveMessage) -> None:
+        if message.ts is not None:
+            with self._lock:
+                self._open[message.ts] = message
+
+    def stopped(self, ts: str) -> bool:
+        """Wait until the stream `ts` of this process stopped; False when it is not one of ours (a
+        driver of another process, or one that died, wrote it: the caller stops it itself)."""
+        with self._lock:
+            message = self._open.pop(ts, None)
+        if message is None:
+            return False
+        message.join()
+        return True
+
+
+class LiveView:
+    """One driver's live view of its run (`Agent.live`): which message is open, and its tasks."""
+
+    def __init__(
+        self,
+        slack: WebClient,
+        streams: LiveStreams,
+        where: tuple[str, str, str, str],
+        *,
+        opened: Callable[[str], object],
+    ) -> None:
+        self.slack = slack
+        self.streams = streams
+        self.where = where
+        self._opened = opened
+        self.refused: set[str] = set()  # "stream", "tasks": what Slack refused for this run
+        self.message: LiveMessage | None = None
+        # The turn's message stopped when the run parked: until its summary settles into it, the
+        # turn's calls show nowhere live (a stopped stream takes no more tasks).
+        self.hold = False
+
+    def __call__(self, event: LiveEvent) -> None:
+        """What the harness saw happen (a live event), shown in the open message."""
+        if isinstance(event, TextWritten):
+            if message := self._message():
+                message.text(escape(visible(event.text, answer=True)))
+        elif isinstance(event, CallRunning):
+            self._task(event.call, IN_PROGRESS)
+        elif isinstance(event, ToolReturned):
+            result = event.call.result
+            self._task(event.call, ERROR if result is not None and result.is_error else COMPLETE)
+
+    def requested(self, calls: Sequence[PendingCall]) -> None:
+        """The model asked for `calls`: each shows as a task, pending (answered ones as they ended)."""
+        for call in calls:
+            if call.result is not None:
+                self._task(call, ERROR if call.result.is_error else COMPLETE)
+            else:
+                self._task(call, PENDING)
+
+    def waiting(self, calls: Sequence[PendingCall]) -> None:
+        """`calls` wait for a person's decision (on their cards, below)."""
+        for call in calls:
+            self._task(call, PENDING, details=texts.TASK_WAITING)
+
+    def seal(self) -> str | None:
+        """End the open message (it stops streaming meanwhile): its ts, None when nothing was open
+        or it broke before it opened. The next event opens a new one."""
+        message, self.message = self.message, None
+        if message is None:
+            return None
+        ts = message.seal()
+        if ts is not None:
+            self.streams.add(message)
+        return ts
+
+    def _message(self) -> LiveMessage | None:
+        if "stream" in self.refused:
+            return None
+        if self.message is None or self.message.broken:
+            if self.message is not None and self.message.broken:
+                return None  # a broken one stays broken until it is sealed: its settlement is whole
+            self.message = LiveMessage(
+                self.slack,
+                self.streams.pacer,
+                self.where,
+                tasks="tasks" not in self.refused,
+                opened=self._opened,
+                refused=self.refused.add,
+            )
+        return self.message
+
+    def _task(self, call: PendingCall, status: str, *, details: str | None = None) -> None:
+        if "tasks" in self.refused or self.hold:
+            return
+        message = self._message()
+        if message is None:
+            return
+        chunk: dict[str, Any] = {
+            "type": "task_update",
+            "id": call.id,
+            "title": task_title(call),
+            "status": status,
+        }
+        if details:
+            chunk["details"] = details
+        if call.result is not None and status in (COMPLETE, ERROR):
+            content = call.result.content
+            output = content if isinstance(content, str) else "(an image)"
+            chunk["output"] = inert(" ".join(output.split()), OUTPUT_CHARS)
+        message.task(chunk)
+
+
+def task_title(call: PendingCall) -> str:
+    """A call as a task's title: the tool and its arguments on one line, escaped and cut."""
+    return inert(f"{call.name} {cut(' '.join(args_json(call).split()), TITLE_CHARS)}", TITLE_CHARS)
+
+
+def _error(exc: Exception) -> str:
+    if isinstance(exc, SlackApiError):
+        return str(exc.response.get("error"))
+    return type(exc).__name__
