@@ -23,13 +23,10 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
 from harness.tools import BUILTIN_TOOLS, ToolRegistry
-from playground.bot_client import Bot
 from playground.demo_model import FOOTER, DemoModelError, error_body, respond
 from playground.demo_stream import MAX_PAUSED_PIECES, encode, pieces, stream_events
-from playground.server import Playground, Server
-from playground.slack import Workspace
 from tests.fakes.messages_api import validate_request
-from tests.stack import free_port
+from tests.playground_support import stand_in
 from tests.test_cli import cli_env
 from tests.test_cli import harness as run_cli
 
@@ -492,21 +489,10 @@ def test_a_short_answer_streams_word_by_word_and_a_long_one_in_a_bounded_number_
 @pytest.fixture
 def served_model() -> Iterator[anthropic.Anthropic]:
     """The real anthropic client against the playground's own demo endpoint (`/model/v1/messages`)."""
-    workspace = Workspace(token="xoxb-demo-model-test")
-    bot = Bot(f"http://127.0.0.1:{free_port()}/slack/events", "secret")  # no bot behind it
-    server = Server(("127.0.0.1", 0), Playground(workspace, bot, "http://127.0.0.1/", True, "demo"))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/model"
-    client = anthropic.Anthropic(api_key="demo", base_url=url, max_retries=0)
-    try:
-        yield client
-    finally:
-        client.close()
-        server.stopping = True
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with stand_in("xoxb-demo-model-test") as server:
+        url = server.playground.base_url + "model"
+        with anthropic.Anthropic(api_key="demo", base_url=url, max_retries=0) as client:
+            yield client
 
 
 def _both_ways(client: anthropic.Anthropic, body: dict[str, Any]) -> tuple[Message, Message, list[str]]:

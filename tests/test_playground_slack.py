@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,13 +16,10 @@ from slack_sdk.errors import SlackApiError
 from harness.config import load_config
 from messages.home import PERMALINK
 from playground import server as server_module
-from playground.bot_client import Bot
 from playground.profiles import describe
-from playground.server import Playground, Server
-from playground.slack import BOT_USER_ID, CHANNEL_ID, CHANNELS, OPS_CHANNEL_ID, PEOPLE, Workspace
-from tests.playground_support import ALICE, BOB, CAROL, Page
-from tests.stack import free_port
-from workers.dev import PLAYGROUND_CONFIG
+from playground.server import Server
+from playground.slack import BOT_USER_ID, CHANNEL_ID, CHANNELS, OPS_CHANNEL_ID, PEOPLE
+from tests.playground_support import ALICE, BOB, CAROL, Page, stand_in
 
 TOKEN = "xoxb-playground-test"
 
@@ -31,21 +27,9 @@ TOKEN = "xoxb-playground-test"
 @pytest.fixture
 def served() -> Iterator[tuple[Server, WebClient, Page]]:
     """A playground server with no bot behind it (the bot's address refuses connections)."""
-    workspace = Workspace(token=TOKEN, usergroups={"S01REVIEWERS": [ALICE]})
-    bot = Bot(f"http://127.0.0.1:{free_port()}/slack/events", "secret")
-    profiles = describe(load_config(PLAYGROUND_CONFIG, env={}), CHANNELS, PEOPLE)
-    playground = Playground(workspace, bot, "http://127.0.0.1/", True, "demo", profiles=profiles)
-    server = Server(("127.0.0.1", 0), playground)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/"
-    workspace.upload_base = url + "upload/"
-    try:
+    with stand_in(TOKEN, usergroups={"S01REVIEWERS": [ALICE]}) as server:
+        url = server.playground.base_url
         yield server, WebClient(token=TOKEN, base_url=url + "api/"), Page(url)
-    finally:
-        server.stopping = True
-        server.shutdown()
-        server.server_close()
 
 
 def test_posts_updates_and_metadata_come_back_as_slack_returns_them(served: Any) -> None:
