@@ -1,9 +1,12 @@
 """The offline demo model: a scripted, stateless stand-in for the Messages API's `POST /v1/messages`.
 
 `respond(request) -> message` answers a request body as `messages.create` sends it, with no network
-and no key, so the playground runs the real harness end to end. It is not Claude: everything is
-decided from `request["messages"]` and the names in `request["tools"]`, the same request always
-gets the same reply, and every final answer says so in its last line.
+and no key, so the playground runs the real harness end to end. A request with `"stream": true`
+gets the same message, which `playground.demo_stream` tells as the API's server-sent events.
+
+It is not Claude: everything is decided from `request["messages"]` and the names in
+`request["tools"]`, the same request always gets the same reply, and every final answer says so in
+its last line.
 
 The task is the text of the last user message that has text; the run so far is the turns after it.
 Its keywords (case-insensitive, at the start of a word of the task, checked in this order) pick a
@@ -150,8 +153,8 @@ def _checked(request: Mapping[str, Any]) -> tuple[list[dict[str, Any]], set[str]
     """The request's messages and offered tool names, or `DemoModelError` saying what is wrong."""
     if not isinstance(request, Mapping):
         raise DemoModelError("the request body must be a JSON object")
-    if request.get("stream"):
-        raise DemoModelError("stream: the offline demo model does not stream; send stream=false")
+    if not isinstance(request.get("stream", False), bool):
+        raise DemoModelError("stream: must be true or false")
     if not isinstance(request.get("model"), str) or not request["model"]:
         raise DemoModelError("model: a model name is required")
     max_tokens = request.get("max_tokens")

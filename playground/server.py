@@ -10,7 +10,8 @@ One `ThreadingHTTPServer` (standard library) on 127.0.0.1 answers:
   page, turned into the signed request Slack would send the bot (`playground.bot_client`);
 - ``POST /play/respond/<id>``: the `response_url` of a click;
 - ``POST /api/<method>``: the Slack Web API the bot and workers call (`SLACK_API_URL`);
-- ``POST /model/v1/messages``: the offline demo model (`ANTHROPIC_BASE_URL`), when there is no key.
+- ``POST /model/v1/messages``: the offline demo model (`ANTHROPIC_BASE_URL`), when there is no key;
+  with ``"stream": true`` its reply comes as the Messages API's server-sent events.
 
 The page's own endpoints refuse a request whose ``Host`` is not this machine's loopback name (a
 web page elsewhere cannot reach them by DNS rebinding) and a POST without the page's
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from playground import bot_client, demo_model
+from playground import bot_client, demo_model, demo_stream
 from playground.bot_client import Bot, BotUnreachable
 from playground.slack import BOT_USER_ID, CHANNEL_ID, ApiError, Channel, Person, Workspace
 
@@ -102,6 +103,8 @@ class Playground:
     notes: Mapping[str, str] = field(default_factory=dict)
     # channel id -> what `GET /play/channels` says of it (playground.profiles.describe)
     profiles: Mapping[str, Json] = field(default_factory=dict)
+    # between two pieces of a streamed demo reply's text: words appear as a person watches
+    model_pause_seconds: float = demo_stream.PIECE_PAUSE_SECONDS
     _responses: dict[str, ResponseUrl] = field(default_factory=dict)
 
     def state(self) -> Json:
@@ -419,12 +422,31 @@ class Handler(BaseHTTPRequestHandler):
             request = json.loads(raw)
             if not isinstance(request, dict):
                 raise demo_model.DemoModelError("the body must be an object")
-            return self._json(200, demo_model.respond(request))
+            message = demo_model.respond(request)  # refuses before anything is sent: errors stay JSON
         except ValueError:
             error = demo_model.DemoModelError("the body is not JSON")
             return self._json(400, demo_model.error_body(error))
         except demo_model.DemoModelError as exc:
             return self._json(exc.status, demo_model.error_body(exc))
+        if request.get("stream") is True:
+            return self._model_stream(message)
+        return self._json(200, message)
+
+    def _model_stream(self, message: Json) -> None:
+        """The demo model's reply as the Messages API streams it (`playground.demo_stream`)."""
+        self.send_response(200)
+        self.send_header("Content-Type", demo_stream.CONTENT_TYPE)
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")  # the end of the body is the end of the stream
+        self.end_headers()
+        self.close_connection = True
+        pause = self.server.playground.model_pause_seconds
+        try:
+            for event in demo_stream.stream_events(message, pause=lambda: time.sleep(pause)):
+                self.wfile.write(demo_stream.encode(event))
+                self.wfile.flush()
+        except OSError:
+            pass  # the client went away mid-stream
 
     def _events(self) -> None:
         """Server-sent events: the version now, then each new one (a comment line keeps it open)."""

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from playground import stream_chunks
+
 Json = dict[str, Any]
 
 TEAM_ID = "T0PLAYGND"
@@ -246,7 +248,10 @@ class Workspace:
             if not secrets.compare_digest(token, self.token):
                 raise ApiError("invalid_auth")
         with self._lock:
-            result = handler(dict(params))
+            try:
+                result = handler(dict(params))
+            except stream_chunks.BadChunks:
+                raise ApiError("invalid_arguments") from None
             self._bump()
         return {"ok": True, **result}
 
@@ -450,11 +455,13 @@ class Workspace:
         )  # in a thread
         if not (params.get("recipient_team_id") and params.get("recipient_user_id")):
             raise ApiError("invalid_arguments")  # required in a channel
-        text = str(params.get("markdown_text") or "")
+        chunks = stream_chunks.parse_chunks(params.get("chunks"))
+        mode = stream_chunks.display_mode(params.get("task_display_mode"))
         message = self._store(
-            user=BOT_USER_ID, bot_id=BOT_ID, text=text, blocks=None, thread_ts=thread_ts, channel=channel
+            user=BOT_USER_ID, bot_id=BOT_ID, text="", blocks=None, thread_ts=thread_ts, channel=channel
         )
-        message.update(streaming=True, streamed=True)
+        message.update(streaming=True, streamed=True, task_display_mode=mode)
+        stream_chunks.apply(message, str(params.get("markdown_text") or ""), chunks)
         return {"channel": channel, "ts": message["ts"]}
 
     def _streaming(self, params: Json) -> Json:
@@ -465,18 +472,17 @@ class Workspace:
         return message
 
     def _append_stream(self, params: Json) -> Json:
-        message = self._streaming(params)
-        if not params.get("markdown_text"):
+        message, chunks = self._streaming(params), stream_chunks.parse_chunks(params.get("chunks"))
+        if not params.get("markdown_text") and not chunks:
             raise ApiError("invalid_arguments")
-        message["text"] += str(params["markdown_text"])
+        stream_chunks.apply(message, str(params.get("markdown_text") or ""), chunks)
         return {"channel": message["channel"], "ts": message["ts"]}
 
     def _stop_stream(self, params: Json) -> Json:
-        message = self._streaming(params)
-        message["streaming"] = False
-        message["text"] += str(params.get("markdown_text") or "")
-        if params.get("metadata"):
-            message["metadata"] = _metadata(params["metadata"])
+        message, chunks = self._streaming(params), stream_chunks.parse_chunks(params.get("chunks"))
+        metadata = _metadata(params["metadata"]) if params.get("metadata") else message["metadata"]
+        stream_chunks.apply(message, str(params.get("markdown_text") or ""), chunks)
+        message.update(streaming=False, metadata=metadata)
         return {"channel": message["channel"], "ts": message["ts"]}
 
     def _upload_url(self, params: Json) -> Json:
@@ -696,6 +702,9 @@ class Workspace:
             "blocks": copy.deepcopy(message["blocks"]),
             "reactions": _reactions(message),
             "edited": message["edited"],
+            "streaming": bool(message.get("streaming")),
+            "tasks": copy.deepcopy(message.get("tasks") or []),
+            "task_display_mode": message.get("task_display_mode"),
             "files": [
                 {"name": f["name"], "title": f["title"], "text": self.file_text(f["id"])}
                 for f in message.get("files") or []

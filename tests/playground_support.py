@@ -18,7 +18,13 @@ from typing import Any
 
 import redis
 
+from harness.config import load_config
+from playground.bot_client import Bot
+from playground.profiles import describe
+from playground.server import Playground, Server
+from playground.slack import CHANNELS, PEOPLE, Workspace
 from tests.stack import free_port, wait_until
+from workers.dev import PLAYGROUND_CONFIG
 from workers.store.keys import Keys
 from workers.store.records import RunRecord, unpack
 
@@ -180,6 +186,28 @@ class Page:
                 "message_ts": message["ts"],
             },
         )
+
+
+@contextmanager
+def stand_in(token: str, **workspace_options: Any) -> Iterator[Server]:
+    """The playground's server alone, in this process: its Slack, its page and its demo model,
+    with no bot behind it (the bot's address refuses connections); at `server.playground.base_url`."""
+    workspace = Workspace(token=token, **workspace_options)
+    bot = Bot(f"http://127.0.0.1:{free_port()}/slack/events", "secret")
+    profiles = describe(load_config(PLAYGROUND_CONFIG, env={}), CHANNELS, PEOPLE)
+    play = Playground(workspace, bot, "", True, "demo", profiles=profiles)
+    server = Server(("127.0.0.1", 0), play)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    play.base_url = f"http://127.0.0.1:{server.server_address[1]}/"
+    workspace.upload_base = play.base_url + "upload/"
+    try:
+        yield server
+    finally:
+        server.stopping = True
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
 
 
 def runs_started_by(redis_url: str, ts: str) -> list[RunRecord]:

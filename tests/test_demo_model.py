@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -13,13 +14,19 @@ from typing import Any
 from urllib.error import HTTPError
 from urllib.request import Request, urlopen
 
+import anthropic
 import pytest
+from anthropic.lib.streaming._messages import accumulate_event
+from anthropic.types import Message, RawMessageStreamEvent
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import TypeAdapter
 
 from harness.tools import BUILTIN_TOOLS, ToolRegistry
 from playground.demo_model import FOOTER, DemoModelError, error_body, respond
+from playground.demo_stream import MAX_PAUSED_PIECES, encode, pieces, stream_events
 from tests.fakes.messages_api import validate_request
+from tests.playground_support import stand_in
 from tests.test_cli import cli_env
 from tests.test_cli import harness as run_cli
 
@@ -28,6 +35,7 @@ TOOLS = ToolRegistry(BUILTIN_TOOLS).schemas()
 NAMES = tuple(t["name"] for t in TOOLS)
 ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 TIME = "2030-01-02T03:04:05Z"
+STREAM_EVENT: TypeAdapter[RawMessageStreamEvent] = TypeAdapter(RawMessageStreamEvent)
 
 Result = tuple[Any, bool]  # a tool_result's content and is_error
 
@@ -104,6 +112,28 @@ def assert_well_formed(reply: dict[str, Any], body: dict[str, Any], before: list
     usage = reply["usage"]
     assert usage["input_tokens"] >= 1 and usage["output_tokens"] >= 1
     assert usage["cache_creation_input_tokens"] == usage["cache_read_input_tokens"] == 0
+    assert streamed(reply).model_dump() == Message.model_validate(reply).model_dump()
+
+
+def streamed(reply: dict[str, Any]) -> Message:
+    """`reply` streamed as server-sent events, then folded back the way the anthropic SDK does."""
+    snapshot = None
+    json_bufs: dict[int, bytes] = {}  # the tool inputs' partial JSON so far, by block index
+    for data in map(decode, stream_events(reply)):
+        if data["type"] != "ping":
+            event = STREAM_EVENT.validate_python(data)
+            snapshot = accumulate_event(event=event, current_snapshot=snapshot, json_bufs=json_bufs)
+    assert snapshot is not None
+    return Message.model_validate(snapshot.model_dump())
+
+
+def decode(event: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """An event through its wire form and back: `event: NAME`, `data: JSON`, a blank line."""
+    name_line, data_line, *rest = encode(event).decode().split("\n")
+    assert rest == ["", ""] and name_line == f"event: {event[0]}"
+    data: dict[str, Any] = json.loads(data_line.removeprefix("data: "))
+    assert data["type"] == event[0]
+    return data
 
 
 # --- the default scenario --------------------------------------------------------------------
@@ -245,7 +275,7 @@ def test_token_counts_are_about_four_characters_each() -> None:
     [
         ([], "JSON object"),
         (request([]), "at least one message"),
-        (request([{"role": "user", "content": "hi"}], stream=True), "does not stream"),
+        (request([{"role": "user", "content": "hi"}], stream="yes"), "stream: must be true or false"),
         (
             request([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}]),
             "last message",
@@ -423,9 +453,93 @@ def test_cli_secret_is_refused_by_a_deny_rule(demo: DemoServer, folder: Path, tm
 
 
 def test_the_test_server_answers_an_unusable_request_with_its_error(demo: DemoServer) -> None:
-    body = json.dumps(request([{"role": "user", "content": "hi"}], stream=True)).encode()
+    body = json.dumps(request([{"role": "user", "content": "hi"}], max_tokens=0)).encode()
     post = Request(demo.base_url + "/v1/messages", data=body, headers={"Content-Type": "application/json"})
     with pytest.raises(HTTPError) as raised:
         urlopen(post, timeout=10)
     assert raised.value.code == 400
     assert json.loads(raised.value.read())["error"]["type"] == "invalid_request_error"
+
+
+# --- streaming: the Messages API's server-sent events ------------------------------------------
+
+
+@given(st.text())
+def test_text_streams_in_word_sized_pieces_that_join_back_into_it(text: str) -> None:
+    cut = pieces(text, MAX_PAUSED_PIECES)
+    assert "".join(cut) == text and len(cut) <= MAX_PAUSED_PIECES
+    words = re.findall(r"\S+", text)
+    if len(words) <= MAX_PAUSED_PIECES:  # a piece each, with the space after it
+        assert [piece.strip() for piece in cut if piece.strip()] == words
+
+
+def test_a_short_answer_streams_word_by_word_and_a_long_one_in_a_bounded_number_of_pieces() -> None:
+    deleting, reporting = Conversation("Delete a file"), Conversation("write a report")
+    deleting.ask(), reporting.ask()
+    short = deleting.answer(("", False))  # nothing to delete: a short answer
+    report = reporting.answer(("README.md\ndocs/", False))  # 400 rows
+    for reply, expected in ((short, len(answer(short).split())), (report, MAX_PAUSED_PIECES)):
+        texts = [e[1]["delta"]["text"] for e in stream_events(reply) if e[1].get("delta", {}).get("text")]
+        assert len(texts) == expected and "".join(texts) == answer(reply)
+    pauses: list[None] = []
+    list(stream_events(report, pause=lambda: pauses.append(None)))
+    assert len(pauses) == MAX_PAUSED_PIECES - 1  # between pieces: ~0.45 s at most, however long
+
+
+@pytest.fixture
+def served_model() -> Iterator[anthropic.Anthropic]:
+    """The real anthropic client against the playground's own demo endpoint (`/model/v1/messages`)."""
+    with stand_in("xoxb-demo-model-test") as server:
+        url = server.playground.base_url + "model"
+        with anthropic.Anthropic(api_key="demo", base_url=url, max_retries=0) as client:
+            yield client
+
+
+def _both_ways(client: anthropic.Anthropic, body: dict[str, Any]) -> tuple[Message, Message, list[str]]:
+    """The reply to `body` from `create`, from `stream`, and the streamed text deltas."""
+    created = client.messages.create(**body)
+    with client.messages.stream(**body) as stream:
+        assert stream.response.headers["content-type"].startswith("text/event-stream")
+        deltas = [event.text for event in stream if event.type == "text"]
+        final = stream.get_final_message()
+    return created, final, deltas
+
+
+@pytest.mark.parametrize("task", ["Jot down the plan", "delete a file", "store my secret", "write a report"])
+def test_the_real_client_streams_every_turn_of_a_scenario_into_the_message_create_returns(
+    served_model: anthropic.Anthropic, task: str
+) -> None:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
+    for _ in range(5):
+        body = request(messages)
+        started = time.monotonic()
+        created, final, deltas = _both_ways(served_model, body)
+        assert time.monotonic() - started < 1.0  # words appear, but a whole turn stays quick
+        assert (
+            final.model_dump() == created.model_dump() == Message.model_validate(respond(body)).model_dump()
+        )
+        text = "".join(b.text for b in final.content if b.type == "text")
+        assert "".join(deltas) == text and len(deltas) > 1  # the text grew piece by piece
+        uses = [b for b in final.content if b.type == "tool_use"]
+        if not uses:
+            assert final.stop_reason == "end_turn" and text.endswith(FOOTER)
+            return
+        messages.append(
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]}
+        )
+        results = [{"type": "tool_result", "tool_use_id": u.id, "content": "README.md\ndocs/"} for u in uses]
+        messages.append({"role": "user", "content": results})
+    raise AssertionError(f"the {task!r} scenario never answered")
+
+
+def test_a_streamed_request_the_model_refuses_is_a_json_error_not_a_stream(
+    served_model: anthropic.Anthropic,
+) -> None:
+    refusing = served_model.messages.stream(model="m", max_tokens=10, messages=[])
+    with pytest.raises(anthropic.BadRequestError) as refused, refusing as stream:
+        stream.get_final_message()
+    assert refused.value.response.headers["content-type"].startswith("application/json")
+    assert refused.value.body == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "messages: at least one message is required"},
+    }

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import pytest
 
 from tests.playground_support import ALICE, BOB, CAROL, Page, Running, playground
@@ -152,3 +153,24 @@ def test_a_mention_inside_the_thread_continues_the_conversation(page: Page) -> N
     assert sum(FOOTER in m["text"] for m in page.thread(ts)) == 1  # the first run's stop
     page.click(BOB, card, "decline")
     page.wait(lambda s: sum(FOOTER in m["text"] for m in page.thread(ts, s)) == 2)
+
+
+def test_the_model_the_workers_are_given_streams_the_same_reply_it_answers_whole(running: Running) -> None:
+    """`ANTHROPIC_BASE_URL` of the started playground: the worker's streamed call gets what create() gets."""
+    body: dict[str, Any] = {
+        "model": "claude-demo",
+        "max_tokens": 1024,
+        "messages": [{"role": "user", "content": "write a note about streaming"}],
+        "tools": [
+            {"name": name, "input_schema": {"type": "object"}}
+            for name in ("get_time", "list_files", "write_file", "read_file")
+        ],
+    }
+    with anthropic.Anthropic(api_key="demo", base_url=running.url + "model", max_retries=0) as client:
+        whole = client.messages.create(**body)
+        with client.messages.stream(**body) as stream:
+            pieces = [event.text for event in stream if event.type == "text"]
+            streamed = stream.get_final_message()
+    assert streamed.model_dump() == whole.model_dump()
+    assert [b.name for b in streamed.content if b.type == "tool_use"] == ["get_time", "list_files"]
+    assert len(pieces) > 1 and "".join(pieces) == streamed.content[0].text  # word by word

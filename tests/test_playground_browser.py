@@ -14,13 +14,24 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from slack_sdk import WebClient
 
-from playground.slack import CHANNEL_ID, OPS_CHANNEL_ID
-from tests.playground_support import ALICE, BOB, CAROL, Page, Running, playground, runs_started_by
+from playground.slack import CHANNEL_ID, OPS_CHANNEL_ID, TEAM_ID
+from tests.playground_support import (
+    ALICE,
+    BOB,
+    CAROL,
+    Page,
+    Running,
+    playground,
+    runs_started_by,
+    stand_in,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -77,19 +88,26 @@ def running(browser: Any, redis_db: str, workspace: Path) -> Iterator[Running]:
         yield started
 
 
-@pytest.fixture
-def tab(browser: Any, running: Running) -> Iterator[Any]:
-    """A fresh page on the playground; fails the test on any console error or page error."""
+@contextmanager
+def opened(browser: Any, url: str) -> Iterator[Any]:
+    """A fresh page on `url`; fails the test on any console error or page error."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
     problems: list[str] = []
     page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(str(e)))
-    page.goto(running.url)
+    page.goto(url)
     yield page
     context.close()
     assert problems == [], problems
+
+
+@pytest.fixture
+def tab(browser: Any, running: Running) -> Iterator[Any]:
+    """A fresh page on the playground."""
+    with opened(browser, running.url) as page:
+        yield page
 
 
 def shoot(tab: Any, name: str, tmp_path: Path) -> None:
@@ -270,3 +288,73 @@ def test_ops_has_its_own_profile_tools_and_requesters(
     expect(tab.locator("#profile-name")).to_have_text("profile: playground")
     expect(tab.locator("#messages .message", has_text="ops handover")).to_have_count(0)
     expect(tab.locator(".ephemeral", has_text="may start a run")).to_have_count(0)
+
+
+def test_a_stream_grows_with_its_tasks_then_settles_with_the_tasks_above_its_blocks(
+    browser: Any, tmp_path: Path
+) -> None:
+    """What the worker's streamed reply looks like: text growing, tasks ticking, then settled blocks."""
+    expect = pytest.importorskip("playwright.sync_api").expect
+    token = "xoxb-browser-stream"
+    with stand_in(token) as server, opened(browser, server.playground.base_url) as tab:
+        bot = WebClient(token=token, base_url=server.playground.base_url + "api/")
+        ts = server.playground.workspace.post_as(ALICE, "tidy the folder", None)["ts"]
+        opened_stream = bot.chat_startStream(
+            channel=CHANNEL_ID,
+            thread_ts=ts,
+            recipient_team_id=TEAM_ID,
+            recipient_user_id=ALICE,
+            markdown_text="Looking",
+            chunks=[{"type": "task_update", "id": "t1", "title": "List the files", "status": "pending"}],
+        )
+        stream = {"channel": CHANNEL_ID, "ts": opened_stream["ts"]}
+        message = tab.locator(f'#messages .message[data-ts="{opened_stream["ts"]}"]')
+        first = message.locator(".task[data-task-id=t1]")
+        expect(message).to_have_class(re.compile(r"\bstreaming\b"))
+        expect(first.locator(".task-mark")).to_have_text("○")
+        expect(first.locator(".task-title")).to_have_text("List the files")
+
+        bot.chat_appendStream(**stream, markdown_text=" at the folder")
+        expect(message.locator(".mrkdwn")).to_have_text("Looking at the folder")  # the text grows
+        bot.chat_appendStream(
+            **stream,
+            chunks=[
+                {"type": "task_update", "id": "t1", "title": "Listing the files", "status": "in_progress"},
+                {"type": "task_update", "id": "t2", "title": "Delete notes.md", "status": "pending"},
+            ],
+        )
+        expect(first.locator(".task-mark")).to_have_text("◌")
+        expect(first.locator(".task-mark")).to_have_attribute("aria-label", "in progress")
+        expect(message.locator(".task .task-title")).to_have_text(["Listing the files", "Delete notes.md"])
+        shoot(tab, "playground-streaming.png", tmp_path)
+
+        bot.chat_stopStream(
+            **stream,
+            chunks=[
+                {"type": "task_update", "id": "t1", "title": "List the files", "status": "complete"},
+                {
+                    "type": "task_update",
+                    "id": "t2",
+                    "title": "Delete notes.md",
+                    "status": "error",
+                    "output": "declined",
+                },
+            ],
+        )
+        expect(message).not_to_have_class(re.compile(r"\bstreaming\b"))
+        expect(message.locator(".task .task-mark")).to_have_text(["✓", "✗"])
+        expect(message.locator(".task[data-task-id=t2] .task-output")).to_have_text("declined")
+
+        blocks = [
+            {"type": "section", "text": {"type": "mrkdwn", "text": "*Settled:* one file listed"}},
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": "That took 1 turn"}]},
+        ]
+        bot.chat_update(**stream, text="Settled: one file listed", blocks=blocks)
+        expect(message).to_contain_text("That took 1 turn")
+        expect(message.locator(".task .task-mark")).to_have_text(["✓", "✗"])  # the tasks stay …
+        above = message.evaluate(
+            "m => !!(m.querySelector('.stream-tasks').compareDocumentPosition("
+            "m.querySelector('.blocks')) & Node.DOCUMENT_POSITION_FOLLOWING)"
+        )
+        assert above  # … above the settled blocks
+        assert message.locator(".edited").count() == 0  # settling a stream is no edit

@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,13 +16,10 @@ from slack_sdk.errors import SlackApiError
 from harness.config import load_config
 from messages.home import PERMALINK
 from playground import server as server_module
-from playground.bot_client import Bot
 from playground.profiles import describe
-from playground.server import Playground, Server
-from playground.slack import BOT_USER_ID, CHANNEL_ID, CHANNELS, OPS_CHANNEL_ID, PEOPLE, Workspace
-from tests.playground_support import ALICE, BOB, CAROL, Page
-from tests.stack import free_port
-from workers.dev import PLAYGROUND_CONFIG
+from playground.server import Server
+from playground.slack import BOT_USER_ID, CHANNEL_ID, CHANNELS, OPS_CHANNEL_ID, PEOPLE
+from tests.playground_support import ALICE, BOB, CAROL, Page, stand_in
 
 TOKEN = "xoxb-playground-test"
 
@@ -31,21 +27,9 @@ TOKEN = "xoxb-playground-test"
 @pytest.fixture
 def served() -> Iterator[tuple[Server, WebClient, Page]]:
     """A playground server with no bot behind it (the bot's address refuses connections)."""
-    workspace = Workspace(token=TOKEN, usergroups={"S01REVIEWERS": [ALICE]})
-    bot = Bot(f"http://127.0.0.1:{free_port()}/slack/events", "secret")
-    profiles = describe(load_config(PLAYGROUND_CONFIG, env={}), CHANNELS, PEOPLE)
-    playground = Playground(workspace, bot, "http://127.0.0.1/", True, "demo", profiles=profiles)
-    server = Server(("127.0.0.1", 0), playground)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/"
-    workspace.upload_base = url + "upload/"
-    try:
+    with stand_in(TOKEN, usergroups={"S01REVIEWERS": [ALICE]}) as server:
+        url = server.playground.base_url
         yield server, WebClient(token=TOKEN, base_url=url + "api/"), Page(url)
-    finally:
-        server.stopping = True
-        server.shutdown()
-        server.server_close()
 
 
 def test_posts_updates_and_metadata_come_back_as_slack_returns_them(served: Any) -> None:
@@ -213,6 +197,100 @@ def test_a_stream_grows_on_the_page_then_settles_as_the_message_without_an_edit_
     assert (settled["text"], settled["edited"]) == ("Hello world, settled", False)
     with pytest.raises(SlackApiError, match="message_not_in_streaming_state"):
         client.chat_appendStream(channel=CHANNEL_ID, ts=opened["ts"], markdown_text="late")
+
+
+def _task(task_id: str, title: str, status: str, **more: str) -> dict[str, str]:
+    return {"type": "task_update", "id": task_id, "title": title, "status": status, **more}
+
+
+def test_a_streams_chunks_grow_its_text_and_keep_its_tasks_by_id_through_stop_and_settling(
+    served: Any,
+) -> None:
+    server, client, page = served
+    ts = server.playground.workspace.post_as(ALICE, "hello", None)["ts"]
+    opened = client.chat_startStream(
+        channel=CHANNEL_ID,
+        thread_ts=ts,
+        recipient_team_id="T0PLAYGND",
+        recipient_user_id=ALICE,
+        markdown_text="Working",
+        chunks=[_task("t1", "List the files", "pending")],
+        task_display_mode="plan",
+    )
+    stream = {"channel": CHANNEL_ID, "ts": opened["ts"]}
+    client.chat_appendStream(**stream, chunks=[_task("t1", "Listing the files", "in_progress")])  # no text
+    client.chat_appendStream(
+        **stream,
+        markdown_text=" on it",
+        chunks=[{"type": "markdown_text", "text": "…"}, _task("t2", "Write notes.md", "pending")],
+    )
+    live = page.thread(ts)[-1]
+    assert (live["text"], live["streaming"], live["task_display_mode"]) == ("Working on it…", True, "plan")
+    assert [(t["id"], t["title"], t["status"]) for t in live["tasks"]] == [
+        ("t1", "Listing the files", "in_progress"),
+        ("t2", "Write notes.md", "pending"),
+    ]
+    client.chat_stopStream(
+        **stream,
+        chunks=[
+            _task("t2", "Write notes.md", "error", output="declined"),
+            _task("t1", "List the files", "complete", details="2 files"),
+        ],
+    )
+    stopped = page.thread(ts)[-1]
+    assert stopped["streaming"] is False and stopped["text"] == "Working on it…"
+    assert stopped["tasks"] == [
+        {"id": "t1", "title": "List the files", "status": "complete", "details": "2 files"},
+        {"id": "t2", "title": "Write notes.md", "status": "error", "output": "declined"},
+    ]  # first-seen order, the latest status winning
+    blocks = [{"type": "section", "text": {"type": "mrkdwn", "text": "Done"}}]
+    client.chat_update(**stream, text="Done", blocks=blocks)
+    settled = page.thread(ts)[-1]
+    assert (settled["text"], settled["blocks"][0]["text"]["text"]) == ("Done", "Done")
+    assert settled["tasks"] == stopped["tasks"] and settled["edited"] is False  # Slack keeps them
+
+
+@pytest.mark.parametrize(
+    ("call", "arguments"),
+    [
+        ("chat_appendStream", {"chunks": [{"type": "plan_updat", "title": "x"}]}),
+        ("chat_appendStream", {"chunks": [{"type": "task_update", "title": "x", "status": "pending"}]}),
+        ("chat_appendStream", {"chunks": [{"type": "task_update", "id": "t", "status": "pending"}]}),
+        ("chat_appendStream", {"chunks": [_task("t", "x", "done")]}),
+        ("chat_appendStream", {"chunks": [{**_task("t", "x", "pending"), "output": ["not", "text"]}]}),
+        ("chat_appendStream", {"chunks": [{"type": "markdown_text"}]}),
+        ("chat_appendStream", {"chunks": "not a list"}),
+        ("chat_appendStream", {"chunks": []}),  # neither text nor chunks: nothing to append
+        ("chat_stopStream", {"chunks": [_task("t", "", "complete")]}),
+        ("chat_startStream", {"chunks": [{"text": "no type"}]}),
+        ("chat_startStream", {"task_display_mode": "carousel"}),
+    ],
+)
+def test_malformed_chunks_are_refused_with_invalid_arguments_and_change_nothing(
+    served: Any, call: str, arguments: dict[str, Any]
+) -> None:
+    server, client, page = served
+    ts = server.playground.workspace.post_as(ALICE, "hello", None)["ts"]
+    opened = client.chat_startStream(
+        channel=CHANNEL_ID,
+        thread_ts=ts,
+        recipient_team_id="T0PLAYGND",
+        recipient_user_id=ALICE,
+        markdown_text="Hi",
+        chunks=[_task("t", "A task", "pending")],
+    )
+    where = (
+        {"thread_ts": ts, "recipient_team_id": "T0PLAYGND", "recipient_user_id": ALICE}
+        if call == "chat_startStream"
+        else {"ts": opened["ts"]}
+    )
+    before = page.state()["messages"]
+    with pytest.raises(SlackApiError) as refused:
+        getattr(client, call)(channel=CHANNEL_ID, **where, **arguments)
+    assert refused.value.response["error"] == "invalid_arguments"
+    after = page.state()["messages"]
+    assert after == before and after[-1]["streaming"] is True
+    assert after[-1]["tasks"] == [{"id": "t", "title": "A task", "status": "pending"}]
 
 
 def test_the_page_api_refuses_other_sites_and_says_why(served: Any) -> None:

@@ -1,6 +1,6 @@
 /*
- * One message as the channel and its threads show it: avatar, author, time, blocks or text,
- * files, reactions; an ephemeral one says only its user sees it.
+ * One message as the channel and its threads show it: avatar, author, time, a stream's tasks,
+ * blocks or text, files, reactions; an ephemeral one says only its user sees it.
  */
 
 import { renderBlocks } from './blocks.js';
@@ -29,7 +29,7 @@ function avatar(userId) {
 /** One message (or ephemeral, with `eph` true): header, blocks or text, reactions. */
 export function renderMessage(msg, eph) {
   const bot = !!msg.bot_id || isBotUser(msg.user);
-  const node = el('div', `message${eph ? ' ephemeral' : ''}${bot ? ' from-bot' : ''}`);
+  const node = el('div', `message${eph ? ' ephemeral' : ''}${bot ? ' from-bot' : ''}${msg.streaming ? ' streaming' : ''}`);
   node.dataset.ts = msg.ts;
   node.dataset.threadTs = msg.thread_ts || '';
   node.dataset.user = msg.user || '';
@@ -46,6 +46,8 @@ export function renderMessage(msg, eph) {
   if (eph) body.append(el('div', 'eph-note', '👁 Only visible to you'));
   const ctx = { message_ts: msg.ts, ephemeral: !!eph };
   const files = Array.isArray(msg.files) ? msg.files : [];
+  // Slack keeps a stream's tasks when it stops and when chat.update settles it: above its blocks.
+  if (Array.isArray(msg.tasks) && msg.tasks.length) body.append(renderTasks(msg.tasks, msg.task_display_mode));
   if (Array.isArray(msg.blocks) && msg.blocks.length) body.append(renderBlocks(msg.blocks, ctx));
   else if (msg.text || !files.length) body.append(renderMrkdwn(msg.text));
   files.forEach((f) => body.append(renderFile(f)));
@@ -73,4 +75,32 @@ function renderFile(file) {
   summary.append(el('span', 'file-name', file.name || ''));
   box.append(summary, el('pre', 'file-text', file.text || ''));
   return box;
+}
+
+const TASK_STATUS = {
+  pending: { mark: '○', word: 'pending' },
+  in_progress: { mark: '◌', word: 'in progress' },
+  complete: { mark: '✓', word: 'complete' },
+  error: { mark: '✗', word: 'error' },
+};
+
+/** A streaming message's tasks (task_update chunks), in the order first seen: status, title, details. */
+function renderTasks(tasks, mode) {
+  const list = el('ol', `stream-tasks${mode === 'plan' ? ' plan' : ''}`);
+  list.setAttribute('aria-label', 'Tasks');
+  for (const task of tasks) {
+    const status = TASK_STATUS[task.status] ? task.status : 'pending';
+    const item = el('li', `task task-${status}`);
+    item.dataset.taskId = task.id;
+    item.dataset.status = status;
+    const mark = el('span', 'task-mark', TASK_STATUS[status].mark);
+    mark.title = TASK_STATUS[status].word;
+    mark.setAttribute('aria-label', TASK_STATUS[status].word);
+    mark.setAttribute('role', 'img');
+    item.append(mark, el('span', 'task-title', task.title || ''));
+    if (task.details) item.append(el('span', 'task-details', task.details));
+    if (task.output) item.append(el('div', 'task-output', task.output));
+    list.append(item);
+  }
+  return list;
 }
