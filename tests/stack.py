@@ -212,6 +212,9 @@ class Stack:
             HARNESS_CONFIG=str(self.workdir / "harness.toml"),
             HARNESS_WORKSPACE=str(self.workspace),
             PORT=str(self.port),
+            # Stream writes paced at 50 ms, not Slack's 300: a run's live message settles sooner.
+            # The tests of pacing itself (tests/test_live*.py) and the benchmarks keep 300.
+            HARNESS_STREAM_PACE_MS="50",
         )
         env.update(self.extra_env)
         env.update(extra)

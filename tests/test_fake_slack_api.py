@@ -113,12 +113,14 @@ def test_unknown_method(client: WebClient, fake: FakeSlackAPI) -> None:
     with pytest.raises(SlackApiError) as exc:
         client.api_call("nope.nothing")
     assert exc.value.response["error"] == "unknown_method"
-    assert fake.calls[-1] == Call(
+    last = fake.calls[-1]
+    assert last == Call(
         method="nope.nothing",
         params={},
         ok=False,
         error="unknown_method",
         response={"ok": False, "error": "unknown_method"},
+        at=last.at,
     )
 
 

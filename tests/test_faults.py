@@ -160,7 +160,7 @@ def test_a_worker_killed_while_posting_to_slack_loses_no_run(stack: Stack) -> No
         reply(text("lost with the worker")),
         reply(text("after the crash")),
     )
-    held = stack.slack.hold_next("chat.postMessage", unless=WORKING)  # the turn summary
+    held = stack.slack.hold_next("chat.update")  # the turn summary, settling the turn's live message
     stack.start_bot()
     doomed = stack.start_worker()
     _, ts, _ = stack.mention("postkill: read it", channel="C2", user="UANN")
@@ -180,6 +180,10 @@ def test_a_worker_killed_while_posting_to_slack_loses_no_run(stack: Stack) -> No
     summaries = [m for m in posts(stack, "C2", ts) if "read_file" in m["text"]]
     assert len(summaries) == 1
     assert not any("lost with the worker" in m["text"] for m in posts(stack, "C2", ts))
+    # The answer the dead worker was streaming is taken out of the thread, not left half-written.
+    lost = [s for s in stack.slack.streams() if "lost with the worker" in s["text"]]
+    deleted = {c.params.get("ts") for c in stack.slack.calls if c.method == "chat.delete" and c.ok}
+    assert all(s["ts"] in deleted for s in lost)
 
 
 def test_a_side_effecting_call_whose_worker_died_is_never_run_again(stack: Stack) -> None:
@@ -374,12 +378,12 @@ def test_the_answer_reaches_the_thread_exactly_once_across_a_crash(stack: Stack)
 
 def test_an_answer_lost_with_its_worker_is_posted_by_the_next(stack: Stack) -> None:
     stack.model.script(reply(text("posted by the next worker")))
-    held = stack.slack.hold_next("chat.startStream")  # the answer's stream
+    held = stack.slack.hold_next("chat.update")  # the answer, settling its live message
     stack.start_bot()
     doomed = stack.start_worker()
     _, ts, _ = stack.mention("answerlost: hi", channel="C25", user="UANN")
     assert held.arrived.wait(30)
-    stack.slack.fail_next("chat.startStream", error="fatal_error")  # the held start never lands
+    stack.slack.fail_next("chat.update", error="fatal_error")  # the held settling never lands
     doomed.kill_group()
     count("workers SIGKILLed mid-run")
     held.release.set()
@@ -389,8 +393,11 @@ def test_an_answer_lost_with_its_worker_is_posted_by_the_next(stack: Stack) -> N
     assert len([m for m in posts(stack, "C25", ts) if "posted by the next worker" in m["text"]]) == 1
 
 
-def test_a_stream_left_open_by_a_dead_worker_is_closed_and_settled_by_the_next(stack: Stack) -> None:
-    stack.model.script(reply(text("streamed " * 100)))  # 900 characters: three appends
+def test_a_stream_left_open_by_a_dead_worker_is_taken_out_and_the_answer_comes_once(stack: Stack) -> None:
+    stack.model.script(
+        reply(text("halfway " * 100), tokens_per_second=100),  # written as the model writes it
+        reply(text("streamed " * 100)),  # asked again: the first reply died unsaved with its worker
+    )
     held = stack.slack.hold_next("chat.appendStream")
     stack.start_bot()
     doomed = stack.start_worker()
@@ -402,9 +409,15 @@ def test_a_stream_left_open_by_a_dead_worker_is_closed_and_settled_by_the_next(s
     stack.start_worker()
     wait_until(lambda: runs(stack)[0].outbox == [] and runs(stack)[0].status is RunStatus.FINISHED)
     stack.settled()
-    (stream,) = stack.slack.streams()
-    assert stream["streaming"] is False and FOOTER_1 in stream["text"]  # closed, and it is the answer
+    (answer,) = stack.slack.streams()  # the dead worker's stream is gone: stopped, then deleted
+    started = [c for c in stack.slack.calls if c.method == "chat.startStream" and c.ok]
+    orphan = started[0].response["ts"]
+    assert started[0].params["markdown_text"].startswith("half") and orphan != answer["ts"]
+    deleted = [c for c in stack.slack.calls if c.method == "chat.delete" and c.params.get("ts") == orphan]
+    assert deleted and deleted[-1].ok
+    assert answer["streaming"] is False and FOOTER_1 in answer["text"]  # closed, and it is the answer
     assert len([m for m in posts(stack, "C28", ts) if "streamed streamed" in m["text"]]) == 1
+    assert not [m for m in posts(stack, "C28", ts) if "halfway" in m["text"]]
 
 
 def test_the_file_of_a_long_answer_reaches_the_thread_exactly_once_across_a_crash(stack: Stack) -> None:

@@ -33,7 +33,8 @@ def new_channel() -> str:
 
 @pytest.fixture(scope="module")
 def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    yield from running_stack(redis_server, tmp_path_factory.mktemp("live"), GENEROUS, db=9)
+    pace = {"HARNESS_STREAM_PACE_MS": str(int(PACE_SECONDS * 1000))}  # Slack's pace, not the tests' own
+    yield from running_stack(redis_server, tmp_path_factory.mktemp("live"), GENEROUS, db=9, extra_env=pace)
 
 
 def footer(turns: int, requests: int) -> str:

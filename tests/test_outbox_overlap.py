@@ -37,7 +37,8 @@ def texts(stack: Stack, channel: str, ts: str) -> list[str]:
 
 def test_a_turns_summary_is_posted_while_the_model_reads_its_results(stack: Stack) -> None:
     stack.model.script(reply(tool_use("get_time", {})), reply(text("It is late.")))
-    summary = stack.slack.hold_next("chat.postMessage", unless="Working on it")
+    # The turn's live message settles into its summary: the run's first chat.update.
+    summary = stack.slack.hold_next("chat.update")
     stack.start_bot()
     stack.start_worker()
     _, ts, _ = stack.mention("what time is it?", channel="COV1")

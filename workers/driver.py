@@ -106,6 +106,8 @@ class Driver:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if self.live is not None:
+            self.live.close()  # its streams stopped: the job leaves no writer behind
         if self._courier is not None:
             self._courier.close()  # what it still carries is paid first (the next driver would else)
         self._write_besides()

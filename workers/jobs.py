@@ -49,13 +49,11 @@ from harness.state import (
 from harness.valves import Stop, Valve, token_limit
 from messages import cards, endings, texts, turns
 from messages.blocks import Message, notice
-from workers import budgets, deciders, granting, logs, metrics, outbox, rulings, thread_status
+from workers import budgets, deciders, granting, live, logs, metrics, outbox, rulings, thread_status
 from workers.driver import Driver, park_ttl
-from workers.live import LiveView
 from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
 from workers.store import (
     BATCH,
-    DAY,
     LIMIT_CALL,
     DecideOutcome,
     Keys,
@@ -198,7 +196,7 @@ def _next_move(svc: Services, driver: Driver, recovering: bool) -> str | None:
             state = _checkpointed_state(driver.record)
         except StateError as exc:
             return _refuse(driver, str(exc))
-        _drop_orphaned_live(svc, driver.record)
+        live.drop_orphans(svc, driver.record)
         return _advance(svc, driver, state)
     if status is RunStatus.AWAITING_APPROVAL:
         return _resume_if_decided(svc, driver)
@@ -233,7 +231,7 @@ def _advance(svc: Services, driver: Driver, state: RunState) -> str | None:
     """Step the run until it leaves the loop: after every step, save (with what it owes Slack); the
     next step pays it meanwhile (a turn's summary goes out while the model reads its results)."""
 
-    agent = replace(_agent(svc, driver), live=_live(svc, driver))
+    agent = replace(_agent(svc, driver), live=live.view_of(svc, driver))
     working = functools.partial(thread_status.show, svc, phase=thread_status.Phase.WORKING)
     while True:
         driver.dispatch(then=working)  # the status after the posts: a post in a DM clears it
@@ -309,72 +307,14 @@ def _owe_summaries(driver: Driver, events: tuple[Event, ...], agent: Agent, stat
         if isinstance(event, ToolsRequested) and driver.live is not None:
             driver.live.requested(event.calls)
         if isinstance(event, TurnDone):
-            live = _seal_turn(driver)
-            said = _intent(state) if live else ""  # the words it streamed stay in what it settles into
+            settles = live.seal_turn(driver)
+            said = _intent(state) if settles else ""  # the words it streamed stay in what it settles into
             try:
                 msg = turns.turn_summary(event.turn, event.calls, event.tokens, budget, said=said)
             except Exception:  # never lose the step (and its usage) to a rendering bug
                 log.exception("run %s: turn %s could not be rendered", driver.run_id, event.turn)
                 msg = notice(texts.UNRENDERABLE.format(turn=event.turn))
-            driver.owe(msg, live=live)
-
-
-# --- the live view: words and calls as they happen (workers.live) ------------------------------------
-
-
-def _live(svc: Services, driver: Driver) -> LiveView:
-    """The driver's live view of its run, made at its first step."""
-    if driver.live is None:
-        record = driver.record
-        key = Keys.live(record.run_id)
-
-        def opened(ts: str) -> None:  # known before anything can owe its settlement
-            pipe = svc.store.redis.pipeline(transaction=False)
-            pipe.sadd(key, ts)
-            pipe.expire(key, DAY)
-            pipe.execute()
-
-        where = (record.channel, record.thread_ts, record.team, record.requester)
-        driver.live = LiveView(svc.courtesy_slack, svc.live_streams, where, opened=opened)
-        driver.live.hold = record.live_ts is not None  # that turn's summary settles into its message
-    return driver.live
-
-
-def _seal_turn(driver: Driver) -> str | None:
-    """The live message a turn's summary settles into: the open one, or the one it parked in."""
-    live = driver.live
-    ts = live.seal() if live is not None else None
-    if driver.record.live_ts:
-        ts = ts or driver.record.live_ts
-        driver.record = replace(driver.record, live_ts=None)
-    if live is not None:
-        live.hold = False
-    return ts
-
-
-def _let_live_stand(svc: Services, driver: Driver, *, discard: bool = False) -> None:
-    """Seal the open live message with nothing to settle into it: it stays as it stopped (what the
-    model wrote before a stop), or with `discard` goes (a reply that failed is asked for again)."""
-    live = driver.live
-    ts = live.seal() if live is not None else None
-    if ts is None:
-        return
-    if discard:
-        svc.discard_live(driver.record.channel, ts)
-    else:
-        svc.live_streams.stopped(ts)
-    svc.store.redis.srem(Keys.live(driver.run_id), ts)
-
-
-def _drop_orphaned_live(svc: Services, record: RunRecord) -> None:
-    """Take out the live messages of a driver that died: those no saved step owes a settlement."""
-    key = Keys.live(record.run_id)
-    kept = {record.live_ts} | {e.get("live") for e in record.outbox}
-    for raw in svc.store.redis.smembers(key):
-        ts = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if ts not in kept:
-            svc.discard_live(record.channel, ts)
-            svc.store.redis.srem(key, ts)
+            driver.owe(msg, live=settles)
 
 
 def _count_step(driver: Driver, state: RunState, events: tuple[Event, ...]) -> None:
@@ -392,7 +332,7 @@ def _leave_loop(svc: Services, driver: Driver, state: RunState, agent: Agent, ou
     if isinstance(outcome, AwaitingApproval):
         return _park(svc, driver, state, agent, outcome)
     if not isinstance(outcome, Finished):
-        _let_live_stand(svc, driver, discard=isinstance(outcome, Failed))
+        live.let_stand(svc, driver, discard=isinstance(outcome, Failed))
     if isinstance(outcome, AwaitingLimit):
         return _park_at_limit(svc, driver, state, outcome)
     if isinstance(outcome, Failed):
@@ -470,10 +410,10 @@ def _park(
         )
         driver.owe(batch, role=outbox.CARD, call=BATCH)
     driver.park(state, waiting, park_ttl(minutes), expires_at.timestamp())
-    if driver.record.live_ts:  # kept by the record now; the writer stops it meanwhile
-        svc.live_streams.stopped(driver.record.live_ts)
-        svc.store.redis.srem(Keys.live(driver.run_id), driver.record.live_ts)
     driver.deliver()
+    if driver.record.live_ts:  # kept by the record now; its writer stops it meanwhile
+        svc.live_streams.forget(driver.record.live_ts)
+        svc.store.redis.srem(Keys.live(driver.run_id), driver.record.live_ts)
     driver.record = thread_status.show(svc, driver.record, thread_status.Phase.WAITING)  # after the cards
     return _resume_if_decided(svc, driver)
 
@@ -707,6 +647,9 @@ def _stop_parked(svc: Services, driver: Driver, by: str) -> str | None:
             continue
         driver.record = outbox.owe_update(driver.record, ts, msg)
     svc.store.forget_park(record)
+    if record.live_ts:  # the parked turn's message: no summary will settle into it now
+        driver.record = outbox.owe_update(driver.record, record.live_ts, notice(texts.LIVE_ENDED))
+        driver.record = replace(driver.record, live_ts=None)
     state = stop_run(state, Valve.STOPPED_BY_USER, harness_texts.STOP_BY_USER)
     driver.owe(endings.stopped_by(by=by, turns=state.turns, requests=state.requests))
     driver.record = outbox.owe_reaction(

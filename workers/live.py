@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
@@ -38,6 +39,11 @@ from harness.state import PendingCall
 from messages import texts
 from messages.arguments import args_json
 from messages.text import cut, escape, inert, visible
+from workers.store import DAY, Keys, RunRecord
+
+if TYPE_CHECKING:
+    from workers.driver import Driver
+    from workers.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +56,17 @@ PENDING, IN_PROGRESS, COMPLETE, ERROR = "pending", "in_progress", "complete", "e
 _TRANSIENT = {"ratelimited", "rate_limited", "internal_error", "fatal_error", "service_unavailable"}
 
 
+def pace_seconds() -> float:
+    """The pace of stream writes per thread: `HARNESS_STREAM_PACE_MS` (tests shorten it), else 300 ms."""
+    raw = os.environ.get("HARNESS_STREAM_PACE_MS")
+    return PACE_SECONDS if not raw else max(0.0, float(raw) / 1000)
+
+
 class Pacer:
     """When each thread may next be written to: one stream write per `PACE_SECONDS` per thread."""
 
-    def __init__(self, seconds: float = PACE_SECONDS) -> None:
-        self.seconds = seconds
+    def __init__(self, seconds: float | None = None) -> None:
+        self.seconds = pace_seconds() if seconds is None else seconds
         self._next: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
 
@@ -137,9 +149,9 @@ class LiveMessage:
                     break
             return self.ts
 
-    def join(self, timeout: float = OPEN_WAIT_SECONDS + PACE_SECONDS * 2) -> None:
+    def join(self) -> None:
         """Wait until the stream is stopped (`seal` first)."""
-        self._thread.join(timeout)
+        self._thread.join(OPEN_WAIT_SECONDS + self.pacer.seconds * 2)
 
     def _work(self) -> None:
         try:
@@ -233,6 +245,11 @@ class LiveStreams:
             with self._lock:
                 self._open[message.ts] = message
 
+    def forget(self, ts: str) -> None:
+        """Stop keeping `ts`: nothing will settle into it (its writer still stops it)."""
+        with self._lock:
+            self._open.pop(ts, None)
+
     def stopped(self, ts: str) -> bool:
         """Wait until the stream `ts` of this process stopped; False when it is not one of ours (a
         driver of another process, or one that died, wrote it: the caller stops it itself)."""
@@ -261,6 +278,7 @@ class LiveView:
         self._opened = opened
         self.refused: set[str] = set()  # "stream", "tasks": what Slack refused for this run
         self.message: LiveMessage | None = None
+        self._made: list[LiveMessage] = []  # every message of this view, for `close`
         # The turn's message stopped when the run parked: until its summary settles into it, the
         # turn's calls show nowhere live (a stopped stream takes no more tasks).
         self.hold = False
@@ -300,6 +318,14 @@ class LiveView:
             self.streams.add(message)
         return ts
 
+    def close(self) -> None:
+        """Seal the open message and wait until every writer of this view is done: a job leaves
+        no thread behind (a prefork horse that finds one left running replaces itself)."""
+        self.seal()
+        for message in self._made:
+            message.join()
+        self._made.clear()
+
     def _message(self) -> LiveMessage | None:
         if "stream" in self.refused:
             return None
@@ -314,6 +340,7 @@ class LiveView:
                 opened=self._opened,
                 refused=self.refused.add,
             )
+            self._made.append(self.message)
         return self.message
 
     def _task(self, call: PendingCall, status: str, *, details: str | None = None) -> None:
@@ -346,3 +373,61 @@ def _error(exc: Exception) -> str:
     if isinstance(exc, SlackApiError):
         return str(exc.response.get("error"))
     return type(exc).__name__
+
+
+# --- a driver's live view ----------------------------------------------------------------------------
+
+
+def view_of(svc: Services, driver: Driver) -> LiveView:
+    """The driver's live view of its run, made at its first step."""
+    if driver.live is None:
+        record = driver.record
+        key = Keys.live(record.run_id)
+
+        def opened(ts: str) -> None:  # known before anything can owe its settlement
+            pipe = svc.store.redis.pipeline(transaction=False)
+            pipe.sadd(key, ts)
+            pipe.expire(key, DAY)
+            pipe.execute()
+
+        where = (record.channel, record.thread_ts, record.team, record.requester)
+        driver.live = LiveView(svc.courtesy_slack, svc.live_streams, where, opened=opened)
+        driver.live.hold = record.live_ts is not None  # that turn's summary settles into its message
+    return driver.live
+
+
+def seal_turn(driver: Driver) -> str | None:
+    """The live message a turn's summary settles into: the open one, or the one it parked in."""
+    live = driver.live
+    ts = live.seal() if live is not None else None
+    if driver.record.live_ts:
+        ts = ts or driver.record.live_ts
+        driver.record = replace(driver.record, live_ts=None)
+    if live is not None:
+        live.hold = False
+    return ts
+
+
+def let_stand(svc: Services, driver: Driver, *, discard: bool = False) -> None:
+    """Seal the open live message with nothing to settle into it: it stays as it stopped (what the
+    model wrote before a stop), or with `discard` goes (a reply that failed is asked for again)."""
+    live = driver.live
+    ts = live.seal() if live is not None else None
+    if ts is None:
+        return
+    if discard:
+        svc.discard_live(driver.record.channel, ts)
+    else:
+        svc.live_streams.forget(ts)
+    svc.store.redis.srem(Keys.live(driver.run_id), ts)
+
+
+def drop_orphans(svc: Services, record: RunRecord) -> None:
+    """Take out the live messages of a driver that died: those no saved step owes a settlement."""
+    key = Keys.live(record.run_id)
+    kept = {record.live_ts} | {e.get("live") for e in record.outbox}
+    for raw in svc.store.redis.smembers(key):
+        ts = raw.decode() if isinstance(raw, bytes) else str(raw)
+        if ts not in kept:
+            svc.discard_live(record.channel, ts)
+            svc.store.redis.srem(key, ts)

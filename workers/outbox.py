@@ -101,6 +101,8 @@ def _pay(svc: Services, record: RunRecord, entry: dict[str, Any], posted: dict[s
     op = entry["op"]
     if op == "post":
         if entry["key"] in posted:
+            if entry.get("live"):  # settled before its driver died: no longer open
+                svc.store.redis.srem(Keys.live(record.run_id), entry["live"])
             return posted[entry["key"]]
         tag = {"run": record.run_id, "key": entry["key"]}
         if entry.get("live") and (settled := _settle(svc, record, entry, tag)):
