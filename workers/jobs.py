@@ -485,14 +485,14 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
     for call in state.pending:  # a grant clicked before the park settled: its notice is still due
         if call.decision is not None and call.decision.grant == "given":
             granting.announce_grant(svc, record, call.name, call.decision.grant_dir or "")
+    if BATCH in record.cards:  # first the batch message (often the one clicked): buttons gone, outcomes
+        batch = [c for c in state.pending if c.id in decisions]
+        done = cards.batch_decided(calls=batch, decisions=decisions)
+        driver.record = outbox.owe_update(driver.record, record.cards[BATCH], done)
     shown, now = view.cards_updated, time.time()
     for call in state.pending:  # rendered by the courier, while the approved calls run
         if call.decision is not None and call.id in record.cards and call.id not in shown:
             driver.record = outbox.owe_decided(driver.record, record.cards[call.id], call, now)
-    if BATCH in record.cards:  # buttons gone, each call's outcome and who decided it
-        batch = [c for c in state.pending if c.id in decisions]
-        done = cards.batch_decided(calls=batch, decisions=decisions)
-        driver.record = outbox.owe_update(driver.record, record.cards[BATCH], done)
     # Durably running before anything else: the decisions stay in Redis until the park's TTL. The
     # same round trip forgets the park's expiry and takes the thread again.
     driver.beside_next_save(svc.store.resumed(driver.record, RUN_JOB_TIMEOUT))
