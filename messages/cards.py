@@ -270,6 +270,30 @@ def decided_card(
     return Message(text=text, blocks=fit(build))
 
 
+def card_of_decision(
+    *,
+    call: PendingCall,
+    decision: Decision,
+    requester: str,
+    at: datetime,
+    grant_until: datetime | None = None,
+) -> Message:
+    """`decided_card` of `call` as `decision` decided it (verdict, who, reason, edits, grant)."""
+    return decided_card(
+        call=call,
+        requester=requester,
+        verdict=decision.verdict,
+        by=decision.by,
+        at=at,
+        reason=decision.reason,
+        edited_input=decision.edited_input,
+        approvers=decision.approvers,
+        grant=decision.grant,
+        grant_until=grant_until,
+        grant_dir=decision.grant_dir,
+    )
+
+
 def _changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
     """What a reviewer changed, argument by argument: `name: old → new`, escaped."""
     lines = []

@@ -501,20 +501,20 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
     for call in state.pending:  # a grant clicked before the park settled: its notice is still due
         if call.decision is not None and call.decision.grant == "given":
             granting.announce_grant(svc, record, call.name, call.decision.grant_dir or "")
-    shown = view.cards_updated
-    for call in state.pending:
-        if call.decision is not None and call.id in record.cards and call.id not in shown:
-            driver.record = outbox.owe_update(
-                driver.record, record.cards[call.id], _decided_card(record, call, call.decision)
-            )
-    if BATCH in record.cards:  # buttons gone, each call's outcome and who decided it
+    if BATCH in record.cards:  # first the batch message (often the one clicked): buttons gone, outcomes
         batch = [c for c in state.pending if c.id in decisions]
         done = cards.batch_decided(calls=batch, decisions=decisions)
         driver.record = outbox.owe_update(driver.record, record.cards[BATCH], done)
+    shown, now = view.cards_updated, time.time()
+    for call in state.pending:  # rendered by the courier, while the approved calls run
+        if call.decision is not None and call.id in record.cards and call.id not in shown:
+            driver.record = outbox.owe_decided(driver.record, record.cards[call.id], call, now)
     # Durably running before anything else: the decisions stay in Redis until the park's TTL. The
     # same round trip forgets the park's expiry and takes the thread again.
     driver.beside_next_save(svc.store.resumed(driver.record, RUN_JOB_TIMEOUT))
-    driver.save(status=RunStatus.RUNNING, state=state.to_json(), expires_at=None)
+    # What the park kept of its calls' tools serves its cards and modals only: every save of the
+    # turn would carry it (with ten calls, a quarter of each write-ahead save).
+    driver.save(status=RunStatus.RUNNING, state=state.to_json(), expires_at=None, call_tools={})
     return _advance(svc, driver, state)  # the decided cards are updated while the approved calls run
 
 
@@ -709,18 +709,12 @@ def _pending_by_id(record: RunRecord) -> dict[str, PendingCall]:
 def _decided_card(
     record: RunRecord, call: PendingCall, decision: Decision, grant_until: float | None = None
 ) -> Message:
-    return cards.decided_card(
+    return cards.card_of_decision(
         call=call,
+        decision=decision,
         requester=record.requester,
-        verdict=decision.verdict,
-        by=decision.by,
         at=datetime.now(UTC),
-        reason=decision.reason,
-        edited_input=decision.edited_input,
-        approvers=decision.approvers,
-        grant=decision.grant,
         grant_until=datetime.fromtimestamp(grant_until, UTC) if grant_until else None,
-        grant_dir=decision.grant_dir,
     )
 
 

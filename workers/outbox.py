@@ -10,11 +10,14 @@ thread: a post that reached Slack before the crash is not posted again.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
-from messages import texts
+from harness.state import PendingCall
+from messages import cards, texts
 from messages.blocks import Message, notice
 from workers.services import Services, file_key, upload_name
 from workers.store import Keys, RunRecord
@@ -25,6 +28,9 @@ log = logging.getLogger(__name__)
 CARD = "card"  # an approval card: its ts is kept in RunRecord.cards under the call's id
 FAILURE = "failure"  # a failure with a Retry button: its ts is RunRecord.failure_ts
 MESSAGE = "message"  # anything else
+
+# A decided card is owed as its call (rendered when paid) up to this size, else as the card.
+DECIDED_CALL_MAX_CHARS = 2000
 
 
 def owe_post(
@@ -52,6 +58,20 @@ def owe_post(
 def owe_update(record: RunRecord, ts: str, msg: Message) -> RunRecord:
     """`record` owing a replacement of its message `ts` (text and blocks: buttons go)."""
     entry = {"op": "update", "ts": ts, "text": msg.text, "blocks": msg.blocks}
+    return replace(record, outbox=[*record.outbox, entry])
+
+
+def owe_decided(record: RunRecord, ts: str, call: PendingCall, at: float) -> RunRecord:
+    """`record` owing the update of the card `ts` of `call`, decided (`call.decision`) at `at`.
+
+    Kept as the call, not as the card: the card is rendered when it is paid, by the courier while
+    the run goes on, and the debt weighs a tenth of the card in every save that carries it (an
+    Approve all owes ten cards, carried by each of the ten write-ahead saves that follow).
+    """
+    entry = {"op": "decided", "ts": ts, "call": call.to_json(), "at": at}
+    if len(json.dumps(entry["call"], ensure_ascii=False)) > DECIDED_CALL_MAX_CHARS:
+        msg = _decided(record, entry)  # a card is cut to fit Slack; big arguments are not
+        return record if msg is None else owe_update(record, ts, msg)
     return replace(record, outbox=[*record.outbox, entry])
 
 
@@ -119,8 +139,27 @@ def _pay(svc: Services, record: RunRecord, entry: dict[str, Any], posted: dict[s
     if op == "update":
         svc.update(record.channel, entry["ts"], entry["text"], entry["blocks"])
         return None
+    if op == "decided":
+        msg = _decided(record, entry)
+        if msg is not None:
+            svc.update(record.channel, entry["ts"], msg.text, msg.blocks)
+        return None
     if op == "react":
         svc.react(record.channel, entry["ts"], entry["name"], remove=entry.get("remove"))
         return None
     log.error("run %s owes Slack something unknown (%r); dropped", record.run_id, op)
     return None
+
+
+def _decided(record: RunRecord, entry: dict[str, Any]) -> Message | None:
+    """The decided card a `decided` debt owes; None (logged) when it cannot be rendered: a card
+    is never worth the run, and a debt that raised would raise again for every later driver."""
+    try:
+        call = PendingCall.from_json(entry["call"])
+        if call.decision is None:
+            raise ValueError("the call carries no decision")
+        at = datetime.fromtimestamp(float(entry["at"]), UTC)
+        return cards.card_of_decision(call=call, decision=call.decision, requester=record.requester, at=at)
+    except Exception:
+        log.exception("run %s: a decided card could not be rendered; its update is dropped", record.run_id)
+        return None

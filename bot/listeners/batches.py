@@ -77,11 +77,10 @@ def decide_all(
     user = decision.by or ""
     if approving and deciders.self_approval_refused(approvals, user, record):
         return texts.NO_SELF_APPROVAL  # their Decline all still counts
-    open_ = deps.store.decisions(record.run_id, record.park_id)
-    votes = deps.store.votes(record.run_id, record.park_id) if approving else {}
+    open_, votes = deps.store.ballot(record.run_id, record.park_id)
     unreadable, todo = [], []
     for call in calls:
-        if open_.get(call.id, "gone") is not None or user in votes.get(call.id, ()):
+        if open_.get(call.id, "gone") is not None or (approving and user in votes.get(call.id, ())):
             continue  # decided already (or not of this park), or this approver's vote already counts
         if approving and not fully_reviewable(call):
             unreadable.append(call.name)  # nobody approves bytes they could not have read

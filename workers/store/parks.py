@@ -74,6 +74,16 @@ def decisions_of(raw: dict[Any, Any]) -> dict[str, Decision | None]:
     }
 
 
+def votes_of(raw: dict[Any, Any]) -> dict[str, tuple[str, ...]]:
+    """A park's approvals hash as call id -> who has approved it so far (calls under a quorum)."""
+    out = {}
+    for key, value in raw.items():
+        name = as_text(key)
+        if name.startswith("~votes:") and value:
+            out[name[len("~votes:") :]] = tuple(as_text(value).split(","))
+    return out
+
+
 def park_indexes(record: RunRecord) -> tuple[str, str]:
     """The Home tab's index keys a park of `record` is kept in: its team's and its requester's."""
     return Keys.team_parks(record.team), Keys.user_parks(record.team, record.requester)
@@ -382,13 +392,14 @@ class ParkStore(StorePart):
 
     def votes(self, run_id: str, park_id: int) -> dict[str, tuple[str, ...]]:
         """Who has approved each call of the park so far (calls that need a quorum)."""
+        return votes_of(self.redis.hgetall(Keys.approvals(run_id, park_id)))
+
+    def ballot(
+        self, run_id: str, park_id: int
+    ) -> tuple[dict[str, Decision | None], dict[str, tuple[str, ...]]]:
+        """`decisions` and `votes` of the park, in one read."""
         raw = self.redis.hgetall(Keys.approvals(run_id, park_id))
-        out = {}
-        for key, value in raw.items():
-            name = as_text(key)
-            if name.startswith("~votes:") and value:
-                out[name[len("~votes:") :]] = tuple(as_text(value).split(","))
-        return out
+        return decisions_of(raw), votes_of(raw)
 
     def decisions(self, run_id: str, park_id: int) -> dict[str, Decision | None]:
         """Every call of park `park_id`: its decision, or None while it still awaits one."""
