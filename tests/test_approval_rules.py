@@ -310,7 +310,7 @@ def test_one_stop_at_a_limit_stops_even_after_a_continue_and_the_requester_may_s
     assert stack.click(card, "continue", user="UANN") == 200
     wait_reply(stack, "UANN", channel, "1 of 2")
     assert stack.click(card, "stop", user="UALICE") == 200  # a requester's decline counts
-    wait_post(stack, channel, ts, lambda m: "max-turns valve" in m["text"] and "Stop was chosen" in m["text"])
+    wait_post(stack, channel, ts, lambda m: "at max turns" in m["text"] and "Stop was chosen" in m["text"])
     assert "Stopped by <@UALICE>" in shown(current(stack, channel, card))
     stack.settled()
     assert len(asked(stack, marker)) == 2

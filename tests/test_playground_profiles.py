@@ -106,7 +106,7 @@ def test_a_small_daily_budget_in_ops_is_spent_in_a_few_mentions_then_mentions_ar
             "play/mention", {"user": ALICE, "text": f"write note {number}", "channel": OPS_CHANNEL_ID}
         )["ts"]
         ending = page.wait_text(ts, FOOTER)
-        if "Stopped by the budget valve" in ending["text"]:
+        if "Stopped at a daily budget" in ending["text"]:
             break
         assert "I wrote `notes.md`" in ending["text"]
         finished += 1

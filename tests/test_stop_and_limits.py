@@ -318,7 +318,7 @@ def start_at_limit(stack: Stack, marker: str, *then: Reply) -> tuple[str, str, d
 def test_continue_at_max_turns_grants_another_turn_and_the_run_goes_on(limits: Stack) -> None:
     stack = limits
     channel, ts, card = start_at_limit(stack, "goon", reply(text("goon done")))
-    assert "max-turns limit" in card["text"]
+    assert "Reached max turns" in card["text"]
     assert {b["action_id"] for b in buttons(card)} == {"continue", "stop"}
     assert "1 more turn of tool calls" in str(card["blocks"])
     stack.settled()
@@ -343,7 +343,7 @@ def test_stop_at_a_limit_ends_the_run_as_a_valve_stop(limits: Stack) -> None:
     stack = limits
     channel, ts, card = start_at_limit(stack, "haltit")
     assert press(stack, card, "stop") == 200
-    stop = wait_post(stack, channel, ts, lambda m: "max-turns valve" in m["text"])
+    stop = wait_post(stack, channel, ts, lambda m: "Stopped at max turns" in m["text"])
     assert footer(1, 2) in stop["text"] and "Stop was chosen" in stop["text"]
     decided = current(stack, channel, card)
     assert buttons(decided) == [] and "Stopped by <@UALICE>" in str(decided["blocks"])
@@ -363,7 +363,7 @@ def test_stop_at_a_limit_ends_the_run_as_a_valve_stop(limits: Stack) -> None:
 def test_a_limit_nobody_answers_expires_and_the_run_stops(limits: Stack) -> None:
     stack = limits
     channel, ts, card = start_at_limit(stack, "nobody")
-    stop = wait_post(stack, channel, ts, lambda m: "max-turns valve" in m["text"], timeout=60)
+    stop = wait_post(stack, channel, ts, lambda m: "Stopped at max turns" in m["text"], timeout=60)
     assert "Nobody chose" in stop["text"]
     expired = current(stack, channel, card)
     assert buttons(expired) == [] and "Expired" in str(expired["blocks"])
