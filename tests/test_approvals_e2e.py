@@ -894,7 +894,7 @@ def test_a_path_an_argument_rule_denies_is_named_as_denied_not_the_tool(stack: S
     channel = new_channel()
     stack.model.script_for(
         marker,
-        reply(tool_use("write_file", {"path": "secrets/key.txt", "content": "k"}, id="toolu_deniedpath")),
+        reply(tool_use("write_file", {"path": "secrets/key.txt", "content": "k"})),
         reply(text(f"{marker} done")),
     )
     _, ts, _ = stack.mention(f"{marker}: write the key", channel=channel, user="UALICE")
@@ -905,7 +905,8 @@ def test_a_path_an_argument_rule_denies_is_named_as_denied_not_the_tool(stack: S
     assert "⛔ path `secrets/key.txt` is denied by the policy (not run)" in said
     assert "rule 1 of the policy: path matches `secrets/**`" in said
     assert "`write_file` is denied" not in said and "policy.rules" not in said and "tier" not in said
-    result = result_text(tool_result(asked(stack, marker)[-1], "toolu_deniedpath"))
+    answered = asked(stack, marker)[-1]["messages"][-1]["content"]  # what the model read
+    result = result_text(next(b for b in answered if b["type"] == "tool_result"))
     assert "path 'secrets/key.txt' is forbidden by policy" in result and "The tool itself is not" in result
     assert (
         working_message(stack, channel, ts)["text"]

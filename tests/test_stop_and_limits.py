@@ -178,7 +178,8 @@ def test_stop_during_a_model_request_ends_the_run_before_its_calls_run(stack: St
     )
     assert footer(2, 2) in stopped["text"]  # turn 2 began when the model asked; none of its calls ran
     turn2 = wait_post(stack, channel, ts, lambda m: m["text"].startswith("Turn 2"))
-    assert "stopped_by_user" in str(turn2["blocks"])
+    said = json.dumps(turn2["blocks"], ensure_ascii=False)
+    assert "⏹️ not run: the run was stopped before it" in said and "stopped_by_user" not in said
     stack.settled()
     assert not (stack.workspace / "stopped.txt").exists()
     assert len(asked(stack, "stopmid")) == 2
