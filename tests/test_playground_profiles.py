@@ -91,7 +91,7 @@ def test_someone_ops_does_not_list_as_a_requester_is_told_why_and_nothing_starts
 
     # The same mention in #playground, whose profile names no requesters, starts a run.
     here = page.post("play/mention", {"user": CAROL, "text": "list the files forever"})["ts"]
-    page.wait_text(here, "no-progress")
+    page.wait_text(here, "for no progress")
     (run,) = runs_started_by(redis_db, here)
     assert (run.requester, run.channel, run.profile) == (CAROL, CHANNEL_ID, "playground")
 
