@@ -27,6 +27,7 @@ from messages import texts
 from messages.arguments import fully_reviewable
 from messages.modals import EDIT_VALUE_MAX, edit_value
 from messages.reasons import denied_subject, plain_quote, plain_why
+from messages.text import plural
 
 _MESSAGE_MAX = 150  # Slack shows a short line under the input
 
@@ -143,8 +144,10 @@ def _reason(error: ValidationError) -> str:
     """What is wrong, without the value itself: a long value would push the reason past what fits."""
     limit, value = error.validator_value, error.instance
     if error.validator == "maxLength" and isinstance(value, str):
-        return f"Too long: {len(value):,} characters; at most {limit:,} are allowed."
+        size, allowed = plural(len(value), "character"), plural(limit, "character")
+        return texts.EDIT_TOO_LONG.format(size=size, limit=allowed)
     if error.validator == "minLength" and isinstance(value, str):
-        return f"Too short: {len(value):,} characters; at least {limit:,} are needed."
+        size, needed = plural(len(value), "character"), plural(limit, "character")
+        return texts.EDIT_TOO_SHORT.format(size=size, limit=needed)
     message, shown = error.message, repr(value)
     return "This value" + message[len(shown) :] if message.startswith(shown) else message

@@ -118,6 +118,8 @@ EDIT_STILL_NOT_REVIEWABLE = (
     "Still too large to review in Slack: nothing can be approved that nobody could read. "
     "Shorten or replace the long arguments."
 )
+EDIT_TOO_LONG = "Too long: {size}; at most {limit} allowed."
+EDIT_TOO_SHORT = "Too short: {size}; it needs at least {limit}."
 EDIT_DENIED = "Denied: {what} ({why}). This edit would never run."
 NO_EDIT_WITH_QUORUM = (
     "This call needs several approvals, so it cannot be edited: decline it with a reason instead."

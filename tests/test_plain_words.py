@@ -14,7 +14,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator
 
+from bot.edits import _reason
 from harness import texts as harness_texts
 from harness.config.settings import Limits
 from harness.loop import _terminal_stop
@@ -349,3 +351,10 @@ def test_the_calls_not_run_are_counted_for_this_run_only_not_earlier_runs_of_the
     )
     state = RunState(messages=(*state.messages, tool, results))
     assert calls_not_run(state) == NotRun(declined=2, expired=1, denied=2)
+
+
+def test_an_edit_refused_for_its_length_counts_in_plain_words() -> None:
+    [short] = Draft202012Validator({"type": "string", "minLength": 1}).iter_errors("")
+    [long] = Draft202012Validator({"type": "string", "maxLength": 1}).iter_errors("ab")
+    assert _reason(short) == "Too short: 0 characters; it needs at least 1 character."
+    assert _reason(long) == "Too long: 2 characters; at most 1 character allowed."
