@@ -26,6 +26,8 @@ from harness.tools.schemas import validator_of
 from messages import texts
 from messages.arguments import fully_reviewable
 from messages.modals import EDIT_VALUE_MAX, edit_value
+from messages.reasons import denied_subject, plain_quote, plain_why
+from messages.text import plural
 
 _MESSAGE_MAX = 150  # Slack shows a short line under the input
 
@@ -82,7 +84,9 @@ def read(
         call.name, edited, Tier(own) if own else None, str(tool.get("own_why") or "")
     )
     if ruling.tier is Tier.DENY:
-        errors[fallback] = f"The policy denies this edit ({ruling.why}): it would never run."[:_MESSAGE_MAX]
+        what = denied_subject(call.name, ruling.why, edited, plain_quote)
+        why = plain_why(ruling.why, plain_quote)
+        errors[fallback] = texts.EDIT_DENIED.format(what=what, why=why)[:_MESSAGE_MAX]
     elif not fully_reviewable(replace(call, input=edited)):
         # What Approve refuses, Edit must refuse too: submitted as it opened, or still too long.
         errors[_longest(edited, view) or fallback] = texts.EDIT_STILL_NOT_REVIEWABLE[:_MESSAGE_MAX]
@@ -140,8 +144,10 @@ def _reason(error: ValidationError) -> str:
     """What is wrong, without the value itself: a long value would push the reason past what fits."""
     limit, value = error.validator_value, error.instance
     if error.validator == "maxLength" and isinstance(value, str):
-        return f"Too long: {len(value):,} characters; at most {limit:,} are allowed."
+        size, allowed = plural(len(value), "character"), plural(limit, "character")
+        return texts.EDIT_TOO_LONG.format(size=size, limit=allowed)
     if error.validator == "minLength" and isinstance(value, str):
-        return f"Too short: {len(value):,} characters; at least {limit:,} are needed."
+        size, needed = plural(len(value), "character"), plural(limit, "character")
+        return texts.EDIT_TOO_SHORT.format(size=size, limit=needed)
     message, shown = error.message, repr(value)
     return "This value" + message[len(shown) :] if message.startswith(shown) else message

@@ -21,7 +21,7 @@ from harness import texts
 from harness.client import make_client, streamed_reply
 from harness.config import Config, Limits
 from harness.context import TokenMemo, fit_images, prompt_tokens, within_input_limit, without_old_images
-from harness.policy import Policy, Tier
+from harness.policy import Policy, Tier, read_why
 from harness.state import PendingCall, RunState, Status, Usage, Verdict, canonical_json
 from harness.tools import ToolContext, ToolRegistry, ToolResult
 from harness.tools.base import BadInput
@@ -400,6 +400,10 @@ def _changed_why(before: PendingCall, now: PendingCall) -> str:
 def _denied_text(call: PendingCall) -> str:
     if call.decision is not None and call.decision.edited_input is not None:
         return texts.RESULT_EDIT_DENIED.format(name=call.name)
+    source = read_why(call.why)
+    denied = [f"{arg} {call.input.get(arg)!r}" for arg, _ in source.args if arg in call.input]
+    if source.step == "rule" and denied:  # the path is forbidden, not the tool: say which
+        return texts.RESULT_DENIED_ARGS.format(name=call.name, args=" and ".join(denied))
     return texts.RESULT_DENIED.format(name=call.name)
 
 
@@ -544,7 +548,7 @@ def _needs_write_ahead(agent: Agent, call: PendingCall) -> bool:
 def _answer(agent: Agent, call: PendingCall) -> ToolResult:
     """Run `call` if its tier and decision allow it; otherwise say why it did not run."""
     if call.tier is Tier.DENY:
-        return ToolResult(texts.RESULT_DENIED.format(name=call.name), True)
+        return ToolResult(_denied_text(call), True)
     if call.tier is Tier.ASK:
         assert call.decision is not None  # _resolve_calls parks undecided calls
         if call.decision.verdict is Verdict.EXPIRED:
@@ -612,13 +616,16 @@ def _ask_at_limit(state: RunState, agent: Agent, stop: Stop) -> StepResult:
     """Hold the run at `stop`'s limit (with no call started) until Continue or Stop."""
     limits = agent.limits
     if stop.valve is Valve.MAX_TURNS:
-        question = texts.LIMIT_MAX_TURNS.format(limit=turn_limit(state, limits))
+        question = texts.LIMIT_MAX_TURNS.format(turns=texts.plural(turn_limit(state, limits), "turn"))
     elif stop.valve is Valve.BUDGET:
         question = texts.LIMIT_BUDGET.format(
             detail=stop.detail or stop.reason
         )  # which, its size, when it resets
     else:
-        question = texts.LIMIT_TOKEN_BUDGET.format(used=state.usage.total, limit=token_limit(state, limits))
+        used, limit = state.usage.total, token_limit(state, limits)
+        question = texts.LIMIT_TOKEN_BUDGET.format(
+            used=texts.plural(used, "token"), limit=texts.plural(limit, "token")
+        )
     held = replace(state, status=Status.AWAITING_LIMIT, at_limit=stop.valve.value, pending=())
     return StepResult(held, AwaitingLimit(stop.valve, stop.reason, question, allowance(stop.valve, limits)))
 
@@ -665,7 +672,8 @@ def _not_run(call: PendingCall, note: str) -> ToolResult:
 def _terminal_stop(reason: str | None, limits: Limits, content: list[dict[str, Any]]) -> Stop:
     if reason == "max_tokens":
         cut = texts.STOP_MAX_TOKENS_CUT_TOOLS if any(b["type"] == "tool_use" for b in content) else ""
-        return Stop(Valve.MAX_TOKENS, texts.STOP_MAX_TOKENS.format(limit=limits.max_tokens, cut_tools=cut))
+        limit = texts.plural(limits.max_tokens, "token")
+        return Stop(Valve.MAX_TOKENS, texts.STOP_MAX_TOKENS.format(limit=limit, cut_tools=cut))
     if reason == "refusal":
         return Stop(Valve.REFUSAL, texts.STOP_REFUSAL)
     if reason == "model_context_window_exceeded":

@@ -19,9 +19,11 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
+
+from harness.texts import WHY_DECIDED_AGAIN
 
 
 class Tier(StrEnum):
@@ -109,6 +111,90 @@ class Policy:
     def rules_for(self, name: str) -> tuple[Rule, ...]:
         """The rules whose `tool` matches `name`: they may decide a call of it by its arguments."""
         return tuple(r for r in self.rules if glob_match(r.tool, name, paths=False))
+
+
+@dataclass(frozen=True)
+class Source:
+    """A `why` read back into its parts, so cards can say it in plain words (`read_why`).
+
+    `step`: "rule" (`[[policy.rules]]`), "tools" (`[policy.tools]`), "own" (the tool's own tier),
+    "default" (`[policy].default`) or "other" (anything else, shown as it is). `profile`: the
+    profile whose table decided, or "". `number`, `tool`, `args`: a rule's number, tool glob and
+    argument globs; `tool` is the `[policy.tools]` key for "tools". `detail`: the default's note
+    in parentheses, or the tool's own why. `was`: the tier before, when decided again.
+    """
+
+    step: str
+    text: str
+    profile: str = ""
+    number: int = 0
+    tool: str = ""
+    args: tuple[tuple[str, str], ...] = ()
+    detail: str = ""
+    was: Tier | None = None
+
+
+_AGAIN = re.compile(
+    "(?s)" + re.escape(WHY_DECIDED_AGAIN).replace(r"\{why\}", "(.*)").replace(r"\{was\}", "(allow|ask|deny)")
+)
+_PROFILE = re.compile(r"profiles\[([^\]]*)\]\.(.*)", re.DOTALL)
+_RULE = re.compile(r"policy\.rules\[([0-9]+)\] \((.*)\)", re.DOTALL)
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+def read_why(why: str) -> Source:
+    """`why` as `Policy.decide` wrote it, read back into a `Source` (step "other" when unknown)."""
+    was: Tier | None = None
+    if again := _AGAIN.fullmatch(why):
+        why, was = again.group(1), Tier(again.group(2))
+    profile = ""
+    rest = why
+    if found := _PROFILE.fullmatch(why):
+        profile, rest = found.group(1), found.group(2)
+    source = _read_step(rest, why)
+    return replace(source, profile=profile if source.step != "other" else "", was=was)
+
+
+def _read_step(rest: str, why: str) -> Source:
+    if rule := _RULE.fullmatch(rest):
+        parts = _read_parts(rule.group(2))
+        if parts and parts[0][0] == "tool":
+            return Source("rule", why, number=int(rule.group(1)), tool=parts[0][1], args=tuple(parts[1:]))
+    if rest.startswith("policy.tools."):
+        key = rest.removeprefix("policy.tools.")
+        quoted = _QUOTED.fullmatch(key)
+        return Source("tools", why, tool=_unquoted(quoted.group(1)) if quoted else key)
+    if rest == "policy.default":
+        return Source("default", why)
+    if rest.startswith("policy.default (") and rest.endswith(")"):
+        return Source("default", why, detail=rest[len("policy.default (") : -1])
+    if why.startswith("tool's own tier"):
+        return Source("own", why, detail=why)
+    return Source("other", why)
+
+
+def _read_parts(text: str) -> list[tuple[str, str]]:
+    """`tool = "…", path = "…"` (as `Rule.describe` writes them) as (key, value) pairs; [] if not."""
+    parts = []
+    at = 0
+    while at < len(text):
+        equals = text.find(' = "', at)
+        if equals < 0:
+            return []
+        value = _QUOTED.match(text, equals + 3)
+        if value is None:
+            return []
+        parts.append((text[at:equals], _unquoted(value.group(1))))
+        at = value.end()
+        if at < len(text):
+            if not text.startswith(", ", at):
+                return []
+            at += 2
+    return parts
+
+
+def _unquoted(text: str) -> str:
+    return re.sub(r"\\(.)", r"\1", text)
 
 
 def _is_glob(pattern: str) -> bool:

@@ -5,45 +5,48 @@ Stops are read by Slack users, not engineers: each names the valve and says why 
 
 from __future__ import annotations
 
+# The contract's words, exactly, even for 1 turn: outside tests and readers rely on them.
 FOOTER = "That took {turns} turns of tool calls across {requests} model requests."
 
-# Valve stops (shown to the user).
+
+def plural(n: int, word: str) -> str:
+    """`1 word`, `2 words`, `1,234 words`: a count as a person would say it."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+# Valve stops (shown to the user): each names its valve in plain words ("max turns", "token
+# budget", "no progress", "budget") and says why. Counts come through `plural`.
 STOP_MAX_TURNS = (
-    "Stopped by the max-turns valve: the run already used all {limit} turns of tool calls "
-    "it is allowed, and the model asked for another."
+    "Stopped at max turns: the model asked for another turn of tool calls, but this run is allowed "
+    "only {turns}."
 )
-STOP_TOKEN_BUDGET = (
-    "Stopped by the token-budget valve: the run has used {used:,} tokens, at or over its budget of {limit:,}."
-)
+STOP_TOKEN_BUDGET = "Stopped at the token budget: the run has used {used}, at or over its budget of {limit}."
 STOP_NO_PROGRESS_REPEAT = (
-    "Stopped by the no-progress valve: the model asked for exactly the same tool calls "
+    "Stopped for no progress: the model asked for exactly the same tool calls "
     "as in the turn before ({signature}), so it was going round in circles."
 )
 STOP_NO_PROGRESS_CYCLE = (
-    "Stopped by the no-progress valve: the last {turns} turns repeat the same cycle of "
-    "{period} turns of tool calls, so the model was going round in circles."
+    "Stopped for no progress: the last {turns} repeat the same cycle of "
+    "{period} of tool calls, so the model was going round in circles."
 )
 STOP_MAX_TOKENS = (
-    "Stopped: the model's reply was cut off at the {limit}-token limit per request"
-    "{cut_tools}. Raise limits.max_tokens or ask for something shorter."
+    "Stopped: the model's reply was cut off at its limit of {limit} per request"
+    "{cut_tools}. Ask for something shorter, or ask whoever runs this bot to raise max_tokens."
 )
 STOP_MAX_TOKENS_CUT_TOOLS = ", so the tool call it was writing was not run"
 STOP_REFUSAL = "Stopped: the model declined to continue with this request (refusal)."
 STOP_CONTEXT_WINDOW = (
     "Stopped: the conversation no longer fits in the model's context window. Start a new thread to carry on."
 )
-STOP_UNKNOWN_REASON = "Stopped: the model ended its reply for a reason the harness does not know ({reason})."
-STOP_BUDGET = "Stopped by the budget valve: {detail}"
+STOP_UNKNOWN_REASON = "Stopped: the model ended its reply for a reason I do not know ({reason})."
+STOP_BUDGET = "Stopped at a daily budget: {detail}"
 STOP_BY_USER = "Stopped at a person's request, before the next model request; calls not yet run were not run."
 
 # A limit that asks ([limits] on_limit = "ask"): what the run reached, and what Continue grants.
 LIMIT_MAX_TURNS = (
-    "Reached the max-turns limit: the run has used all {limit} turns of tool calls it is allowed, "
-    "and the model asked for another."
+    "Reached max turns: the model asked for another turn of tool calls, but this run is allowed only {turns}."
 )
-LIMIT_TOKEN_BUDGET = (
-    "Reached the token budget: the run has used {used:,} tokens, at or over its budget of {limit:,}."
-)
+LIMIT_TOKEN_BUDGET = "Reached the token budget: the run has used {used}, at or over its budget of {limit}."
 LIMIT_BUDGET = "Reached a daily budget: {detail}"
 LIMIT_MORE_TURNS = "{more:,} more turn{s} of tool calls"
 LIMIT_MORE_TOKENS = "{more:,} more token{s}"
@@ -56,6 +59,10 @@ FAILED_MODEL_API = "The model API failed after retrying: {error}"
 
 # Tool results the model reads.
 RESULT_DENIED = "Not executed: the tool {name!r} is forbidden by policy (tier deny)."
+RESULT_DENIED_ARGS = (
+    "Not executed: {name} with {args} is forbidden by policy (tier deny). The tool itself is not: "
+    "other arguments may be allowed."
+)
 RESULT_DECLINED = "Not executed: the user declined this call."
 RESULT_DECLINED_REASON = "Not executed: the user declined this call, saying: {reason}"
 RESULT_EXPIRED = (

@@ -74,7 +74,9 @@ def check_budget(state: RunState, limits: Limits) -> Stop | None:
     """Valve 2: at or over the token budget, no further request is made."""
     limit = token_limit(state, limits)
     if state.usage.total >= limit:
-        reason = texts.STOP_TOKEN_BUDGET.format(used=state.usage.total, limit=limit)
+        reason = texts.STOP_TOKEN_BUDGET.format(
+            used=texts.plural(state.usage.total, "token"), limit=texts.plural(limit, "token")
+        )
         return Stop(Valve.TOKEN_BUDGET, reason)
     return None
 
@@ -82,7 +84,8 @@ def check_budget(state: RunState, limits: Limits) -> Stop | None:
 def check_turn(state: RunState, limits: Limits, signature: str) -> Stop | None:
     """Valves 1-3, checked when the model asks for tools, before the turn counter moves."""
     if state.turns >= turn_limit(state, limits):
-        return Stop(Valve.MAX_TURNS, texts.STOP_MAX_TURNS.format(limit=turn_limit(state, limits)))
+        turns = texts.plural(turn_limit(state, limits), "turn")
+        return Stop(Valve.MAX_TURNS, texts.STOP_MAX_TURNS.format(turns=turns))
     if stop := check_budget(state, limits):
         return stop
     return check_progress((*state.signatures, signature), limits.no_progress_window)
@@ -95,7 +98,9 @@ def check_progress(signatures: tuple[str, ...], window: int) -> Stop | None:
         return Stop(Valve.NO_PROGRESS, reason)
     for period in range(2, window // 2 + 1):
         if len(signatures) >= 2 * period and signatures[-2 * period : -period] == signatures[-period:]:
-            reason = texts.STOP_NO_PROGRESS_CYCLE.format(turns=2 * period, period=period)
+            reason = texts.STOP_NO_PROGRESS_CYCLE.format(
+                turns=texts.plural(2 * period, "turn"), period=texts.plural(period, "turn")
+            )
             return Stop(Valve.NO_PROGRESS, reason)
     return None
 

@@ -23,6 +23,7 @@ from messages.arguments import Arg, Shown, args_reviewable, arguments_of, pack, 
 from messages.blocks import Message, context, fit, scaled, section, with_tail
 from messages.limits import BUTTON_TEXT_MAX, BUTTON_VALUE_MAX, SECTION_MAX, TEXT_MAX
 from messages.markdown import FENCE
+from messages.reasons import plain_why
 from messages.text import (
     ELLIPSIS,
     answer_mrkdwn,
@@ -118,7 +119,7 @@ def approval_card(
     details = "\n".join(
         [
             *described,
-            f"*Why it needs approval:* {inline(tier_source, 400)}",
+            f"*Why it needs approval:* {plain_why(tier_source)}",
             f"*Who may decide:* {_who_decides(requester, approvers)}",
             *rules,
             f"*Expires:* {expires} (the call will not run if nobody decides by then)",

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Literal
 
+from harness.texts import plural as plural  # re-exported: counts are said the same everywhere
 from messages import markdown
 from messages.markdown import FENCE, FENCE_SAFE, TICK_SAFE
 
@@ -305,8 +306,3 @@ def slack_date(at: datetime) -> str:
         at = at.replace(tzinfo=UTC)
     fallback = at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return f"<!date^{int(at.timestamp())}^{{date_short_pretty}} at {{time}}|{fallback}>"
-
-
-def plural(n: int, word: str) -> str:
-    """`1 word`, `2 words`, `1,234 words`."""
-    return f"{n:,} {word}{'' if n == 1 else 's'}"

@@ -11,11 +11,11 @@ QUEUED_IN_THREAD = (
 RETRY_BUSY = "Another request is running in this thread. Press Retry again once it has finished."
 RETRY_TAKEN = "Someone already pressed Retry on this failure."
 RETRY_USER_BUSY = (
-    "{{who}} already has {limit} requests going (running or waiting for approval), so this run "
+    "{{who}} already has {requests} going (running or waiting for approval), so this run "
     "was not retried: it would be one too many. Press Retry again once one of them is done."
 )
 RETRY_CHANNEL_BUSY = (
-    "This channel already has {limit} requests going (running or waiting for approval), so this "
+    "This channel already has {requests} going (running or waiting for approval), so this "
     "run was not retried. Press Retry again once one of them is done."
 )
 ANSWER_IN_FILE = "_The answer is longer than a message can hold: the whole of it is in the file below._"
@@ -31,7 +31,7 @@ RESULTS_FILE_TITLE = "Turn {turn}: every call in full"
 FEEDBACK_THANKS = "Thanks: your feedback on this answer is recorded."
 FEEDBACK_SAME = "Your feedback on this answer was already recorded. Nothing more was recorded."
 FEEDBACK_LIMITED = (
-    "You have given feedback {limit} times in the last minute, so this click was not recorded. "
+    "You have given feedback {times} in the last minute, so this click was not recorded. "
     "Try again in a minute."
 )
 FEEDBACK_UNKNOWN = "This answer can no longer take feedback (its run is gone). Nothing was recorded."
@@ -51,7 +51,7 @@ UNREADABLE_RUN = (
 )
 UNRENDERABLE = "(Turn {turn} happened, but its summary could not be shown.)"
 TOO_MANY_RECOVERIES = (
-    "Stopped: this run's worker died {times} times while running it, so it was not tried again. "
+    "Stopped: this run's worker died {times} while running it, so it was not tried again. "
     "Nothing more was run."
 )
 NOT_A_REQUESTER = (
@@ -59,11 +59,11 @@ NOT_A_REQUESTER = (
     "Nothing was started."
 )
 BUSY_USER = (
-    "You already have {limit} requests going (running or waiting for approval). "
+    "You already have {requests} going (running or waiting for approval). "
     "This one was not started: mention me again once one of them is done."
 )
 BUSY_CHANNEL = (
-    "This channel already has {limit} requests going (running or waiting for approval). "
+    "This channel already has {requests} going (running or waiting for approval). "
     "This one was not started: mention me again once one of them is done."
 )
 # Daily budgets ([budgets]): which one is spent, its size, and when it resets.
@@ -118,6 +118,9 @@ EDIT_STILL_NOT_REVIEWABLE = (
     "Still too large to review in Slack: nothing can be approved that nobody could read. "
     "Shorten or replace the long arguments."
 )
+EDIT_TOO_LONG = "Too long: {size}; at most {limit} allowed."
+EDIT_TOO_SHORT = "Too short: {size}; it needs at least {limit}."
+EDIT_DENIED = "Denied: {what} ({why}). This edit would never run."
 NO_EDIT_WITH_QUORUM = (
     "This call needs several approvals, so it cannot be edited: decline it with a reason instead."
 )
@@ -172,8 +175,16 @@ WORKING_WHO = (
 )
 WORKING_DONE = ":white_check_mark: Done."
 WORKING_DONE_BEFORE_STOP = (
-    ":white_check_mark: Done: it finished before Stop (pressed by {who}) could take effect."
+    ":checkered_flag: Finished: the answer came before Stop (pressed by {who}) could take effect."
 )
+# A run that wrapped up although some of its calls did not run: no "Done", no ✅.
+WORKING_FINISHED_NOT_RUN = ":no_entry_sign: Finished — {what}."
+WORKING_FINISHED_NOT_RUN_BEFORE_STOP = (
+    ":no_entry_sign: Finished before Stop (pressed by {who}) could take effect — {what}."
+)
+NOT_RUN_DECLINED = "{calls} declined"
+NOT_RUN_EXPIRED = "{calls} expired (nobody decided in time)"
+NOT_RUN_DENIED = "{calls} denied by the policy"
 WORKING_STOPPED = ":octagonal_sign: Stopped."
 WORKING_STOPPED_BY = ":octagonal_sign: Stopped by {who}."
 WORKING_FAILED = ":warning: Paused: the model API failed (see below)."
@@ -196,7 +207,7 @@ BATCH_ALREADY_COUNTED = (
     "Your approval already counts on every call still open here; they run once enough people approve. "
     "Nothing was changed."
 )
-BATCH_COUNTED = "Your approval counts on {count} call(s); each runs once enough people approve it."
+BATCH_COUNTED = "Your approval counts on {calls}; each runs once enough people approve it."
 BATCH_NOT_REVIEWABLE = (
     "Not approved: {calls} — the arguments are too large to review in Slack, so they cannot be "
     "approved here. Decline them, or ask for something smaller."
@@ -243,3 +254,25 @@ SUGGESTED_PROMPTS = (  # Slack shows at most four; manifest.yml lists the same o
     ("Write a note", "Write a short notes.md that summarises README.md."),
     ("What time is it?", "What time is it?"),
 )
+
+# Why a call has its tier, said plainly on cards and turn summaries (messages.reasons); the
+# config's own words (`policy.rules[2]`, `tool's own tier`) stay in --list-tools and the audit.
+TIER_WORD = {"allow": "allowed", "ask": "needs approval", "deny": "denied"}
+TIER_BEFORE = {
+    "allow": "it was allowed before",
+    "ask": "before, it needed approval",
+    "deny": "it was denied before",
+}
+POLICY_OF_PROFILE = "the policy of profile {profile}"
+WHY_RULE = "rule {number} of {policy}"
+WHY_RULE_FOR = ", for {tool}"
+WHY_RULE_MATCHES = "{argument} matches {glob}"
+WHY_TOOLS = "the setting for {tool} in {policy}"
+WHY_DEFAULT = "the default in {policy}, which has no setting for this tool"
+WHY_CLAIM_NOT_TRUSTED = "; server {server} says the tool only reads, but is not trusted to say so"
+WHY_CLAIM_TRUSTED = "server {server} says the tool only reads, and is trusted to say so"
+WHY_BUILTIN = "the built-in setting for this tool"
+WHY_OWN = "the tool's own setting"
+WHY_AGAIN = "{why}; the policy changed while it waited: {was}"
+DENIED = "⛔ {what} is denied by the policy (not run)"
+NOT_RUN_STOPPED = "⏹️ not run: the run was stopped before it"

@@ -13,6 +13,7 @@ from typing import Any
 
 from slack_sdk.models.blocks import ActionsBlock, ButtonElement, ConfirmObject
 
+from harness.outcomes import NotRun
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, Verdict
 from harness.texts import WHY_UNKNOWN_TOOL
@@ -21,6 +22,7 @@ from messages.arguments import args_json
 from messages.blocks import Attachment, Message, blocks_size, context, section, with_tail
 from messages.limits import BLOCKS_JSON_MAX, BUTTON_VALUE_MAX, SECTION_MAX
 from messages.markdown import FENCE, FENCE_SAFE
+from messages.reasons import denied_what, stopped_before, tier_reason
 from messages.text import answer_mrkdwn, inline, mention, mrkdwn_prefix_len, plural, quoted, units, visible
 
 ARG_LIMIT = 300  # per call in a turn summary
@@ -35,7 +37,7 @@ def _outcome(call: PendingCall, limit: int) -> str:
     if call.tier is Tier.DENY:
         if call.result is not None and WHY_UNKNOWN_TOOL in call.why:  # not offered: say why
             return f"⛔ {quoted(call.result.text, limit)} (not run)"
-        return "⛔ denied by policy (not run)"
+        return texts.DENIED.format(what=denied_what(call, lambda t: inline(t, limit)))
     if decision is not None and decision.verdict is Verdict.EXPIRED:
         return "⌛ expired: nobody decided in time (not run)"
     if decision is not None and decision.verdict is Verdict.DECLINED:
@@ -44,6 +46,8 @@ def _outcome(call: PendingCall, limit: int) -> str:
     result = call.result
     if result is None:
         return "_not run_"
+    if stopped_before(result.text):
+        return texts.NOT_RUN_STOPPED
     shown = quoted(result.text, limit) if result.text.strip() else "_(empty)_"
     if result.is_error:
         shown = f"✗ {shown}"
@@ -69,7 +73,7 @@ def _grant_used(tool: str, decision: Decision) -> str:
 
 def _call_line(call: PendingCall, limit: int) -> str:
     name = inline(call.name, 80)
-    why = f" _({call.tier.value}: {inline(call.why, 200)})_" if call.why else ""
+    why = f" _({tier_reason(call)})_" if call.why else ""
     return f"• {name} {inline(args_json(call), limit)} → {_outcome(call, limit)}{why}"
 
 
@@ -87,6 +91,20 @@ def _pack_sections(lines: Sequence[str]) -> list[dict[str, Any]]:
     if current:
         sections.append(current)
     return [section(s) for s in sections]
+
+
+def not_run_words(not_run: NotRun) -> str:
+    """`2 calls declined, 1 call denied by the policy`."""
+    parts = [
+        template.format(calls=plural(count, "call"))
+        for template, count in (
+            (texts.NOT_RUN_DECLINED, not_run.declined),
+            (texts.NOT_RUN_EXPIRED, not_run.expired),
+            (texts.NOT_RUN_DENIED, not_run.denied),
+        )
+        if count
+    ]
+    return ", ".join(parts)
 
 
 def turn_summary(
@@ -180,13 +198,20 @@ def working(*, run_id: str) -> Message:
     return Message(text=text, blocks=[section(text), actions, context(texts.WORKING_WHO)])
 
 
-def working_closed(*, outcome: str, by: str | None = None) -> Message:
+def working_closed(*, outcome: str, by: str | None = None, not_run: NotRun | None = None) -> Message:
     """The "Working on it…" message once the run stopped working: no button, how it ended.
 
     `outcome`: "finished", "stopped" or "failed"; `by`: who pressed Stop, if anyone did (a run can
-    still finish when the request in flight was its last).
+    still finish when the request in flight was its last). `not_run`: the calls of a finished run
+    that did not run; any, and it says how many and why instead of "Done".
     """
-    if outcome == "finished":
+    if outcome == "finished" and not_run is not None and not_run.total:
+        what = not_run_words(not_run)
+        if by:
+            text = texts.WORKING_FINISHED_NOT_RUN_BEFORE_STOP.format(who=mention(by), what=what)
+        else:
+            text = texts.WORKING_FINISHED_NOT_RUN.format(what=what)
+    elif outcome == "finished":
         text = texts.WORKING_DONE_BEFORE_STOP.format(who=mention(by)) if by else texts.WORKING_DONE
     elif outcome == "failed":
         text = texts.WORKING_FAILED

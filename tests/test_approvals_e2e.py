@@ -306,7 +306,9 @@ def test_an_edit_into_a_path_a_rule_denies_is_refused_naming_the_rule(stack: Sta
     status, body = stack.submit_values(view, {"path": "drafts/../secrets/x", "content": "plan"})
     assert status == 200
     errors = errors_of(body)
-    assert any("policy.rules[1]" in e and "secrets/**" in e for e in errors.values()), errors
+    said = " ".join(errors.values())
+    assert "path “drafts/../secrets/x”" in said and "rule 1 of the policy" in said, errors
+    assert "secrets/**" in said and "policy.rules" not in said, errors
     assert_nothing_decided(stack, channel, card, marker, "drafts/plan.txt")
     assert not (stack.workspace / "secrets").exists()
 
@@ -590,7 +592,9 @@ def test_a_grant_covers_only_its_requester_and_never_lifts_deny(stack: Stack) ->
             reply(text(f"{marker} first done")),
             reply(tool_use("write_file", {"path": "s2.txt", "content": "2"})),  # UDAVE's mention
             reply(text(f"{marker} dave done")),
-            reply(tool_use("write_file", {"path": "secrets/key.txt", "content": "k"})),  # UALICE again
+            reply(
+                tool_use("write_file", {"path": "secrets/key.txt", "content": "k"}, id="toolu_deniedpath")
+            ),  # UALICE again
             reply(text(f"{marker} deny done")),
         ],
     )
@@ -853,6 +857,62 @@ def test_a_card_for_a_new_file_says_it_is_new(stack: Stack) -> None:
     assert harness_texts.PREVIEW_NEW_FILE.split(":")[0].strip("(") in shown(card)
     stack.click(card, "decline")
     done(stack, channel, ts, marker)
+
+
+def working_message(stack: Stack, channel: str, ts: str) -> dict[str, Any]:
+    """The run's Working message as it stands once the run ended (its Stop button gone)."""
+    return wait_until(
+        lambda: next(
+            (
+                m
+                for m in thread(stack, channel, ts)
+                if "Working on it" not in m["text"] and "Finished" in m["text"]
+            ),
+            None,
+        )
+    )
+
+
+def test_a_run_whose_call_was_declined_ends_finished_with_the_count_and_no_check_mark(stack: Stack) -> None:
+    marker = "declinedrun"
+    channel, ts, [card] = park_writes(stack, marker, [{"path": "declined.txt", "content": "no"}])
+    assert stack.click(card, "decline", user="UANN") == 200
+    done(stack, channel, ts, marker)
+
+    closed = working_message(stack, channel, ts)
+    assert closed["text"] == ":no_entry_sign: Finished — 1 call declined."
+    wait_until(lambda: (channel, ts, "no_entry_sign") in stack.slack.reactions)
+    stack.settled()
+    assert (channel, ts, "white_check_mark") not in stack.slack.reactions
+    said = " ".join(shown(m) for m in thread(stack, channel, ts))
+    assert "Done" not in said and "✅" not in said and "white_check_mark" not in said
+    assert "❌ declined by <@UANN>" in said and "1 calls" not in said
+
+
+def test_a_path_an_argument_rule_denies_is_named_as_denied_not_the_tool(stack: Stack) -> None:
+    marker = "deniedpath"
+    channel = new_channel()
+    stack.model.script_for(
+        marker,
+        reply(tool_use("write_file", {"path": "secrets/key.txt", "content": "k"})),
+        reply(text(f"{marker} done")),
+    )
+    _, ts, _ = stack.mention(f"{marker}: write the key", channel=channel, user="UALICE")
+    done(stack, channel, ts, marker)
+
+    summary = wait_post(stack, channel, ts, lambda m: m["text"].startswith("Turn 1"))
+    said = shown(summary)
+    assert "⛔ path `secrets/key.txt` is denied by the policy (not run)" in said
+    assert "rule 1 of the policy: path matches `secrets/**`" in said
+    assert "`write_file` is denied" not in said and "policy.rules" not in said and "tier" not in said
+    answered = asked(stack, marker)[-1]["messages"][-1]["content"]  # what the model read
+    result = result_text(next(b for b in answered if b["type"] == "tool_result"))
+    assert "path 'secrets/key.txt' is forbidden by policy" in result and "The tool itself is not" in result
+    assert (
+        working_message(stack, channel, ts)["text"]
+        == ":no_entry_sign: Finished — 1 call denied by the policy."
+    )
+    assert not (stack.workspace / "secrets").exists()
 
 
 def test_texts_used_above_are_the_bots(stack: Stack) -> None:

@@ -319,7 +319,7 @@ def test_a_batch_whose_park_expired_shows_it_and_a_late_click_changes_nothing(st
 def test_texts_used_above_are_the_bots() -> None:
     assert "someone else must approve" in texts.NO_SELF_APPROVAL
     assert "no longer waiting" in texts.BATCH_CLOSED
-    assert "counts on {count}" in texts.BATCH_COUNTED
+    assert "counts on {calls}" in texts.BATCH_COUNTED
     assert "already counts" in texts.BATCH_ALREADY_COUNTED
     assert "too large to review" in texts.BATCH_NOT_REVIEWABLE
     assert "may decide" in texts.NOT_ALLOWED

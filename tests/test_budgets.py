@@ -178,7 +178,7 @@ def test_a_spent_budget_stops_the_run_before_its_request_and_names_the_budget(
     assert isinstance(result.outcome, Stopped) and result.outcome.valve is Valve.BUDGET
     assert model.requests == []  # no request was sent
     reason = result.outcome.reason
-    assert reason.startswith("Stopped by the budget valve: this channel's daily budget under profile `ops`")
+    assert reason.startswith("Stopped at a daily budget: this channel's daily budget under profile `ops`")
     assert "2,000 tokens (`per_channel_daily_tokens`)" in reason and "resets at 00:00 UTC, in " in reason
 
 

@@ -105,7 +105,8 @@ def test_concurrent_runs_on_two_workers_overspend_the_channels_budget_by_at_most
     assert spent == sum(spender.costs)  # every request the Messages API served is counted, once
     assert BUDGET <= spent <= BUDGET + max(spender.costs), (spent, len(spender.costs))
     assert spender.most_in_flight >= 2  # the two workers' requests did race
-    stops = [m for ts in mentions for m in thread(stack, "CBUDGET", ts) if "budget valve" in m["text"]]
+    posts = [m for ts in mentions for m in thread(stack, "CBUDGET", ts)]
+    stops = [m for m in posts if "Stopped at a daily budget" in m["text"]]
     assert len(stops) == len(mentions)  # every run stopped by the budget valve, mid-way
     said = stops[0]["text"]
     assert "this channel's daily budget under profile `ops` of 3,000 tokens" in said

@@ -122,7 +122,7 @@ def test_a_valve_stop_is_printed_with_the_footer(
     done = harness(cli_env(model, workspace, HARNESS_CONFIG=str(config)), "loop")
 
     assert done.returncode == 3
-    assert "[turn 2] Stopped by the max-turns valve" in done.stdout
+    assert "[turn 2] Stopped at max turns" in done.stdout and "valve" not in done.stdout
     assert done.stdout.splitlines()[-1] == "That took 1 turns of tool calls across 2 model requests."
 
 

@@ -435,7 +435,7 @@ def test_cli_forever_is_stopped_by_the_no_progress_valve(demo: DemoServer, folde
     done = harness(demo, folder, "keep looking forever")
 
     assert done.returncode == 3, done.stderr
-    assert "[turn 2] Stopped by the no-progress valve" in done.stdout
+    assert "[turn 2] Stopped for no progress" in done.stdout
     assert done.stdout.splitlines()[-1] == "That took 1 turns of tool calls across 2 model requests."
 
 

@@ -534,7 +534,7 @@ def test_a_valve_stop_is_posted_in_plain_words(stack: Stack) -> None:
     same = tool_use("read_file", {"path": "README.md"})
     stack.model.script_for("spinning", reply(same), reply(tool_use("read_file", {"path": "README.md"})))
     _, ts, _ = stack.mention("spinning: read it forever", channel=channel)
-    stop = wait_post(stack, channel, ts, lambda m: "no-progress valve" in m["text"])
+    stop = wait_post(stack, channel, ts, lambda m: "Stopped for no progress" in m["text"])
     assert footer(1, 2) in stop["text"]
 
 

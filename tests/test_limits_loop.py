@@ -53,7 +53,7 @@ def test_at_max_turns_an_asking_run_waits_with_the_call_unrun(
     state, outcome, _ = run(agent)
 
     assert outcome == AwaitingLimit(Valve.MAX_TURNS, outcome.reason, outcome.question, 1)
-    assert "max-turns" in outcome.reason and "all 1 turns" in outcome.question
+    assert "max turns" in outcome.reason and outcome.question.endswith("allowed only 1 turn.")
     assert (state.status, state.at_limit, state.turns, state.requests) == (
         Status.AWAITING_LIMIT,
         "max_turns",
@@ -94,7 +94,7 @@ def test_a_second_limit_asks_again_after_the_allowance_is_used(
     state, second, _ = run(agent, resumed.state)
 
     assert isinstance(first, AwaitingLimit) and isinstance(second, AwaitingLimit)
-    assert "all 2 turns" in second.question  # the limit now counts the allowance granted
+    assert "allowed only 2 turns" in second.question  # the limit now counts the allowance granted
     assert state.turns == 2 and state.extra_turns == 1
 
 
@@ -130,7 +130,7 @@ def test_the_token_budget_asks_before_a_turn_and_continue_grants_a_budget_more(
 
     assert isinstance(outcome, AwaitingLimit) and outcome.valve is Valve.TOKEN_BUDGET
     assert outcome.allowance == 1000 and "1,100 tokens" in outcome.question
-    assert "token-budget valve" in outcome.reason
+    assert outcome.reason.startswith("Stopped at the token budget: ")
     assert len(model.requests) == 1 and state.turns == 0  # the call has not run
 
     resumed = continue_at_limit(state, agent)
@@ -270,8 +270,8 @@ def test_the_terminal_asks_at_a_limit_enter_continues_and_a_closed_stdin_stops(
     config.write_text('[limits]\nmax_turns = 1\non_limit = "ask"\n')
     env = cli_env(model, workspace, HARNESS_CONFIG=str(config))
     prompt = (
-        "[limit] Reached the max-turns limit: the run has used all 1 turns of tool calls it is allowed, "
-        "and the model asked for another. Continue with 1 more turn of tool calls? "
+        "[limit] Reached max turns: the model asked for another turn of tool calls, but this run is "
+        "allowed only 1 turn. Continue with 1 more turn of tool calls? "
         "Enter to continue / type n to stop: "
     )
     model.script_for("goon", reading(0), reply(tool_use("get_time", {})), reply(text("went on")))
@@ -287,6 +287,6 @@ def test_the_terminal_asks_at_a_limit_enter_continues_and_a_closed_stdin_stops(
     halted = harness(env, "halt: read then time", stdin="")
     assert halted.returncode == 3, halted.stderr
     assert prompt in halted.stdout
-    assert "[turn 2] Stopped by the max-turns valve" in halted.stdout
+    assert "[turn 2] Stopped at max turns" in halted.stdout
     assert halted.stdout.splitlines()[-1] == "That took 1 turns of tool calls across 2 model requests."
     assert model.errors == []

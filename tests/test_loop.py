@@ -128,7 +128,8 @@ def test_max_turns_n_allows_n_turns_and_n_plus_1_requests(
     state, outcome, _ = run(make_agent(model, workspace, max_turns=max_turns))
 
     assert isinstance(outcome, Stopped) and outcome.valve is Valve.MAX_TURNS
-    assert f"all {max_turns} turns" in outcome.reason
+    allowed = "1 turn." if max_turns == 1 else f"{max_turns} turns."
+    assert outcome.reason.startswith("Stopped at max turns") and outcome.reason.endswith(f"only {allowed}")
     assert (state.turns, state.requests, len(model.requests)) == (max_turns, max_turns + 1, max_turns + 1)
     # The refused call is still answered, so the conversation can continue later.
     last = results_of(state.messages[-1])

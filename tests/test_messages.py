@@ -296,7 +296,7 @@ def make_card(approvers: list[str]) -> Message:
         run_id="run",
         call=call(),
         requester=REQ,
-        tier_source='policy.tools.write_file = "ask"',
+        tier_source="policy.tools.write_file",
         approvers=approvers,
         expires_at=AT,
     )
@@ -322,7 +322,8 @@ def test_approval_card_says_what_who_why_and_when() -> None:
     assert "• `path` _(target)_: `notes.txt`" in text and "• `content`: `hello`" in text
     assert "write_file on notes.txt" in make_card([]).text
     assert f"<@{REQ}>" in text
-    assert 'policy.tools.write_file = "ask"' in text
+    assert "*Why it needs approval:* the setting for `write_file` in the policy" in text
+    assert "policy.tools" not in text  # the config's own words stay in --list-tools and the audit
     assert f"only <@{APP}>, <@U0TWO>" in text
     unix = int(AT.timestamp())
     assert f"<!date^{unix}^{{date_short_pretty}} at {{time}}|2025-03-04 05:06 UTC>" in text
@@ -395,10 +396,8 @@ def test_long_answer_is_split_with_balanced_fences() -> None:
 
 
 def test_stopped_failed_retried_notice() -> None:
-    stop = assert_valid(stopped("Stopped by the max-turns valve: <!channel>", 3, 7))
-    assert (
-        stop.blocks[0]["text"]["text"] == ":octagonal_sign: Stopped by the max-turns valve: &lt;!channel&gt;"
-    )
+    stop = assert_valid(stopped("Stopped at max turns: <!channel>", 3, 7))
+    assert stop.blocks[0]["text"]["text"] == ":octagonal_sign: Stopped at max turns: &lt;!channel&gt;"
     assert stop.blocks[-1]["elements"][0]["text"] == FOOTER and stop.text.endswith(FOOTER)
 
     fail = assert_valid(failed(run_id="run", error="overloaded <@U9>"))

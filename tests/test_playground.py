@@ -125,8 +125,8 @@ def test_an_edit_the_policy_denies_is_refused_in_the_modal_then_a_good_one_runs(
 
 def test_a_valve_and_a_deny_show_in_the_thread(page: Page, workspace: Path) -> None:
     looping = page.mention(CAROL, "list the files forever")
-    stopped = page.wait_text(looping, "no-progress")
-    assert "no-progress" in stopped["text"]
+    stopped = page.wait_text(looping, "for no progress")
+    assert "for no progress" in stopped["text"]
 
     secret = page.mention(CAROL, "write my secret to secrets/token.txt")
     answer = page.wait_text(secret, FOOTER)
@@ -146,7 +146,7 @@ def test_a_long_report_is_posted_cut_and_whole_as_a_file(page: Page) -> None:
 
 def test_a_mention_inside_the_thread_continues_the_conversation(page: Page) -> None:
     ts = page.mention(BOB, "list the files forever")
-    page.wait_text(ts, "no-progress")
+    page.wait_text(ts, "for no progress")
     again = page.mention(BOB, "now write a note", thread_ts=ts)
     card = card_of(page, ts)
     assert card["thread_ts"] == ts and again != ts

@@ -201,7 +201,7 @@ def test_model_and_user_text_is_shown_never_run(tab: Any, running: Running) -> N
     as_user(tab, ALICE)
     payload = 'loop <img src=x onerror="window.pwned=1"> <script>window.pwned=2</script> <b>bold?</b>'
     mention(tab, payload)
-    expect(tab.get_by_text("no-progress").first).to_be_visible()
+    expect(tab.get_by_text("for no progress").first).to_be_visible()
     assert tab.evaluate("window.pwned") is None
     assert tab.locator("#messages img[src=x], #messages script").count() == 0
     assert tab.locator("#messages b, #messages strong", has_text="bold?").count() == 0

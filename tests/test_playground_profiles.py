@@ -91,7 +91,7 @@ def test_someone_ops_does_not_list_as_a_requester_is_told_why_and_nothing_starts
 
     # The same mention in #playground, whose profile names no requesters, starts a run.
     here = page.post("play/mention", {"user": CAROL, "text": "list the files forever"})["ts"]
-    page.wait_text(here, "no-progress")
+    page.wait_text(here, "for no progress")
     (run,) = runs_started_by(redis_db, here)
     assert (run.requester, run.channel, run.profile) == (CAROL, CHANNEL_ID, "playground")
 
@@ -106,7 +106,7 @@ def test_a_small_daily_budget_in_ops_is_spent_in_a_few_mentions_then_mentions_ar
             "play/mention", {"user": ALICE, "text": f"write note {number}", "channel": OPS_CHANNEL_ID}
         )["ts"]
         ending = page.wait_text(ts, FOOTER)
-        if "Stopped by the budget valve" in ending["text"]:
+        if "Stopped at a daily budget" in ending["text"]:
             break
         assert "I wrote `notes.md`" in ending["text"]
         finished += 1

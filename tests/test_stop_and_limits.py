@@ -178,7 +178,8 @@ def test_stop_during_a_model_request_ends_the_run_before_its_calls_run(stack: St
     )
     assert footer(2, 2) in stopped["text"]  # turn 2 began when the model asked; none of its calls ran
     turn2 = wait_post(stack, channel, ts, lambda m: m["text"].startswith("Turn 2"))
-    assert "stopped_by_user" in str(turn2["blocks"])
+    said = json.dumps(turn2["blocks"], ensure_ascii=False)
+    assert "⏹️ not run: the run was stopped before it" in said and "stopped_by_user" not in said
     stack.settled()
     assert not (stack.workspace / "stopped.txt").exists()
     assert len(asked(stack, "stopmid")) == 2
@@ -318,7 +319,7 @@ def start_at_limit(stack: Stack, marker: str, *then: Reply) -> tuple[str, str, d
 def test_continue_at_max_turns_grants_another_turn_and_the_run_goes_on(limits: Stack) -> None:
     stack = limits
     channel, ts, card = start_at_limit(stack, "goon", reply(text("goon done")))
-    assert "max-turns limit" in card["text"]
+    assert "Reached max turns" in card["text"]
     assert {b["action_id"] for b in buttons(card)} == {"continue", "stop"}
     assert "1 more turn of tool calls" in str(card["blocks"])
     stack.settled()
@@ -343,7 +344,7 @@ def test_stop_at_a_limit_ends_the_run_as_a_valve_stop(limits: Stack) -> None:
     stack = limits
     channel, ts, card = start_at_limit(stack, "haltit")
     assert press(stack, card, "stop") == 200
-    stop = wait_post(stack, channel, ts, lambda m: "max-turns valve" in m["text"])
+    stop = wait_post(stack, channel, ts, lambda m: "Stopped at max turns" in m["text"])
     assert footer(1, 2) in stop["text"] and "Stop was chosen" in stop["text"]
     decided = current(stack, channel, card)
     assert buttons(decided) == [] and "Stopped by <@UALICE>" in str(decided["blocks"])
@@ -363,7 +364,7 @@ def test_stop_at_a_limit_ends_the_run_as_a_valve_stop(limits: Stack) -> None:
 def test_a_limit_nobody_answers_expires_and_the_run_stops(limits: Stack) -> None:
     stack = limits
     channel, ts, card = start_at_limit(stack, "nobody")
-    stop = wait_post(stack, channel, ts, lambda m: "max-turns valve" in m["text"], timeout=60)
+    stop = wait_post(stack, channel, ts, lambda m: "Stopped at max turns" in m["text"], timeout=60)
     assert "Nobody chose" in stop["text"]
     expired = current(stack, channel, card)
     assert buttons(expired) == [] and "Expired" in str(expired["blocks"])

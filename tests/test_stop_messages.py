@@ -46,7 +46,7 @@ def test_the_working_message_once_closed_has_no_button_and_says_how_it_ended() -
 def test_the_limit_card_asks_continue_or_stop_and_names_deciders_without_pinging_a_group() -> None:
     msg = limit_card(
         run_id=RUN,
-        question="Reached the max-turns limit: <!channel> all 8 turns used.",
+        question="Reached max turns: <!channel> all 8 turns used.",
         more="8 more turns of tool calls",
         requester="UALICE",
         deciders=["UANN", "S0OPS"],

@@ -36,6 +36,7 @@ from harness.loop import (
     step,
     stop_run,
 )
+from harness.outcomes import NotRun, calls_not_run
 from harness.state import (
     Decision,
     PendingCall,
@@ -49,6 +50,7 @@ from harness.state import (
 from harness.valves import Stop, Valve, token_limit
 from messages import cards, endings, texts, turns
 from messages.blocks import Message, notice
+from messages.text import plural
 from workers import budgets, deciders, granting, live, logs, metrics, outbox, rulings, thread_status
 from workers.driver import Driver, park_ttl
 from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
@@ -335,6 +337,7 @@ def _leave_loop(svc: Services, driver: Driver, state: RunState, agent: Agent, ou
         live.let_stand(svc, driver, discard=isinstance(outcome, Failed))
     if isinstance(outcome, AwaitingLimit):
         return _park_at_limit(svc, driver, state, outcome)
+    not_run: NotRun | None = None
     if isinstance(outcome, Failed):
         driver.owe(endings.failed(run_id=driver.run_id, error=outcome.error), role=outbox.FAILURE)
         driver.record = replace(driver.record, state=state.to_json(), error=outcome.error, failure_ts=None)
@@ -342,7 +345,8 @@ def _leave_loop(svc: Services, driver: Driver, state: RunState, agent: Agent, ou
     if isinstance(outcome, Finished):
         answer = endings.final_answer(outcome.answer, state.turns, state.requests, run_id=driver.run_id)
         driver.owe(answer, live=driver.live.seal() if driver.live is not None else None)
-        status, reaction = RunStatus.FINISHED, "white_check_mark"
+        not_run = calls_not_run(state)  # declined, expired or denied: then it is not "Done", no ✅
+        status, reaction = RunStatus.FINISHED, "no_entry_sign" if not_run.total else "white_check_mark"
     elif outcome.valve is Valve.STOPPED_BY_USER:
         by = svc.store.stop_requested(driver.run_id)
         driver.owe(endings.stopped_by(by=by, turns=state.turns, requests=state.requests))
@@ -354,17 +358,18 @@ def _leave_loop(svc: Services, driver: Driver, state: RunState, agent: Agent, ou
     driver.record = outbox.owe_reaction(
         replace(driver.record, state=state.to_json()), reaction, remove="eyes"
     )
-    return _end(driver, status, getattr(outcome, "valve", ""))
+    return _end(driver, status, getattr(outcome, "valve", ""), not_run)
 
 
-def _end(driver: Driver, status: RunStatus, valve: str = "") -> str | None:
-    """Save the run ended with what it owes, pay it, then let the thread go (`valve`: what stopped it)."""
+def _end(driver: Driver, status: RunStatus, valve: str = "", not_run: NotRun | None = None) -> str | None:
+    """Save the run ended with what it owes, pay it, then let the thread go (`valve`: what stopped it;
+    `not_run`: the calls of a finished run that did not run, for its Working message)."""
     record = driver.record
     if record.working_ts and record.status in (RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL):
         by = record.stopped_by
         if status is RunStatus.FINISHED:  # its last request was in flight when Stop was pressed
             by = driver.svc.store.stop_requested(record.run_id)
-        closed = turns.working_closed(outcome=status.value, by=by)
+        closed = turns.working_closed(outcome=status.value, by=by, not_run=not_run)
         driver.record = outbox.owe_update(record, record.working_ts, closed)  # its Stop button goes
     driver.save(status=status)
     metrics.run_ended(driver.svc.store.redis, driver.record, valve)
@@ -668,7 +673,7 @@ def _give_up(driver: Driver) -> str | None:
     """A run whose driver died too often (a reply or tool that kills workers) is stopped."""
     record = driver.record
     log.error("run %s: driver died %d times; stopping it", record.run_id, record.recoveries)
-    text = texts.TOO_MANY_RECOVERIES.format(times=record.recoveries)
+    text = texts.TOO_MANY_RECOVERIES.format(times=plural(record.recoveries, "time"))
     state = None
     if record.state is not None:
         try:

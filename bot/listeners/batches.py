@@ -26,6 +26,7 @@ from bot.listening import (
 from harness.state import Decision, PendingCall, StateError, Verdict
 from messages import texts
 from messages.arguments import fully_reviewable
+from messages.text import plural
 from workers import deciders, metrics
 from workers.store import BadId, DecideOutcome, RunRecord, RunStatus, check_id
 
@@ -110,7 +111,7 @@ def _reply(
         names = ", ".join(sorted(set(unreadable))[:10])
         return texts.BATCH_NOT_REVIEWABLE.format(calls=names)
     if counted:
-        return texts.BATCH_COUNTED.format(count=counted)
+        return texts.BATCH_COUNTED.format(calls=plural(counted, "call"))
     if recorded:
         return None
     return texts.BATCH_ALREADY_COUNTED if approving else texts.BATCH_NOTHING_OPEN

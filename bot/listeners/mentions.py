@@ -25,6 +25,7 @@ from bot.listening import (
 from harness.config import Config
 from messages import texts
 from messages.blocks import notice
+from messages.text import plural
 from workers import budgets, metrics
 from workers.services import queued_job
 from workers.store import (
@@ -113,7 +114,8 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
         }
         if accepted in busy and deps.store.first_busy_notice(team, user):
             text = texts.BUSY_USER if accepted is Accepted.USER_BUSY else texts.BUSY_CHANNEL
-            context["busy_notice"] = (channel, thread_ts, text.format(limit=busy[accepted]))
+            said = text.format(requests=plural(busy[accepted], "request"))
+            context["busy_notice"] = (channel, thread_ts, said)
         log.info("app_mention %s in %s: %s", event_id, channel, accepted.value)
 
     return on_mention

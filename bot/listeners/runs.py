@@ -22,6 +22,7 @@ from bot.listening import (
 from harness.state import Decision, StateError, Verdict
 from messages import texts
 from messages.endings import FEEDBACK_BAD, FEEDBACK_GOOD
+from messages.text import plural
 from workers import deciders, metrics
 from workers.store import (
     ENDED,
@@ -194,10 +195,12 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
             max_per_channel=limits.max_runs_per_channel,
         )
         if claimed is Accepted.USER_BUSY:  # a retry is a run again: the mention's bounds apply
-            text = texts.RETRY_USER_BUSY.format(limit=limits.max_runs_per_user)
+            text = texts.RETRY_USER_BUSY.format(requests=plural(limits.max_runs_per_user, "request"))
             context[REPLY] = (text, {"who": record.requester})
         elif claimed is Accepted.CHANNEL_BUSY:
-            context[REPLY] = texts.RETRY_CHANNEL_BUSY.format(limit=limits.max_runs_per_channel)
+            context[REPLY] = texts.RETRY_CHANNEL_BUSY.format(
+                requests=plural(limits.max_runs_per_channel, "request")
+            )
         elif claimed is not Accepted.NEW:
             context[REPLY] = texts.RETRY_TAKEN
         else:
@@ -242,7 +245,7 @@ def _on_feedback(deps: BotDeps) -> Callable[..., None]:
         context[REPLY] = {
             FeedbackOutcome.RECORDED: texts.FEEDBACK_THANKS,
             FeedbackOutcome.SAME: texts.FEEDBACK_SAME,
-            FeedbackOutcome.LIMITED: texts.FEEDBACK_LIMITED.format(limit=FEEDBACK_PER_MINUTE),
+            FeedbackOutcome.LIMITED: texts.FEEDBACK_LIMITED.format(times=plural(FEEDBACK_PER_MINUTE, "time")),
         }[outcome]
 
     return on_feedback
