@@ -134,3 +134,13 @@ def test_a_broken_stream_takes_no_more_writes_and_says_so(slack: FakeSlackAPI) -
     assert live.message is None
     failed_at = next(c.at for c in stream_writes(slack) if not c.ok)
     assert not [c for c in stream_writes(slack) if c.at > failed_at]  # nothing after the break
+
+
+def test_a_refused_stream_is_not_taken_for_refused_tasks_and_asked_again(slack: FakeSlackAPI) -> None:
+    slack.fail_next("chat.startStream", error="not_allowed_token_type")
+    live = view(slack, root(slack))
+    live.requested([call("toolu_5")])  # the first write carries a task …
+    live(TextWritten("words"))
+    assert live.seal() is None
+    assert live.refused == {"stream"}  # … yet the stream was refused, not the tasks: no second try
+    assert len(stream_writes(slack)) == 1

@@ -54,6 +54,8 @@ OUTPUT_CHARS = 200
 PENDING, IN_PROGRESS, COMPLETE, ERROR = "pending", "in_progress", "complete", "error"
 # Slack errors that mean "not here, not for this run": streams (or task chunks) are not tried again.
 _TRANSIENT = {"ratelimited", "rate_limited", "internal_error", "fatal_error", "service_unavailable"}
+# Errors that mean the chunks were refused (a workspace without task updates), not the stream.
+_CHUNKS_REFUSED = {"invalid_chunks", "invalid_arguments", "unknown_chunk_type"}
 
 
 def pace_seconds() -> float:
@@ -206,7 +208,7 @@ class LiveMessage:
             return True
         except (SlackApiError, OSError) as exc:
             error = _error(exc)
-            if chunks and batch.tasks and self.tasks_ok and error not in _TRANSIENT and self.ts is None:
+            if batch.tasks and self.tasks_ok and error in _CHUNKS_REFUSED and self.ts is None:
                 self.tasks_ok = False  # no task chunks here: the words alone
                 self._refused("tasks")
                 return self._write(_Batch(text=batch.text), last)
