@@ -95,7 +95,7 @@ def test_words_are_batched_into_writes_at_most_one_per_pace(slack: FakeSlackAPI)
     assert slack.streams()[0]["text"] == "first " + "".join(pieces)  # every word once, in order
     assert len(writes) <= 4  # start, the batch written while the first was paced, the stop
     gaps = [b.at - a.at for a, b in itertools.pairwise(writes)]
-    assert all(gap >= PACE_SECONDS - 0.02 for gap in gaps), gaps
+    assert all(gap >= 0.3 for gap in gaps), gaps  # Slack's 300 ms (the pace keeps 5 ms more)
 
 
 def test_a_workspace_that_refuses_streams_is_not_asked_again(slack: FakeSlackAPI) -> None:

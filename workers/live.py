@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PACE_SECONDS = 0.3  # per thread, between two stream writes (Slack's limits; a reader sees no flicker)
+PACE_SECONDS = 0.305  # per thread, between two stream writes: Slack's 300 ms, and 5 ms for jitter
 OPEN_WAIT_SECONDS = 6.0  # how long a seal waits for a message still opening (a courtesy call's timeout)
 TITLE_CHARS = 120
 OUTPUT_CHARS = 200
@@ -59,7 +59,7 @@ _CHUNKS_REFUSED = {"invalid_chunks", "invalid_arguments", "unknown_chunk_type"}
 
 
 def pace_seconds() -> float:
-    """The pace of stream writes per thread: `HARNESS_STREAM_PACE_MS` (tests shorten it), else 300 ms."""
+    """The pace of stream writes per thread: `HARNESS_STREAM_PACE_MS` (tests shorten it), else 305 ms."""
     raw = os.environ.get("HARNESS_STREAM_PACE_MS")
     return PACE_SECONDS if not raw else max(0.0, float(raw) / 1000)
 
@@ -71,6 +71,14 @@ class Pacer:
         self.seconds = pace_seconds() if seconds is None else seconds
         self._next: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
+
+    def note(self, channel: str, thread_ts: str) -> None:
+        """A write that does not wait (a post, a card) still takes its slot: the next stream write
+        comes no sooner than `seconds` after it."""
+        with self._lock:
+            now = time.monotonic()
+            key = (channel, thread_ts)
+            self._next[key] = max(self._next.get(key, now), now + self.seconds)
 
     def wait(self, channel: str, thread_ts: str) -> None:
         """Take the thread's next slot, waiting until it comes (pacing, not synchronisation)."""

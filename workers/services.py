@@ -268,6 +268,7 @@ class Services:
                 unfurl_media=False,
                 metadata=metadata,
             )
+            self.live_streams.pacer.note(channel, thread_ts)  # a stream write waits its turn after it
             return str(reply["ts"])
         except (SlackApiError, OSError) as exc:
             log.error("could not post to %s/%s: %s", channel, thread_ts, _slack_error(exc))

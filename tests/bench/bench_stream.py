@@ -22,7 +22,8 @@ from tests.bench.bench_latency import UNLIMITED
 from tests.bench.common import percentile, table
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text
 from tests.fakes.slack_api import FakeSlackAPI
-from tests.stack import RedisServer, Stack, wait_until
+from tests.stack import BOT_TOKEN, RedisServer, Stack, wait_until
+from workers.live import PACE_SECONDS
 
 COMMAND = ".venv/bin/python -m tests.bench stream"
 RATE = 50  # tokens per second
@@ -51,10 +52,9 @@ def _run(stack: Stack, marker: str, tokens: int, *, live: bool) -> dict[str, Any
         stack.slack.fail_next("chat.startStream", error="not_allowed_token_type")
     seen = len(stack.model.first_tokens)
     _, ts, _ = stack.mention(f"{marker}: answer", channel=channel)
-    last_word = body.rsplit(" ", 1)[-1]
     wait_until(
         lambda: any(
-            last_word in m["text"] and "That took" in m["text"] for m in stack.slack.messages(channel, ts)
+            marker in m["text"] and "That took" in m["text"] for m in stack.slack.messages(channel, ts)
         ),
         tokens / RATE + 60,
         0.01,
@@ -90,11 +90,11 @@ def run() -> str:
     server = RedisServer().start()
     try:
         with (
-            FakeSlackAPI(bot_token="xoxb-bench") as slack,
+            FakeSlackAPI(bot_token=BOT_TOKEN) as slack,
             FakeMessagesAPI() as api,
             tempfile.TemporaryDirectory() as tmp,
         ):
-            pace = {"HARNESS_STREAM_PACE_MS": str(PACE_MS)}  # what production runs with
+            pace = {"HARNESS_STREAM_PACE_MS": str(PACE_SECONDS * 1000)}  # what production runs with
             stack = Stack(server.url, slack, api, Path(tmp), config=UNLIMITED, extra_env=pace)
             try:
                 stack.start_bot()
