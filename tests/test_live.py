@@ -20,7 +20,7 @@ from harness.state import PendingCall
 from harness.tools import ToolResult
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import wait_until
-from workers.live import PACE_SECONDS, LiveStreams, LiveView
+from workers.live import LiveStreams, LiveView
 
 CHANNEL = "C42"
 
