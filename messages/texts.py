@@ -245,8 +245,10 @@ LIMIT_EXPIRED_REASON = "{reason} Nobody chose Continue or Stop before the questi
 STATUS_WORKING = "is working on it…"
 TASK_WAITING = "Waiting for approval: see its card below."
 LIVE_ENDED = "_This turn ended before its calls were decided._"
-STATUS_WAITING_ON_YOU = "is waiting for your decision on the card above"
-STATUS_WAITING_ON_APPROVERS = "is waiting for a decision from an approver"
+STATUS_WAITING_ON_YOU = "is waiting for approval from you (the card above)"
+STATUS_WAITING_FOR = "is waiting for approval from {who}"
+STATUS_SOMEONE = "an approver"  # an id Slack could not name, or a user group
+STATUS_MORE = "{names} and {more} more"
 SUGGESTED_PROMPTS_TITLE = "Try one of these"
 SUGGESTED_PROMPTS = (  # Slack shows at most four; manifest.yml lists the same ones
     ("Read a file", "Read the first lines of README.md and tell me what this project is."),

@@ -356,3 +356,22 @@ def test_a_rate_limited_session_status_is_tried_again_at_the_next_change(agent_a
     # The first request's status: a 429, waited out once, a 429 again: skipped, not given up.
     assert tried == [(429, "processing"), (429, "processing"), (200, "processing"), (200, "closed")]
     assert (channel, ts, "white_check_mark") in stack.slack.reactions
+
+
+@pytest.fixture(scope="module")
+def approvers_stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Four approvers, one of them a user group: the status line names who the run waits for."""
+    config = '[approvals]\napprovers = ["UANN", "S0OPS", "UBEN", "UCAT"]\n' + GENEROUS
+    yield from running_stack(redis_server, tmp_path_factory.mktemp("dmapprovers"), config, 14)
+
+
+def test_a_parked_run_in_an_assistant_thread_says_whose_approval_it_waits_for(approvers_stack: Stack) -> None:
+    stack = approvers_stack
+    channel = new_dm()
+    root = stack.slack.add_message(channel, "New chat", user="UBOT")
+    stack.model.script_for("whowaits", reply(tool_use("write_file", {"path": "who.txt", "content": "x"})))
+    dm(stack, "whowaits: write it", channel=channel, thread_ts=root)
+    wait_post(stack, channel, root, has_actions)
+    # Three named (a group has no name a status line could show), the rest counted.
+    expected = "is waiting for approval from uann, an approver, uben and 1 more"
+    wait_until(lambda: status_lines(stack, channel)[-1:] == [expected])

@@ -25,6 +25,7 @@ from enum import StrEnum
 from slack_sdk.errors import SlackApiError
 
 from messages import texts
+from messages.text import cut, visible
 from workers.services import Services
 from workers.store import IM, RunRecord
 
@@ -35,6 +36,9 @@ ASSISTANT = "assistant.threads.setStatus"
 REFUSED = "refused"
 ASSISTANT_POSTED = "assistant.posted"  # RunRecord.posted when the line was set: a post since clears it
 TITLE_CHARS = 200  # Slack's limit for an agent session's title
+NAMED = 3  # approvers named in the status line while a run waits; the rest are counted
+NAME_CHARS = 40
+_names: dict[str, str] = {}  # user id -> the name the status line shows (per process)
 
 
 class Phase(StrEnum):
@@ -113,7 +117,33 @@ def _assistant_text(svc: Services, record: RunRecord, phase: Phase) -> str:
     if phase is Phase.ENDED:
         return ""  # clears it
     approvers = svc.settings_of(record).approvals.approvers
-    return texts.STATUS_WAITING_ON_YOU if not approvers else texts.STATUS_WAITING_ON_APPROVERS
+    if not approvers:
+        return texts.STATUS_WAITING_ON_YOU
+    names = list(dict.fromkeys(_name(svc, who) for who in approvers[:NAMED]))
+    who = ", ".join(names)
+    if len(approvers) > NAMED:
+        who = texts.STATUS_MORE.format(names=who, more=len(approvers) - NAMED)
+    return texts.STATUS_WAITING_FOR.format(who=who)
+
+
+def _name(svc: Services, who: str) -> str:
+    """A person as the status line names them (it is plain text: a mention would show as its id).
+
+    `users.info` once per person and process; a user group, or a person Slack cannot name, is
+    "an approver". Names are people's own words: shown visible and cut.
+    """
+    if not who.startswith(("U", "W")):
+        return texts.STATUS_SOMEONE
+    if who not in _names:
+        try:
+            profile = svc.courtesy_slack.users_info(user=who)["user"]
+            name = profile.get("profile", {}).get("display_name") or profile.get("real_name") or ""
+        except (SlackApiError, OSError, KeyError, TypeError):
+            return texts.STATUS_SOMEONE  # not remembered: asked again next time
+        if len(_names) > 1000:
+            _names.clear()
+        _names[who] = cut(" ".join(visible(str(name)).split()), NAME_CHARS) or texts.STATUS_SOMEONE
+    return _names[who]
 
 
 def _title(task: str) -> str:
