@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 START_RUN = "workers.jobs.start_run"
 APPLY_DECISIONS = "workers.jobs.apply_decisions"
+SHOW_NEW_EXPIRY = "workers.jobs.show_new_expiry"
 RETRY_RUN = "workers.jobs.retry_run"
 HONOUR_STOP = "workers.jobs.honour_stop"
 REPLY = "ephemeral_reply"  # context key: what the background reply tells the clicker

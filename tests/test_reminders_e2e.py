@@ -154,6 +154,15 @@ def test_a_reminder_before_expiry_mentions_who_may_decide_and_extend_outlives_th
     # Every place that holds the expiry moved by expire_after_minutes, together.
     held = expiries(stack, record)
     assert all_at(held, first_expiry + 6), held
+    # The card says so too, still with its buttons.
+    new_date = f"<!date^{int(first_expiry + 6)}^"
+    shown = wait_until(
+        lambda: next(
+            (m for m in thread(stack, channel, ts) if m["ts"] == card["ts"] and new_date in str(m["blocks"])),
+            None,
+        )
+    )
+    assert has_actions(shown) and f"<!date^{int(first_expiry)}^" not in str(shown["blocks"])
 
     # An extended park gets a reminder before its new expiry. It is due 3 s after the first expiry,
     # and the watchdog's pass that posts it expired what was due first: the park outlived it.

@@ -143,6 +143,47 @@ def apply_decisions(run_id: str) -> None:
             svc.update(record.channel, card, msg.text, msg.blocks)
 
 
+def show_new_expiry(run_id: str, park_id: int) -> None:
+    """After an Extend: the park's open cards (and its Approve all message) show the new expiry.
+
+    A decision may land meanwhile; its card update is claimed once (`first_card_update`). So a card
+    is redrawn open only while that claim is not taken, and looked at again after: a decision that
+    came in between gets its decided card back, whichever update Slack applied last.
+    """
+    svc = services()
+    record = _load(svc.store, run_id)
+    if record is None or record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park_id:
+        return
+    calls = _pending_by_id(record)
+    votes = svc.store.votes(run_id, park_id)
+    open_calls = [c for c in calls.values() if c.id in record.cards and c.awaiting]
+    for call_id, ts in record.cards.items():
+        if call_id in svc.store.cards_updated(run_id, park_id):
+            continue
+        if call_id == LIMIT_CALL:
+            msg = _limit_card(svc, record, votes.get(call_id, ()))
+        elif call_id == BATCH:
+            expires_at = datetime.fromtimestamp(record.expires_at or time.time(), UTC)
+            msg = cards.batch_card(
+                run_id=run_id,
+                park_id=park_id,
+                calls=open_calls,
+                requester=record.requester,
+                expires_at=expires_at,
+            )
+        elif call_id in calls:
+            msg = _approval_card(svc, record, calls[call_id], votes.get(call_id, ()))
+        else:
+            continue
+        svc.update(record.channel, ts, msg.text, msg.blocks)
+    decisions = svc.store.decisions(run_id, park_id)
+    for call_id in svc.store.cards_updated(run_id, park_id):  # decided meanwhile: shown decided again
+        decision, ts = decisions.get(call_id), record.cards.get(call_id)
+        if decision is not None and ts and call_id in calls:
+            msg = _decided_card(record, calls[call_id], decision)
+            svc.update(record.channel, ts, msg.text, msg.blocks)
+
+
 def drive(run_id: str, *, recovering: bool = False) -> None:
     """Take the run's lease and do what it needs next; hand its thread on when it ends."""
     svc = services()

@@ -22,6 +22,7 @@ from slack_sdk.errors import SlackApiError
 from bot.listening import (
     APPLY_DECISIONS,
     REPLY,
+    SHOW_NEW_EXPIRY,
     BotDeps,
     Clicker,
     Reply,
@@ -369,6 +370,7 @@ def _on_extend(deps: BotDeps) -> Callable[..., None]:
         if result.outcome is ExtendOutcome.EXTENDED:
             log.info("run %s park %d: extended by %s", record.run_id, record.park_id, clicker.user)
             context["extended"] = (clicker.user, result.expires_at)
+            deps.enqueue(SHOW_NEW_EXPIRY, record.run_id, record.park_id)  # its cards show the new expiry
         elif result.outcome is ExtendOutcome.TAKEN:
             context[REPLY] = texts.EXTEND_TAKEN.format(expires=expires)
         elif result.outcome is ExtendOutcome.MOST:
