@@ -178,10 +178,10 @@ def show_new_expiry(run_id: str, park_id: int) -> None:
         svc.update(record.channel, ts, msg.text, msg.blocks)
     decisions = svc.store.decisions(run_id, park_id)
     for call_id in svc.store.cards_updated(run_id, park_id):  # decided meanwhile: shown decided again
-        decision, ts = decisions.get(call_id), record.cards.get(call_id)
-        if decision is not None and ts and call_id in calls:
+        decision, card = decisions.get(call_id), record.cards.get(call_id)
+        if decision is not None and card and call_id in calls:
             msg = _decided_card(record, calls[call_id], decision)
-            svc.update(record.channel, ts, msg.text, msg.blocks)
+            svc.update(record.channel, card, msg.text, msg.blocks)
 
 
 def drive(run_id: str, *, recovering: bool = False) -> None:
