@@ -73,8 +73,9 @@ class Pacer:
         self._lock = threading.Lock()
 
     def note(self, channel: str, thread_ts: str) -> None:
-        """A write that does not wait (a post, a card) still takes its slot: the next stream write
-        comes no sooner than `seconds` after it."""
+        """A write just answered (a paced one, or one that does not wait: a post, a card): the next
+        stream write goes no sooner than `seconds` after it. Counted from the answer, not the send,
+        so Slack sees the writes that far apart however long each took to arrive."""
         with self._lock:
             now = time.monotonic()
             key = (channel, thread_ts)
@@ -175,7 +176,9 @@ class LiveMessage:
                 with self._cond:
                     batch, self._pending = self._pending, _Batch()
                     last = self._closing
-                if not self._write(batch, last) or last:
+                wrote = self._write(batch, last)
+                self.pacer.note(self.channel, self.thread_ts)
+                if not wrote or last:
                     return
         except Exception:  # a live view is never worth the run
             log.exception("stream in %s/%s failed", self.channel, self.thread_ts)
@@ -219,6 +222,8 @@ class LiveMessage:
             if batch.tasks and self.tasks_ok and error in _CHUNKS_REFUSED and self.ts is None:
                 self.tasks_ok = False  # no task chunks here: the words alone
                 self._refused("tasks")
+                self.pacer.note(self.channel, self.thread_ts)  # a refused write is a write too
+                self.pacer.wait(self.channel, self.thread_ts)
                 return self._write(_Batch(text=batch.text), last)
             if self.ts is None:
                 log.info(

@@ -344,6 +344,8 @@ class Services:
         except (SlackApiError, OSError) as exc:
             log.error("could not settle stream %s/%s: %s", channel, ts, _slack_error(exc))
             return False
+        finally:
+            self.live_streams.pacer.note(channel, thread_ts)
 
     def discard_live(self, channel: str, ts: str) -> None:
         """Take live message `ts` out of the thread (stopped, then deleted): what it showed is
