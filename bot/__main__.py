@@ -139,7 +139,9 @@ def main() -> int:
     host = env.get("HOST") or "0.0.0.0"  # `make run` sets 127.0.0.1: a laptop's bot is not a server
     metrics_listener = ((env.get("METRICS_HOST") or host, operators.port),) if operators.port else ()
     serve(
-        wsgi_app(app, connection, signing_secret=signing_secret, operators=operators),
+        wsgi_app(
+            app, connection, signing_secret=signing_secret, operators=operators, config=lambda: live.current
+        ),
         port,
         host=host,
         workers=workers,

@@ -32,6 +32,7 @@ from slack_bolt.request.internals import parse_body
 from slack_sdk.signature import SignatureVerifier
 
 from bot.access import OperatorAccess, Refusal
+from harness.config import Config
 from workers import health, logs, metrics
 from workers.services import make_queue
 
@@ -53,14 +54,20 @@ RETRYABLE_ERRORS: tuple[type[Exception], ...] = (
 
 
 def wsgi_app(
-    app: App, connection: redis.Redis, *, signing_secret: str, operators: OperatorAccess | None = None
+    app: App,
+    connection: redis.Redis,
+    *,
+    signing_secret: str,
+    operators: OperatorAccess | None = None,
+    config: Callable[[], Config] | None = None,
 ) -> WsgiApp:
     """The whole HTTP surface of the bot as one WSGI callable.
 
     `operators`: who may read `/metrics` and `/healthz?deep=1` (`bot.access`); loopback only by default.
+    `config`: the config in force now, which labels the gauges of approvers and budgets.
     """
     verifier = SignatureVerifier(signing_secret)
-    figures = metrics.registry(connection, make_queue(connection))
+    figures = metrics.registry(connection, make_queue(connection), config)
     acks = metrics.Gathered(connection)  # an answer's time, written with the others of its second
     access = operators or OperatorAccess()
 

@@ -168,6 +168,10 @@ def test_decline_never_runs_the_call_and_tells_the_model(stack: Stack) -> None:
     assert not has_actions(updated) and "Declined" in str(updated["blocks"])
     result = [r for r in stack.model.requests if "declineme" in str(r["messages"][0])][-1]["messages"][-1]
     assert result["content"][0]["is_error"] is True and "declined" in result["content"][0]["content"]
+    with urllib.request.urlopen(f"{stack.url}/metrics", timeout=10) as scrape:  # the worker counted it
+        scraped = scrape.read().decode()
+    declined = r'^harness_approval_decisions_total\{profile="",tool="write_file",verdict="declined"\} [1-9]'
+    assert re.search(declined, scraped, re.MULTILINE), scraped[-3000:]
 
 
 def test_decline_with_reason_reaches_the_model(stack: Stack) -> None:

@@ -108,7 +108,10 @@ def test_every_family_declares_only_fixed_label_values() -> None:
     """A fixed list, or a pattern of the config's own bounded names (a profile's): never an id."""
     for family in metrics.FAMILIES:
         for name, allowed in family.labels.items():
-            if isinstance(allowed, re.Pattern):
+            if isinstance(allowed, metrics.ToolNames):  # bounded by the config: `tool_label` maps first
+                assert metrics.tool_label("U0123ABCD", "") == metrics.OTHER, (family.name, name)
+                assert not allowed.shape.fullmatch("a|b") and not allowed.shape.fullmatch("a" * 65)
+            elif isinstance(allowed, re.Pattern):
                 assert not allowed.fullmatch("a|b") and not allowed.fullmatch("a" * 33), (family.name, name)
                 assert not allowed.fullmatch("U0123ABCD") and not allowed.fullmatch("C0123ABCD")
             else:

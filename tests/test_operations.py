@@ -137,6 +137,8 @@ def test_a_scrape_after_a_run_shows_exactly_what_the_run_did(stack: Stack) -> No
     card = wait_post(stack, "C701", ts, has_actions)
     parked = scrape(stack)
     assert parked[("harness_approvals_pending", ())] == before[("harness_approvals_pending", ())] + 1
+    waiting = ("harness_runs_waiting", (("approvers", "UANN"),))  # the stack's approver
+    assert parked[waiting] == before[waiting] + 1
     assert stack.click(card, "approve", user="UANN") == 200
     wait_post(stack, "C701", ts, lambda m: "metrics done" in m["text"])
     stack.settled()
@@ -153,6 +155,10 @@ def test_a_scrape_after_a_run_shows_exactly_what_the_run_did(stack: Stack) -> No
         ("harness_budget_tokens_total", (("profile", ""),)): 3 * sum(per_request.values()),
         ("harness_tool_calls_total", (("outcome", "ran"), ("tier", "allow"))): 2,
         ("harness_tool_calls_total", (("outcome", "ran"), ("tier", "ask"))): 1,
+        (
+            "harness_approval_decisions_total",
+            (("profile", ""), ("tool", "write_file"), ("verdict", "approved")),
+        ): 1,
         ("harness_runs_ended_total", (("outcome", "finished"), ("valve", "none"))): 1,
         ("harness_approval_decision_seconds_count", (("verdict", "approved"),)): 1,
         ("harness_approval_wait_seconds_count", (("profile", ""),)): 1,

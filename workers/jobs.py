@@ -366,7 +366,15 @@ def _count_step(driver: Driver, state: RunState, events: tuple[Event, ...]) -> N
     if state.status is Status.RUNNING and state.pending:
         return
     try:
-        driver.beside_next_save(metrics.step_account(driver.run_id, state, events))
+        catalog = driver.svc.catalog
+        write = metrics.step_account(
+            driver.run_id,
+            state,
+            events,
+            profile=driver.record.profile,
+            source_of=catalog.source if catalog is not None else None,
+        )
+        driver.beside_next_save(write)
     except Exception:  # a figure is never worth a run
         log.exception("run %s: the step's metrics could not be counted", driver.run_id)
 

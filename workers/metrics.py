@@ -29,7 +29,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,11 +39,12 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
 from harness import texts as harness_texts
-from harness.config import Approvals
+from harness.config import Approvals, Config
 from harness.loop import TurnDone
 from harness.policy import Tier
 from harness.state import PendingCall, RunState, Verdict
 from harness.valves import Valve
+from workers import gauges
 from workers.store import DAY, Accepted, Beside, Keys
 
 log = logging.getLogger(__name__)
@@ -55,13 +56,24 @@ CLICK_TTL = DAY
 
 
 @dataclass(frozen=True)
+class ToolNames:
+    """A label whose values are the names of the tools a config offers, as `tool_label` gives
+    them (a built-in's or a module tool's name, `SERVER__*` for all of an MCP server's tools,
+    `other`): the config bounds them, and the writer maps every name through `tool_label` first.
+    `shape` is all the scrape can check of them."""
+
+    shape: re.Pattern[str]
+
+
+@dataclass(frozen=True)
 class Family:
     """One metric: its name, help, labels (each with the only values it may take) and buckets."""
 
     name: str  # for a counter, without `_total` (prometheus_client adds it)
     help: str
-    # Each label's allowed values: a fixed list, or a pattern (values the config bounds: profile names).
-    labels: Mapping[str, tuple[str, ...] | re.Pattern[str]] = field(default_factory=dict)
+    # Each label's allowed values: a fixed list, a pattern (values the config bounds: profile
+    # names), or `ToolNames` (the tools a config offers, as `tool_label` names them).
+    labels: Mapping[str, tuple[str, ...] | re.Pattern[str] | ToolNames] = field(default_factory=dict)
     buckets: tuple[float, ...] = ()  # a histogram's upper bounds; empty: a counter
 
     @property
@@ -72,6 +84,10 @@ class Family:
         """The label values of `given`, each one of its label's allowed values, else `other`."""
         out = []
         for name, allowed in self.labels.items():
+            if isinstance(allowed, ToolNames):
+                value = str(given.get(name) or "")
+                out.append(value if allowed.shape.fullmatch(value) else OTHER)
+                continue
             if isinstance(allowed, re.Pattern):
                 value = str(given.get(name) or "")
                 out.append(value if allowed.fullmatch(value) else OTHER)
@@ -162,6 +178,15 @@ EXPIRATIONS = Family(
     'profile="" is the top-level settings.',
     {"profile": PROFILE_LABEL},
 )
+# An API tool name (`^[a-zA-Z0-9_-]{1,64}$`), or an MCP server's (1-32 of a-z, 0-9, -) then `__*`.
+TOOL_LABEL = ToolNames(re.compile(r"[A-Za-z0-9_-]{1,64}|[a-z0-9-]{1,32}__\*"))
+MCP_SEPARATOR = "__"  # harness.tools.mcp.SEPARATOR: an MCP tool is named SERVER__TOOL
+DECISIONS = Family(
+    "harness_approval_decisions",
+    "Tool calls that asked for approval, by how they were decided (approved, declined, expired), the "
+    "tool (SERVER__* for an MCP server's) and the run's profile; counted when the run goes on.",
+    {"verdict": VERDICTS, "tool": TOOL_LABEL, "profile": PROFILE_LABEL},
+)
 FAMILIES = (
     RUNS,
     TURNS,
@@ -180,7 +205,17 @@ FAMILIES = (
     BUDGET_TOKENS,
     WAIT_SECONDS,
     EXPIRATIONS,
+    DECISIONS,
 )
+
+
+def tool_label(name: str, source: str) -> str:
+    """How the metrics name tool `name`, from where the catalog says it comes (`Catalog.source`:
+    "builtin", a module, "mcp:SERVER", "" for a tool no config offers): its own name, its MCP
+    server's `SERVER__*` (a server may list any number of tools, and change them), else `other`."""
+    if source.startswith("mcp:"):
+        return f"{source[len('mcp:') :]}{MCP_SEPARATOR}*"
+    return name if source else OTHER
 
 
 # --- the hash's fields -------------------------------------------------------------------------------
@@ -322,10 +357,21 @@ return 1
 """
 
 
-def step_account(run_id: str, state: RunState, events: Iterable[Any] = ()) -> Beside:
+def step_account(
+    run_id: str,
+    state: RunState,
+    events: Iterable[Any] = (),
+    *,
+    profile: str = "",
+    source_of: Callable[[str], str] | None = None,
+) -> Beside:
     """What a step of `run_id` added, as a write for the run's next save to carry: turns, requests
     and tokens (as deltas of the state's totals) and the calls of a turn just done (once per turn
-    number). Idempotent, so a save sent again counts it once."""
+    number), those that asked for approval also by their decision, tool and `profile`.
+    Idempotent, so a save sent again counts it once.
+
+    `source_of`: where a tool comes from (`Catalog.source`), which bounds the tool label; None:
+    every tool is `other`."""
     usage = state.usage
     totals = [
         ("turns", state.turns, counter_field(TURNS)),
@@ -340,13 +386,26 @@ def step_account(run_id: str, state: RunState, events: Iterable[Any] = ()) -> Be
     for name, total, counter in totals:
         args += [name, int(total), counter]
     args += [counter_field(TOOL_CALLS, tier=c.tier.value, outcome=call_outcome(c)) for c in calls]
+    for c in calls:
+        if c.tier is Tier.ASK and c.decision is not None:
+            tool = tool_label(c.name, source_of(c.name) if source_of else "")
+            verdict = c.decision.verdict.value
+            args.append(counter_field(DECISIONS, verdict=verdict, tool=tool, profile=profile))
     return Beside("a run's step", _ACCOUNT, (Keys.metric_run(run_id), Keys.metric_counters()), tuple(args))
 
 
-def stepped(connection: redis.Redis, run_id: str, state: RunState, events: Iterable[Any] = ()) -> None:
+def stepped(
+    connection: redis.Redis,
+    run_id: str,
+    state: RunState,
+    events: Iterable[Any] = (),
+    *,
+    profile: str = "",
+    source_of: Callable[[str], str] | None = None,
+) -> None:
     """Count what a step of `run_id` added (`step_account`), now, in a round trip of its own."""
     try:
-        write = step_account(run_id, state, events)
+        write = step_account(run_id, state, events, profile=profile, source_of=source_of)
         connection.register_script(write.script)(keys=list(write.keys), args=list(write.args))
     except Exception as exc:
         _failed("a run's step", exc)
@@ -491,13 +550,18 @@ class QueueKeys:
 class Collector:
     """A prometheus_client collector of the figures in Redis plus gauges read at scrape time.
 
-    One round trip per scrape: HGETALL of the counters pipelined with the gauges' reads. When
+    One round trip per scrape: HGETALL of the counters pipelined with the gauges' reads (those
+    whose labels the config gives, `workers.gauges`, with the config in force at the scrape). When
     Redis does not answer, the scrape raises (the bot answers 503: no figures rather than zeros).
     """
 
-    def __init__(self, connection: redis.Redis, queue: QueueKeys) -> None:
+    def __init__(
+        self, connection: redis.Redis, queue: QueueKeys, config: Callable[[], Config] | None = None
+    ) -> None:
         self.connection = connection
         self.queue = queue
+        default = Config()  # no config given (tests, tools): the built-in defaults
+        self.config = config or (lambda: default)
 
     def collect(self) -> Iterator[Metric]:
         now = time.time()
@@ -508,7 +572,8 @@ class Collector:
             pipe.zcard(self.queue.scheduled)
             pipe.zcard(Keys.active())
             pipe.scard(self.queue.workers)
-            raw, parked, depth, scheduled, active, workers = pipe.execute()
+            reads = gauges.queue_reads(pipe, self.config(), now)
+            raw, parked, depth, scheduled, active, workers, *configured = pipe.execute()
         stored = {_text(k): _text(v) for k, v in raw.items()}
         for family in FAMILIES:
             yield _histogram(family, stored) if family.histogram else _counter(family, stored)
@@ -523,6 +588,7 @@ class Collector:
         yield GaugeMetricFamily(
             "harness_workers_registered", "RQ workers registered on the queue (see /healthz?deep=1).", workers
         )
+        yield from gauges.families(reads, configured)
 
 
 def _counter(family: Family, stored: Mapping[str, str]) -> Metric:
@@ -568,14 +634,24 @@ def _text(value: Any) -> str:
 
 def _allowed(family: Family, values: Sequence[str]) -> bool:
     return len(values) == len(family.labels) and all(
-        v == OTHER or (allowed.fullmatch(v) if isinstance(allowed, re.Pattern) else v in allowed)
-        for v, allowed in zip(values, family.labels.values(), strict=True)
+        v == OTHER or _fits(v, allowed) for v, allowed in zip(values, family.labels.values(), strict=True)
     )
 
 
-def registry(connection: redis.Redis, queue: Any) -> CollectorRegistry:
+def _fits(value: str, allowed: tuple[str, ...] | re.Pattern[str] | ToolNames) -> bool:
+    if isinstance(allowed, ToolNames):
+        return bool(allowed.shape.fullmatch(value))
+    if isinstance(allowed, re.Pattern):
+        return bool(allowed.fullmatch(value))
+    return value in allowed
+
+
+def registry(
+    connection: redis.Redis, queue: Any, config: Callable[[], Config] | None = None
+) -> CollectorRegistry:
     """A registry holding only the product's collector (none of prometheus_client's process ones:
-    they would describe one gunicorn worker of several, picked at random by each scrape)."""
+    they would describe one gunicorn worker of several, picked at random by each scrape).
+    `config`: the config in force now (a reload may swap it), which labels some gauges."""
     found = CollectorRegistry(auto_describe=False)
-    found.register(Collector(connection, QueueKeys.of(queue)))
+    found.register(Collector(connection, QueueKeys.of(queue), config))
     return found

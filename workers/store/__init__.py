@@ -32,6 +32,7 @@ from workers.store.audit import (
 )
 from workers.store.base import Beside
 from workers.store.budgets import (
+    BUDGET_PEAKS,
     BUDGET_TTL,
     CHANNEL_SCOPE,
     HOLD_SECONDS,
@@ -41,6 +42,7 @@ from workers.store.budgets import (
     BudgetStore,
     Scope,
     SpentToday,
+    budget_peaks,
     budget_settled,
     utc_day,
 )
@@ -98,6 +100,7 @@ __all__ = [
     "AUDIT_MAX_AGE",
     "AUDIT_MAX_ENTRIES",
     "AUDIT_PREVIEW_CHARS",
+    "BUDGET_PEAKS",
     "BUDGET_TTL",
     "CHANNEL_SCOPE",
     "DAY",
@@ -149,6 +152,7 @@ __all__ = [
     "pack",
     "rulings_write",
     "unpack",
+    "budget_peaks",
     "budget_settled",
     "utc_day",
 ]

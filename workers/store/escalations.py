@@ -30,8 +30,8 @@ class ExtendResult:
     extensions: int = 0  # how many times it has been extended now
 
 
-# KEYS[1] approvals hash, KEYS[2] expiries, KEYS[3] the team's parks, KEYS[4] the requester's parks,
-# KEYS[5] run record, KEYS[6] reminders, KEYS[7] thread lock. ARGV[1] now, ARGV[2] member `run:park`,
+# KEYS[1] approvals hash, KEYS[2] run record, KEYS[3] reminders, KEYS[4] thread lock, KEYS[5]
+# expiries, KEYS[6..] the park's indexes (`park_indexes`). ARGV[1] now, ARGV[2] member `run:park`,
 # ARGV[3] the extension count the click was made on, ARGV[4] max_extensions, ARGV[5] the record read,
 # ARGV[6] the record to write, ARGV[7] the new expiry, ARGV[8] TTL s, ARGV[9] the next reminder's due
 # time ('' none), ARGV[10] run id.
@@ -42,20 +42,20 @@ class ExtendResult:
 _EXTEND = """
 local expires = tonumber(redis.call('HGET', KEYS[1], '~expires') or '0')
 if expires == 0 or tonumber(ARGV[1]) >= expires then return {'expired', tostring(expires), '0'} end
-if redis.call('ZSCORE', KEYS[2], ARGV[2]) == false then return {'expired', tostring(expires), '0'} end
+if redis.call('ZSCORE', KEYS[5], ARGV[2]) == false then return {'expired', tostring(expires), '0'} end
 local count = tonumber(redis.call('HGET', KEYS[1], '~extensions') or '0')
 if count ~= tonumber(ARGV[3]) then return {'taken', tostring(expires), tostring(count)} end
 if count >= tonumber(ARGV[4]) then return {'most', tostring(expires), tostring(count)} end
-if redis.call('GET', KEYS[5]) ~= ARGV[5] then return {'moved', tostring(expires), tostring(count)} end
+if redis.call('GET', KEYS[2]) ~= ARGV[5] then return {'moved', tostring(expires), tostring(count)} end
 redis.call('HSET', KEYS[1], '~expires', ARGV[7], '~extensions', count + 1)
 redis.call('EXPIRE', KEYS[1], ARGV[8])
-redis.call('SET', KEYS[5], ARGV[6], 'EX', ARGV[8])
-for i = 2, 4 do
+redis.call('SET', KEYS[2], ARGV[6], 'EX', ARGV[8])
+for i = 5, #KEYS do
   redis.call('ZADD', KEYS[i], 'XX', ARGV[7], ARGV[2])
-  if i > 2 and redis.call('TTL', KEYS[i]) < tonumber(ARGV[8]) then redis.call('EXPIRE', KEYS[i], ARGV[8]) end
+  if i > 5 and redis.call('TTL', KEYS[i]) < tonumber(ARGV[8]) then redis.call('EXPIRE', KEYS[i], ARGV[8]) end
 end
-if ARGV[9] ~= '' then redis.call('ZADD', KEYS[6], ARGV[9], ARGV[2]) end
-if redis.call('GET', KEYS[7]) == ARGV[10] then redis.call('EXPIRE', KEYS[7], ARGV[8]) end
+if ARGV[9] ~= '' then redis.call('ZADD', KEYS[3], ARGV[9], ARGV[2]) end
+if redis.call('GET', KEYS[4]) == ARGV[10] then redis.call('EXPIRE', KEYS[4], ARGV[8]) end
 return {'extended', ARGV[7], tostring(count + 1)}
 """
 
@@ -135,11 +135,11 @@ class EscalationStore(StorePart):
         due = new_expiry - remind_before if remind_before > 0 else None
         keys = [
             Keys.approvals(record.run_id, record.park_id),
-            Keys.expiries(),
-            *park_indexes(record),
             Keys.run(record.run_id),
             Keys.reminders(),
             Keys.thread_lock(*record.thread),
+            Keys.expiries(),
+            *park_indexes(record),
         ]
         args: list[Any] = [
             repr(now),

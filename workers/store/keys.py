@@ -30,6 +30,7 @@ _ID = {
     "day": re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"),
     "scope": re.compile(r"^(user|channel)$"),
     "slot": re.compile(r"^[0-9a-f]{24}$"),
+    "profile": re.compile(r"^[a-z0-9-]{1,32}$"),
 }
 
 
@@ -160,8 +161,9 @@ class Keys:
 
     @staticmethod
     def parks_indexed() -> str:
-        """Set once every park older than the Home tab's index was put in it (an upgrade's one pass)."""
-        return f"{PREFIX}parks:indexed"
+        """Set once every park older than the park indexes was put in them (an upgrade's one pass;
+        `:2` since the profiles' index came, so that one pass puts the older parks there too)."""
+        return f"{PREFIX}parks:indexed:2"
 
     @staticmethod
     def team_parks(team: str) -> str:
@@ -173,6 +175,13 @@ class Keys:
     def user_parks(team: str, user: str) -> str:
         """The open parks of the runs `user` asked for (as `team_parks`): the requester's Home tab."""
         return f"{PREFIX}parks:user:{check_id('team', team)}:{check_id('user', user)}"
+
+    @staticmethod
+    def profile_parks(profile: str) -> str:
+        """The open parks of runs under `profile` ("": the top level), as `team_parks`: what
+        `/metrics` counts, at scrape, as the runs waiting on each profile's approvers."""
+        name = check_id("profile", profile) if profile else "~top"  # "~": never a profile's name
+        return f"{PREFIX}parks:profile:{name}"
 
     @staticmethod
     def escalations() -> str:

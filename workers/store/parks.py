@@ -84,9 +84,14 @@ def votes_of(raw: dict[Any, Any]) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def park_indexes(record: RunRecord) -> tuple[str, str]:
-    """The Home tab's index keys a park of `record` is kept in: its team's and its requester's."""
-    return Keys.team_parks(record.team), Keys.user_parks(record.team, record.requester)
+def park_indexes(record: RunRecord) -> tuple[str, str, str]:
+    """The index keys a park of `record` is kept in: its team's and its requester's (the Home
+    tab's), and its profile's (what `/metrics` counts as the runs waiting on its approvers)."""
+    return (
+        Keys.team_parks(record.team),
+        Keys.user_parks(record.team, record.requester),
+        Keys.profile_parks(record.profile),
+    )
 
 
 # Lua helper: true when every call field of a park's approvals hash holds a decision.
@@ -102,7 +107,7 @@ end
 """
 
 # KEYS[1] lease, KEYS[2] run record, KEYS[3] active set, KEYS[4] approvals hash, KEYS[5] expiries,
-# KEYS[6] thread lock, KEYS[7] the team's parks, KEYS[8] the requester's parks. ARGV[1] token,
+# KEYS[6] thread lock, KEYS[7..] the park's indexes (`park_indexes`). ARGV[1] token,
 # ARGV[2] lease ms, ARGV[3] record, ARGV[4] TTL s, ARGV[5] now, ARGV[6] run id, ARGV[7] expires at,
 # ARGV[8] expiry member, ARGV[9..] pairs: call id, fingerprint.
 # Parking is one fenced step: the record awaiting decisions (with the cards it owes in its outbox),
@@ -119,7 +124,7 @@ end
 redis.call('HSETNX', KEYS[4], '~expires', ARGV[7])
 redis.call('EXPIRE', KEYS[4], ARGV[4])
 redis.call('ZADD', KEYS[5], ARGV[7], ARGV[8])
-for i = 7, 8 do
+for i = 7, #KEYS do
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', ARGV[5])
   redis.call('ZADD', KEYS[i], ARGV[7], ARGV[8])
   if redis.call('TTL', KEYS[i]) < tonumber(ARGV[4]) then redis.call('EXPIRE', KEYS[i], ARGV[4]) end
