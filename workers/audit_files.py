@@ -29,7 +29,7 @@ from workers.store import AuditLink, Store
 log = logging.getLogger("workers.audit")
 
 PREFIX, SUFFIX = "audit-", ".jsonl"
-LEASE_SECONDS = 60.0  # a mirror silent this long is taken over by another worker
+LEASE_SECONDS = 30.0  # a mirror silent this long is taken over by another worker
 BATCH = 1000  # entries per append and fsync
 MOST_BATCHES = 20  # per watchdog pass: the rest waits for the next one
 _STREAM_ID = re.compile(r"[0-9]+-[0-9]+")
@@ -53,21 +53,27 @@ def prepare(directory: Path) -> None:
     probe.unlink()
 
 
-def mirror(store: Store, directory: Path, token: str, *, step: Step | None = None) -> int:
-    """Append the entries the files do not hold yet, batch by batch; how many were appended."""
+def mirror(
+    store: Store, directory: Path, token: str, *, step: Step | None = None, lease: float = LEASE_SECONDS
+) -> int:
+    """Append the entries the files do not hold yet, batch by batch; how many were appended.
+    `step`: told each step (a test kills the process there); `lease`: how long a silent holder
+    keeps the files from the others."""
     appended = 0
     for _ in range(MOST_BATCHES):
-        done = mirror_batch(store, directory, token, step=step)
+        done = mirror_batch(store, directory, token, step=step, lease=lease)
         appended += done
         if done < BATCH:
             break
     return appended
 
 
-def mirror_batch(store: Store, directory: Path, token: str, *, step: Step | None = None) -> int:
+def mirror_batch(
+    store: Store, directory: Path, token: str, *, step: Step | None = None, lease: float = LEASE_SECONDS
+) -> int:
     """One batch: read after the cursor, append, fsync, then move the cursor (if still the lease's
     holder); 0 when another process holds the lease or nothing is new."""
-    if not store.take_audit_mirror(token, LEASE_SECONDS):
+    if not store.take_audit_mirror(token, lease):
         return 0
     cursor = store.audit_mirrored()
     filed = newest_filed(directory)  # newer than the cursor: a mirror was killed before moving it
