@@ -720,11 +720,27 @@ def test_every_decision_is_in_the_audit_log_and_the_cli_prints_it(stack: Stack) 
     from tests.stack import ROOT
 
     stack.model.script(reply(tool_use("delete_file", {"path": "README.md"})), reply(text("audited")))
+    audit_dir = stack.workdir / "audit"
+    stack.extra_env["HARNESS_AUDIT_DIR"] = str(audit_dir)
     stack.start_bot()
     stack.start_worker()
     _, ts, _ = stack.mention("audit: delete", channel="C15", user="UANN")
     stack.click(card_of(stack, "C15", ts), "decline", user="UBEN")
     wait_text(stack, "C15", ts, "audited")
+    # The worker's watchdog appends the decision to the day's file (HARNESS_AUDIT_DIR), and the
+    # chain it extends checks out, from Redis alone and against the file.
+    wait_until(lambda: any(b'\\"UBEN\\"' in p.read_bytes() for p in audit_dir.glob("audit-*.jsonl")))
+    alone = {k: v for k, v in stack.env().items() if k != "HARNESS_AUDIT_DIR"}
+    for env in (alone, stack.env()):
+        verified = subprocess.run(
+            [sys.executable, "-m", "workers", "audit", "verify"],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert verified.returncode == 0 and verified.stdout.endswith(" entries, chain intact\n"), verified
     done = subprocess.run(
         [sys.executable, "-m", "workers", "audit"],
         env=stack.env(),

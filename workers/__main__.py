@@ -1,7 +1,9 @@
 """`python -m workers`: an RQ worker (with its scheduler) for the bot's queue, plus its watchdog.
 
 `python -m workers audit [--limit N] [--feedback | --calls]` prints the approval audit log (or the
-answers' feedback, or every call's tier decision) instead; `python -m workers status` the runs in
+answers' feedback, or every call's tier decision) instead; `python -m workers audit export [--since
+ISO-DATE] [--format jsonl|csv]` writes every entry of it, `python -m workers audit verify` checks
+its hash chain (`workers.audit_chain`); `python -m workers status` the runs in
 flight, parked (and who must decide) and failed; `python -m workers replay DRAFT.toml [--days N]`
 what a draft config would have changed of the recorded calls' tiers.
 """
@@ -13,9 +15,11 @@ import logging
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -30,7 +34,18 @@ from harness.tools.relay import RelayServer, private_directory
 from harness.tools.sandbox import protect_process
 from messages.cards import escalation_reminder, expiry_reminder
 from workers import audit as audit_lines
-from workers import deciders, horses, jobs, logs, metrics, replay, status
+from workers import (
+    audit_chain,
+    audit_export,
+    audit_files,
+    deciders,
+    horses,
+    jobs,
+    logs,
+    metrics,
+    replay,
+    status,
+)
 from workers.driver import lease_seconds
 from workers.health import WORKER_TTL
 from workers.reload import Hangup, reload, servers_kept
@@ -50,7 +65,12 @@ log = logging.getLogger("workers.watchdog")
 ESCALATION_RETRY_SECONDS = 30  # a reminder Slack refused is tried again this much later (before expiry)
 
 
-def watchdog(store: Store, stop: threading.Event, svc: Callable[[], Services] | None = None) -> None:
+def watchdog(
+    store: Store,
+    stop: threading.Event,
+    svc: Callable[[], Services] | None = None,
+    audit_dir: Path | None = None,
+) -> None:
     """Expire parks whose time has come, remind `escalate_to` of those nobody decided in time, and
     hand runs with no driver to any worker. `svc` gives the services in force at each pass (a
     reload swaps them: a reminder reads the run's settings as configured now).
@@ -58,9 +78,12 @@ def watchdog(store: Store, stop: threading.Event, svc: Callable[[], Services] | 
     A run needs a driver when it is marked active (queued, running, ending, or parked with every
     decision in) and nobody holds its lease: its driver died. It is continued within about one
     and a half lease periods, whatever step the driver died at.
+
+    Each pass also appends the audit to the files of `audit_dir` (`HARNESS_AUDIT_DIR`), then trims it.
     """
     seconds = lease_seconds()
     queue = make_queue(store.redis)
+    token = uuid.uuid4().hex  # this process's hold of the audit files' lease
     while not stop.wait(min(max(seconds / 2, 0.5), 5.0)):
         try:
             now = time.time()
@@ -73,6 +96,7 @@ def watchdog(store: Store, stop: threading.Event, svc: Callable[[], Services] | 
                 log.warning("run %s has no driver; continuing it on another worker", run_id)
                 enqueue_run_job(store, queue, jobs.recover_run, run_id)
                 metrics.incr(store.redis, metrics.RECOVERED)
+            audit_files.audit_pass(store, audit_dir, token, now)
         except redis.RedisError as exc:
             log.warning("watchdog cannot reach Redis (%s); trying again", exc)
         except Exception:  # the watchdog must outlive any one bad run
@@ -201,6 +225,13 @@ def work() -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    audit_dir = audit_files.directory_from_env()
+    try:
+        if audit_dir is not None:
+            audit_files.prepare(audit_dir)
+    except OSError as exc:
+        print(f"error: HARNESS_AUDIT_DIR cannot hold the audit's files ({exc})", file=sys.stderr)
+        return 2
     try:
         kind = horses.worker_class_name()
         limits = horses.Limits.from_env()
@@ -221,7 +252,7 @@ def work() -> int:
     # The watchdog posts escalation reminders with the worker's client, under the config in force.
     threading.Thread(
         target=watchdog,
-        args=(watch_store, stop, lambda: replace(jobs.services(), store=watch_store)),
+        args=(watch_store, stop, lambda: replace(jobs.services(), store=watch_store), audit_dir),
         name="watchdog",
         daemon=True,
     ).start()
@@ -339,6 +370,44 @@ def audit(limit: int, *, feedback: bool = False, calls: bool = False) -> int:
     return 0
 
 
+def audit_export_all(since: str | None, fmt: str) -> int:
+    """`python -m workers audit export`: every entry of the decisions' audit (the files', then
+    Redis's newer ones, when `HARNESS_AUDIT_DIR` is set), at or after `since`, to stdout."""
+    try:
+        after = audit_export.since_of(since) if since else None
+    except ValueError:
+        print(f"error: --since must be an ISO 8601 date or time, got {since!r}", file=sys.stderr)
+        return 2
+    try:
+        links, _ = audit_files.collect(Store(redis_connection()), audit_files.directory_from_env())
+    except redis.RedisError as exc:
+        print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: cannot read HARNESS_AUDIT_DIR ({exc})", file=sys.stderr)
+        return 2
+    audit_export.write(audit_export.rows(links, after), sys.stdout, fmt)
+    return 0
+
+
+def audit_verify() -> int:
+    """`python -m workers audit verify`: exit 0 and `N entries, chain intact`, or 1 and the first
+    entry that was changed, removed or reordered (`workers.audit_chain`)."""
+    try:
+        store = Store(redis_connection())
+        links, copies = audit_files.collect(store, audit_files.directory_from_env())
+        head = store.audit_head()
+    except redis.RedisError as exc:
+        print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: cannot read HARNESS_AUDIT_DIR ({exc})", file=sys.stderr)
+        return 2
+    report = audit_chain.verify(links, head, copies=copies)
+    print(report.line if report.ok else f"chain broken: {report.line}")
+    return 0 if report.ok else 1
+
+
 def replay_draft(path: str, days: float) -> int:
     """`python -m workers replay`: the recorded calls of the last `days` days ruled again under the
     draft at `path`; one line per call whose tier would change, then a summary (`workers.replay`)."""
@@ -398,6 +467,11 @@ def main(argv: list[str] | None = None) -> int:
     shown.add_argument(
         "--calls", action="store_true", help="print every call's tier decision (its own stream) instead"
     )
+    audit_sub = audit_parser.add_subparsers(dest="audit_command")
+    export_parser = audit_sub.add_parser("export", help="write every entry of the decisions' audit")
+    export_parser.add_argument("--since", metavar="ISO-DATE", help="only entries at or after (UTC)")
+    export_parser.add_argument("--format", choices=audit_export.FORMATS, default="jsonl")
+    audit_sub.add_parser("verify", help="check the audit's hash chain")
     sub.add_parser("status", help="print the runs in flight, parked (and who must decide) and failed")
     replay_parser = sub.add_parser(
         "replay", help="print the recorded calls whose tier a draft config would change, then a summary"
@@ -406,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
     replay_parser.add_argument("--days", type=_days, default=30, help="how far back to look (default 30)")
     args = parser.parse_args(argv)
     logs.configure()  # text, or JSON lines with LOG_FORMAT=json (work horses inherit it)
+    if args.command == "audit" and args.audit_command == "export":
+        return audit_export_all(args.since, args.format)
+    if args.command == "audit" and args.audit_command == "verify":
+        return audit_verify()
     if args.command == "audit":
         return audit(args.limit, feedback=args.feedback, calls=args.calls)
     if args.command == "status":

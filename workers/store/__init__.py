@@ -13,7 +13,8 @@ in the module of the record it writes, beside the method that sends it:
 - `escalations`: parks whose expiry has come, reminders due to `escalate_to`;
 - `grants`: "Approve for this thread"; `groups`: user groups' members, cached;
 - `budgets`: the daily token budgets: each user's and channel's spend today, holds of requests in flight;
-- `audit`: the audit stream of decisions and the feedback stream of answers.
+- `audit`: the audit stream of decisions (a hash chain, trimmed behind its files), the feedback
+  stream of answers.
 
 `Store` is one object on one connection, made of one part per module (`base.StorePart`).
 """
@@ -26,6 +27,7 @@ from workers.store.audit import (
     AUDIT_MAX_ENTRIES,
     FEEDBACK_MAX_ENTRIES,
     FEEDBACK_PER_MINUTE,
+    AuditLink,
     AuditStore,
     FeedbackOutcome,
     rulings_write,
@@ -101,6 +103,7 @@ __all__ = [
     "AUDIT_MAX_ENTRIES",
     "AUDIT_PREVIEW_CHARS",
     "BUDGET_PEAKS",
+    "AuditLink",
     "BUDGET_TTL",
     "CHANNEL_SCOPE",
     "DAY",

@@ -103,6 +103,23 @@ class Keys:
         return f"{PREFIX}audit"
 
     @staticmethod
+    def audit_head() -> str:
+        """The audit chain's newest link, `<seq> <hash>`: whoever appends chains to it in the same
+        script (`workers.store.audit`). No TTL: losing it would restart the chain."""
+        return f"{PREFIX}audit:head"
+
+    @staticmethod
+    def audit_mirrored() -> str:
+        """The id of the newest audit entry the JSONL files hold (fsynced): nothing above it is
+        trimmed. No TTL; deleted by hand when the files are given up (docs/audit.md)."""
+        return f"{PREFIX}audit:mirrored"
+
+    @staticmethod
+    def audit_mirror_lock() -> str:
+        """The one process appending audit entries to the JSONL files now (a short lease)."""
+        return f"{PREFIX}audit:mirror:lock"
+
+    @staticmethod
     def audit_calls() -> str:
         """Every call's tier decision: a stream of its own, so that calls (many) never push the
         decisions (who approved what) out of theirs."""

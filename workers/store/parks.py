@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from harness.state import Decision, StateError, Verdict
-from workers.store.audit import AUDIT_MAX_AGE, AUDIT_MAX_ENTRIES
+from workers.store.audit import CHAIN_APPEND
 from workers.store.base import StorePart, as_text
 from workers.store.grants import Grant
 from workers.store.keys import DAY, Keys, check_id, park_member
@@ -156,24 +156,24 @@ return 'parked'
 """
 )
 
-# KEYS[1] approvals hash, KEYS[2] audit stream, KEYS[3] active set, KEYS[4] grant key. ARGV[1] call
-# id, ARGV[2] decision JSON, ARGV[3] audit entry JSON, ARGV[4] now, ARGV[5] expired decision JSON,
-# ARGV[6] expired audit entry JSON, ARGV[7] run id, ARGV[8] audit max length, ARGV[9] oldest audit
-# id kept, ARGV[10] the fingerprint the click was made on ('*': not checked), ARGV[11] approvals
-# required, ARGV[12] the voter of an approval that counts towards a quorum ('' otherwise),
-# ARGV[13] grant JSON ('' none), ARGV[14] grant TTL s.
+# KEYS[1] approvals hash, KEYS[2] audit stream, KEYS[3] active set, KEYS[4] grant key, KEYS[5] the
+# audit chain's head. ARGV[1] call id, ARGV[2] decision JSON, ARGV[3] audit entry JSON, ARGV[4] now,
+# ARGV[5] expired decision JSON, ARGV[6] expired audit entry JSON, ARGV[7] run id, ARGV[8] the
+# fingerprint the click was made on ('*': not checked), ARGV[9] approvals required, ARGV[10] the
+# voter of an approval that counts towards a quorum ('' otherwise), ARGV[11] grant JSON ('' none),
+# ARGV[12] grant TTL s.
 # A field holds "" while the call awaits a decision. A click on another version of the call
 # (`~fp:<call>` differs) records nothing. A click at or after the park's expiry records the expiry
 # instead. With a quorum, approvals gather in `~votes:<call>` (one per person) until enough.
-# The decision, its audit entry and its grant are written together, and the park that this
-# decision completes is marked active in the same step, so whatever recovers orphaned runs finds it
-# even if the resume job dies. Running the script twice gives the same answer.
+# The decision, its audit entry (the chain's next link) and its grant are written together, and the
+# park that this decision completes is marked active in the same step, so whatever recovers
+# orphaned runs finds it even if the resume job dies. Running the script twice gives the same answer.
 _DECIDE = (
     _ALL_DECIDED
+    + CHAIN_APPEND
     + """
 local function audit(entry)
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'entry', entry)
-  redis.call('XTRIM', KEYS[2], 'MINID', '~', ARGV[9])
+  chain_append(KEYS[2], KEYS[5], entry)
 end
 local current = redis.call('HGET', KEYS[1], ARGV[1])
 if not current then return {'unknown', ''} end
@@ -183,30 +183,30 @@ if current ~= '' then
 end
 local expires = tonumber(redis.call('HGET', KEYS[1], '~expires') or '0')
 local expired = expires > 0 and tonumber(ARGV[4]) >= expires
-if not expired and ARGV[10] ~= '*' then
+if not expired and ARGV[8] ~= '*' then
   local fp = redis.call('HGET', KEYS[1], '~fp:' .. ARGV[1])
-  if fp and fp ~= ARGV[10] then return {'stale', ''} end
+  if fp and fp ~= ARGV[8] then return {'stale', ''} end
 end
 local decision, entry, outcome = ARGV[2], ARGV[3], 'recorded'
 if expired then
   decision, entry, outcome = ARGV[5], ARGV[6], 'expired'
-elseif ARGV[12] ~= '' then
+elseif ARGV[10] ~= '' then
   local field = '~votes:' .. ARGV[1]
   local votes = redis.call('HGET', KEYS[1], field) or ''
   local list = {}
   for voter in string.gmatch(votes, '[^,]+') do
-    if voter == ARGV[12] then return {'counted', votes} end
+    if voter == ARGV[10] then return {'counted', votes} end
     table.insert(list, voter)
   end
-  table.insert(list, ARGV[12])
+  table.insert(list, ARGV[10])
   votes = table.concat(list, ',')
   redis.call('HSET', KEYS[1], field, votes)
   local e = cjson.decode(entry)
   e['approvers'] = list
-  if #list < tonumber(ARGV[11]) then
+  if #list < tonumber(ARGV[9]) then
     e['verdict'] = 'approval_counted'
     e['count'] = #list
-    e['required'] = tonumber(ARGV[11])
+    e['required'] = tonumber(ARGV[9])
     audit(cjson.encode(e))
     return {'counted', votes}
   end
@@ -216,8 +216,8 @@ elseif ARGV[12] ~= '' then
 end
 redis.call('HSET', KEYS[1], ARGV[1], decision)
 audit(entry)
-if outcome == 'recorded' and ARGV[13] ~= '' then
-  redis.call('SET', KEYS[4], ARGV[13], 'EX', ARGV[14])
+if outcome == 'recorded' and ARGV[11] ~= '' then
+  redis.call('SET', KEYS[4], ARGV[11], 'EX', ARGV[12])
 end
 if all_decided(KEYS[1]) then redis.call('ZADD', KEYS[3], ARGV[4], ARGV[7]) end
 return {outcome, decision}
@@ -242,9 +242,8 @@ def _decide_call(
     base = {"at": now, "run_id": run_id, "park_id": int(park_id), "call_id": call_id, **(audit or {})}
     entry = {**base, **decision.to_json()}
     expired_entry = {**base, **Decision(Verdict.EXPIRED).to_json(), "late_click_by": decision.by}
-    oldest = f"{int((now - AUDIT_MAX_AGE) * 1000)}-0"
     grant_key = grant.key if grant else Keys.approvals(run_id, park_id)  # a key; unused without a grant
-    keys = [Keys.approvals(run_id, park_id), Keys.audit(), Keys.active(), grant_key]
+    keys = [Keys.approvals(run_id, park_id), Keys.audit(), Keys.active(), grant_key, Keys.audit_head()]
     voter = decision.by if decision.verdict is Verdict.APPROVED and required > 1 and decision.by else ""
     args: list[Any] = [
         check_id("call", call_id),
@@ -254,8 +253,6 @@ def _decide_call(
         expired,
         json.dumps(expired_entry, ensure_ascii=False),
         run_id,
-        AUDIT_MAX_ENTRIES,
-        oldest,
         fingerprint,
         max(1, int(required)),
         voter,
