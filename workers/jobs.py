@@ -51,7 +51,7 @@ from harness.valves import Stop, Valve, token_limit
 from messages import cards, endings, texts, turns
 from messages.blocks import Message, notice
 from messages.text import plural
-from workers import budgets, deciders, granting, live, logs, metrics, outbox, rulings, thread_status
+from workers import budgets, deciders, granting, live, logs, metrics, outbox, rulings, thread_status, tracing
 from workers.driver import Driver, park_ttl
 from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
 from workers.store import (
@@ -151,10 +151,20 @@ def drive(run_id: str, *, recovering: bool = False) -> None:
     with Driver(svc, run_id) as driver:
         if driver is None:
             return  # someone else drives it, or there is no such run
-        with logs.bound(**logs.run_fields(driver.record)):  # every line logged meanwhile names the run
+        record = driver.record
+        with (
+            logs.bound(**logs.run_fields(record)),  # every line logged meanwhile names the run
+            tracing.job_span(record.trace, _job_name(), run_id),
+        ):
             following = _next_move(svc, driver, recovering)
     if following:
         enqueue(svc, start_run, following)
+
+
+def _job_name() -> str:
+    """The RQ job driving the run now (`start_run`, `apply_decisions`, …): its span's name."""
+    job = rq.get_current_job()
+    return (job.func_name or "drive").rsplit(".", 1)[-1] if job is not None else "drive"
 
 
 def expire_due(store: Store, queue: rq.Queue, now: float) -> int:
@@ -279,7 +289,13 @@ def _agent(svc: Services, driver: Driver) -> Agent:
         defer=driver.beside_next_save,
     )
     return Agent.from_config(
-        settings, catalog, client=svc.model, before_tool=write_ahead, stop_check=stop_check, budget=gate
+        settings,
+        catalog,
+        client=svc.model,
+        before_tool=write_ahead,
+        stop_check=stop_check,
+        budget=gate,
+        tracer=tracing.run_tracer(),
     )
 
 
@@ -502,6 +518,7 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
         return _resume_at_limit(svc, driver, state, decisions)
     if set(decisions) != {c.id for c in state.awaiting}:
         return _refuse(driver, texts.DECISIONS_DO_NOT_MATCH)
+    waited = state.awaiting
     state = record_decisions(state, {k: v for k, v in decisions.items() if v is not None})
     for call in state.pending:  # a grant clicked before the park settled: its notice is still due
         if call.decision is not None and call.decision.grant == "given":
@@ -520,6 +537,14 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
     # What the park kept of its calls' tools serves its cards and modals only: every save of the
     # turn would carry it (with ten calls, a quarter of each write-ahead save).
     driver.save(status=RunStatus.RUNNING, state=state.to_json(), expires_at=None, call_tools={})
+    tracing.approvals_waited(
+        record.trace,
+        record.run_id,
+        waited,
+        decisions,
+        parked_since=record.parked_since,
+        decided_at=view.decided_at,
+    )
     return _advance(svc, driver, state)  # the decided cards are updated while the approved calls run
 
 
@@ -652,6 +677,17 @@ def _stop_parked(svc: Services, driver: Driver, by: str) -> str | None:
             continue
         driver.record = outbox.owe_update(driver.record, ts, msg)
     svc.store.forget_park(record)
+    if tracing.current() is not None and state.status is Status.AWAITING_APPROVAL:
+        view = svc.store.park_view(record.run_id, record.park_id)
+        tracing.approvals_waited(
+            record.trace,
+            record.run_id,
+            state.awaiting,
+            view.decisions,
+            parked_since=record.parked_since,
+            decided_at=view.decided_at,
+            stopped_by=by,
+        )
     if record.live_ts:  # the parked turn's message: no summary will settle into it now
         driver.record = outbox.owe_update(driver.record, record.live_ts, notice(texts.LIVE_ENDED))
         driver.record = replace(driver.record, live_ts=None)
