@@ -209,7 +209,8 @@ def job_span(traceparent: str, name: str, run_id: str) -> Iterator[None]:
     if tracing is None:
         yield
         return
-    attributes: dict[str, Any] = {"harness.run.id": run_id, "harness.job.name": name, "process.pid": os.getpid()}
+    attributes: dict[str, Any] = {"harness.run.id": run_id, "harness.job.name": name}
+    attributes["process.pid"] = os.getpid()
     parent = _parent(traceparent)
     with tracing.tracer.start_as_current_span(f"job {name}", context=parent, attributes=attributes):
         yield
