@@ -116,8 +116,9 @@ def _set_up() -> Tracing:
     )
     if protocol.strip() != "http/protobuf":
         log.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%s: traces go over http/protobuf, the only one", protocol)
-    # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, when set, win over this default.
-    resource = Resource.create({SERVICE_NAME: "slack-harness"})
+    resource = Resource.create()  # OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: "slack-harness"}))
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     capture = os.environ.get(CAPTURE_ENV, "").strip().lower() in CAPTURE_ON
