@@ -205,7 +205,8 @@ def test_with_nothing_set_nothing_is_sent_and_the_sdk_is_never_loaded(
             assert status == 200
             wait_until(lambda: any(f"{marker} done" in m["text"] for m in thread(stack, "C901", ts)), 30)
             stack.settled()
-            run_ids = [k.decode().rsplit(":", 1)[-1] for k in redis.Redis.from_url(url).keys("harness:run:*")]
+            client = redis.Redis.from_url(url, decode_responses=True)
+            run_ids = [str(k).rsplit(":", 1)[-1] for k in client.keys("harness:run:*")]
             records = [Store(redis.Redis.from_url(url)).load_run(r) for r in run_ids]
         finally:
             stack.stop()
