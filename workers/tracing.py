@@ -46,13 +46,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROVIDER = "anthropic"  # gen_ai.provider.name (and the older gen_ai.system)
-CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 CAPTURE_ON = frozenset({"true", "1", "yes", "span_only", "span_and_event"})
 SECRET_ENV = (
     "SLACK_BOT_TOKEN",
     "SLACK_SIGNING_SECRET",
     "SLACK_APP_TOKEN",
-    "SLACK_CLIENT_SECRET",
     "ANTHROPIC_API_KEY",
     "ANTHROPIC_AUTH_TOKEN",
 )
@@ -121,7 +119,8 @@ def _set_up() -> Tracing:
         resource = resource.merge(Resource({SERVICE_NAME: "slack-harness"}))
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    capture = os.environ.get(CAPTURE_ENV, "").strip().lower() in CAPTURE_ON
+    capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").strip().lower()
+    capture = capture in CAPTURE_ON
     log.info("traces are exported over OTLP/HTTP (message content %s)", "kept" if capture else "left out")
     return Tracing(provider, provider.get_tracer("slack-harness"), capture, _secrets())
 
