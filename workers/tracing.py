@@ -119,8 +119,8 @@ def _set_up() -> Tracing:
         resource = resource.merge(Resource({SERVICE_NAME: "slack-harness"}))
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").strip().lower()
-    capture = capture in CAPTURE_ON
+    asked = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").strip().lower()
+    capture = asked in CAPTURE_ON
     log.info("traces are exported over OTLP/HTTP (message content %s)", "kept" if capture else "left out")
     return Tracing(provider, provider.get_tracer("slack-harness"), capture, _secrets())
 
