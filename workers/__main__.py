@@ -30,7 +30,7 @@ from harness.tools.relay import RelayServer, private_directory
 from harness.tools.sandbox import protect_process
 from messages.cards import escalation_reminder, expiry_reminder
 from workers import audit as audit_lines
-from workers import deciders, horses, jobs, logs, metrics, replay, status
+from workers import deciders, horses, jobs, logs, metrics, replay, status, tracing
 from workers.driver import lease_seconds
 from workers.health import WORKER_TTL
 from workers.reload import Hangup, reload, servers_kept
@@ -291,6 +291,9 @@ def _serve_horse(svc: Services, limits: horses.Limits) -> int:
         [svc.queue], connection=svc.store.redis, serializer=JSONSerializer, worker_ttl=WORKER_TTL
     )
     worker.limits = limits
+    # Traces are set up here, after the fork and before the first job: the exporter's thread is the
+    # horse's own from the start, not a thread a job left behind (which would replace the horse).
+    tracing.current()
     worker.work(logging_level="INFO")  # RQ's scheduler runs in the worker process, beside the horse
     if worker.stop_requested:
         return horses.exit_status(None)
