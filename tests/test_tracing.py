@@ -90,17 +90,20 @@ def test_captured_content_has_the_secrets_cut_out() -> None:
     assert SECRET not in repr(got)
 
 
-def test_a_failed_request_is_recorded_as_an_error_and_raised() -> None:
+def test_a_failed_request_is_recorded_as_an_error_without_secrets_and_raised() -> None:
     tracer, exporter = traced(capture=False)
 
     def fail() -> Any:
-        raise TimeoutError("slow")
+        raise TimeoutError(f"slow with {SECRET}")
 
     with pytest.raises(TimeoutError):
         tracer.chat(REQUEST, fail)
     span = only(exporter)
     assert attributes(span)["error.type"] == "TimeoutError"
     assert not span.status.is_ok
+    (event,) = span.events
+    assert event.name == "exception" and "slow with" in str(event.attributes)
+    assert SECRET not in repr((span.status.description, dict(event.attributes or {})))
 
 
 @pytest.mark.parametrize(

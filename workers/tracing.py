@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import time
+import traceback
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -212,8 +213,18 @@ def job_span(traceparent: str, name: str, run_id: str) -> Iterator[None]:
     attributes: dict[str, Any] = {"harness.run.id": run_id, "harness.job.name": name}
     attributes["process.pid"] = os.getpid()
     parent = _parent(traceparent)
-    with tracing.tracer.start_as_current_span(f"job {name}", context=parent, attributes=attributes):
-        yield
+    with tracing.tracer.start_as_current_span(
+        f"job {name}",
+        context=parent,
+        attributes=attributes,
+        record_exception=False,  # recorded below, secrets cut out
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            yield
+        except BaseException as exc:
+            _failed(span, exc, tracing)
+            raise
 
 
 def run_tracer() -> RunTracer | None:
@@ -226,11 +237,15 @@ class RunTracer:
     """`harness.tracing.Tracer` over OpenTelemetry: `chat <model>` and `execute_tool <tool>` spans."""
 
     def __init__(self, tracing: Tracing) -> None:
-        self.tracing = tracing
-
-    def chat(self, request: dict[str, Any], send: Callable[[], Any]) -> Any:
         from opentelemetry.trace import SpanKind
 
+        self.tracing = tracing
+        self.client = SpanKind.CLIENT
+
+    # Neither span is made current: nothing opens a span inside them, and attaching a context costs
+    # as much as a third of the span (tests/bench/bench_tracing.py).
+
+    def chat(self, request: dict[str, Any], send: Callable[[], Any]) -> Any:
         model = str(request.get("model", ""))
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
@@ -242,16 +257,16 @@ class RunTracer:
         if self.tracing.capture:
             attributes["gen_ai.system_instructions"] = self._json(request.get("system"))
             attributes["gen_ai.input.messages"] = self._json(request.get("messages"))
-        with self.tracing.tracer.start_as_current_span(
-            f"chat {model}", kind=SpanKind.CLIENT, attributes=attributes
-        ) as span:
-            try:
-                message = send()
-            except Exception as exc:
-                span.set_attribute("error.type", type(exc).__name__)
-                raise
-            span.set_attributes(self._reply_attributes(message))
-            return message
+        span = self.tracing.tracer.start_span(f"chat {model}", kind=self.client, attributes=attributes)
+        try:
+            message = send()
+        except BaseException as exc:
+            _failed(span, exc, self.tracing)
+            span.end()
+            raise
+        span.set_attributes(self._reply_attributes(message))
+        span.end()
+        return message
 
     def _reply_attributes(self, message: Any) -> dict[str, Any]:
         usage = message.usage
@@ -285,20 +300,37 @@ class RunTracer:
             edited = call.decision.edited_input if call.decision is not None else None
             arguments = edited if edited is not None else call.input
             attributes["gen_ai.tool.call.arguments"] = self._json(arguments)
-        tracer = self.tracing.tracer
-        with tracer.start_as_current_span(f"execute_tool {call.name}", attributes=attributes) as span:
+        span = self.tracing.tracer.start_span(f"execute_tool {call.name}", attributes=attributes)
+        try:
             result = answer()
-            outcome = tool_outcome(call, result)
-            span.set_attribute("harness.tool.outcome", outcome)
-            if outcome == "error":
-                span.set_attribute("error.type", "tool_error")
-            if self.tracing.capture:
-                span.set_attribute("gen_ai.tool.call.result", self._json(result.content))
-            return result
+        except BaseException as exc:  # the registry answers errors; this is a crash or a lost lease
+            _failed(span, exc, self.tracing)
+            span.end()
+            raise
+        outcome = tool_outcome(call, result)
+        ended: dict[str, Any] = {"harness.tool.outcome": outcome}
+        if outcome == "error":
+            ended["error.type"] = "tool_error"
+        if self.tracing.capture:
+            ended["gen_ai.tool.call.result"] = self._json(result.content)
+        span.set_attributes(ended)
+        span.end()
+        return result
 
     def _json(self, value: Any) -> str:
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
         return self.tracing.redact(text)
+
+
+def _failed(span: Span, exc: BaseException, tracing: Tracing) -> None:
+    """Mark `span` failed by `exc`, its message and stack trace without the process's secrets."""
+    from opentelemetry.trace import Status, StatusCode
+
+    kind, text = type(exc).__name__, tracing.redact(str(exc))
+    stack = tracing.redact("".join(traceback.format_exception(exc)))
+    span.set_attribute("error.type", kind)
+    span.record_exception(exc, attributes={"exception.message": text, "exception.stacktrace": stack})
+    span.set_status(Status(StatusCode.ERROR, f"{kind}: {text}"))
 
 
 def tool_outcome(call: PendingCall, result: ToolResult) -> str:
