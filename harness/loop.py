@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import anthropic
@@ -26,6 +27,7 @@ from harness.state import PendingCall, RunState, Status, Usage, Verdict, canonic
 from harness.tools import ToolContext, ToolRegistry, ToolResult
 from harness.tools.base import BadInput
 from harness.tools.catalog import Catalog
+from harness.tracing import Tracer
 from harness.valves import (
     ASKING_VALVES,
     Budget,
@@ -193,6 +195,8 @@ class Agent:
     live: Callable[[LiveEvent], None] | None = None
     # The input-size estimates of messages already seen (this agent's runs; see `harness.context`).
     token_memo: TokenMemo = field(default_factory=TokenMemo, compare=False, repr=False)
+    # Wraps every model request and every call (a span each: `workers/tracing.py`); None: untraced.
+    tracer: Tracer | None = None
 
     @classmethod
     def from_config(cls, config: Config, catalog: Catalog | None = None, **overrides: Any) -> Agent:
@@ -307,6 +311,13 @@ def _create(agent: Agent, request: dict[str, Any]) -> Any:
 
 
 def _request(agent: Agent, request: dict[str, Any]) -> Any:
+    """The reply to `request`, through the tracer when there is one."""
+    if agent.tracer is None:
+        return _send(agent, request)
+    return agent.tracer.chat(request, partial(_send, agent, request))
+
+
+def _send(agent: Agent, request: dict[str, Any]) -> Any:
     """The reply to `request`: streamed to the live view, when there is one."""
     live = agent.live
     if live is None:
@@ -490,7 +501,11 @@ def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
             state, call = marked, marked.pending[index]
         if agent.live is not None:
             agent.live(CallRunning(state.turns, call))
-        call = replace(call, result=_answer(agent, call))
+        if agent.tracer is None:
+            result = _answer(agent, call)
+        else:
+            result = agent.tracer.tool(call, partial(_answer, agent, call))
+        call = replace(call, result=result)
         state = _with_call(state, index, call)
         returned = ToolReturned(state.turns, call)
         if agent.live is not None:

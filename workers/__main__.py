@@ -45,6 +45,7 @@ from workers import (
     metrics,
     replay,
     status,
+    tracing,
 )
 from workers.driver import lease_seconds
 from workers.health import WORKER_TTL
@@ -322,6 +323,9 @@ def _serve_horse(svc: Services, limits: horses.Limits) -> int:
         [svc.queue], connection=svc.store.redis, serializer=JSONSerializer, worker_ttl=WORKER_TTL
     )
     worker.limits = limits
+    # Traces are set up here, after the fork and before the first job: the exporter's thread is the
+    # horse's own from the start, not a thread a job left behind (which would replace the horse).
+    tracing.current()
     worker.work(logging_level="INFO")  # RQ's scheduler runs in the worker process, beside the horse
     if worker.stop_requested:
         return horses.exit_status(None)

@@ -268,6 +268,7 @@ class Driver:
             park_id=self.record.park_id + 1,
             expires_at=expires_at,
             cards={},
+            parked_since=time.time(),
         )
         if self.lost or not self.svc.store.park(record, self.token, self.seconds, [LIMIT_CALL], ttl=ttl):
             raise LostLease(self.run_id)
@@ -284,6 +285,7 @@ class Driver:
             park_id=self.record.park_id + 1,
             expires_at=expires_at,
             cards={},
+            parked_since=time.time(),
         )
         fingerprints = {c.id: c.fingerprint for c in calls}
         ids = [c.id for c in calls]

@@ -34,7 +34,7 @@ from rq.scheduler import RQScheduler
 from rq.worker import WorkerStatus
 
 from harness.tools.registry import IDLE_LANE
-from workers import logs, metrics
+from workers import logs, metrics, tracing
 
 log = logging.getLogger("workers.horses")
 
@@ -185,6 +185,12 @@ class _Observed:
 
 class HarnessWorker(_Observed, _StopAware, _PromptUnsubscribe, Worker):
     """RQ's forking worker: every job in a fresh work horse (`fork`)."""
+
+    def perform_job(self, job: Any, queue: Any, execution: Any) -> bool:
+        try:
+            return super().perform_job(job, queue, execution)
+        finally:
+            tracing.flush()  # the work horse leaves with os._exit, which skips the SDK's atexit
 
 
 class HarnessSimpleWorker(_Observed, _StopAware, _PromptUnsubscribe, SimpleWorker):
@@ -347,6 +353,7 @@ class Supervisor:
         except BaseException:
             log.exception("work horse failed")
         finally:
+            tracing.flush()  # its buffered spans: os._exit skips the SDK's atexit
             logging.shutdown()
             os._exit(status)
 

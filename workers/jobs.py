@@ -49,9 +49,20 @@ from harness.state import (
 )
 from harness.valves import Stop, Valve, token_limit
 from messages import cards, endings, texts, turns
-from messages.blocks import Message, notice
+from messages.blocks import notice
 from messages.text import plural
-from workers import budgets, deciders, granting, live, logs, metrics, outbox, rulings, thread_status
+from workers import (
+    budgets,
+    granting,
+    live,
+    logs,
+    metrics,
+    outbox,
+    park_cards,
+    rulings,
+    thread_status,
+    tracing,
+)
 from workers.driver import Driver, park_ttl
 from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
 from workers.store import (
@@ -130,58 +141,26 @@ def apply_decisions(run_id: str) -> None:
     for call_id, decision in decisions.items():
         card = record.cards.get(call_id)
         if card and call_id == LIMIT_CALL and decision is None and call_id in votes:  # Continues so far
-            msg = _limit_card(svc, record, votes[call_id])
+            msg = park_cards.limit_card(svc, record, votes[call_id])
             svc.update(record.channel, card, msg.text, msg.blocks)
             continue
         if not card or call_id not in calls:
             continue
         if decision is None and call_id in votes:  # a quorum filling up: the card shows who so far
-            msg = _approval_card(svc, record, calls[call_id], votes[call_id])
+            msg = park_cards.approval_card(svc, record, calls[call_id], votes[call_id])
             svc.update(record.channel, card, msg.text, msg.blocks)
         elif decision is not None and svc.store.first_card_update(run_id, record.park_id, call_id):
-            msg = _decided_card(record, calls[call_id], decision)
+            msg = park_cards.decided_card(record, calls[call_id], decision)
             svc.update(record.channel, card, msg.text, msg.blocks)
 
 
 def show_new_expiry(run_id: str, park_id: int) -> None:
-    """After an Extend: the park's open cards (and its Approve all message) show the new expiry.
-
-    A decision may land meanwhile; its card update is claimed once (`first_card_update`). So a card
-    is redrawn open only while that claim is not taken, and looked at again after: a decision that
-    came in between gets its decided card back, whichever update Slack applied last.
-    """
+    """After an Extend: the park's open cards (and its Approve all message) show the new expiry."""
     svc = services()
     record = _load(svc.store, run_id)
     if record is None or record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park_id:
         return
-    calls = _pending_by_id(record)
-    votes = svc.store.votes(run_id, park_id)
-    open_calls = [c for c in calls.values() if c.id in record.cards and c.awaiting]
-    for call_id, ts in record.cards.items():
-        if call_id in svc.store.cards_updated(run_id, park_id):
-            continue
-        if call_id == LIMIT_CALL:
-            msg = _limit_card(svc, record, votes.get(call_id, ()))
-        elif call_id == BATCH:
-            expires_at = datetime.fromtimestamp(record.expires_at or time.time(), UTC)
-            msg = cards.batch_card(
-                run_id=run_id,
-                park_id=park_id,
-                calls=open_calls,
-                requester=record.requester,
-                expires_at=expires_at,
-            )
-        elif call_id in calls:
-            msg = _approval_card(svc, record, calls[call_id], votes.get(call_id, ()))
-        else:
-            continue
-        svc.update(record.channel, ts, msg.text, msg.blocks)
-    decisions = svc.store.decisions(run_id, park_id)
-    for call_id in svc.store.cards_updated(run_id, park_id):  # decided meanwhile: shown decided again
-        decision, card = decisions.get(call_id), record.cards.get(call_id)
-        if decision is not None and card and call_id in calls:
-            msg = _decided_card(record, calls[call_id], decision)
-            svc.update(record.channel, card, msg.text, msg.blocks)
+    park_cards.redraw_open(svc, record)
 
 
 def drive(run_id: str, *, recovering: bool = False) -> None:
@@ -192,10 +171,20 @@ def drive(run_id: str, *, recovering: bool = False) -> None:
     with Driver(svc, run_id) as driver:
         if driver is None:
             return  # someone else drives it, or there is no such run
-        with logs.bound(**logs.run_fields(driver.record)):  # every line logged meanwhile names the run
+        record = driver.record
+        with (
+            logs.bound(**logs.run_fields(record)),  # every line logged meanwhile names the run
+            tracing.job_span(record.trace, _job_name(), run_id),
+        ):
             following = _next_move(svc, driver, recovering)
     if following:
         enqueue(svc, start_run, following)
+
+
+def _job_name() -> str:
+    """The RQ job driving the run now (`start_run`, `apply_decisions`, …): its span's name."""
+    job = rq.get_current_job()
+    return (job.func_name or "drive").rsplit(".", 1)[-1] if job is not None else "drive"
 
 
 def expire_due(store: Store, queue: rq.Queue, now: float) -> int:
@@ -320,7 +309,13 @@ def _agent(svc: Services, driver: Driver) -> Agent:
         defer=driver.beside_next_save,
     )
     return Agent.from_config(
-        settings, catalog, client=svc.model, before_tool=write_ahead, stop_check=stop_check, budget=gate
+        settings,
+        catalog,
+        client=svc.model,
+        before_tool=write_ahead,
+        stop_check=stop_check,
+        budget=gate,
+        tracer=tracing.run_tracer(),
     )
 
 
@@ -351,7 +346,8 @@ def _owe_summaries(driver: Driver, events: tuple[Event, ...], agent: Agent, stat
             driver.live.requested(event.calls)
         if isinstance(event, TurnDone):
             settles = live.seal_turn(driver)
-            said = _intent(state) if settles else ""  # the words it streamed stay in what it settles into
+            # The words it streamed stay in the summary it settles into.
+            said = park_cards.intent(state) if settles else ""
             try:
                 msg = turns.turn_summary(event.turn, event.calls, event.tokens, budget, said=said)
             except Exception:  # never lose the step (and its usage) to a rendering bug
@@ -443,8 +439,8 @@ def _park(
     if approvals.remind_before_minutes:  # the same: one reminder before the expiry, with Extend
         due = expires_at - timedelta(minutes=approvals.remind_before_minutes)
         svc.store.schedule_reminder(driver.run_id, driver.record.park_id + 1, due.timestamp())
-    intent = _intent(state)
-    call_tools = {c.id: _call_tool_info(agent, c, intent) for c in waiting}
+    intent = park_cards.intent(state)
+    call_tools = {c.id: park_cards.call_tool_info(agent, c, intent) for c in waiting}
     driver.record = replace(
         driver.record, call_tools=call_tools, expires_at=expires_at.timestamp(), extensions=0
     )
@@ -453,7 +449,7 @@ def _park(
         live_ts = driver.live.seal() or driver.record.live_ts
         driver.record = replace(driver.record, live_ts=live_ts)
     for call in waiting:
-        driver.owe(_approval_card(svc, driver.record, call), role=outbox.CARD, call=call.id)
+        driver.owe(park_cards.approval_card(svc, driver.record, call), role=outbox.CARD, call=call.id)
     if len(waiting) > 1:  # owed in the park's own write, like the cards; `park` numbers it next
         batch = cards.batch_card(
             run_id=driver.run_id,
@@ -470,63 +466,6 @@ def _park(
         svc.store.redis.srem(Keys.live(driver.run_id), driver.record.live_ts)
     driver.record = thread_status.show(svc, driver.record, thread_status.Phase.WAITING)  # after the cards
     return _resume_if_decided(svc, driver)
-
-
-def _approval_card(
-    svc: Services, record: RunRecord, call: PendingCall, votes: tuple[str, ...] = ()
-) -> Message:
-    """The card of one parked call, from what the park kept of its tool and reply."""
-    approvals = svc.settings_of(record).approvals
-    info = record.call_tools.get(call.id, {})
-    expires_at = datetime.fromtimestamp(record.expires_at or time.time(), UTC)
-    return cards.approval_card(
-        run_id=record.run_id,
-        call=call,
-        requester=record.requester,
-        tier_source=call.why,
-        approvers=list(approvals.approvers),
-        expires_at=expires_at,
-        title=info.get("title"),
-        annotations=info.get("annotations"),
-        intent=info.get("intent", ""),
-        preview=info.get("preview"),
-        required=approvals.required,
-        votes=votes,
-        self_approval=approvals.self_approval,
-        grant_minutes=approvals.grant_minutes,
-        grant_uses=approvals.grant_uses,
-    )
-
-
-def _intent(state: RunState) -> str:
-    """The model's own words in the reply that made this turn's calls."""
-    last = next((m for m in reversed(state.messages) if m["role"] == "assistant"), None)
-    if last is None or not isinstance(last["content"], list):
-        return ""
-    return "\n\n".join(b["text"] for b in last["content"] if b.get("type") == "text").strip()
-
-
-def _call_tool_info(agent: Agent, call: PendingCall, intent: str) -> dict[str, Any]:
-    found = agent.tools.get(call.name)
-    info: dict[str, Any] = {"intent": intent[:4000]}
-    if found is None:
-        return info
-    info.update(
-        schema=dict(found.input_schema),
-        own_tier=found.own_tier.value if found.own_tier else None,
-        own_why=found.own_tier_why,
-        title=found.title,
-        annotations=dict(found.annotations) or None,
-    )
-    if found.preview is not None and isinstance(call.input, dict):
-        try:
-            preview = found.preview(agent.context, call.input)
-        except Exception:  # a preview is a courtesy: the card goes out without it
-            log.exception("preview of %s failed", call.name)
-            preview = None
-        if preview:
-            info["preview"] = preview[:20_000]
-    return info
 
 
 def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
@@ -551,6 +490,7 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
         return _resume_at_limit(svc, driver, state, decisions)
     if set(decisions) != {c.id for c in state.awaiting}:
         return _refuse(driver, texts.DECISIONS_DO_NOT_MATCH)
+    waited = state.awaiting
     state = record_decisions(state, {k: v for k, v in decisions.items() if v is not None})
     for call in state.pending:  # a grant clicked before the park settled: its notice is still due
         if call.decision is not None and call.decision.grant == "given":
@@ -569,6 +509,14 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
     # What the park kept of its calls' tools serves its cards and modals only: every save of the
     # turn would carry it (with ten calls, a quarter of each write-ahead save).
     driver.save(status=RunStatus.RUNNING, state=state.to_json(), expires_at=None, call_tools={})
+    tracing.approvals_waited(
+        record.trace,
+        record.run_id,
+        waited,
+        decisions,
+        parked_since=record.parked_since,
+        decided_at=view.decided_at,
+    )
     return _advance(svc, driver, state)  # the decided cards are updated while the approved calls run
 
 
@@ -608,28 +556,11 @@ def _park_at_limit(svc: Services, driver: Driver, state: RunState, outcome: Awai
     driver.record = replace(
         record, call_tools={LIMIT_CALL: info}, expires_at=expires_at.timestamp(), extensions=0
     )
-    driver.owe(_limit_card(svc, driver.record), role=outbox.CARD, call=LIMIT_CALL)
+    driver.owe(park_cards.limit_card(svc, driver.record), role=outbox.CARD, call=LIMIT_CALL)
     driver.park_limit(state, park_ttl(minutes), expires_at.timestamp())
     driver.deliver()
     driver.record = thread_status.show(svc, driver.record, thread_status.Phase.WAITING)
     return _resume_if_decided(svc, driver)
-
-
-def _limit_card(svc: Services, record: RunRecord, votes: tuple[str, ...] = ()) -> Message:
-    """The card of a run parked at a limit, from what the park kept; `votes`: Continues so far."""
-    approvals = svc.settings_of(record).approvals
-    info = record.call_tools.get(LIMIT_CALL, {})
-    return cards.limit_card(
-        run_id=record.run_id,
-        question=info.get("question", ""),
-        more=info.get("more", ""),
-        requester=record.requester,
-        deciders=deciders.named(approvals, record.requester),
-        expires_at=datetime.fromtimestamp(record.expires_at or time.time(), UTC),
-        required=approvals.required,
-        votes=votes,
-        self_approval=approvals.self_approval,
-    )
 
 
 def _resume_at_limit(
@@ -701,6 +632,17 @@ def _stop_parked(svc: Services, driver: Driver, by: str) -> str | None:
             continue
         driver.record = outbox.owe_update(driver.record, ts, msg)
     svc.store.forget_park(record)
+    if tracing.current() is not None and state.status is Status.AWAITING_APPROVAL:
+        view = svc.store.park_view(record.run_id, record.park_id)
+        tracing.approvals_waited(
+            record.trace,
+            record.run_id,
+            state.awaiting,
+            view.decisions,
+            parked_since=record.parked_since,
+            decided_at=view.decided_at,
+            stopped_by=by,
+        )
     if record.live_ts:  # the parked turn's message: no summary will settle into it now
         driver.record = outbox.owe_update(driver.record, record.live_ts, notice(texts.LIVE_ENDED))
         driver.record = replace(driver.record, live_ts=None)
@@ -758,18 +700,6 @@ def _pending_by_id(record: RunRecord) -> dict[str, PendingCall]:
         return {c.id: c for c in record.run_state().pending}
     except StateError:
         return {}
-
-
-def _decided_card(
-    record: RunRecord, call: PendingCall, decision: Decision, grant_until: float | None = None
-) -> Message:
-    return cards.card_of_decision(
-        call=call,
-        decision=decision,
-        requester=record.requester,
-        at=datetime.now(UTC),
-        grant_until=datetime.fromtimestamp(grant_until, UTC) if grant_until else None,
-    )
 
 
 def _task_text(raw: str) -> str:

@@ -26,7 +26,7 @@ from harness.config import Config
 from messages import texts
 from messages.blocks import notice
 from messages.text import plural
-from workers import budgets, metrics
+from workers import budgets, metrics, tracing
 from workers.services import queued_job
 from workers.store import (
     IM,
@@ -84,27 +84,34 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
             if deps.store.first_delivery(team, _message_key(channel, ts) if direct else event_id):
                 context["refusal"] = (channel, thread_ts, user, spent, {})  # one reply, Slack's retries aside
             return
-        record = RunRecord(
-            run_id=new_run_id(),
-            team=team,
-            channel=channel,
-            thread_ts=thread_ts,
-            requester=user,
-            task=text[:MAX_TASK_CHARS],
-            surface=IM if direct else "channel",
-            asked_ts=ts,
-            profile=settings.profile or "",
-        )
-        limits = settings.limits
-        accepted = deps.store.accept_event(
-            team,
-            _message_key(channel, ts) if direct else event_id,
-            record,
-            queued_job(deps.queue, START_RUN, record.run_id, job_id=uuid.uuid4().hex),
-            max_per_user=limits.max_runs_per_user,
-            max_per_channel=limits.max_runs_per_channel,
-            counted_in=metrics.mention_counter(),
-        )
+        run_id = new_run_id()
+        # The run's trace starts here; the run keeps its traceparent, so every job continues it.
+        with tracing.run_started(
+            run_id, model=settings.model, team=team, channel=channel, requester=user
+        ) as root:
+            record = RunRecord(
+                run_id=run_id,
+                team=team,
+                channel=channel,
+                thread_ts=thread_ts,
+                requester=user,
+                task=text[:MAX_TASK_CHARS],
+                surface=IM if direct else "channel",
+                asked_ts=ts,
+                profile=settings.profile or "",
+                trace=root.traceparent,
+            )
+            limits = settings.limits
+            accepted = deps.store.accept_event(
+                team,
+                _message_key(channel, ts) if direct else event_id,
+                record,
+                queued_job(deps.queue, START_RUN, record.run_id, job_id=uuid.uuid4().hex),
+                max_per_user=limits.max_runs_per_user,
+                max_per_channel=limits.max_runs_per_channel,
+                counted_in=metrics.mention_counter(),
+            )
+            root.set("harness.mention.accepted", accepted.value)
         context["accepted"] = accepted
         if accepted is Accepted.NEW and kept != record.profile:
             deps.store.keep_thread_profile(record)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -51,6 +51,7 @@ class ParkView:
     stop_by: str | None
     decisions: dict[str, Decision | None]
     cards_updated: set[str]
+    decided_at: dict[str, float] = field(default_factory=dict)  # call id -> when its decision was made
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,14 @@ def decisions_of(raw: dict[Any, Any]) -> dict[str, Decision | None]:
         as_text(k): (Decision.from_json(json.loads(v)) if v else None)
         for k, v in raw.items()
         if not as_text(k).startswith("~")
+    }
+
+
+def decided_at_of(raw: dict[Any, Any]) -> dict[str, float]:
+    """A park's approvals hash as call id -> when its decision was recorded (`~at:<call>`)."""
+    prefix = "~at:"
+    return {
+        as_text(k)[len(prefix) :]: float(as_text(v)) for k, v in raw.items() if as_text(k).startswith(prefix)
     }
 
 
@@ -165,6 +174,7 @@ return 'parked'
 # A field holds "" while the call awaits a decision. A click on another version of the call
 # (`~fp:<call>` differs) records nothing. A click at or after the park's expiry records the expiry
 # instead. With a quorum, approvals gather in `~votes:<call>` (one per person) until enough.
+# `~at:<call>` keeps when the decision was made (the end of its `await_approval` span).
 # The decision, its audit entry (the chain's next link) and its grant are written together, and the
 # park that this decision completes is marked active in the same step, so whatever recovers
 # orphaned runs finds it even if the resume job dies. Running the script twice gives the same answer.
@@ -214,7 +224,7 @@ elseif ARGV[10] ~= '' then
   d['approvers'] = list
   decision, entry = cjson.encode(d), cjson.encode(e)
 end
-redis.call('HSET', KEYS[1], ARGV[1], decision)
+redis.call('HSET', KEYS[1], ARGV[1], decision, '~at:' .. ARGV[1], ARGV[4])
 audit(entry)
 if outcome == 'recorded' and ARGV[11] ~= '' then
   redis.call('SET', KEYS[4], ARGV[11], 'EX', ARGV[12])
@@ -332,7 +342,12 @@ class ParkStore(StorePart):
             pipe.hgetall(Keys.approvals(run_id, park_id))
             pipe.smembers(Keys.cards_done(run_id, park_id))
             stop, raw, cards = pipe.execute()
-        return ParkView(as_text(stop) if stop else None, decisions_of(raw), {as_text(m) for m in cards})
+        return ParkView(
+            as_text(stop) if stop else None,
+            decisions_of(raw),
+            {as_text(m) for m in cards},
+            decided_at_of(raw),
+        )
 
     def forget_park(self, record: RunRecord) -> None:
         """Park `record.park_id` is over (stopped, expired, answered at a limit): out of `expiries`

@@ -75,6 +75,10 @@ class RunRecord:
     extensions: int = 0  # how many times Extend has moved this park's expiry later
     # The live message (workers.live) of the turn the run parked in: its turn summary settles into it.
     live_ts: str | None = None
+    # The run's trace: the W3C traceparent of its root span, made at the mention ("": untraced), and
+    # when its current park began, where each `await_approval` span starts (workers.tracing).
+    trace: str = ""
+    parked_since: float | None = None
 
     def parked_at(self, expire_after_minutes: float) -> float | None:
         """When the current park was made: its expiry less `expire_after_minutes` for it and for

@@ -1,0 +1,150 @@
+"""The cards of a parked run, drawn from what its record kept.
+
+A park keeps, per call, what its card and the edit modal need of the tool and of the reply
+(`RunRecord.call_tools`); every card is drawn again from that alone, by whichever process needs it:
+the park's worker, the job that shows a quorum filling up, the one that shows a new expiry.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from harness.loop import Agent
+from harness.state import Decision, PendingCall, RunState, StateError
+from messages import cards
+from messages.blocks import Message
+from workers import deciders
+from workers.services import Services
+from workers.store import BATCH, LIMIT_CALL, RunRecord
+
+log = logging.getLogger(__name__)
+
+
+def redraw_open(svc: Services, record: RunRecord) -> None:
+    """The park's open cards (and its Approve all message) drawn again, showing its expiry now.
+
+    A decision may land meanwhile; its card update is claimed once (`first_card_update`). So a card
+    is redrawn open only while that claim is not taken, and looked at again after: a decision that
+    came in between gets its decided card back, whichever update Slack applied last.
+    """
+    run_id, park_id = record.run_id, record.park_id
+    try:
+        calls = {c.id: c for c in record.run_state().pending}
+    except StateError:
+        return
+    votes = svc.store.votes(run_id, park_id)
+    open_calls = [c for c in calls.values() if c.id in record.cards and c.awaiting]
+    for call_id, ts in record.cards.items():
+        if call_id in svc.store.cards_updated(run_id, park_id):
+            continue
+        if call_id == LIMIT_CALL:
+            msg = limit_card(svc, record, votes.get(call_id, ()))
+        elif call_id == BATCH:
+            expires_at = datetime.fromtimestamp(record.expires_at or time.time(), UTC)
+            msg = cards.batch_card(
+                run_id=run_id,
+                park_id=park_id,
+                calls=open_calls,
+                requester=record.requester,
+                expires_at=expires_at,
+            )
+        elif call_id in calls:
+            msg = approval_card(svc, record, calls[call_id], votes.get(call_id, ()))
+        else:
+            continue
+        svc.update(record.channel, ts, msg.text, msg.blocks)
+    decisions = svc.store.decisions(run_id, park_id)
+    for call_id in svc.store.cards_updated(run_id, park_id):  # decided meanwhile: shown decided again
+        decision, card = decisions.get(call_id), record.cards.get(call_id)
+        if decision is not None and card and call_id in calls:
+            msg = decided_card(record, calls[call_id], decision)
+            svc.update(record.channel, card, msg.text, msg.blocks)
+
+
+def approval_card(
+    svc: Services, record: RunRecord, call: PendingCall, votes: tuple[str, ...] = ()
+) -> Message:
+    """The card of one parked call, from what the park kept of its tool and reply."""
+    approvals = svc.settings_of(record).approvals
+    info = record.call_tools.get(call.id, {})
+    expires_at = datetime.fromtimestamp(record.expires_at or time.time(), UTC)
+    return cards.approval_card(
+        run_id=record.run_id,
+        call=call,
+        requester=record.requester,
+        tier_source=call.why,
+        approvers=list(approvals.approvers),
+        expires_at=expires_at,
+        title=info.get("title"),
+        annotations=info.get("annotations"),
+        intent=info.get("intent", ""),
+        preview=info.get("preview"),
+        required=approvals.required,
+        votes=votes,
+        self_approval=approvals.self_approval,
+        grant_minutes=approvals.grant_minutes,
+        grant_uses=approvals.grant_uses,
+    )
+
+
+def limit_card(svc: Services, record: RunRecord, votes: tuple[str, ...] = ()) -> Message:
+    """The card of a run parked at a limit, from what the park kept; `votes`: Continues so far."""
+    approvals = svc.settings_of(record).approvals
+    info = record.call_tools.get(LIMIT_CALL, {})
+    return cards.limit_card(
+        run_id=record.run_id,
+        question=info.get("question", ""),
+        more=info.get("more", ""),
+        requester=record.requester,
+        deciders=deciders.named(approvals, record.requester),
+        expires_at=datetime.fromtimestamp(record.expires_at or time.time(), UTC),
+        required=approvals.required,
+        votes=votes,
+        self_approval=approvals.self_approval,
+    )
+
+
+def decided_card(
+    record: RunRecord, call: PendingCall, decision: Decision, grant_until: float | None = None
+) -> Message:
+    return cards.card_of_decision(
+        call=call,
+        decision=decision,
+        requester=record.requester,
+        at=datetime.now(UTC),
+        grant_until=datetime.fromtimestamp(grant_until, UTC) if grant_until else None,
+    )
+
+
+def intent(state: RunState) -> str:
+    """The model's own words in the reply that made this turn's calls."""
+    last = next((m for m in reversed(state.messages) if m["role"] == "assistant"), None)
+    if last is None or not isinstance(last["content"], list):
+        return ""
+    return "\n\n".join(b["text"] for b in last["content"] if b.get("type") == "text").strip()
+
+
+def call_tool_info(agent: Agent, call: PendingCall, intent: str) -> dict[str, Any]:
+    found = agent.tools.get(call.name)
+    info: dict[str, Any] = {"intent": intent[:4000]}
+    if found is None:
+        return info
+    info.update(
+        schema=dict(found.input_schema),
+        own_tier=found.own_tier.value if found.own_tier else None,
+        own_why=found.own_tier_why,
+        title=found.title,
+        annotations=dict(found.annotations) or None,
+    )
+    if found.preview is not None and isinstance(call.input, dict):
+        try:
+            preview = found.preview(agent.context, call.input)
+        except Exception:  # a preview is a courtesy: the card goes out without it
+            log.exception("preview of %s failed", call.name)
+            preview = None
+        if preview:
+            info["preview"] = preview[:20_000]
+    return info
