@@ -382,31 +382,35 @@ def audit_export_all(since: str | None, fmt: str) -> int:
     except ValueError:
         print(f"error: --since must be an ISO 8601 date or time, got {since!r}", file=sys.stderr)
         return 2
-    try:
-        links, _ = audit_files.collect(Store(redis_connection()), audit_files.directory_from_env())
-    except redis.RedisError as exc:
-        print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
+    read = _audit_read()
+    if read is None:
         return 2
-    except OSError as exc:
-        print(f"error: cannot read HARNESS_AUDIT_DIR ({exc})", file=sys.stderr)
-        return 2
+    links, _, _ = read
     audit_export.write(audit_export.rows(links, after), sys.stdout, fmt)
     return 0
+
+
+def _audit_read() -> tuple[Any, Any, Any] | None:
+    """The audit's entries (Redis, then the files of HARNESS_AUDIT_DIR), their copies in the files,
+    and the chain's head; None, with one line on stderr, when either cannot be read."""
+    try:
+        store = Store(redis_connection())
+        links, copies = audit_files.collect(store, audit_files.directory_from_env())
+        return links, copies, store.audit_head()
+    except redis.RedisError as exc:
+        print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
+    except OSError as exc:
+        print(f"error: cannot read HARNESS_AUDIT_DIR ({exc})", file=sys.stderr)
+    return None
 
 
 def audit_verify() -> int:
     """`python -m workers audit verify`: exit 0 and `N entries, chain intact`, or 1 and the first
     entry that was changed, removed or reordered (`workers.audit_chain`)."""
-    try:
-        store = Store(redis_connection())
-        links, copies = audit_files.collect(store, audit_files.directory_from_env())
-        head = store.audit_head()
-    except redis.RedisError as exc:
-        print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
+    read = _audit_read()
+    if read is None:
         return 2
-    except OSError as exc:
-        print(f"error: cannot read HARNESS_AUDIT_DIR ({exc})", file=sys.stderr)
-        return 2
+    links, copies, head = read
     report = audit_chain.verify(links, head, copies=copies)
     print(report.line if report.ok else f"chain broken: {report.line}")
     return 0 if report.ok else 1
