@@ -266,6 +266,40 @@ def test_status_names_who_must_decide_a_parked_run_and_lists_a_failed_one(stack:
     assert "bad request from fake" in failed_line and "C704" in failed_line
     assert runs["C703"].run_id not in failed_part.split("Queue", 1)[0]
     assert PASSWORD not in out + done.stderr
+    config_file = str((stack.workdir / "harness.toml").resolve())
+    assert out.splitlines()[0] == f"Config: {config_file} (HARNESS_CONFIG)"
+
+    # Beside the processes, in another terminal with no HARNESS_CONFIG: the workers' config is read,
+    # so who must decide is still the stack's approvers, and the first line says which file.
+    bare_env = {k: v for k, v in stack.env().items() if k != "HARNESS_CONFIG"}
+    beside = subprocess.run(
+        [sys.executable, "-m", "workers", "status"],
+        env=bare_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert beside.returncode == 0, beside.stderr
+    assert beside.stdout.splitlines()[0] == f"Config: {config_file} (the one the workers run with)"
+    assert "must decide: UANN, UBEN" in next(
+        line for line in beside.stdout.splitlines() if runs["C703"].run_id in line
+    )
+
+    # One read with another config says the workers run with a different one.
+    other = stack.workdir / "other.toml"
+    other.write_text('[approvals]\napprovers = ["UZED"]\n')
+    mismatch = subprocess.run(
+        [sys.executable, "-m", "workers", "status"],
+        env={**bare_env, "HARNESS_CONFIG": str(other)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert mismatch.stdout.splitlines()[0] == (
+        f"Config: {other.resolve()} (HARNESS_CONFIG); the workers run with {config_file}"
+    )
 
 
 # --- the deep health check --------------------------------------------------------------------------

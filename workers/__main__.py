@@ -226,6 +226,10 @@ def work() -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    try:  # `python -m workers status` reads the same config
+        status.announce_config(svc.store)
+    except redis.RedisError:
+        log.warning("could not say in Redis which config this worker runs with")
     audit_dir = audit_files.directory_from_env()
     try:
         if audit_dir is not None:
@@ -441,8 +445,10 @@ def replay_draft(path: str, days: float) -> int:
 def print_status() -> int:
     """`python -m workers status`: what is in flight, parked and failed now."""
     try:
-        config = load_config()
-        print(status.report(Store(redis_connection()), config))
+        store = Store(redis_connection())
+        config, which = status.config_for_status(store)
+        print(which)
+        print(status.report(store, config))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -6,15 +6,21 @@ to expire first. Failed: run records whose status is `failed` (a model API error
 a Retry button), found by a SCAN of `harness:run:*`, so this reads every run of the last 7 days:
 an operator's command, not something to poll. Near a budget: every user and channel that spent at
 least 80% of a daily budget today (UTC), with the profile whose budget it is.
+
+It reads the config the workers run with (each says which at start, `harness:config:source`)
+unless `HARNESS_CONFIG` is set where it runs, and its first line says which it read.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
-from harness.config import Config
+from harness.config import Config, load_config
 from harness.state import PendingCall, StateError
 from workers import budgets
 from workers.deciders import deciders
@@ -22,6 +28,7 @@ from workers.services import make_queue
 from workers.store import LIMIT_CALL, USER_SCOPE, BadId, Keys, RunRecord, RunStatus, Store, unpack, utc_day
 
 SCAN_BATCH = 200
+CONFIG_SOURCE_TTL = 7 * 86400  # a worker says it again at every start
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,42 @@ def failed(store: Store) -> Iterator[RunRecord]:
             yield from _failed_in(store, batch)
             batch = []
     yield from _failed_in(store, batch)
+
+
+def announce_config(store: Store, env: Mapping[str, str] | None = None) -> None:
+    """Say in Redis which config file this worker runs with (a worker does, at start)."""
+    env = os.environ if env is None else env
+    raw = env.get("HARNESS_CONFIG") or ""
+    path = str(Path(raw).resolve()) if raw else ""
+    store.redis.set(Keys.config_source(), json.dumps({"path": path, "at": time.time()}), ex=CONFIG_SOURCE_TTL)
+
+
+def config_for_status(store: Store, env: Mapping[str, str] | None = None) -> tuple[Config, str]:
+    """The config `status` reads, and a line saying which: `HARNESS_CONFIG` when set here, else the
+    one the workers announced (ages, deciders and budgets come out as the workers see them)."""
+    env = os.environ if env is None else env
+    workers_path = _announced(store)
+    if env.get("HARNESS_CONFIG"):
+        mine = str(Path(env["HARNESS_CONFIG"]).resolve())
+        line = f"Config: {mine} (HARNESS_CONFIG)"
+        if workers_path is not None and workers_path != mine:
+            line += f"; the workers run with {workers_path or 'the built-in defaults'}"
+        return load_config(env=env), line
+    if workers_path:
+        return load_config(workers_path, env=env), f"Config: {workers_path} (the one the workers run with)"
+    if workers_path == "":
+        return load_config(env=env), "Config: the built-in defaults (as the workers run)"
+    return load_config(env=env), "Config: the built-in defaults (no worker has said which it runs with)"
+
+
+def _announced(store: Store) -> str | None:
+    """The workers' config path ("" for the built-in defaults), None when no worker said."""
+    raw = store.redis.get(Keys.config_source())
+    try:
+        path = json.loads(raw)["path"] if raw is not None else None
+    except (ValueError, KeyError, TypeError):
+        return None
+    return path if isinstance(path, str) else None
 
 
 def report(store: Store, config: Config, now: float | None = None) -> str:

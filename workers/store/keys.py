@@ -211,6 +211,12 @@ class Keys:
         return f"{PREFIX}reminders"
 
     @staticmethod
+    def config_source() -> str:
+        """Which config file the workers run with (JSON: its absolute path, or "" for the built-in
+        defaults), so that `python -m workers status` reads the same one."""
+        return f"{PREFIX}config:source"
+
+    @staticmethod
     def live(run_id: str) -> str:
         """The ts of a run's live messages still streaming or unsettled (`workers.live`): a set, so a
         successor of a driver that died stops and removes those no saved step owes a settlement."""
