@@ -3,8 +3,13 @@
 `make run` (`python -m workers.dev`) starts it, with the bot and a worker, when no Slack settings
 are given; run alone it needs what `workers.dev` hands it: ``PLAYGROUND_BOT_URL`` (the bot's
 ``/slack/events``), ``SLACK_SIGNING_SECRET`` and ``SLACK_BOT_TOKEN`` (the bot's, which it checks),
-``PLAYGROUND_DEMO_MODEL=1`` to answer as the offline demo model, ``PORT`` (3000) and ``HOST``
-(127.0.0.1; a loopback address only, see `playground.bind_problem`).
+``PLAYGROUND_DEMO_MODEL=1`` to answer as the offline demo model (``PLAYGROUND_MODEL=demo`` when it
+was asked for, not for want of a key: the label then says how to leave it), ``PORT`` (3000) and
+``HOST`` (127.0.0.1; a loopback address only, see `playground.bind_problem`).
+
+The page labels the model the workers talk to: the demo model, or the name of the model the config
+gives them (``HARNESS_MODEL`` winning over its ``model.name``). Never a key: `workers.dev` gives
+this process none.
 """
 
 from __future__ import annotations
@@ -25,6 +30,17 @@ from playground.slack import CHANNEL_ID, CHANNELS, PEOPLE, Workspace
 from workers import logs
 
 DEMO_LABEL = "Offline demo model: scripted replies, not Claude. Set ANTHROPIC_API_KEY to use Claude."
+FORCED_DEMO_LABEL = (
+    "Offline demo model (PLAYGROUND_MODEL=demo): scripted replies, not Claude. Unset it to use Claude."
+)
+MODEL_LABEL = "Model: {model}"
+
+
+def model_label(env: Mapping[str, str], model: str) -> str:
+    """What the page's banner says of the model: the demo model and how to leave it, or `model`'s name."""
+    if env.get("PLAYGROUND_DEMO_MODEL") != "1":
+        return MODEL_LABEL.format(model=model)
+    return FORCED_DEMO_LABEL if env.get("PLAYGROUND_MODEL", "").strip() == "demo" else DEMO_LABEL
 
 
 def main(env: Mapping[str, str] = os.environ) -> int:
@@ -51,7 +67,7 @@ def main(env: Mapping[str, str] = os.environ) -> int:
         bot=Bot(env["PLAYGROUND_BOT_URL"], env["SLACK_SIGNING_SECRET"]),
         base_url=base_url,
         demo=demo,
-        model_label=DEMO_LABEL if demo else f"Claude ({config.model})",
+        model_label=model_label(env, config.model),
         notes=profiles[CHANNEL_ID]["notes"],
         profiles=profiles,
     )

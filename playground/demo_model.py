@@ -27,6 +27,11 @@ scenario:
 Every turn that calls tools starts with a text block saying what it is about to do (the intent an
 approval card quotes). A scenario whose tools are not all offered answers at once, naming the
 missing ones. Tool results are never trusted to have any shape.
+
+A reviewer may edit a call's arguments before approving it: the call then runs with theirs, and its
+tool result starts with the harness's note saying so (`texts.RESULT_EDITED`). The script follows
+what ran, not what it asked: it reads back the file it was edited to write, and names the path that
+was deleted or written.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ CHARS_PER_TOKEN = 4
 
 # The line `list_files` ends a long listing with ("… and 12 more"): a note, not a file name.
 _MORE_ENTRIES = re.compile(re.escape(texts.FILE_MORE_ENTRIES).replace(re.escape("{more}"), r"[\d,]+"))
+# The first line of a result whose call a reviewer edited: the note, then the arguments that ran.
+_EDITED_PREFIX = texts.RESULT_EDITED.split("{arguments}")[0]
 
 
 class DemoModelError(Exception):
@@ -74,12 +81,22 @@ def error_body(exc: DemoModelError) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Call:
-    """One tool call of an earlier turn and what came back for it."""
+    """One tool call of an earlier turn and what came back for it.
+
+    `input` is what the model asked; `edited`, a reviewer's arguments the call ran with instead
+    (None when it ran as asked); `result`, the tool's own output, less the harness's note of an edit.
+    """
 
     name: str
     input: Mapping[str, Any]
     result: str
     is_error: bool
+    edited: Mapping[str, Any] | None = None
+
+    @property
+    def ran_with(self) -> Mapping[str, Any]:
+        """The arguments the call actually ran with: the reviewer's edit, else the model's."""
+        return self.edited if self.edited is not None else self.input
 
 
 Turn = tuple[Call, ...]
@@ -218,7 +235,21 @@ def _call(use: dict[str, Any], result: dict[str, Any] | None) -> Call:
     arguments = arguments if isinstance(arguments, dict) else {}
     if result is None:
         return Call(name, arguments, "(no result came back for this call)", True)
-    return Call(name, arguments, result_text(result.get("content")), result.get("is_error") is True)
+    edited, text = _split_edit(result_text(result.get("content")))
+    return Call(name, arguments, text, result.get("is_error") is True, edited)
+
+
+def _split_edit(text: str) -> tuple[dict[str, Any] | None, str]:
+    """A result's text as (the reviewer's edited arguments, the rest) when it starts with the
+    harness's note of an edit; (None, the text) otherwise, or when the note's JSON is unreadable."""
+    first, _, rest = text.partition("\n")
+    if not first.startswith(_EDITED_PREFIX):
+        return None, text
+    try:
+        edited = json.loads(first.removeprefix(_EDITED_PREFIX))
+    except ValueError:
+        return None, text
+    return (edited, rest) if isinstance(edited, dict) else (None, text)
 
 
 def result_text(content: Any) -> str:
@@ -260,11 +291,10 @@ def _default(task: str, turns: tuple[Turn, ...]) -> Reply:
     last = {call.name: call for call in turns[-1]}
     if "write_file" in last:
         wrote = last["write_file"]
+        path = _path(wrote, NOTES_PATH)
         if wrote.is_error:
-            return Reply(f"I did not write `{NOTES_PATH}`. The harness said:\n{_quote(wrote.result)}")
-        return Reply(
-            f"Wrote `{NOTES_PATH}`; let me read it back to check.", (("read_file", {"path": NOTES_PATH}),)
-        )
+            return Reply(f"I did not write `{path}`. The harness said:\n{_quote(wrote.result)}")
+        return Reply(f"Wrote `{path}`; let me read it back to check.", (("read_file", {"path": path}),))
     if "read_file" in last:
         return _read_back(last["read_file"])
     if "get_time" in last or "list_files" in last:
@@ -273,6 +303,12 @@ def _default(task: str, turns: tuple[Turn, ...]) -> Reply:
             (("write_file", {"path": NOTES_PATH, "content": _note(task, last)}),),
         )
     return Reply("I have nothing more to do for this task.")
+
+
+def _path(call: Call, asked: str) -> str:
+    """The path `call` ran with (a reviewer may have edited it), else `asked`."""
+    path = call.ran_with.get("path")
+    return path if isinstance(path, str) and path else asked
 
 
 def _note(task: str, last: Mapping[str, Call]) -> str:
@@ -296,11 +332,12 @@ def _note(task: str, last: Mapping[str, Call]) -> str:
 
 
 def _read_back(read: Call) -> Reply:
+    path = _path(read, NOTES_PATH)
     if read.is_error:
-        return Reply(f"I wrote `{NOTES_PATH}`, but reading it back failed:\n{_quote(read.result)}")
+        return Reply(f"I wrote `{path}`, but reading it back failed:\n{_quote(read.result)}")
     lines = [line for line in read.result.splitlines() if line.strip()]
     shown = lines[:NOTE_LINES_SHOWN] + (["…"] if len(lines) > NOTE_LINES_SHOWN else [])
-    return Reply(f"I wrote `{NOTES_PATH}`. Reading it back, it says:\n" + _quote("\n".join(shown)))
+    return Reply(f"I wrote `{path}`. Reading it back, it says:\n" + _quote("\n".join(shown)))
 
 
 def _delete(task: str, turns: tuple[Turn, ...]) -> Reply:
@@ -309,7 +346,7 @@ def _delete(task: str, turns: tuple[Turn, ...]) -> Reply:
     last = {call.name: call for call in turns[-1]}
     if "delete_file" in last:
         gone = last["delete_file"]
-        path = gone.input.get("path", "the file")
+        path = _path(gone, "the file")
         if gone.is_error:
             return Reply(f"I did not delete `{path}`. The harness said:\n{_quote(gone.result)}")
         return Reply(f"I deleted `{path}`. The tool said:\n{_quote(gone.result)}")
@@ -339,13 +376,12 @@ def _secret(task: str, turns: tuple[Turn, ...]) -> Reply:
             (("write_file", {"path": SECRET_PATH, "content": SECRET_CONTENT}),),
         )
     wrote = next((c for c in turns[-1] if c.name == "write_file"), None)
+    path = _path(wrote, SECRET_PATH) if wrote else SECRET_PATH
     if wrote is None or not wrote.is_error:
         said = _quote(wrote.result) if wrote else "> (no result came back)"
-        return Reply(f"Nothing stopped me writing `{SECRET_PATH}`:\n{said}\nA `secrets/**` deny rule would.")
+        return Reply(f"Nothing stopped me writing `{path}`:\n{said}\nA `secrets/**` deny rule would.")
     who = "The policy refused" if "policy" in wrote.result.lower() else "The harness refused"
-    return Reply(
-        f"{who} to let me write `{SECRET_PATH}`, so nothing was written. Why:\n{_quote(wrote.result)}"
-    )
+    return Reply(f"{who} to let me write `{path}`, so nothing was written. Why:\n{_quote(wrote.result)}")
 
 
 def _forever(task: str, turns: tuple[Turn, ...]) -> Reply:

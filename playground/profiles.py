@@ -68,8 +68,8 @@ def describe(
     people: Iterable[Person],
     groups: Mapping[str, list[str]] = GROUPS,
 ) -> dict[str, Json]:
-    """Channel id -> its profile (name, the `# profile:` line), tools, other tool sources, budgets
-    and each demo user's note, as `GET /play/channels` serves them."""
+    """Channel id -> its profile (name, the `# profile:` line), the model its runs ask for, tools,
+    other tool sources, budgets and each demo user's note, as `GET /play/channels` serves them."""
     people = tuple(people)
     described = {}
     for channel in channels:
@@ -80,6 +80,7 @@ def describe(
         described[channel.id] = {
             "profile": match.profile,
             "header": match.header(),
+            "model": settings.model,  # a profile's own model.name wins over HARNESS_MODEL
             "tools": tools(settings),
             "elsewhere": [f"module {m}" for m in settings.tools.modules]
             + [f"MCP server {s}" for s in servers],

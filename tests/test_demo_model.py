@@ -22,6 +22,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
+from harness import texts
+from harness.state import canonical_json
 from harness.tools import BUILTIN_TOOLS, ToolRegistry
 from playground.demo_model import FOOTER, DemoModelError, error_body, respond
 from playground.demo_stream import MAX_PAUSED_PIECES, encode, pieces, stream_events
@@ -232,6 +234,72 @@ def test_forever_repeats_the_same_turn_with_fresh_ids() -> None:
     )
     ids = [tool_uses(t)[0]["id"] for t in turns]
     assert len(set(ids)) == len(ids)
+
+
+# --- a reviewer's edit ------------------------------------------------------------------------
+
+
+def edited(arguments: dict[str, Any], output: Any) -> Any:
+    """A tool result as the harness reports a call a reviewer edited (`harness.loop._run_edited`)."""
+    note = texts.RESULT_EDITED.format(arguments=canonical_json(arguments))
+    if isinstance(output, list):
+        return [{"type": "text", "text": note}, *output]
+    return f"{note}\n{output}"
+
+
+@pytest.mark.parametrize("as_blocks", [False, True])
+def test_an_edited_write_is_read_back_and_named_as_it_ran(as_blocks: bool) -> None:
+    run = Conversation("Write me a note")
+    run.ask()
+    run.answer((TIME, False), ("README.md", False))
+    output: Any = [{"type": "text", "text": "Wrote 9 characters to plans/today.md"}]
+    arguments = {"path": "plans/today.md", "content": "by a human"}
+    wrote = edited(arguments, output if as_blocks else output[0]["text"])
+    read = run.answer((wrote, False))
+    assert [(u["name"], u["input"]) for u in tool_uses(read)] == [("read_file", {"path": "plans/today.md"})]
+    assert "`plans/today.md`" in read["content"][0]["text"]
+    final = answer(run.answer(("by a human", False)))
+    assert "I wrote `plans/today.md`. Reading it back, it says:\n> by a human" in final
+    assert "notes.md" not in final
+
+
+def test_an_edited_read_or_delete_names_what_ran_and_quotes_only_the_tools_output() -> None:
+    run = Conversation("Write me a note")
+    run.ask()
+    run.answer((TIME, False), ("README.md", False))
+    run.answer(("Wrote 120 characters to notes.md", False))
+    final = answer(run.answer((edited({"path": "other.md"}, "# Other"), False)))
+    assert "I wrote `other.md`. Reading it back, it says:\n> # Other" in final
+    assert "reviewer" not in final  # the harness's note is not part of the file
+
+    run = Conversation("delete a file")
+    run.ask()
+    run.answer(("c.txt\nd.txt", False))
+    final = answer(run.answer((edited({"path": "d.txt"}, "Deleted d.txt"), False)))
+    assert "I deleted `d.txt`" in final and "c.txt" not in final
+
+
+def test_an_edited_secret_path_is_the_one_named() -> None:
+    run = Conversation("Save my secret token")
+    run.ask()
+    wrote = edited({"path": "public/token.txt", "content": "x"}, "Wrote 1 character")
+    final = answer(run.answer((wrote, False)))
+    assert "Nothing stopped me writing `public/token.txt`" in final
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        texts.RESULT_EDITED.format(arguments="{not json") + "\nWrote it",
+        texts.RESULT_EDITED.format(arguments='["a list"]') + "\nWrote it",
+    ],
+)
+def test_an_unreadable_edit_note_leaves_the_call_as_the_model_asked(result: str) -> None:
+    run = Conversation("Write me a note")
+    run.ask()
+    run.answer((TIME, False), ("README.md", False))
+    read = run.answer((result, False))
+    assert [(u["name"], u["input"]) for u in tool_uses(read)] == [("read_file", {"path": "notes.md"})]
 
 
 # --- what a request is -----------------------------------------------------------------------

@@ -245,6 +245,39 @@ def test_no_slack_setting_at_all_means_the_playground_with_its_own_slack_and_mod
         with_key["worker"]["ANTHROPIC_API_KEY"] == "sk-real"
         and with_key["worker"]["HARNESS_CONFIG"] == "mine.toml"
     )
+    assert "ANTHROPIC_API_KEY" not in with_key["playground"]  # the page's process needs no key
+
+
+def test_playground_model_demo_forces_the_demo_model_and_keeps_the_key_from_every_child() -> None:
+    real = {"ANTHROPIC_API_KEY": "sk-real", "ANTHROPIC_AUTH_TOKEN": "tok-real", "PLAYGROUND_MODEL": "demo"}
+    assert check_settings(real) == []
+    envs, page = playground_envs({**real, "PLAYGROUND_DEMO_MODEL": "0"})
+    for name, env in envs.items():
+        assert "sk-real" not in env.values() and "tok-real" not in env.values(), name
+    assert envs["worker"]["ANTHROPIC_BASE_URL"] == envs["web"]["ANTHROPIC_BASE_URL"] == page + "model"
+    assert envs["worker"]["ANTHROPIC_API_KEY"] == "playground-demo-model"
+    assert envs["playground"]["PLAYGROUND_DEMO_MODEL"] == "1"
+    assert envs["playground"]["PLAYGROUND_MODEL"] == "demo"  # the page says why it is the demo
+
+    stale, _ = playground_envs({"ANTHROPIC_API_KEY": "sk-real", "PLAYGROUND_DEMO_MODEL": "1"})
+    assert "PLAYGROUND_DEMO_MODEL" not in stale["playground"]  # Claude's answers are not called the demo's
+
+
+@pytest.mark.parametrize("value", ["claude", "Demo", "1"])
+def test_a_playground_model_other_than_demo_is_one_line_naming_it(value: str) -> None:
+    (line,) = check_settings({"ANTHROPIC_API_KEY": "sk-real", "PLAYGROUND_MODEL": value})
+    assert line.startswith(f"PLAYGROUND_MODEL={value}: the only value is demo")
+    assert (
+        check_settings(
+            {
+                "SLACK_BOT_TOKEN": "x",
+                "SLACK_SIGNING_SECRET": "s",
+                "ANTHROPIC_API_KEY": "k",
+                "PLAYGROUND_MODEL": value,
+            }
+        )
+        == []
+    )  # not the playground: not read
 
 
 def test_a_playground_port_already_taken_is_one_line_naming_port_and_nothing_keeps_running(

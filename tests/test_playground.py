@@ -117,8 +117,11 @@ def test_an_edit_the_policy_denies_is_refused_in_the_modal_then_a_good_one_runs(
 
     status, accepted = submit("release.md")
     assert (status, accepted) == (200, {"ok": True})
-    page.wait_text(ts, FOOTER)
+    answer = page.wait_text(ts, FOOTER)
     assert (workspace / "release.md").read_text() == "edited by a reviewer"
+    # The demo model follows the edit: it reads back the file that was written, not the one it asked for.
+    assert "I wrote `release.md`. Reading it back" in answer["text"]
+    assert "edited by a reviewer" in answer["text"] and "notes.md" not in answer["text"]
     decided = next(m for m in page.thread(ts) if m["ts"] == card["ts"])
     assert "with edits" in decided["text"]
 

@@ -3,13 +3,14 @@
 `make run` calls this. With no Slack setting at all (none of ``SLACK_BOT_TOKEN``,
 ``SLACK_SIGNING_SECRET``, ``SLACK_APP_TOKEN``) it starts the playground too (`python -m playground`:
 a page on http://127.0.0.1:$PORT/ with its own stand-in for Slack, and the offline demo model when
-``ANTHROPIC_API_KEY`` is not set either) and points the bot and the worker at it. Otherwise it checks
-the settings first, picks a Redis (``REDIS_URL``, else one answering
-on localhost:6379, else a private ``redis-server`` keeping its data in ``./.redis-data/``, with a
-fresh password per start), gives the bot a workspace folder of its own (``HARNESS_WORKSPACE``, else
-``./workspace/``, created), starts ``python -m bot`` and ``python -m workers`` with ``REDIS_URL`` and
-``HARNESS_WORKSPACE`` set, and prefixes their output per line. Ctrl-C or SIGTERM stops everything in
-order (web, worker, then Redis) and exits 0; a child that dies on its own stops the others and exits 1.
+``ANTHROPIC_API_KEY`` is not set either or ``PLAYGROUND_MODEL=demo`` asks for it) and points the bot
+and the worker at it. Otherwise it checks the settings first, picks a Redis (``REDIS_URL``, else one
+answering on localhost:6379, else a private ``redis-server`` keeping its data in ``./.redis-data/``,
+with a fresh password per start), gives the bot a workspace folder of its own
+(``HARNESS_WORKSPACE``, else ``./workspace/``, created), starts ``python -m bot`` and ``python -m
+workers`` with ``REDIS_URL`` and ``HARNESS_WORKSPACE`` set, and prefixes their output per line.
+Ctrl-C or SIGTERM stops everything in order (web, worker, then Redis) and exits 0; a child that dies
+on its own stops the others and exits 1.
 
 Why not honcho, which reads the Procfile (weighed against honcho 2.0.0's `Manager`): it could
 only take over web and worker, since Redis must be up first and reads its password from stdin and
@@ -83,6 +84,15 @@ MISSING_SIGNING_SECRET = (
 MISSING_API_KEY = (
     "ANTHROPIC_API_KEY is not set: export it with an API key from https://console.anthropic.com/settings/keys"
 )
+# The model API credentials the SDK reads: kept from the playground's page process always, and from
+# every child when the demo model answers (the demo endpoint is the playground's, so a real key sent
+# there would reach it).
+MODEL_CREDENTIALS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+DEMO_MODEL_KEY = "playground-demo-model"  # the SDK insists on a key; the demo model reads none
+BAD_PLAYGROUND_MODEL = (
+    "PLAYGROUND_MODEL={value}: the only value is demo (the offline demo model, even with "
+    "ANTHROPIC_API_KEY set); unset it to talk to the model ANTHROPIC_API_KEY opens"
+)
 MISSING_REDIS_SERVER = (
     "redis-server is not on PATH and no Redis answers on {probe}: install Redis "
     "(apt install redis-server / brew install redis) or set REDIS_URL"
@@ -146,10 +156,17 @@ def wants_playground(env: Mapping[str, str]) -> bool:
     return not any(env.get(name, "").strip() for name in SLACK_SETTINGS)
 
 
+def wants_demo_model(env: Mapping[str, str]) -> bool:
+    """The playground's offline demo model: asked for (``PLAYGROUND_MODEL=demo``), or no key to use."""
+    return env.get("PLAYGROUND_MODEL", "").strip() == "demo" or not env.get("ANTHROPIC_API_KEY", "").strip()
+
+
 def check_settings(env: Mapping[str, str]) -> list[str]:
     """Return one line per missing setting, naming what to set and where to get it."""
     if wants_playground(env):
-        return []  # the playground brings its own Slack, and the demo model stands in for a key
+        # the playground brings its own Slack, and the demo model stands in for a key
+        chosen = env.get("PLAYGROUND_MODEL", "").strip()
+        return [BAD_PLAYGROUND_MODEL.format(value=chosen)] if chosen not in ("", "demo") else []
     missing = []
     if not env.get("SLACK_BOT_TOKEN", "").strip():
         missing.append(MISSING_BOT_TOKEN)
@@ -436,9 +453,11 @@ def playground_envs(env: Mapping[str, str]) -> tuple[dict[str, dict[str, str]], 
     """The environment of each child in the playground, and the page's address.
 
     The playground listens on ``$PORT`` (3000) and the bot on a free port behind it; all three
-    share a bot token and signing secret made for this start. Without ``ANTHROPIC_API_KEY``
-    the worker's SDK talks to the playground's offline demo model. Without ``HARNESS_CONFIG``
-    the playground's own settings give the demo users their roles.
+    share a bot token and signing secret made for this start. Without ``ANTHROPIC_API_KEY``, or
+    with ``PLAYGROUND_MODEL=demo``, the worker's SDK talks to the playground's offline demo model
+    with a dummy key: the real key and token reach no child. The playground's own process never
+    gets them (it shows the model's name, never a key). Without ``HARNESS_CONFIG`` the
+    playground's own settings give the demo users their roles.
     """
     host = env.get("HOST") or "127.0.0.1"  # a loopback address: `prepare` refuses any other
     port = int(env.get("PORT") or PLAYGROUND_PORT)
@@ -451,15 +470,19 @@ def playground_envs(env: Mapping[str, str]) -> tuple[dict[str, dict[str, str]], 
         SLACK_API_URL=f"{page}api/",
     )
     common.setdefault("HARNESS_CONFIG", str(PLAYGROUND_CONFIG))
-    if not env.get("ANTHROPIC_API_KEY", "").strip():
+    if wants_demo_model(env):
+        for name in MODEL_CREDENTIALS:
+            common.pop(name, None)
         common.update(
-            ANTHROPIC_API_KEY="playground-demo-model",
+            ANTHROPIC_API_KEY=DEMO_MODEL_KEY,
             ANTHROPIC_BASE_URL=f"{page}model",
             PLAYGROUND_DEMO_MODEL="1",
         )
+    else:
+        common.pop("PLAYGROUND_DEMO_MODEL", None)  # the page would call Claude's answers the demo's
     web = {**common, "PORT": str(bot_port), "HOST": "127.0.0.1"}
     playground = {
-        **common,
+        **{k: v for k, v in common.items() if k not in MODEL_CREDENTIALS},
         "PORT": str(port),
         "HOST": host,
         "PLAYGROUND_BOT_URL": f"http://127.0.0.1:{bot_port}/slack/events",

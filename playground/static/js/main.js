@@ -109,6 +109,19 @@ function renderProfile() {
   $('profile-rules').hidden = !rules.length;
 }
 
+/** Which model the workers talk to: the demo model, or the model's name (a channel's profile may name
+ * its own). Shown always, so that nobody mistakes the demo's scripted replies for Claude's or Claude's
+ * (which cost tokens) for the demo's. */
+function renderModel(model, channel) {
+  const banner = $('model-banner');
+  const own = !model.demo && channel && channel.model;
+  banner.hidden = false;
+  banner.classList.toggle('demo', Boolean(model.demo));
+  banner.textContent = model.demo
+    ? `🤖 ${model.label || 'Offline demo model'}`
+    : own ? `Model: ${channel.model}` : (model.label || 'Model: unknown');
+}
+
 function render() {
   const state = app.state;
   state.messages = state.messages || [];
@@ -125,9 +138,7 @@ function render() {
   $('nav-home-name').textContent = `${state.bot.name} · Home`;
   $('composer').placeholder = `Message #${channel.name} (Enter to send, Shift+Enter for a new line)`;
   $('sidebar-foot').textContent = `Acting as ${displayName(app.user)}`;
-  const banner = $('model-banner');
-  banner.hidden = !(state.model && state.model.demo);
-  banner.textContent = state.model && state.model.demo ? `🤖 ${state.model.label || 'Offline demo model'}` : '';
+  renderModel(state.model || {}, currentChannel());
   renderProfile();
   renderChannel();
   renderHome();
