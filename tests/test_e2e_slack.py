@@ -446,7 +446,7 @@ def test_a_retry_clicked_before_the_failure_is_saved_still_retries_once(stack: S
     assert stack.click(failure, "retry") == 200
     wait_until(lambda: store.retry_claimed_by(run_id, failure["ts"]) == "UALICE")
     assert stack.click(failure, "retry") == 200  # a second click: the first one has it
-    told = wait_until(lambda: [e["text"] for e in stack.slack.ephemerals if e["user"] == "UALICE"])
+    told = wait_until(lambda: [e["text"] for e in stack.slack.ephemerals if e["channel"] == channel])
     held.release.set()
     wait_post(stack, channel, ts, lambda m: "hasty done" in m["text"])
     assert told == [texts.RETRY_TAKEN]  # the first click said nothing: it was honoured
