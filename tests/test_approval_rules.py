@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -37,6 +38,7 @@ from workers.store import (
     FeedbackOutcome,
     Grant,
     Keys,
+    RunStatus,
     Store,
     new_run_id,
 )
@@ -197,6 +199,28 @@ def test_a_retry_is_counted_against_the_channels_bound_too_and_claimed_once(stor
     assert store.redis.zscore(Keys.channel_runs("T1", "C7"), failed.run_id) is not None
     assert store.redis.zscore(Keys.active(), failed.run_id) is not None
     assert claim(max_per_channel=3) is Accepted.DUPLICATE  # a second click, or the same one again
+
+
+def test_a_failure_retried_before_it_was_saved_is_not_ended_but_kept_for_its_driver(store: Store) -> None:
+    """The card of a failure reaches Slack before the run's end records its ts: a Retry claimed in
+    between keeps the run with its driver (lease, thread, counts), which retries it at once."""
+    failed = replace(record(requester="UCAROL", channel="C8"), status=RunStatus.FAILED, failure_ts="1.000300")
+    assert store.acquire_lease(failed.run_id, "tok", 30)
+    assert store.take_thread(failed, 60)
+    assert store.claim_retry(failed, "1.000300", "UANN", max_per_user=5, max_per_channel=5) is Accepted.NEW
+    ended = store.finish(failed, "tok", history=None, failure_ts="1.000300")
+    assert ended is not None and ended.retry_claimed and ended.next_run is None
+    assert store.load_run(failed.run_id) == failed  # written, with the card's ts
+    assert store.redis.get(Keys.lease(failed.run_id)) == b"tok"
+    assert store.thread_holder(failed) == failed.run_id
+    assert store.redis.zscore(Keys.active(), failed.run_id) is not None
+    assert store.redis.zscore(Keys.user_runs("T1", "UCAROL"), failed.run_id) is not None
+    store.unclaim_retry(failed.run_id, "1.000300")  # no claim (or another card's): the run ends
+    ended = store.finish(failed, "tok", history=None, failure_ts="1.000300")
+    assert ended is not None and not ended.retry_claimed
+    assert store.redis.get(Keys.lease(failed.run_id)) is None
+    assert store.thread_holder(failed) is None
+    assert store.redis.zscore(Keys.active(), failed.run_id) is None
 
 
 # --- end to end: Continue under four eyes and a quorum, Retry counted, feedback rate-limited ------

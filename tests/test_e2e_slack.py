@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 
+from messages import texts
 from tests.fakes.messages_api import http_error, reply, text, tool_use
 from tests.fakes.signing import event_body, signed_headers
 from tests.stack import (
@@ -427,6 +428,32 @@ def test_model_failure_posts_a_retry_button_that_resumes(stack: Stack) -> None:
     wait_post(stack, channel, ts, lambda m: "failing done" in m["text"])
     updated = next(m for m in stack.slack.messages(channel, ts) if m["ts"] == failure["ts"])
     assert not has_actions(updated)
+
+
+def test_a_retry_clicked_before_the_failure_is_saved_still_retries_once(stack: Stack) -> None:
+    """The failure card is in Slack before its ts is saved with the run: a click then still counts."""
+    channel = new_channel()
+    stack.model.script_for("hasty", http_error(400, message="hasty failure"), reply(text("hasty done")))
+    # The failing worker posts the card, then closes its Working message: frozen there, the run
+    # is saved as failed but not yet with the card's ts.
+    held = stack.slack.hold_next("chat.update", only=texts.WORKING_FAILED)
+    _, ts, _ = stack.mention("hasty: do it", channel=channel)
+    failure = wait_post(stack, channel, ts, has_actions)
+    assert held.arrived.wait(30)
+    store = Store(redis.Redis.from_url(stack.redis_url))
+    run_id = next(e["value"] for b in failure["blocks"] if b["type"] == "actions" for e in b["elements"])
+    assert store.load_run(run_id).failure_ts is None  # type: ignore[union-attr]
+    assert stack.click(failure, "retry") == 200
+    wait_until(lambda: store.retry_claimed_by(run_id, failure["ts"]) == "UALICE")
+    assert stack.click(failure, "retry") == 200  # a second click: the first one has it
+    told = wait_until(lambda: [e["text"] for e in stack.slack.ephemerals if e["channel"] == channel])
+    held.release.set()
+    wait_post(stack, channel, ts, lambda m: "hasty done" in m["text"])
+    assert told == [texts.RETRY_TAKEN]  # the first click said nothing: it was honoured
+    assert len([m for m in stack.slack.messages(channel, ts) if "hasty done" in m["text"]]) == 1
+    (updated,) = [m for m in stack.slack.messages(channel, ts) if m["ts"] == failure["ts"]]
+    assert not has_actions(updated)  # retried: its button is gone, and it says who retried
+    assert "UALICE" in updated["text"] + str(updated["blocks"])
 
 
 def test_model_text_cannot_ping_or_smuggle_links(stack: Stack) -> None:

@@ -30,6 +30,7 @@ from workers.store import (
     FINISHED_RUN_TTL,
     LIMIT_CALL,
     Beside,
+    FinishResult,
     RecordEncoder,
     RunRecord,
     RunStatus,
@@ -310,19 +311,37 @@ class Driver:
 
         Returns the run queued next in the thread, if any.
         """
+        return self._finish(None).next_run
+
+    def finish_failed(self) -> FinishResult:
+        """End a failed run as `finish` does, unless the Retry of its failure was claimed already:
+        then (`retry_claimed`) the run is still this driver's (lease, thread, the claim's counts),
+        to retry it now.
+
+        Its card reaches Slack before the record that knows its ts: a click in between is claimed
+        against the card's ts, and the job it enqueues finds the lease held. The claim and this
+        end are each one step in Redis, so one of them sees the other: the first click retries.
+        """
+        record = self.record
+        failed = record.status is RunStatus.FAILED and record.failure_ts
+        return self._finish(record.failure_ts if failed else None)
+
+    def _finish(self, failure_ts: str | None) -> FinishResult:
         self.collect()
         self._write_besides()
         record = self.record
         history = None
         if record.status in (RunStatus.FINISHED, RunStatus.STOPPED) and record.state is not None:
             history = tuple(record.state["messages"])
-        result = self.svc.store.finish(record, self.token, history=history)
+        result = self.svc.store.finish(record, self.token, history=history, failure_ts=failure_ts)
         if result is None:
             raise LostLease(self.run_id)
+        if result.retry_claimed:
+            return result
         self.released = True
         if history is not None and not result.history_saved:
             log.warning("run %s: a newer run saved this thread's history; it was kept", record.run_id)
-        return result.next_run
+        return result
 
     def leave(self) -> None:
         """Let go of a run queued behind another in its thread."""

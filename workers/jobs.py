@@ -420,7 +420,12 @@ def _end(driver: Driver, status: RunStatus, valve: str = "", not_run: NotRun | N
     metrics.run_ended(driver.svc.store.redis, driver.record, valve)
     driver.deliver()
     driver.record = thread_status.show(driver.svc, driver.record, thread_status.Phase.ENDED)
-    return driver.finish()
+    if status is not RunStatus.FAILED:
+        return driver.finish()
+    ended = driver.finish_failed()
+    if ended.retry_claimed:  # clicked while its card was on its way: the run is still ours
+        return _retry_if_clicked(driver.svc, driver)
+    return ended.next_run
 
 
 def _park(

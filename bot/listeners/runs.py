@@ -16,6 +16,7 @@ from bot.listening import (
     BotDeps,
     Clicker,
     Then,
+    as_dict,
     clicker_and_channel,
     tell_clicker,
 )
@@ -174,7 +175,8 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
             record = deps.store.load_run(check_id("run", action.get("value")))
         except (BadId, StateError):
             record = None
-        if record is None or record.status is not RunStatus.FAILED or not record.failure_ts:
+        failure_ts = _failure_clicked(record, body)
+        if record is None or failure_ts is None:
             context[REPLY] = texts.RETRY_TAKEN
             return
         if clicker.team != record.team:
@@ -189,7 +191,7 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
         limits = deps.settings_of(record).limits
         claimed = deps.store.claim_retry(
             record,
-            record.failure_ts,
+            failure_ts,
             user,
             max_per_user=limits.max_runs_per_user,
             max_per_channel=limits.max_runs_per_channel,
@@ -207,6 +209,23 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
             deps.enqueue(RETRY_RUN, record.run_id, user)
 
     return on_retry
+
+
+def _failure_clicked(record: RunRecord | None, body: dict[str, Any]) -> str | None:
+    """The ts of the failure of `record` a Retry click is for, if it is failed: the saved one, or,
+    while the worker has yet to save it (its card reaches Slack first), the clicked card's own.
+
+    Only a failure card carries a Retry button, and a retried one loses it (its claim stays):
+    the worker that saves this failure finds a claim made on its card before it ended the run.
+    """
+    if record is None or record.status is not RunStatus.FAILED:
+        return None
+    if record.failure_ts:
+        return record.failure_ts
+    try:
+        return check_id("ts", as_dict(body.get("container")).get("message_ts"))
+    except BadId:
+        return None
 
 
 def _on_feedback(deps: BotDeps) -> Callable[..., None]:

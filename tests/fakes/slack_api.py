@@ -394,12 +394,20 @@ def _bearer_token(headers: Mapping[str, str]) -> str | None:
 class Hold:
     """A frozen API call: `arrived` is set when it comes in, `release` lets it answer.
 
-    `unless`: a call whose body holds these bytes goes through, and the hold waits for the next.
+    `unless`: a call whose body holds these bytes goes through, and the hold waits for the next;
+    `only`: a call whose body does not hold these bytes goes through.
     """
 
     arrived: threading.Event
     release: threading.Event
     unless: bytes | None = None
+    only: bytes | None = None
+
+    def passes(self, raw: bytes) -> bool:
+        """Whether a call with body `raw` goes through (the hold then waits for the next)."""
+        if self.unless is not None and _mentions(raw, self.unless):
+            return True
+        return self.only is not None and not _mentions(raw, self.only)
 
 
 class FakeSlackAPI:
@@ -756,7 +764,7 @@ class FakeSlackAPI:
         method = url.path[len("/api/") :].strip("/")
         with self._cond:
             hold = self._holds.get(method)
-            if hold is not None and hold.unless is not None and _mentions(raw, hold.unless):
+            if hold is not None and hold.passes(raw):
                 hold = None  # let this one through; the hold waits for the next
             elif hold is not None:
                 del self._holds[method]
@@ -826,13 +834,19 @@ class FakeSlackAPI:
             finally:
                 self._cond.notify_all()
 
-    def hold_next(self, method: str, *, unless: str | None = None) -> Hold:
+    def hold_next(self, method: str, *, unless: str | None = None, only: str | None = None) -> Hold:
         """Freeze the next call of `method` until `hold.release` is set; `hold.arrived` tells when.
 
         `unless`: calls whose body holds this text are let through (say, a message that always
-        comes first), and the hold waits for the next call.
+        comes first), and the hold waits for the next call. `only`: calls whose body does not hold
+        this text are let through (say, to freeze one particular update).
         """
-        hold = Hold(threading.Event(), threading.Event(), unless.encode() if unless else None)
+        hold = Hold(
+            threading.Event(),
+            threading.Event(),
+            unless.encode() if unless else None,
+            only.encode() if only else None,
+        )
         with self._cond:
             self._holds[method] = hold
         return hold

@@ -45,6 +45,7 @@ class Saved:
 class FinishResult:
     next_run: str | None  # the run queued next in the thread, now marked active
     history_saved: bool
+    retry_claimed: bool = False  # not ended: its failure's Retry was claimed first (`finish`)
 
 
 # KEYS[1] lease, KEYS[2] run record, KEYS[3] active set, KEYS[4] stop request. ARGV[1] token,
@@ -84,13 +85,17 @@ return false
 # KEYS[1] lease, KEYS[2] run record, KEYS[3] active set, KEYS[4] thread lock, KEYS[5] waiting list,
 # KEYS[6] requester's runs, KEYS[7] channel's runs, KEYS[8] thread history. ARGV[1] token,
 # ARGV[2] record, ARGV[3] TTL s, ARGV[4] run id, ARGV[5] now, ARGV[6] history ('' for none),
-# ARGV[7] the history seq the run continued, ARGV[8] history TTL s.
+# ARGV[7] the history seq the run continued, ARGV[8] history TTL s. KEYS[9] the Retry claim of a
+# failed run's failure (ARGV[9] '1'; else any key, unread).
 # The end of a run, in one fenced step: its record, the thread's history (only if no newer run saved
 # one since this run began), the thread handed to the next run (marked active, so it is started even
-# if the enqueue is lost), and the run no longer counted or driven.
+# if the enqueue is lost), and the run no longer counted or driven. A failure whose Retry was claimed
+# before this step (its card reached Slack before this record with its ts) is not ended: the record
+# is written, and the lease, the thread and the claim's counts stay, for its driver to retry it.
 _FINISH = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, '', 0} end
 redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+if ARGV[9] == '1' and redis.call('EXISTS', KEYS[9]) == 1 then return {2, '', 0} end
 local saved = 0
 if ARGV[6] ~= '' then
   local seq = tonumber(redis.call('HGET', KEYS[8], 'seq') or '0')
@@ -251,8 +256,13 @@ class RunStore(StorePart):
         *,
         history: tuple[dict[str, Any], ...] | None,
         ttl: int = FINISHED_RUN_TTL,
+        failure_ts: str | None = None,
     ) -> FinishResult | None:
-        """End the run (see `_FINISH`); None when `token` no longer holds its lease."""
+        """End the run (see `_FINISH`); None when `token` no longer holds its lease.
+
+        `failure_ts`: the card of the failure that ends the run; if its Retry was claimed already,
+        the run is not ended (`FinishResult.retry_claimed`) and its driver keeps it, to retry it.
+        """
         payload = b""
         if history is not None:
             text = json.dumps({"version": HISTORY_VERSION, "messages": list(history)}, ensure_ascii=False)
@@ -266,6 +276,7 @@ class RunStore(StorePart):
             Keys.user_runs(record.team, record.requester),
             Keys.channel_runs(record.team, record.channel),
             Keys.history(*record.thread),
+            Keys.retry_claim(record.run_id, failure_ts) if failure_ts else Keys.lease(record.run_id),
         ]
         args: list[Any] = [
             token,
@@ -276,10 +287,13 @@ class RunStore(StorePart):
             payload,
             record.history_seq,
             THREAD_TTL,
+            "1" if failure_ts else "0",
         ]
         ok, nxt, saved = self._script(_FINISH)(keys=keys, args=args)
         if not ok:
             return None
+        if ok == 2:
+            return FinishResult(None, False, retry_claimed=True)
         return FinishResult(as_text(nxt) or None, bool(saved))
 
     def orphans(self, older_than: float, queued: Callable[[str], bool]) -> list[str]:
