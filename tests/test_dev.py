@@ -179,6 +179,14 @@ def dev_env(tmp_path: Path) -> Iterator[dict[str, str]]:
 
 
 @pytest.fixture
+def given_redis() -> Iterator[RedisServer]:
+    """A Redis to give as REDIS_URL (so that none is started): `workers.dev` refuses one not answering."""
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
 def run_dev(tmp_path: Path) -> Iterator[Callable[..., Dev]]:
     """Starts `workers.dev` in tmp_path; afterwards kills what is left of it and of the pids it reported."""
     started: list[Dev] = []
@@ -307,13 +315,13 @@ def test_private_redis_serves_the_children_and_ctrl_c_stops_everything_in_order(
 
 
 def test_a_child_that_exits_stops_the_others_and_exits_1_naming_it(
-    dev_env: dict[str, str], run_dev: Callable[..., Dev]
+    dev_env: dict[str, str], run_dev: Callable[..., Dev], given_redis: RedisServer
 ) -> None:
-    dev_env["REDIS_URL"] = "redis://127.0.0.1:1/0"  # given, so no Redis is started
+    dev_env["REDIS_URL"] = given_redis.url  # given, so no Redis is started
     dev_env["HARNESS_DEV_WEB_CMD"] = python_cmd("print('leaving', flush=True)")
     dev = run_dev(dev_env)
 
-    worker_pid = int(dev.line(r"worker \| up redis://127\.0\.0\.1:1/0 (\d+)$").group(1))
+    worker_pid = int(dev.line(rf"worker \| up {re.escape(given_redis.url)} (\d+)$").group(1))
 
     assert dev.finish() == 1
     assert re.search(r"\bweb\b.*exited unexpectedly", dev.stderr)
@@ -321,9 +329,9 @@ def test_a_child_that_exits_stops_the_others_and_exits_1_naming_it(
 
 
 def test_sigterm_stops_too_and_a_child_ignoring_it_is_killed_after_the_grace_period(
-    dev_env: dict[str, str], run_dev: Callable[..., Dev]
+    dev_env: dict[str, str], run_dev: Callable[..., Dev], given_redis: RedisServer
 ) -> None:
-    dev_env["REDIS_URL"] = "redis://127.0.0.1:1/0"
+    dev_env["REDIS_URL"] = given_redis.url
     dev_env["HARNESS_DEV_WORKER_CMD"] = python_cmd(STUBBORN_CHILD)
     dev_env["HARNESS_DEV_STOP_TIMEOUT"] = "1"
     dev = run_dev(dev_env)
@@ -497,14 +505,12 @@ def test_the_bot_gets_a_workspace_folder_of_its_own_next_to_the_redis_data(
 
 
 def test_the_workspace_option_and_a_set_harness_workspace(
-    dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev], request: pytest.FixtureRequest
+    dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev], given_redis: RedisServer
 ) -> None:
-    given = RedisServer().start()  # REDIS_URL given (and answering), so no Redis is started
-    request.addfinalizer(given.stop)
-    dev_env["REDIS_URL"] = given.url
+    dev_env["REDIS_URL"] = given_redis.url  # given, so no Redis is started
     elsewhere = tmp_path / "else" / "where"
     dev = run_dev(dev_env, "--workspace", str(elsewhere))
-    assert dev.line(rf"dev  \| using Redis at {re.escape(given.url)}$")
+    assert dev.line(rf"dev  \| using Redis at {re.escape(given_redis.url)}$")
     dev.line(r"worker \| up ")
     assert elsewhere.is_dir()
     assert child_env(tmp_path, "worker")["HARNESS_WORKSPACE"] == str(elsewhere.resolve())
