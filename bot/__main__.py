@@ -95,7 +95,8 @@ def _unreachable(base_url: str, exc: OSError) -> str:
 
 
 def main() -> int:
-    """Check settings, build the app (auth.test runs here, not in Slack's 3 s window), serve."""
+    """Check settings and Redis (exit 2 and one line when one is wrong), build the app (auth.test runs
+    here, not in Slack's 3 s window), serve."""
     logs.configure()  # text, or JSON lines with LOG_FORMAT=json
     logging.getLogger("slack_bolt").setLevel(logging.WARNING)  # it logs whole bodies at INFO
     env = os.environ
@@ -116,6 +117,11 @@ def main() -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     connection = redis_connection()
+    try:  # a Redis that never answers would only show as /healthz 503, request after request
+        connection.ping()
+    except redis.RedisError as exc:
+        print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
+        return 2
     live = LiveConfig(config)  # SIGHUP reads HARNESS_CONFIG again (workers.reload)
     deps = BotDeps(store=Store(connection), queue=make_queue(connection), config=live)
     try:
@@ -131,10 +137,6 @@ def main() -> int:
             return 2
         return 0
     assert signing_secret  # checked above: HTTP mode needs it
-    try:
-        connection.ping()
-    except redis.RedisError as exc:
-        logging.getLogger(__name__).warning("Redis does not answer yet (%s); /healthz says so", exc)
     workers = int(env.get("WEB_CONCURRENCY") or 2 * (os.cpu_count() or 1))
     host = env.get("HOST") or "0.0.0.0"  # `make run` sets 127.0.0.1: a laptop's bot is not a server
     metrics_listener = ((env.get("METRICS_HOST") or host, operators.port),) if operators.port else ()

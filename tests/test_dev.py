@@ -179,6 +179,14 @@ def dev_env(tmp_path: Path) -> Iterator[dict[str, str]]:
 
 
 @pytest.fixture
+def given_redis() -> Iterator[RedisServer]:
+    """A Redis to give as REDIS_URL (so that none is started): `workers.dev` refuses one not answering."""
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
 def run_dev(tmp_path: Path) -> Iterator[Callable[..., Dev]]:
     """Starts `workers.dev` in tmp_path; afterwards kills what is left of it and of the pids it reported."""
     started: list[Dev] = []
@@ -340,13 +348,13 @@ def test_private_redis_serves_the_children_and_ctrl_c_stops_everything_in_order(
 
 
 def test_a_child_that_exits_stops_the_others_and_exits_1_naming_it(
-    dev_env: dict[str, str], run_dev: Callable[..., Dev]
+    dev_env: dict[str, str], run_dev: Callable[..., Dev], given_redis: RedisServer
 ) -> None:
-    dev_env["REDIS_URL"] = "redis://127.0.0.1:1/0"  # given, so no Redis is started
+    dev_env["REDIS_URL"] = given_redis.url  # given, so no Redis is started
     dev_env["HARNESS_DEV_WEB_CMD"] = python_cmd("print('leaving', flush=True)")
     dev = run_dev(dev_env)
 
-    worker_pid = int(dev.line(r"worker \| up redis://127\.0\.0\.1:1/0 (\d+)$").group(1))
+    worker_pid = int(dev.line(rf"worker \| up {re.escape(given_redis.url)} (\d+)$").group(1))
 
     assert dev.finish() == 1
     assert re.search(r"\bweb\b.*exited unexpectedly", dev.stderr)
@@ -354,9 +362,9 @@ def test_a_child_that_exits_stops_the_others_and_exits_1_naming_it(
 
 
 def test_sigterm_stops_too_and_a_child_ignoring_it_is_killed_after_the_grace_period(
-    dev_env: dict[str, str], run_dev: Callable[..., Dev]
+    dev_env: dict[str, str], run_dev: Callable[..., Dev], given_redis: RedisServer
 ) -> None:
-    dev_env["REDIS_URL"] = "redis://127.0.0.1:1/0"
+    dev_env["REDIS_URL"] = given_redis.url
     dev_env["HARNESS_DEV_WORKER_CMD"] = python_cmd(STUBBORN_CHILD)
     dev_env["HARNESS_DEV_STOP_TIMEOUT"] = "1"
     dev = run_dev(dev_env)
@@ -530,11 +538,12 @@ def test_the_bot_gets_a_workspace_folder_of_its_own_next_to_the_redis_data(
 
 
 def test_the_workspace_option_and_a_set_harness_workspace(
-    dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
+    dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev], given_redis: RedisServer
 ) -> None:
-    dev_env["REDIS_URL"] = "redis://127.0.0.1:1/0"  # given, so no Redis is started
+    dev_env["REDIS_URL"] = given_redis.url  # given, so no Redis is started
     elsewhere = tmp_path / "else" / "where"
     dev = run_dev(dev_env, "--workspace", str(elsewhere))
+    assert dev.line(rf"dev  \| using Redis at {re.escape(given_redis.url)}$")
     dev.line(r"worker \| up ")
     assert elsewhere.is_dir()
     assert child_env(tmp_path, "worker")["HARNESS_WORKSPACE"] == str(elsewhere.resolve())
@@ -550,6 +559,73 @@ def test_the_workspace_option_and_a_set_harness_workspace(
     assert not (tmp_path / "ignored").exists() and not (tmp_path / "given").exists()
     dev.proc.send_signal(signal.SIGINT)
     assert dev.finish() == 0
+
+
+PASSWORD = "hunter2-not-to-be-printed"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_a_redis_url_that_does_not_answer_stops_within_seconds_in_one_line_naming_it(
+    host: str, dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
+) -> None:
+    """Issue 23: before, the bot served /healthz 503 for a minute (~500 lines), then `make run`
+    blamed the web process. Now nothing starts, and one line names REDIS_URL without its password."""
+    port = unused_port()
+    dev_env["REDIS_URL"] = f"redis://:{PASSWORD}@{host}:{port}/0"
+    started = time.monotonic()
+    dev = run_dev(dev_env, "--data-dir", str(tmp_path / "data"))
+
+    assert dev.finish(timeout=10) == 2
+    assert time.monotonic() - started < 10
+    lines = dev.stderr.splitlines()
+    assert len(lines) == 1, dev.stderr
+    assert lines[0].startswith(f"REDIS_URL=redis://:***@{host}:{port}/0 does not answer (")
+    assert "start that Redis or correct REDIS_URL" in lines[0]
+    assert PASSWORD not in dev.output()
+    assert dev.lines == []  # neither web nor worker started, so no /healthz 503 lines either
+    assert not (tmp_path / "web.env.json").exists() and not (tmp_path / "worker.env.json").exists()
+    assert not (tmp_path / "data").exists() and not (tmp_path / "workspace").exists()
+
+
+def test_a_redis_url_with_a_wrong_password_is_refused_the_same_way(
+    dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
+) -> None:
+    proc, url = start_private_redis(tmp_path / "data")  # answers, but only to its own password
+    try:
+        port = urlsplit(url).port
+        dev_env["REDIS_URL"] = f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
+        dev = run_dev(dev_env)
+        assert dev.finish(timeout=10) == 2
+        lines = dev.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"REDIS_URL=redis://:***@127.0.0.1:{port}/0 "), lines
+        assert PASSWORD not in dev.output() and dev.lines == []
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("process", ["bot", "workers"])
+def test_the_bot_and_the_worker_alone_exit_2_in_one_line_naming_redis_when_it_does_not_answer(
+    process: str, tmp_path: Path
+) -> None:
+    """What `make run` starts checks Redis itself too: a bot that served /healthz 503 instead would
+    look up and healthy-but-for-Redis to a supervisor restarting it."""
+    from tests.fakes.messages_api import FakeMessagesAPI
+    from tests.fakes.slack_api import FakeSlackAPI
+    from tests.stack import Stack
+
+    url = f"redis://:{PASSWORD}@127.0.0.1:{unused_port()}/0"
+    with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
+        env = Stack(url, slack, model, tmp_path).env(PORT=str(unused_port()))
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", process], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30
+        )
+    assert done.returncode == 2, done.stderr
+    assert time.monotonic() - started < 20
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: cannot reach Redis at REDIS_URL ("), done.stderr
+    assert PASSWORD not in done.stdout + done.stderr and "503" not in done.stdout + done.stderr
 
 
 @pytest.mark.e2e

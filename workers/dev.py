@@ -4,13 +4,13 @@
 ``SLACK_SIGNING_SECRET``, ``SLACK_APP_TOKEN``) it starts the playground too (`python -m playground`:
 a page on http://127.0.0.1:$PORT/ with its own stand-in for Slack, and the offline demo model when
 ``ANTHROPIC_API_KEY`` is not set either or ``PLAYGROUND_MODEL=demo`` asks for it) and points the bot
-and the worker at it. Otherwise it checks the settings first, picks a Redis (``REDIS_URL``, else one
-answering on localhost:6379, else a private ``redis-server`` keeping its data in ``./.redis-data/``,
-with a fresh password per start), gives the bot a workspace folder of its own
-(``HARNESS_WORKSPACE``, else ``./workspace/``, created), starts ``python -m bot`` and ``python -m
-workers`` with ``REDIS_URL`` and ``HARNESS_WORKSPACE`` set, and prefixes their output per line.
-Ctrl-C or SIGTERM stops everything in order (web, worker, then Redis) and exits 0; a child that dies
-on its own stops the others and exits 1.
+and the worker at it. Otherwise it checks the settings first, picks a Redis (``REDIS_URL``, which
+must answer a PING within 2 s, else one answering on localhost:6379, else a private ``redis-server``
+keeping its data in ``./.redis-data/``, with a fresh password per start), gives the bot a workspace
+folder of its own (``HARNESS_WORKSPACE``, else ``./workspace/``, created), starts ``python -m bot``
+and ``python -m workers`` with ``REDIS_URL`` and ``HARNESS_WORKSPACE`` set, and prefixes their
+output per line. Ctrl-C or SIGTERM stops everything in order (web, worker, then Redis) and exits 0;
+a child that dies on its own stops the others and exits 1.
 
 Why not honcho, which reads the Procfile (weighed against honcho 2.0.0's `Manager`): it could
 only take over web and worker, since Redis must be up first and reads its password from stdin and
@@ -49,6 +49,10 @@ from pathlib import Path
 from typing import IO, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
 from playground import bind_problem, url_host
 from workers import logs
 
@@ -57,6 +61,7 @@ DEFAULT_DATA_DIR = Path(".redis-data")
 DEFAULT_WORKSPACE = Path("workspace")
 STOP_TIMEOUT = 10.0
 REDIS_START_TIMEOUT = 10.0
+REDIS_CHECK_TIMEOUT = 2.0
 POLL_INTERVAL = 0.1
 SLACK_SETTINGS = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN")
 PLAYGROUND_PORT = 3000
@@ -92,6 +97,10 @@ DEMO_MODEL_KEY = "playground-demo-model"  # the SDK insists on a key; the demo m
 BAD_PLAYGROUND_MODEL = (
     "PLAYGROUND_MODEL={value}: the only value is demo (the offline demo model, even with "
     "ANTHROPIC_API_KEY set); unset it to talk to the model ANTHROPIC_API_KEY opens"
+)
+UNREACHABLE_REDIS_URL = (
+    "REDIS_URL={url} does not answer ({error}): start that Redis or correct REDIS_URL "
+    "(unset, `make run` uses the one on localhost:6379 or starts its own)"
 )
 MISSING_REDIS_SERVER = (
     "redis-server is not on PATH and no Redis answers on {probe}: install Redis "
@@ -199,6 +208,28 @@ def resp_command(*args: str) -> bytes:
     """One command in RESP, the protocol Redis speaks."""
     encoded = [arg.encode() for arg in args]
     return f"*{len(args)}\r\n".encode() + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in encoded)
+
+
+def given_redis_problem(url: str, timeout: float = REDIS_CHECK_TIMEOUT) -> str | None:
+    """One line naming REDIS_URL (its password redacted) when that Redis does not answer PING, else None.
+
+    Asked before anything starts, with the client the children use (so TLS, ACL users and Unix
+    sockets count) but a short timeout and no retry: otherwise the bot serves 503 on /healthz and
+    `make run` waits a minute for it, then blames the web process.
+    """
+    try:
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=timeout, socket_timeout=timeout, retry=Retry(NoBackoff(), 0)
+        )
+        with client:
+            client.ping()
+    except (redis.RedisError, OSError, ValueError) as error:
+        reason = str(error) or type(error).__name__
+        password = urlsplit(url).password
+        if password:
+            reason = reason.replace(password, "***")
+        return UNREACHABLE_REDIS_URL.format(url=redact(url), error=reason)
+    return None
 
 
 def parse_probe(value: str | None) -> tuple[str, int]:
@@ -409,6 +440,8 @@ def prepare(env: Mapping[str, str]) -> tuple[Settings | None, list[str]]:
     url = find_redis(env, probe)
     if url is None and shutil.which("redis-server") is None:
         problems.append(MISSING_REDIS_SERVER.format(probe=f"{probe[0]}:{probe[1]}"))
+    if url is not None and env.get("REDIS_URL", "").strip() and (unreachable := given_redis_problem(url)):
+        problems.append(unreachable)  # found on the probe, it has just answered
     bind = bind_problem(env.get("HOST", ""), env.get("PORT") or PLAYGROUND_PORT)
     if wants_playground(env) and bind:
         problems.append(bind)  # the playground on every interface: anyone could click Approve
@@ -585,7 +618,8 @@ def run(
 def main(argv: Sequence[str] | None = None, *, commands: Mapping[str, Sequence[str]] | None = None) -> int:
     """Run web, worker and maybe a private Redis until Ctrl-C (0) or until one of them dies (1).
 
-    Exits 2, having started nothing, when a setting or redis-server is missing. `commands`
+    Exits 2, having started nothing, when a setting or redis-server is missing or REDIS_URL does
+    not answer. `commands`
     replaces the web and worker commands (as do ``HARNESS_DEV_WEB_CMD`` / ``HARNESS_DEV_WORKER_CMD``).
     """
     args = parse_args(argv)
