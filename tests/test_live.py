@@ -144,3 +144,15 @@ def test_a_refused_stream_is_not_taken_for_refused_tasks_and_asked_again(slack: 
     assert live.seal() is None
     assert live.refused == {"stream"}  # … yet the stream was refused, not the tasks: no second try
     assert len(stream_writes(slack)) == 1
+
+
+def test_a_message_opened_and_sealed_in_one_batch_still_stops_a_pace_later(slack: FakeSlackAPI) -> None:
+    client_root = root(slack)
+    live = view(slack, client_root)
+    live.streams.pacer.note(CHANNEL, client_root)  # a post just went out: the first write waits its turn
+    live(TextWritten("all of it at once"))
+    live.seal()  # sealed before the first write: start and stop come from one batch
+    wait_until(lambda: slack.streams() and not slack.streams()[0]["streaming"])
+    start, stop = stream_writes(slack)
+    assert (start.method, stop.method) == ("chat.startStream", "chat.stopStream")
+    assert stop.at - start.at >= 0.3

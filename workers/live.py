@@ -206,7 +206,9 @@ class LiveMessage:
                     self.ts = str(opened["ts"])
                     self._cond.notify_all()
                 self._opened(self.ts)
-                if last:
+                if last:  # opened and done in one batch: the stop still waits its turn
+                    self.pacer.note(self.channel, self.thread_ts)
+                    self.pacer.wait(self.channel, self.thread_ts)
                     self.slack.chat_stopStream(channel=self.channel, ts=self.ts)
             elif last:
                 self.slack.chat_stopStream(
