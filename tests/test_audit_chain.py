@@ -238,7 +238,7 @@ def test_without_audit_dir_redis_trims_by_count(store: Store, redis_url: str) ->
 
 
 _MIRROR_THEN_HANG = """
-import sys, time, redis
+import signal, sys, redis
 from pathlib import Path
 from workers import audit_files
 from workers.store import Store
@@ -246,7 +246,7 @@ from workers.store import Store
 def step(name):
     if name == sys.argv[3]:
         print(name, flush=True)
-        time.sleep(3600)
+        signal.pause()  # held at this step until the test, having read its name, SIGKILLs it
 
 store = Store(redis.Redis.from_url(sys.argv[1]))
 audit_files.mirror(store, Path(sys.argv[2]), "doomed", step=step, lease=1.0)

@@ -74,7 +74,7 @@ def samples(stack: Stack, model: BatchModel) -> dict[str, list[float]]:
             for card in found[:-1]:
                 assert stack.click(card, "approve") == 200
             wait_until(lambda: idle(conn), 20, 0.005)
-        time.sleep(0.05)
+        time.sleep(0.05)  # a pause between samples (the worker is idle already), not a synchronisation
         sent = time.perf_counter()
         assert stack.click(found[-1], "approve" if action == "last" else action) == 200
         acked = time.perf_counter()
