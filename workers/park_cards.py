@@ -37,8 +37,9 @@ def redraw_open(svc: Services, record: RunRecord) -> None:
         return
     votes = svc.store.votes(run_id, park_id)
     open_calls = [c for c in calls.values() if c.id in record.cards and c.awaiting]
+    decided_before = svc.store.cards_updated(run_id, park_id)
     for call_id, ts in record.cards.items():
-        if call_id in svc.store.cards_updated(run_id, park_id):
+        if call_id in decided_before:
             continue
         if call_id == LIMIT_CALL:
             msg = limit_card(svc, record, votes.get(call_id, ()))
