@@ -292,6 +292,9 @@ def at_limit(stack: Stack, marker: str, user: str, *then: Any) -> tuple[str, str
         reply(tool_use("list_files", {"path": "."})),
         *then,
     )
+    # `max_runs_per_user` is 1 here and a run counts until its end, which comes just after its
+    # answer is posted: an earlier test's run may still count for a moment after its last check.
+    stack.settled()
     _, ts, _ = stack.mention(f"{marker}: read, then list", channel=channel, user=user)
     return channel, ts, wait_post(stack, channel, ts, has_button("continue"))
 
