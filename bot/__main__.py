@@ -16,7 +16,8 @@ from bot.app import create_app
 from bot.listening import BotDeps
 from bot.web import serve, wsgi_app
 from harness.config import ConfigError, load_config
-from workers import logs
+from workers import logs, metrics
+from workers.connection import RedisTarget
 from workers.reload import LiveConfig, reload_into
 from workers.services import SettingsError, make_queue, redis_connection, slack_client
 from workers.store import Store
@@ -109,6 +110,7 @@ def main() -> int:
         if not app_token and not signing_secret:
             raise SettingsError(MISSING_SIGNING_SECRET)
         operators = OperatorAccess.from_env(env, bot_port=port)
+        connection = redis_connection()
     except (ConfigError, SettingsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -116,14 +118,14 @@ def main() -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    connection = redis_connection()
     try:  # a Redis that never answers would only show as /healthz 503, request after request
         connection.ping()
     except redis.RedisError as exc:
-        print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
+        print(f"error: cannot reach Redis at {RedisTarget.from_env().describe()} ({exc})", file=sys.stderr)
         return 2
     live = LiveConfig(config)  # SIGHUP reads HARNESS_CONFIG again (workers.reload)
-    deps = BotDeps(store=Store(connection), queue=make_queue(connection), config=live)
+    store = metrics.count_shortfalls(Store(connection))
+    deps = BotDeps(store=store, queue=make_queue(connection), config=live)
     try:
         app = create_app(deps, client=client, signing_secret=signing_secret)
     except SlackApiError as exc:

@@ -47,6 +47,7 @@ from workers import (
     status,
     tracing,
 )
+from workers.connection import RedisTarget
 from workers.driver import lease_seconds
 from workers.health import WORKER_TTL
 from workers.reload import Hangup, reload, servers_kept
@@ -219,7 +220,7 @@ def work() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except redis.RedisError as exc:
-        print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
+        print(redis_problem(exc), file=sys.stderr)
         return 2
     try:
         servers = svc.config.resolved_servers()
@@ -361,6 +362,13 @@ def _relayed(svc: Services, relay: RelayServer) -> Catalog:
     return svc.catalog.with_host(client)
 
 
+def redis_problem(exc: Exception) -> str:
+    """One line on why Redis cannot be used: its settings, or where it was looked for (no password)."""
+    if isinstance(exc, SettingsError):
+        return f"error: {exc}"
+    return f"error: cannot reach Redis at {RedisTarget.from_env().describe()} ({exc})"
+
+
 def audit(limit: int, *, feedback: bool = False, calls: bool = False) -> int:
     """Print the newest `limit` entries of the decisions' audit (or, `feedback`, of the answers'
     feedback; `calls`, of the calls' tier decisions), one line each whatever its kind (`workers.audit`)."""
@@ -370,8 +378,8 @@ def audit(limit: int, *, feedback: bool = False, calls: bool = False) -> int:
             entries = store.feedback_entries(limit)
         else:
             entries = store.call_entries(limit) if calls else store.audit_entries(limit)
-    except redis.RedisError as exc:
-        print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
+    except (redis.RedisError, SettingsError) as exc:
+        print(redis_problem(exc), file=sys.stderr)
         return 2
     for line in audit_lines.lines(entries, feedback=feedback):
         print(line)
@@ -401,8 +409,8 @@ def _audit_read() -> tuple[Any, Any, Any] | None:
         store = Store(redis_connection())
         links, copies = audit_files.collect(store, audit_files.directory_from_env())
         return links, copies, store.audit_head()
-    except redis.RedisError as exc:
-        print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
+    except (redis.RedisError, SettingsError) as exc:
+        print(redis_problem(exc), file=sys.stderr)
     except OSError as exc:
         print(f"error: cannot read HARNESS_AUDIT_DIR ({exc})", file=sys.stderr)
     return None
@@ -435,8 +443,8 @@ def replay_draft(path: str, days: float) -> int:
             tally.add(result)
             if result.changed:
                 print(result.line())
-    except redis.RedisError as exc:
-        print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
+    except (redis.RedisError, SettingsError) as exc:
+        print(redis_problem(exc), file=sys.stderr)
         return 2
     print(tally.summary())
     return 0
@@ -452,8 +460,8 @@ def print_status() -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except redis.RedisError as exc:
-        print(f"error: cannot reach Redis at REDIS_URL ({exc})", file=sys.stderr)
+    except (redis.RedisError, SettingsError) as exc:
+        print(redis_problem(exc), file=sys.stderr)
         return 2
     return 0
 

@@ -145,8 +145,9 @@ class Driver:
 
     # --- writes ---------------------------------------------------------------------------------
 
-    def save(self, *, ttl: int = FINISHED_RUN_TTL, **changes: Any) -> None:
-        """Write the run with `changes` (fenced by the lease), outbox included."""
+    def save(self, *, ttl: int = FINISHED_RUN_TTL, promise: str | None = None, **changes: Any) -> None:
+        """Write the run with `changes` (fenced by the lease), outbox included. `promise`: what rests
+        on this write (a call's write-ahead mark), which then waits for a replica (`Store.save`)."""
         if _COURIERS_OWN.intersection(changes):
             self.collect()
         record = replace(self.record, **changes)
@@ -154,7 +155,9 @@ class Driver:
         if self.lost:
             raise LostLease(self.run_id)
         store = self.svc.store
-        saved = store.save(record, self.token, self.seconds, ttl=ttl, beside=beside, encoder=self._encoder)
+        saved = store.save(
+            record, self.token, self.seconds, ttl=ttl, beside=beside, encoder=self._encoder, promise=promise
+        )
         if not saved:
             raise LostLease(self.run_id)
         self.record = record

@@ -282,7 +282,7 @@ def _agent(svc: Services, driver: Driver) -> Agent:
     """The agent a driver steps with: every call marked started durably first, a Stop heard at once."""
 
     def write_ahead(marked: RunState, call: PendingCall) -> None:
-        driver.save(state=marked.to_json())  # raises LostLease before the call could run twice
+        driver.save(state=marked.to_json(), promise="write_ahead")  # LostLease: the call never runs twice
 
     def stop_check() -> Stop | None:
         if driver.stop_requested() is None:

@@ -45,7 +45,8 @@ from harness.policy import Tier
 from harness.state import PendingCall, RunState, Verdict
 from harness.valves import Valve
 from workers import gauges
-from workers.store import DAY, Accepted, Beside, Keys
+from workers.store import DAY, Accepted, Beside, Keys, Store
+from workers.store.replicas import PROMISES
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,12 @@ DECISIONS = Family(
     "tool (SERVER__* for an MCP server's) and the run's profile; counted when the run goes on.",
     {"verdict": VERDICTS, "tool": TOOL_LABEL, "profile": PROFILE_LABEL},
 )
+REPLICA_SHORTFALLS = Family(
+    "harness_replica_wait_shortfalls",
+    "Writes a promise rests on (a mention accepted, a decision, a Stop, a call's write-ahead mark, a run's "
+    "end) that no replica acknowledged within HARNESS_REPLICA_WAIT_MS: on the Redis master only.",
+    {"write": PROMISES},
+)
 FAMILIES = (
     RUNS,
     TURNS,
@@ -206,6 +213,7 @@ FAMILIES = (
     WAIT_SECONDS,
     EXPIRATIONS,
     DECISIONS,
+    REPLICA_SHORTFALLS,
 )
 
 
@@ -253,6 +261,12 @@ def _failed(what: str, exc: Exception) -> None:
         return
     _Warned.done = True
     log.warning("metrics: cannot record %s (%s); going on without it (said once per process)", what, exc)
+
+
+def count_shortfalls(store: Store) -> Store:
+    """Have `store` count its writes no replica acknowledged in time (`workers.store.replicas`)."""
+    store.replicas.shortfall = lambda promise: incr(store.redis, REPLICA_SHORTFALLS, write=promise)
+    return store
 
 
 def incr(connection: redis.Redis, family: Family, amount: int = 1, **labels: Any) -> None:

@@ -33,6 +33,7 @@ from slack_sdk.http_retry.builtin_handlers import (
 from harness.client import make_client
 from harness.config import Config, load_config
 from harness.tools.catalog import Catalog
+from workers import connection, metrics
 from workers.live import LiveStreams
 from workers.slack_http import KeepAliveWebClient
 from workers.store import DAY, QueuedJob, RunRecord, Store
@@ -40,7 +41,6 @@ from workers.store import DAY, QueuedJob, RunRecord, Store
 log = logging.getLogger(__name__)
 
 QUEUE_NAME = "harness"
-DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 DEFAULT_SLACK_API_URL = "https://slack.com/api/"
 RUN_JOB_TIMEOUT = 3600  # a whole run between two parks: (max_turns + 1) requests with retries
 MESSAGE_EVENT_TYPE = "harness_message"  # Slack message metadata that names a run's post
@@ -190,13 +190,14 @@ def tls_context() -> ssl.SSLContext:
 
 
 def redis_connection(env: Mapping[str, str] | None = None) -> redis.Redis:
-    env = os.environ if env is None else env
-    return redis.Redis.from_url(
-        env.get("REDIS_URL") or DEFAULT_REDIS_URL,
-        socket_timeout=10,
-        socket_connect_timeout=5,
-        health_check_interval=30,
-    )
+    """This process's Redis client: `REDIS_URL`, or the master of `REDIS_SENTINELS` (`workers.connection`).
+
+    Raises `SettingsError` (one line) when those settings cannot be used.
+    """
+    try:
+        return connection.connect(env)
+    except connection.RedisSettingsError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,7 @@ class Services:
         connection = connection or redis_connection(env)
         config = load_config(env=env)
         return cls(
-            store=Store(connection),
+            store=metrics.count_shortfalls(Store(connection)),
             queue=make_queue(connection),
             slack=slack_client(env),
             config=config,

@@ -169,7 +169,7 @@ class AdmissionStore(StorePart):
             *(counters.get(outcome, "") for outcome in Accepted),  # in the order the script reads them
             *job.fields,
         ]
-        return Accepted(as_text(self._script(_ACCEPT)(keys=keys, args=args)))
+        return Accepted(as_text(self._promise(_ACCEPT, keys, args, "mention")))
 
     def first_delivery(self, team: str, event_id: str) -> bool:
         """True once per Slack event delivery (`SET NX` on its dedup mark): retries are absorbed."""
@@ -203,7 +203,7 @@ class AdmissionStore(StorePart):
             RUN_COUNT_HORIZON,
             record.run_id,
         ]
-        return Accepted(as_text(self._script(_CLAIM_RETRY)(keys=keys, args=args)))
+        return Accepted(as_text(self._promise(_CLAIM_RETRY, keys, args, "retry")))
 
     def retry_claimed_by(self, run_id: str, failure_ts: str) -> str | None:
         raw = self.redis.get(Keys.retry_claim(run_id, failure_ts))

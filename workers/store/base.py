@@ -4,11 +4,14 @@ a write that rides on a run's next save (made by the parts and by `workers.metri
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 from redis.commands.core import Script
+
+from workers.store.replicas import Replicas
 
 
 def as_text(value: Any) -> str:
@@ -38,6 +41,7 @@ class StorePart:
     def __init__(self, connection: redis.Redis) -> None:
         self.redis = connection
         self._scripts: dict[str, Script] = {}  # by source: each registered once, on first use
+        self.replicas = Replicas(connection)
 
     def _script(self, source: str) -> Script:
         """`source` registered with the connection: sent by its SHA (EVALSHA), loaded again by
@@ -46,3 +50,8 @@ class StorePart:
         if registered is None:
             registered = self._scripts[source] = self.redis.register_script(source)
         return registered
+
+    def _promise(self, source: str, keys: Sequence[Any], args: Sequence[Any], promise: str) -> Any:
+        """`source`'s answer, as `_script`, for a write a promise rests on: it waits (boundedly) until
+        a replica has it when the master has one (`replicas.Replicas`)."""
+        return self.replicas.run(self._script(source), keys, args, promise)

@@ -384,7 +384,7 @@ class ParkStore(StorePart):
         keys, args = _decide_call(
             run_id, park_id, call_id, decision, audit, now, fingerprint, required, grant
         )
-        return _decide_result(self._script(_DECIDE)(keys=keys, args=args))
+        return _decide_result(self._promise(_DECIDE, keys, args, "decision"))
 
     def decide_each(
         self,
@@ -405,7 +405,11 @@ class ParkStore(StorePart):
                     run_id, park_id, call_id, decision, audit, now, fingerprint, required, None
                 )
                 script(keys=keys, args=args, client=pipe)
-            return [_decide_result(raw) for raw in pipe.execute()]
+            waited = self.replicas.waits(pipe)
+            answers = pipe.execute()
+        if waited:
+            self.replicas.check(answers.pop(), "decision")
+        return [_decide_result(raw) for raw in answers]
 
     def votes(self, run_id: str, park_id: int) -> dict[str, tuple[str, ...]]:
         """Who has approved each call of the park so far (calls that need a quorum)."""

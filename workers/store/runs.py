@@ -173,11 +173,13 @@ class RunStore(StorePart):
         ttl: int = FINISHED_RUN_TTL,
         beside: Sequence[Beside] = (),
         encoder: RecordEncoder | None = None,
+        promise: str | None = None,
     ) -> Saved:
         """Save `record` if `token` still holds its lease (renewing it); falsy when it does not.
 
         `beside`: writes sent in the same round trip (a step's metrics), applied whatever the save's
-        outcome. `encoder`: the run's, which packs its conversation a message at a time.
+        outcome. `encoder`: the run's, which packs its conversation a message at a time. `promise`:
+        what rests on this save (a call's write-ahead mark): it then waits for a replica (`_promise`).
         """
         keys = [
             Keys.lease(record.run_id),
@@ -194,9 +196,10 @@ class RunStore(StorePart):
             record.run_id,
         ]
         if not beside:
-            ok, stop = self._script(_SAVE)(keys=keys, args=args)
+            save = self._script(_SAVE)
+            ok, stop = self.replicas.run(save, keys, args, promise) if promise else save(keys=keys, args=args)
         else:
-            ok, stop = self._with_besides(self._script(_SAVE), keys, args, beside)
+            ok, stop = self._with_besides(self._script(_SAVE), keys, args, beside, promise)
         return Saved(bool(ok), as_text(stop) or None)
 
     def write_besides(self, besides: Sequence[Beside]) -> None:
@@ -208,7 +211,12 @@ class RunStore(StorePart):
                 log.warning("%s was not recorded (%s)", b.what, exc)
 
     def _with_besides(
-        self, script: Script, keys: list[str], args: list[Any], besides: Sequence[Beside]
+        self,
+        script: Script,
+        keys: list[str],
+        args: list[Any],
+        besides: Sequence[Beside],
+        promise: str | None = None,
     ) -> Any:
         """`script`'s answer, the `besides` sent in the same round trip (one pipeline of EVALSHAs).
 
@@ -221,11 +229,18 @@ class RunStore(StorePart):
         with self.redis.pipeline(transaction=False) as pipe:
             for registered, k, a, _ in calls:
                 pipe.evalsha(registered.sha, len(k), *k, *a)
+            waited = promise is not None and self.replicas.waits(pipe)
             answers = pipe.execute(raise_on_error=False)
+        acked = answers.pop() if waited else None
+        if waited and promise is not None and not isinstance(answers[0], NoScriptError):
+            self.replicas.check(acked, promise)
         for i, (registered, k, a, what) in enumerate(calls):
             if isinstance(answers[i], NoScriptError):
                 try:
-                    answers[i] = registered(keys=list(k), args=list(a))  # loads it, then sends it
+                    if i == 0 and promise is not None:  # sent again with a WAIT of its own
+                        answers[i] = self.replicas.run(registered, k, a, promise)
+                    else:
+                        answers[i] = registered(keys=list(k), args=list(a))  # loads it, then sends it
                 except redis.RedisError as exc:
                     answers[i] = exc
             if what is not None and isinstance(answers[i], Exception):
@@ -239,7 +254,7 @@ class RunStore(StorePart):
     def request_stop(self, run_id: str, by: str, ttl: int = DAY) -> str | None:
         """Ask `run_id` to stop on behalf of `by`: None if this is the first Stop, else who pressed first."""
         keys = [Keys.stop_request(run_id), Keys.active()]
-        first = self._script(_REQUEST_STOP)(keys=keys, args=[check_id("user", by), ttl, time.time(), run_id])
+        first = self._promise(_REQUEST_STOP, keys, [check_id("user", by), ttl, time.time(), run_id], "stop")
         return as_text(first) if first else None
 
     def stop_requested(self, run_id: str) -> str | None:
@@ -289,7 +304,7 @@ class RunStore(StorePart):
             THREAD_TTL,
             "1" if failure_ts else "0",
         ]
-        ok, nxt, saved = self._script(_FINISH)(keys=keys, args=args)
+        ok, nxt, saved = self._promise(_FINISH, keys, args, "finish")
         if not ok:
             return None
         if ok == 2:
