@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -88,7 +89,7 @@ class SentinelGroup:
 
     def _sees_all(self, port: int) -> bool:
         try:
-            state = redis.Redis(port=port, socket_timeout=1).sentinel_master(MASTER_NAME)
+            state: Any = redis.Redis(port=port, socket_timeout=1).sentinel_master(MASTER_NAME)
         except redis.RedisError:
             return False
         return int(state["num-other-sentinels"]) == 2 and int(state["num-slaves"]) == 1
@@ -111,10 +112,9 @@ class SentinelGroup:
         """The master's port as a sentinel that answers says now."""
         for s in self.sentinels:
             with contextlib.suppress(redis.RedisError):
-                _, port = redis.Redis(port=s.port, socket_timeout=1).sentinel_get_master_addr_by_name(
-                    MASTER_NAME
-                )
-                return int(port)
+                sentinel = redis.Redis(port=s.port, socket_timeout=1)
+                address: Any = sentinel.sentinel_get_master_addr_by_name(MASTER_NAME)
+                return int(address[1])
         raise AssertionError("no sentinel answers")
 
     def url(self, db: int = 0) -> str:

@@ -169,7 +169,7 @@ def test_a_client_goes_on_with_the_new_master_after_a_failover_without_a_restart
         wait_until(lambda: group.master_port() != old, timeout=30)
         client.set("harness:test:after", "2")  # the same client: it asks the sentinels again
         assert redis.Redis.from_url(group.url()).get("harness:test:after") == b"2"
-        assert client.connection_pool.get_master_address()[1] == group.master_port()
+        assert client.connection_pool.get_master_address()[1] == group.master_port()  # type: ignore[attr-defined]
         assert MASTER_NAME in repr(client.connection_pool)
     finally:
         group.stop()
