@@ -358,3 +358,75 @@ def test_a_stream_grows_with_its_tasks_then_settles_with_the_tasks_above_its_blo
         )
         assert above  # … above the settled blocks
         assert message.locator(".edited").count() == 0  # settling a stream is no edit
+
+
+def test_a_persons_mentions_and_links_show_as_slack_shows_them_and_the_bots_quote_of_them_stays_inert(
+    tab: Any, running: Running
+) -> None:
+    """The composer stores what a person types as Slack's client does (a typed @channel is
+    `<!channel>`, a pasted URL `<url>`, a literal < > & escaped, markup a person writes kept), and a
+    person's message shows its mentions and links as Slack does; the bot quoting them stays inert."""
+    expect = pytest.importorskip("playwright.sync_api").expect
+    as_user(tab, ALICE)
+    typed = (
+        "write a note for @channel and <!here> about <http://example.com/plan|the plan>, "
+        "https://example.org/a?b=1&c=2. a < b & c > d <javascript:alert(1)|x> `@everyone <x>`"
+    )
+    tab.fill("#composer", typed)
+    tab.press("#composer", "Enter")
+    parent = tab.locator('#messages .message[data-thread-ts=""]', has_text="write a note for @channel").last
+    parent.wait_for()
+    ts = str(parent.get_attribute("data-ts"))
+    stored = next(m for m in Page(running.url).state()["messages"] if m["ts"] == ts)["text"]
+    assert stored == (
+        "<@U0HARNESS> write a note for <!channel> and <!here> about <http://example.com/plan|the plan>, "
+        "<https://example.org/a?b=1&amp;c=2>. a &lt; b &amp; c &gt; d &lt;javascript:alert(1)|x&gt; "
+        "`@everyone &lt;x&gt;`"
+    )
+    expect(parent.locator(".mention.special")).to_have_text(["@channel", "@here"])
+    expect(parent.locator("a")).to_have_text(["the plan", "https://example.org/a?b=1&c=2"])
+    assert [a.get_attribute("href") for a in parent.locator("a").all()] == [
+        "http://example.com/plan",
+        "https://example.org/a?b=1&c=2",
+    ]
+    expect(parent).to_contain_text(". a < b & c > d <javascript:alert(1)|x>")  # shown as typed
+    expect(parent.locator("code")).to_have_text("@everyone <x>")  # code is never converted
+
+    thread = tab.locator(f'.thread[data-thread="{ts}"]')
+    thread.locator("button[data-action-id=approve]").click()
+    answer = thread.locator(".message.from-bot", has_text="Reading it back")
+    expect(answer).to_contain_text("<!channel> and <!here> about <http://example.com/plan|the plan>")
+    bot_says = thread.locator(".message.from-bot")
+    assert bot_says.locator(".mention.special").count() == 0
+    assert bot_says.locator("a").count() == 0  # the bot's own output links nowhere
+
+
+def test_hostile_markup_in_a_persons_message_is_shown_as_text_and_links_only_to_the_web(
+    browser: Any,
+) -> None:
+    """A person's text as Slack stores it may hold any markup: only http(s) and mailto become links,
+    and nothing in it is ever parsed as HTML."""
+    expect = pytest.importorskip("playwright.sync_api").expect
+    with stand_in("xoxb-browser-hostile") as server, opened(browser, server.playground.base_url) as tab:
+        text = (
+            "<javascript:alert(1)|click me> <http://a.example|&lt;img src=x onerror=window.pwned=1&gt;> "
+            '<http://b.example|<img src=x onerror="window.pwned=2">> <data:text/html,hi|data> '
+            "<mailto:ops@example.com|mail ops> <!channel|&lt;b&gt;all&lt;/b&gt;>"
+        )
+        ts = server.playground.workspace.post_as(ALICE, text, None)["ts"]
+        message = tab.locator(f'#messages .message[data-ts="{ts}"]')
+        expect(message.locator("a")).to_have_count(2)
+        assert tab.evaluate("window.pwned") is None
+        assert tab.locator("#messages img, #messages script, #messages b").count() == 0
+        links = message.locator("a")
+        expect(links).to_have_text(["<img src=x onerror=window.pwned=1>", "mail ops"])
+        assert [a.get_attribute("href") for a in links.all()] == [
+            "http://a.example",
+            "mailto:ops@example.com",
+        ]
+        shown = (
+            "click me <img src=x onerror=window.pwned=1> "
+            + '<http://b.example|<img src=x onerror="window.pwned=2">>'
+        )
+        expect(message).to_contain_text(f"{shown} data mail ops @channel")  # as text, never as HTML
+        expect(message.locator(".mention.special")).to_have_text("@channel")

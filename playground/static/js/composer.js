@@ -1,11 +1,13 @@
 /*
  * Writing to the bot: the channel's message box with its suggestions, and a thread's reply box.
- * What is sent is a mention of the bot (POST /play/mention).
+ * What is sent is a mention of the bot (POST /play/mention), its text as Slack's client stores
+ * what was typed (typed.js).
  */
 
 import { post } from './api.js';
 import { $, button, el } from './dom.js';
 import { app } from './state.js';
+import { storedText } from './typed.js';
 
 const SUGGESTIONS = [
   "Write a note about today's plan",
@@ -24,8 +26,9 @@ function enterSends(e, go) {
 }
 
 async function sendMention(input, sendButton, threadTs) {
-  const text = input.value.trim();
-  if (!text || sendButton.disabled) return;
+  const typed = input.value.trim();
+  if (!typed || sendButton.disabled) return;
+  const text = storedText(typed);
   sendButton.disabled = true;
   const reply = await post('/play/mention', { user: app.user, text, thread_ts: threadTs, channel: app.channel });
   sendButton.disabled = false;
