@@ -60,6 +60,7 @@ from redis.retry import Retry
 
 from playground import bind_problem, url_host
 from workers import logs
+from workers.store.base import as_text
 from workers.store.keys import Keys
 
 DEFAULT_PROBE = ("localhost", 6379)
@@ -404,19 +405,13 @@ def carried_over(url: str) -> str:
         )
         with client:
             active = client.zcard(Keys.active())
-            parked = {as_run(member) for member in client.zrange(Keys.expiries(), 0, -1)}
+            parked = {as_text(park).partition(":")[0] for park in client.zrange(Keys.expiries(), 0, -1)}
     except (redis.RedisError, OSError, ValueError) as error:
         return f"could not count the runs it holds ({type(error).__name__})"
     return (
         f"carried over from earlier starts: {active} run{'s' if active != 1 else ''} queued or running, "
         f"{len(parked)} waiting for approval"
     )
-
-
-def as_run(member: bytes | str) -> str:
-    """The run id of a park (`run:park`, as `Keys.expiries` holds them)."""
-    text = member.decode() if isinstance(member, bytes) else member
-    return text.rsplit(":", 1)[0]
 
 
 def redis_database(url: str) -> str:
