@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -127,9 +126,8 @@ class Bot:
         except urllib.error.HTTPError as exc:
             return Reply(exc.code, _body(exc.read()), exc.headers.get("X-Slack-No-Retry") == "1")
         except OSError as exc:
-            timed_out = isinstance(exc, socket.timeout | TimeoutError) or isinstance(
-                getattr(exc, "reason", None), socket.timeout | TimeoutError
-            )
+            cause = getattr(exc, "reason", exc)  # urllib wraps a connect timeout in URLError
+            timed_out = isinstance(exc, TimeoutError) or isinstance(cause, TimeoutError)
             reason = HTTP_TIMEOUT if timed_out else CONNECTION_FAILED
             raise BotUnreachable(f"the bot at {self.url} does not answer ({exc})", reason) from exc
 
