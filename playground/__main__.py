@@ -80,6 +80,7 @@ def main(env: Mapping[str, str] = os.environ) -> int:
             file=sys.stderr,
         )
         return 2
+    playground.deliveries.watch_start()  # the page says the bot is starting until it answers
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     logging.getLogger(__name__).info("the playground is at %s", base_url)
     try:
@@ -88,6 +89,7 @@ def main(env: Mapping[str, str] = os.environ) -> int:
         pass
     finally:
         server.stopping = True
+        playground.deliveries.stop()
         server.server_close()
     return 0
 

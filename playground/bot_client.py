@@ -3,7 +3,9 @@
 Events (`app_mention`, `app_home_opened`) go as JSON, interactivity (`block_actions`,
 `view_submission`, `view_closed`) as the form field ``payload=<json>``, both to the bot's
 ``/slack/events`` with ``X-Slack-Request-Timestamp`` and ``X-Slack-Signature`` made by
-`slack_sdk`'s `SignatureVerifier` from the same signing secret the bot checks them with.
+`slack_sdk`'s `SignatureVerifier` from the same signing secret the bot checks them with. An event
+sent again (`playground.delivery` retries as Slack does) keeps its `event_id` and carries Slack's
+``X-Slack-Retry-Num`` and ``X-Slack-Retry-Reason``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from playground.slack import APP_ID, BOT_USER_ID, TEAM_ID, Channel, Person
 
 Json = dict[str, Any]
 TIMEOUT_SECONDS = 10.0  # Slack gives up after 3 s; a local bot that is still starting gets longer
+HEALTH_TIMEOUT_SECONDS = 1.0
+# Slack's X-Slack-Retry-Reason values for what the playground can tell apart
+CONNECTION_FAILED = "connection_failed"
+HTTP_TIMEOUT = "http_timeout"
+HTTP_ERROR = "http_error"
 
 
 @dataclass(frozen=True)
@@ -31,10 +38,15 @@ class Reply:
 
     status: int
     body: Any
+    no_retry: bool = False  # the bot answered ``X-Slack-No-Retry: 1``: Slack sends it no more
 
 
 class BotUnreachable(Exception):
-    """The bot did not answer at all (not started yet, or gone)."""
+    """The bot did not answer at all (not started yet, or gone); `reason` as Slack would name it."""
+
+    def __init__(self, message: str, reason: str = CONNECTION_FAILED) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -45,8 +57,12 @@ class Bot:
     signing_secret: str
 
     def send_event(self, event: Json) -> Reply:
-        """An Events API `event_callback` around `event`."""
-        body = {
+        """An Events API `event_callback` around `event`, sent once."""
+        return self.post_event(self.event_callback(event))
+
+    def event_callback(self, event: Json) -> Json:
+        """The Events API `event_callback` around `event`, with an event id of its own."""
+        return {
             "token": "playground",
             "team_id": TEAM_ID,
             "context_team_id": TEAM_ID,
@@ -67,13 +83,26 @@ class Bot:
             ],
             "is_ext_shared_channel": False,
         }
-        return self._post(json.dumps(body), "application/json")
+
+    def post_event(self, callback: Json, retry: tuple[int, str] | None = None) -> Reply:
+        """Send an `event_callback`; `retry` (its number, Slack's reason) when it is sent again."""
+        headers = {"X-Slack-Retry-Num": str(retry[0]), "X-Slack-Retry-Reason": retry[1]} if retry else {}
+        return self._post(json.dumps(callback), "application/json", headers)
+
+    def healthy(self) -> bool:
+        """True when the bot answers ``GET /healthz`` with 200: it listens and its Redis answers."""
+        url = self.url.rsplit("/slack/events", 1)[0] + "/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_SECONDS) as answer:
+                return bool(answer.status == 200)
+        except (OSError, ValueError):
+            return False
 
     def send_interaction(self, payload: Json) -> Reply:
         """An interactivity payload, form-encoded as Slack sends it."""
         return self._post(urlencode({"payload": json.dumps(payload)}), "application/x-www-form-urlencoded")
 
-    def _post(self, body: str, content_type: str) -> Reply:
+    def _post(self, body: str, content_type: str, extra: dict[str, str] | None = None) -> Reply:
         data = body.encode("utf-8")
         stamp = str(int(time.time()))
         signature = (
@@ -88,15 +117,19 @@ class Bot:
                 "X-Slack-Request-Timestamp": stamp,
                 "X-Slack-Signature": signature,
                 "User-Agent": "Slackbot 1.0 (+https://api.slack.com/robots)",
+                **(extra or {}),
             },
         )
         try:
             with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as answer:
                 return Reply(answer.status, _body(answer.read()))
         except urllib.error.HTTPError as exc:
-            return Reply(exc.code, _body(exc.read()))
+            return Reply(exc.code, _body(exc.read()), exc.headers.get("X-Slack-No-Retry") == "1")
         except OSError as exc:
-            raise BotUnreachable(f"the bot at {self.url} does not answer ({exc})") from exc
+            cause = getattr(exc, "reason", exc)  # urllib wraps a connect timeout in URLError
+            timed_out = isinstance(exc, TimeoutError) or isinstance(cause, TimeoutError)
+            reason = HTTP_TIMEOUT if timed_out else CONNECTION_FAILED
+            raise BotUnreachable(f"the bot at {self.url} does not answer ({exc})", reason) from exc
 
 
 def _body(raw: bytes) -> Any:

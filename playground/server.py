@@ -7,7 +7,8 @@ One `ThreadingHTTPServer` (standard library) on 127.0.0.1 answers:
   time it changes); ``GET /play/channels``: each channel's profile, the tools a run there is
   offered and what each demo user may do there (`playground.profiles`);
   ``POST /play/{mention,action,submit,close,home}``: what a person does on the
-  page, turned into the signed request Slack would send the bot (`playground.bot_client`);
+  page, turned into the signed request Slack would send the bot (`playground.bot_client`); an
+  event the bot does not take yet is kept and sent again as Slack would (`playground.delivery`);
 - ``POST /play/respond/<id>``: the `response_url` of a click;
 - ``POST /api/<method>``: the Slack Web API the bot and workers call (`SLACK_API_URL`);
 - ``POST /model/v1/messages``: the offline demo model (`ANTHROPIC_BASE_URL`), when there is no key;
@@ -37,6 +38,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from playground import bot_client, demo_model, demo_stream
 from playground.bot_client import Bot, BotUnreachable
+from playground.delivery import Deliveries
 from playground.slack import BOT_USER_ID, CHANNEL_ID, ApiError, Channel, Person, Workspace
 
 log = logging.getLogger(__name__)
@@ -106,6 +108,10 @@ class Playground:
     # between two pieces of a streamed demo reply's text: words appear as a person watches
     model_pause_seconds: float = demo_stream.PIECE_PAUSE_SECONDS
     _responses: dict[str, ResponseUrl] = field(default_factory=dict)
+    deliveries: Deliveries = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.deliveries = Deliveries(self.bot, self.workspace.touch)
 
     def state(self) -> Json:
         """The page's snapshot: the workspace plus who the people are and which model answers."""
@@ -116,6 +122,7 @@ class Playground:
                 for p in self.workspace.people.values()
             ],
             "model": {"demo": self.demo, "label": self.model_label},
+            "delivery": self.deliveries.status(),
         }
 
     def channels(self) -> Json:
@@ -155,8 +162,8 @@ class Playground:
             message = self.workspace.post_as(person.id, body, thread_ts, where.id)
         except ApiError as exc:
             raise PageError(f"cannot post: {exc.error}") from None
-        self._deliver(lambda: self.bot.send_event(bot_client.app_mention(person, message)))
-        return {"ok": True, "ts": message["ts"]}
+        sent = self._send_event(bot_client.app_mention(person, message), f"{person.real_name}'s message")
+        return {"ok": True, "ts": message["ts"], "delivered": sent}
 
     def action(self, request: Json) -> Json:
         """A click on a button the bot posted: in a message, an ephemeral message, a modal or Home."""
@@ -224,7 +231,7 @@ class Playground:
         """A person opened the app's Home tab."""
         person = self.person(user)
         home = self.workspace.snapshot()["homes"].get(person.id)
-        self._deliver(lambda: self.bot.send_event(bot_client.app_home_opened(person, home)))
+        self._send_event(bot_client.app_home_opened(person, home), f"{person.real_name}'s Home tab opening")
         return {"ok": True}
 
     def respond(self, key: str, body: Json) -> None:
@@ -242,14 +249,25 @@ class Playground:
         self._responses[key] = ResponseUrl(user, channel, message_ts, thread_ts, now + RESPONSE_URL_SECONDS)
         return f"{self.base_url}play/respond/{key}"
 
-    @staticmethod
-    def _deliver(send: Any) -> bot_client.Reply:
+    def _send_event(self, event: Json, what: str) -> bool:
+        """Send an event as Slack does: True when the bot took it, False when it is kept and retried."""
+        reply = self.deliveries.send(event, what)
+        if reply is not None:
+            self._check(reply)
+        return reply is not None
+
+    def _deliver(self, send: Any) -> bot_client.Reply:
+        """Send a click or a modal's submit or close once (Slack does not retry these either)."""
         try:
             reply: bot_client.Reply = send()
         except BotUnreachable as exc:
-            raise PageError(
-                f"{exc}; it may still be starting, or it stopped: see the terminal", 502
-            ) from None
+            if not self.deliveries.answered:
+                raise PageError("the bot is still starting: try again in a moment", 503) from None
+            raise PageError(f"{exc}; it may have stopped: see the terminal", 502) from None
+        return self._check(reply)
+
+    @staticmethod
+    def _check(reply: bot_client.Reply) -> bot_client.Reply:
         if reply.status >= 300:
             raise PageError(f"the bot answered HTTP {reply.status}: {str(reply.body)[:300]}", 502)
         return reply

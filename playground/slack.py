@@ -229,6 +229,11 @@ class Workspace:
                 "homes": {user: self._view_out(entry) for user, entry in self.homes.items()},
             }
 
+    def touch(self) -> None:
+        """Something the page shows besides the workspace changed (the bot's deliveries): wake it."""
+        with self._lock:
+            self._bump()
+
     def wait_change(self, seen: int, timeout: float) -> int:
         """Block until `version` passes `seen` or `timeout` passes; the version then."""
         with self.changed:

@@ -205,6 +205,7 @@ def stand_in(token: str, **workspace_options: Any) -> Iterator[Server]:
         yield server
     finally:
         server.stopping = True
+        play.deliveries.stop()
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)

@@ -775,3 +775,79 @@ def test_python_m_playground_alone_listens_on_the_loopback_address_given(host: s
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def playground_dev_env(dev_env: dict[str, str]) -> dict[str, str]:
+    """`dev_env` with no Slack setting (so the playground, with fake bot and worker) on a free port."""
+    env = {k: v for k, v in dev_env.items() if k not in SETTINGS}
+    env.update(PORT=str(unused_port()), HARNESS_DEV_STOP_TIMEOUT="5")
+    return env
+
+
+def test_the_playground_never_takes_the_redis_on_localhost_and_its_own_keeps_nothing_across_starts(
+    dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
+) -> None:
+    """Issue 23: runs an earlier start left in a machine's Redis blocked the next ones (the
+    playground's Slack forgets their threads, so nobody could decide them)."""
+    machines_own = RedisServer().start()  # unprotected, answering where `make run` probes
+    try:
+        env = playground_dev_env(dev_env)
+        env["HARNESS_DEV_REDIS_PROBE"] = f"127.0.0.1:{machines_own.port}"
+        urls = []
+        for start in range(2):
+            (tmp_path / "web.env.json").unlink(missing_ok=True)
+            dev = run_dev(env, "--data-dir", str(tmp_path / "redis-data"))
+            line = dev.line(
+                r"dev  \| started redis \(pid \d+\) at (redis://\S+) \(password-protected\), (.*)", 30
+            )
+            assert "the playground's own" in line.group(2) and "keeps nothing" in line.group(2)
+            dev.line(r"web  \| up ", 30)
+            url = child_env(tmp_path, "web")["REDIS_URL"]
+            assert urlsplit(url).port != machines_own.port and urlsplit(url).password
+            client = redis.Redis.from_url(url)
+            assert client.dbsize() == 0, f"start {start} found what an earlier one left"
+            client.set("harness:run:left-by-this-start", "1")
+            client.close()
+            urls.append(url)
+            dev.proc.send_signal(signal.SIGINT)
+            assert dev.finish(30) == 0, dev.output()[-3000:]
+        assert urls[0] != urls[1]
+        assert redis.Redis(port=machines_own.port).dbsize() == 0  # the machine's Redis was never written
+        assert not (tmp_path / "redis-data").exists()  # and the playground's own wrote nowhere
+    finally:
+        machines_own.stop()
+
+
+def test_a_redis_url_given_to_the_playground_is_named_on_start_with_the_runs_it_carries_over(
+    dev_env: dict[str, str], run_dev: Callable[..., Dev], given_redis: RedisServer
+) -> None:
+    from workers.store.keys import Keys
+
+    url = given_redis.url.rsplit("/", 1)[0] + "/3"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.zadd(Keys.active(), {"run-a": 1, "run-b": 2})
+    client.zadd(Keys.expiries(), {"run-c:1": 1, "run-c:2": 2, "run-d:1": 3})  # two runs, three parks
+    client.close()
+    env = {**playground_dev_env(dev_env), "REDIS_URL": url}
+    dev = run_dev(env)
+
+    line = dev.line(r"dev  \| using Redis at .*", 30).group(0)
+    assert f"{url} (REDIS_URL), database 3" in line
+    assert "2 runs queued or running, 2 waiting for approval" in line and "unset REDIS_URL" in line
+    dev.proc.send_signal(signal.SIGINT)
+    assert dev.finish(30) == 0
+
+
+def test_the_playground_without_redis_server_on_path_says_it_starts_its_own(
+    dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
+) -> None:
+    env = playground_dev_env(dev_env)
+    env["PATH"] = str(tmp_path)  # no redis-server there
+    dev = run_dev(env)
+
+    assert dev.finish() == 2
+    assert dev.stderr.splitlines() == [
+        "redis-server is not on PATH: the playground starts a Redis of its own; install Redis "
+        "(apt install redis-server / brew install redis) or set REDIS_URL"
+    ]

@@ -472,7 +472,10 @@ def test_one_requester_cannot_flood_the_queue(stack: Stack) -> None:
     _, refused_ts, _ = mentions[5]
     notice = wait_text(stack, "C35", refused_ts, "You already have 5 requests going")
     assert "not started" in notice["text"]
-    assert posts(stack, "C36", mentions[6][1]) == []  # told once a minute, not once a mention
+    assert posts(stack, "C36", mentions[6][1]) == []  # told in a thread once a minute, not once a mention
+    told = wait_until(lambda: [e for e in stack.slack.ephemerals if e["channel"] == "C36"])
+    assert [(e["user"], e["thread_ts"]) for e in told] == [("UFLOOD", mentions[6][1])]
+    assert "You already have 5 requests going" in told[0]["text"]  # but told: never refused silently
     gate.open.set()
     stack.settled()
     count("mentions refused over the per-requester bound", 2)

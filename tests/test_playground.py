@@ -7,6 +7,7 @@ itself). One playground serves the module; every test starts its own thread.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -177,3 +178,35 @@ def test_the_model_the_workers_are_given_streams_the_same_reply_it_answers_whole
     assert streamed.model_dump() == whole.model_dump()
     assert [b.name for b in streamed.content if b.type == "tool_use"] == ["get_time", "list_files"]
     assert len(pieces) > 1 and "".join(pieces) == streamed.content[0].text  # word by word
+
+
+def test_after_a_restart_a_mention_past_the_bound_is_told_why_not_met_with_silence(
+    redis_server: Any, tmp_path: Path
+) -> None:
+    """Issue 23: a restart against a Redis that kept an earlier start's runs (REDIS_URL given). Alice
+    still has her five runs, and was told so in a thread less than a minute ago (before the
+    restart): her next mention got no reply at all. It is told to her now, in a reply only she sees."""
+    import redis
+
+    from playground.slack import TEAM_ID
+    from workers.store.keys import Keys
+
+    url = redis_server.url.rsplit("/", 1)[0] + "/13"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    runs = {f"{'0' * 31}{i}": time.time() - 30 for i in range(5)}
+    client.zadd(Keys.user_runs(TEAM_ID, ALICE), runs)
+    client.expire(Keys.user_runs(TEAM_ID, ALICE), 3600)
+    client.set(Keys.busy_notice(TEAM_ID, ALICE), "1", ex=60)  # told in the earlier start's thread
+    client.close()
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    with playground(url, workspace, cwd=tmp_path) as started:
+        assert "database 13: carried over from earlier starts" in started.output()
+        page = Page(started.url)
+        ts = page.mention(ALICE, "write a note about the restart")
+        told = page.wait(
+            lambda s: [e for e in s["ephemerals"] if e["user"] == ALICE and e["thread_ts"] == ts]
+        )
+        assert "You already have 5 requests going" in told[0]["text"]
+        assert page.thread(ts)[1:] == []  # the thread itself was told within the minute

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,9 +31,11 @@ from tests.playground_support import (
     Page,
     Running,
     playground,
+    playground_env,
     runs_started_by,
     stand_in,
 )
+from tests.stack import free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -430,3 +434,50 @@ def test_hostile_markup_in_a_persons_message_is_shown_as_text_and_links_only_to_
         )
         expect(message).to_contain_text(f"{shown} data mail ops @channel")  # as text, never as HTML
         expect(message.locator(".mention.special")).to_have_text("@channel")
+
+
+# `python -m bot` once the test writes to the FIFO named by argv[1]: the bot starts when the test says.
+GATED_BOT = (
+    "import os, sys\nopen(sys.argv[1]).read()\nos.execv(sys.executable, [sys.executable, '-m', 'bot'])\n"
+)
+
+
+def test_a_mention_typed_while_the_bot_starts_is_kept_then_delivered_and_answered_once(
+    browser: Any, redis_server: Any, tmp_path: Path
+) -> None:
+    """Issue 23: the page answers before the bot does; a mention typed then was lost with an error.
+    Now the page says the bot is starting and the mention reaches it by Slack's first retry."""
+    import redis
+
+    expect = pytest.importorskip("playwright.sync_api").expect
+    url = redis_server.url.rsplit("/", 1)[0] + "/12"  # not the module's: its worker would take our run
+    redis.Redis.from_url(url).flushdb()
+    gate = tmp_path / "bot-gate"
+    os.mkfifo(gate)
+    (tmp_path / "workspace").mkdir()
+    port = free_port()
+    web = shlex.join([sys.executable, "-c", GATED_BOT, str(gate)])
+    env = playground_env(url, tmp_path / "workspace", port, HARNESS_DEV_WEB_CMD=web)
+    started = Running([sys.executable, "-m", "workers.dev"], env, tmp_path, port)
+    try:
+        wait_until(lambda: "dev  | started web" in started.output(), timeout=60)
+        with opened(browser, started.url) as tab:
+            status = tab.locator("#bot-status")
+            expect(status).to_contain_text("The bot is starting")
+            as_user(tab, ALICE)
+            parent = mention(tab, "list the files forever")
+            expect(status).to_contain_text("1 message kept for it: delivered as soon as it answers")
+            expect(tab.locator("#error")).to_be_hidden()
+            expect(tab.locator("#composer")).to_have_value("")  # sent, not left to send again
+            ts = str(parent.get_attribute("data-ts"))
+
+            with gate.open("w") as opening:  # the bot starts now
+                opening.write("go")
+            expect(status).to_be_hidden()
+            stop = tab.locator("#messages [data-ts]", has_text="That took")
+            expect(stop.first).to_be_visible()
+            expect(tab.locator("#error")).to_be_hidden()
+        assert len(runs_started_by(url, ts)) == 1  # delivered once
+        assert sum("That took" in m["text"] for m in Page(started.url).thread(ts)) == 1  # answered once
+    finally:
+        started.stop()

@@ -331,11 +331,12 @@ def test_bad_page_requests_get_a_clear_error_and_change_nothing(
     assert server.playground.workspace.messages == [] and server.playground.workspace.version == 0
 
 
-def test_a_mention_the_bot_cannot_hear_is_posted_and_the_page_says_the_bot_is_down(served: Any) -> None:
+def test_a_mention_the_bot_cannot_hear_is_posted_and_kept_for_slacks_retries(served: Any) -> None:
     server, _, page = served
     status, answer = page.request("POST", "play/mention", {"user": ALICE, "text": "hello"})
-    assert status == 502 and "does not answer" in answer["error"]
+    assert status == 200 and answer["delivered"] is False  # tests/test_playground_delivery.py: the rest
     assert [m["text"] for m in page.state()["messages"]] == [f"<@{BOT_USER_ID}> hello"]
+    assert [k["reason"] for k in page.state()["delivery"]["kept"]] == ["connection_failed"]
 
 
 def test_the_page_is_served_with_a_strict_content_security_policy(served: Any) -> None:

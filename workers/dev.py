@@ -4,9 +4,13 @@
 ``SLACK_SIGNING_SECRET``, ``SLACK_APP_TOKEN``) it starts the playground too (`python -m playground`:
 a page on http://127.0.0.1:$PORT/ with its own stand-in for Slack, and the offline demo model when
 ``ANTHROPIC_API_KEY`` is not set either or ``PLAYGROUND_MODEL=demo`` asks for it) and points the bot
-and the worker at it. Otherwise it checks the settings first, picks a Redis (``REDIS_URL``, which
-must answer a PING within 2 s, else one answering on localhost:6379, else a private ``redis-server``
-keeping its data in ``./.redis-data/``, with a fresh password per start), gives the bot a workspace
+and the worker at it, with a Redis of the playground's own unless ``REDIS_URL`` names one: a private
+``redis-server`` that keeps nothing after the start (the playground's Slack keeps nothing either, so
+runs of an earlier start would only block new ones and list approvals nobody can click); a given
+``REDIS_URL`` is said on start with the runs it carries over. Otherwise it checks the settings first,
+picks a Redis (``REDIS_URL``, which must answer a PING within 2 s, else one answering on
+localhost:6379, else a private ``redis-server`` keeping its data in ``./.redis-data/``), each private
+one with a fresh password per start, gives the bot a workspace
 folder of its own (``HARNESS_WORKSPACE``, else ``./workspace/``, created), starts ``python -m bot``
 and ``python -m workers`` with ``REDIS_URL`` and ``HARNESS_WORKSPACE`` set, and prefixes their
 output per line. Ctrl-C or SIGTERM stops everything in order (web, worker, then Redis) and exits 0;
@@ -40,6 +44,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -55,6 +60,8 @@ from redis.retry import Retry
 
 from playground import bind_problem, url_host
 from workers import logs
+from workers.store.base import as_text
+from workers.store.keys import Keys
 
 DEFAULT_PROBE = ("localhost", 6379)
 DEFAULT_DATA_DIR = Path(".redis-data")
@@ -104,6 +111,11 @@ UNREACHABLE_REDIS_URL = (
 )
 MISSING_REDIS_SERVER = (
     "redis-server is not on PATH and no Redis answers on {probe}: install Redis "
+    "(apt install redis-server / brew install redis) or set REDIS_URL"
+)
+
+MISSING_PLAYGROUND_REDIS = (
+    "redis-server is not on PATH: the playground starts a Redis of its own; install Redis "
     "(apt install redis-server / brew install redis) or set REDIS_URL"
 )
 
@@ -289,9 +301,12 @@ def spawn(
 
 
 def start_private_redis(
-    data_dir: Path, *, output: PrefixedOutput | None = None, attempts: int = 3
+    data_dir: Path, *, output: PrefixedOutput | None = None, attempts: int = 3, keep: bool = True
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start redis-server on 127.0.0.1 and a free port, its data in `data_dir`; wait until it answers.
+
+    With `keep` false it writes nothing to disk (no append-only file, no snapshot): whatever it
+    holds ends with it.
 
     It gets a fresh random password, which it reads from its standard input (``redis-server -``)
     so that it never shows in its command line (``ps``). Returns the process and the
@@ -306,7 +321,8 @@ def start_private_redis(
     for _ in range(attempts):
         port = free_port()
         cmd = [server, "-", "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data_dir.resolve())]
-        cmd += ["--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no"]
+        cmd += ["--appendonly", "yes", "--appendfsync", "everysec"] if keep else ["--appendonly", "no"]
+        cmd += ["--save", "", "--daemonize", "no"]
         child = spawn("redis", cmd, os.environ, output, stdin=f"requirepass {password}\n".encode())
         if _wait_until_answering(child.proc, port, password):
             return child.proc, f"redis://:{password}@127.0.0.1:{port}/0"
@@ -377,6 +393,37 @@ def prepare_workspace(env: Mapping[str, str], default: Path) -> tuple[str, str]:
     return str(default.resolve()), "set HARNESS_WORKSPACE or --workspace to change it"
 
 
+def carried_over(url: str) -> str:
+    """What an earlier start left in the Redis at `url` (runs queued or running, runs waiting for
+    approval), in words; or why it could not be read."""
+    try:
+        client = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=REDIS_CHECK_TIMEOUT,
+            socket_timeout=REDIS_CHECK_TIMEOUT,
+            retry=Retry(NoBackoff(), 0),
+        )
+        with client:
+            active = client.zcard(Keys.active())
+            parked = {as_text(park).partition(":")[0] for park in client.zrange(Keys.expiries(), 0, -1)}
+    except (redis.RedisError, OSError, ValueError) as error:
+        return f"could not count the runs it holds ({type(error).__name__})"
+    return (
+        f"carried over from earlier starts: {active} run{'s' if active != 1 else ''} queued or running, "
+        f"{len(parked)} waiting for approval"
+    )
+
+
+def redis_database(url: str) -> str:
+    """The database number a Redis URL selects (0 when it names none)."""
+    parts = urlsplit(url)
+    path = parts.path.strip("/")
+    for key, value in (pair.split("=", 1) for pair in parts.query.split("&") if "=" in pair):
+        if key == "db":
+            return value
+    return path if path.isdigit() else "0"
+
+
 def redact(url: str) -> str:
     """The URL without its password, for printing."""
     parts = urlsplit(url)
@@ -437,9 +484,12 @@ def prepare(env: Mapping[str, str]) -> tuple[Settings | None, list[str]]:
         stop_timeout = float(env.get("HARNESS_DEV_STOP_TIMEOUT") or STOP_TIMEOUT)
     except (DevError, ValueError) as error:
         return None, [*problems, str(error)]
-    url = find_redis(env, probe)
+    # The playground never takes a Redis found on the probe: that one keeps the runs of earlier
+    # starts, whose threads the playground's Slack (in memory) has forgotten.
+    url = None if wants_playground(env) and not env.get("REDIS_URL", "").strip() else find_redis(env, probe)
     if url is None and shutil.which("redis-server") is None:
-        problems.append(MISSING_REDIS_SERVER.format(probe=f"{probe[0]}:{probe[1]}"))
+        missing = MISSING_PLAYGROUND_REDIS if wants_playground(env) else MISSING_REDIS_SERVER
+        problems.append(missing.format(probe=f"{probe[0]}:{probe[1]}"))
     if url is not None and env.get("REDIS_URL", "").strip() and (unreachable := given_redis_problem(url)):
         problems.append(unreachable)  # found on the probe, it has just answered
     bind = bind_problem(env.get("HOST", ""), env.get("PORT") or PLAYGROUND_PORT)
@@ -566,12 +616,25 @@ def run(
             env["HARNESS_WORKSPACE"], why = prepare_workspace(env, workspace)
             output.say("dev", f"the bot's file tools work in {env['HARNESS_WORKSPACE']} ({why})")
             url = settings.redis_url
-            if url is None:
+            if url is None and settings.playground:
+                # a scratch folder: redis-server needs a --dir, though it writes nothing there
+                scratch = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="playground-redis-")))
+                proc, url = start_private_redis(scratch, output=output, keep=False)
+                redis.append(Child("redis", proc))
+                where = f"at {redact(url)} (password-protected), the playground's own: it keeps nothing"
+                output.say("dev", f"started redis (pid {proc.pid}) {where} after this start")
+            elif url is None:
                 cleanup.enter_context(lock_data_dir(data_dir))
                 proc, url = start_private_redis(data_dir, output=output)
                 redis.append(Child("redis", proc))
                 where = f"at {redact(url)} (password-protected), data in {data_dir}/"
                 output.say("dev", f"started redis (pid {proc.pid}) {where}")
+            elif settings.playground:
+                output.say(
+                    "dev",
+                    f"using Redis at {redact(url)} (REDIS_URL), database {redis_database(url)}: "
+                    f"{carried_over(url)}; unset REDIS_URL for a fresh Redis of the playground's own",
+                )
             else:
                 output.say("dev", f"using Redis at {redact(url)}")
             env["REDIS_URL"] = url

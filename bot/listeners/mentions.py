@@ -3,7 +3,9 @@
 A mention is acked with the run and its job written in one step (deduplicated by Slack's event id,
 or for a DM by its message), then :eyes: (or why it was not started) after Slack has its answer.
 A requester the profile leaves out, or a daily budget already spent, starts nothing: the requester
-gets an ephemeral reply saying why.
+gets an ephemeral reply saying why. A mention past a bound of runs is told so in its thread, at most
+once a minute per requester; within that minute the requester gets it as an ephemeral reply instead:
+no mention is refused silently (Slack's retries of one aside: they are the same mention).
 """
 
 from __future__ import annotations
@@ -119,10 +121,13 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
             Accepted.USER_BUSY: limits.max_runs_per_user,
             Accepted.CHANNEL_BUSY: limits.max_runs_per_channel,
         }
-        if accepted in busy and deps.store.first_busy_notice(team, user):
+        if accepted in busy:
             text = texts.BUSY_USER if accepted is Accepted.USER_BUSY else texts.BUSY_CHANNEL
             said = text.format(requests=plural(busy[accepted], "request"))
-            context["busy_notice"] = (channel, thread_ts, said)
+            if deps.store.first_busy_notice(team, user):
+                context["busy_notice"] = (channel, thread_ts, said)
+            else:  # told in a thread within the minute: this one only to them, never silently
+                context["refusal"] = (channel, thread_ts, user, said, {})
         log.info("app_mention %s in %s: %s", event_id, channel, accepted.value)
 
     return on_mention

@@ -10,7 +10,7 @@
  * values checked in mrkdwn.js (link hrefs are http/https/mailto only). No innerHTML anywhere.
  */
 
-import { followState } from './api.js';
+import { followState, showError } from './api.js';
 import { setPending } from './blocks.js';
 import { onSwitchChannel, renderChannel, showMessage } from './channel.js';
 import { setupComposer } from './composer.js';
@@ -122,6 +122,33 @@ function renderModel(model, channel) {
     : own ? `Model: ${channel.model}` : (model.label || 'Model: unknown');
 }
 
+let lostShown = 0; // how many of the messages the bot never took are in the error strip already
+const plural = (n, word) => `${n} ${word}${n === 1 ? '' : 's'}`;
+
+/** Whether the bot takes what is sent to it: starting, messages kept for Slack-style retries, or
+ * messages it never took (those go to the error strip). Kept messages are delivered by themselves. */
+function renderDelivery(delivery) {
+  const strip = $('bot-status');
+  const kept = delivery.kept || [];
+  let text = '';
+  if (!delivery.bot_answered) {
+    text = kept.length
+      ? `The bot is starting… ${plural(kept.length, 'message')} kept for it: delivered as soon as it answers.`
+      : 'The bot is starting… what you send now is kept and delivered as soon as it answers.';
+  } else if (kept.length) {
+    const next = kept[0];
+    const at = new Date(next.at * 1000).toLocaleTimeString();
+    text = `The bot does not answer (${next.reason}): ${plural(kept.length, 'message')} kept for it; `
+      + `Slack's retry ${next.retry} of ${next.of} goes by ${at}.`;
+  }
+  strip.textContent = text;
+  strip.hidden = !text;
+  const lost = delivery.lost || [];
+  if (lost.length < lostShown) lostShown = 0; // the server restarted
+  for (const item of lost.slice(lostShown)) showError(`${item.what}: ${item.why}`);
+  lostShown = lost.length;
+}
+
 function render() {
   const state = app.state;
   state.messages = state.messages || [];
@@ -139,6 +166,7 @@ function render() {
   $('composer').placeholder = `Message #${channel.name} (Enter to send, Shift+Enter for a new line)`;
   $('sidebar-foot').textContent = `Acting as ${displayName(app.user)}`;
   renderModel(state.model || {}, currentChannel());
+  renderDelivery(state.delivery || { bot_answered: true });
   renderProfile();
   renderChannel();
   renderHome();
