@@ -21,6 +21,8 @@ import pytest
 import redis
 
 from messages import texts
+from tests.sentinel_support import PASSWORD as SENTINEL_PASSWORD
+from tests.sentinel_support import SentinelGroup
 from tests.stack import RedisServer
 from workers.dev import (
     check_settings,
@@ -851,3 +853,39 @@ def test_the_playground_without_redis_server_on_path_says_it_starts_its_own(
         "redis-server is not on PATH: the playground starts a Redis of its own; install Redis "
         "(apt install redis-server / brew install redis) or set REDIS_URL"
     ]
+
+
+def test_make_run_with_sentinels_starts_no_redis_and_hands_them_to_the_bot_and_the_worker(
+    dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
+) -> None:
+    """Issue 23: `make run` takes Redis Sentinel as the bot and the workers do."""
+    group = SentinelGroup().start()
+    try:
+        dev_env.update(group.env(db=4))
+        dev = run_dev(dev_env, "--data-dir", str(tmp_path / "data"))
+        line = dev.line(r"dev  \| using Redis at .*", 30).group(0)
+        assert "REDIS_SENTINELS" in line and "mymaster" in line and SENTINEL_PASSWORD not in line
+        dev.line(r"worker \| up ")
+        seen = json.loads((tmp_path / "worker.env.json").read_text())
+        assert seen["REDIS_SENTINELS"] == group.addresses and seen["REDIS_SENTINEL_MASTER"] == "mymaster"
+        assert not (tmp_path / "data").exists()  # no Redis of its own was started
+        dev.proc.send_signal(signal.SIGINT)
+        assert dev.finish() == 0
+    finally:
+        group.stop()
+
+
+@pytest.mark.parametrize(
+    ("sentinels", "named"),
+    [("127.0.0.1:{port}", "does not answer"), ("not-an-address", "REDIS_SENTINELS must be host:port")],
+)
+def test_sentinels_that_do_not_answer_or_cannot_be_read_stop_make_run_in_one_line(
+    dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev], sentinels: str, named: str
+) -> None:
+    dev_env["REDIS_SENTINELS"] = sentinels.format(port=unused_port())
+    dev_env["REDIS_URL"] = f"redis://:{PASSWORD}@x:1/0"
+    dev = run_dev(dev_env, "--data-dir", str(tmp_path / "data"))
+    assert dev.finish(timeout=15) == 2
+    lines = dev.stderr.splitlines()
+    assert len(lines) == 1 and named in lines[0], dev.stderr
+    assert PASSWORD not in dev.output() and dev.lines == []

@@ -60,6 +60,7 @@ from redis.retry import Retry
 
 from playground import bind_problem, url_host
 from workers import logs
+from workers.connection import DEFAULT_REDIS_URL, RedisSettingsError, RedisTarget
 from workers.store.base import as_text
 from workers.store.keys import Keys
 
@@ -104,6 +105,10 @@ DEMO_MODEL_KEY = "playground-demo-model"  # the SDK insists on a key; the demo m
 BAD_PLAYGROUND_MODEL = (
     "PLAYGROUND_MODEL={value}: the only value is demo (the offline demo model, even with "
     "ANTHROPIC_API_KEY set); unset it to talk to the model ANTHROPIC_API_KEY opens"
+)
+UNREACHABLE_SENTINELS = (
+    "{where} does not answer ({error}): start those sentinels or correct REDIS_SENTINELS and "
+    "REDIS_SENTINEL_MASTER"
 )
 UNREACHABLE_REDIS_URL = (
     "REDIS_URL={url} does not answer ({error}): start that Redis or correct REDIS_URL "
@@ -222,24 +227,49 @@ def resp_command(*args: str) -> bytes:
     return f"*{len(args)}\r\n".encode() + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in encoded)
 
 
-def given_redis_problem(url: str, timeout: float = REDIS_CHECK_TIMEOUT) -> str | None:
-    """One line naming REDIS_URL (its password redacted) when that Redis does not answer PING, else None.
+def names_redis(env: Mapping[str, str]) -> bool:
+    """Whether the settings name a Redis (`REDIS_URL`, or Redis Sentinel's `REDIS_SENTINELS`)."""
+    return bool(env.get("REDIS_URL", "").strip() or env.get("REDIS_SENTINELS", "").strip())
 
-    Asked before anything starts, with the client the children use (so TLS, ACL users and Unix
-    sockets count) but a short timeout and no retry: otherwise the bot serves 503 on /healthz and
-    `make run` waits a minute for it, then blames the web process.
+
+def short_client(
+    url: str, env: Mapping[str, str] | None = None, timeout: float = REDIS_CHECK_TIMEOUT
+) -> redis.Redis:
+    """A client of the Redis the children will use (`url`, or the master `env`'s sentinels name),
+    with a short timeout and no retry: for the checks made before anything starts."""
+    sentinels = {k: v for k, v in (env or {}).items() if k in ("REDIS_SENTINELS", "REDIS_SENTINEL_MASTER")}
+    target = RedisTarget.from_env({**sentinels, "REDIS_URL": url})
+    return target.connect(socket_timeout=timeout, connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
+
+
+def where_is(url: str, env: Mapping[str, str]) -> str:
+    """Where the children's Redis is, for a line of `make run`'s: never its password."""
+    if env.get("REDIS_SENTINELS", "").strip():
+        return RedisTarget.from_env({**env, "REDIS_URL": url}).describe()
+    return redact(url)
+
+
+def given_redis_problem(
+    url: str, timeout: float = REDIS_CHECK_TIMEOUT, env: Mapping[str, str] | None = None
+) -> str | None:
+    """One line naming REDIS_URL (its password redacted), or the sentinels of `env`, when that Redis
+    does not answer PING, else None.
+
+    Asked before anything starts, with the client the children use (so TLS, ACL users, Unix
+    sockets and Sentinel count) but a short timeout and no retry: otherwise the bot serves 503 on
+    /healthz and `make run` waits a minute for it, then blames the web process.
     """
     try:
-        client = redis.Redis.from_url(
-            url, socket_connect_timeout=timeout, socket_timeout=timeout, retry=Retry(NoBackoff(), 0)
-        )
-        with client:
+        with short_client(url, env, timeout) as client:
             client.ping()
     except (redis.RedisError, OSError, ValueError) as error:
         reason = str(error) or type(error).__name__
         password = urlsplit(url).password
         if password:
             reason = reason.replace(password, "***")
+        if env and env.get("REDIS_SENTINELS", "").strip():
+            target = RedisTarget.from_env({**env, "REDIS_URL": url})
+            return UNREACHABLE_SENTINELS.format(where=target.describe(), error=reason)
         return UNREACHABLE_REDIS_URL.format(url=redact(url), error=reason)
     return None
 
@@ -255,9 +285,12 @@ def parse_probe(value: str | None) -> tuple[str, int]:
 
 
 def find_redis(env: Mapping[str, str], probe: tuple[str, int] = DEFAULT_PROBE) -> str | None:
-    """Return the Redis URL to use, or None when a private redis-server has to be started."""
+    """Return the Redis URL to use, or None when a private redis-server has to be started. With
+    Redis Sentinel (`REDIS_SENTINELS`) the URL gives only the password and database."""
     if env.get("REDIS_URL", "").strip():
         return env["REDIS_URL"].strip()
+    if env.get("REDIS_SENTINELS", "").strip():
+        return DEFAULT_REDIS_URL
     host, port = probe
     if redis_answers(host, port):
         return f"redis://{host}:{port}/0"
@@ -393,17 +426,11 @@ def prepare_workspace(env: Mapping[str, str], default: Path) -> tuple[str, str]:
     return str(default.resolve()), "set HARNESS_WORKSPACE or --workspace to change it"
 
 
-def carried_over(url: str) -> str:
-    """What an earlier start left in the Redis at `url` (runs queued or running, runs waiting for
-    approval), in words; or why it could not be read."""
+def carried_over(url: str, env: Mapping[str, str] | None = None) -> str:
+    """What an earlier start left in the Redis at `url` (or the master `env`'s sentinels name):
+    runs queued or running, runs waiting for approval, in words; or why it could not be read."""
     try:
-        client = redis.Redis.from_url(
-            url,
-            socket_connect_timeout=REDIS_CHECK_TIMEOUT,
-            socket_timeout=REDIS_CHECK_TIMEOUT,
-            retry=Retry(NoBackoff(), 0),
-        )
-        with client:
+        with short_client(url, env) as client:
             active = client.zcard(Keys.active())
             parked = {as_text(park).partition(":")[0] for park in client.zrange(Keys.expiries(), 0, -1)}
     except (redis.RedisError, OSError, ValueError) as error:
@@ -486,11 +513,15 @@ def prepare(env: Mapping[str, str]) -> tuple[Settings | None, list[str]]:
         return None, [*problems, str(error)]
     # The playground never takes a Redis found on the probe: that one keeps the runs of earlier
     # starts, whose threads the playground's Slack (in memory) has forgotten.
-    url = None if wants_playground(env) and not env.get("REDIS_URL", "").strip() else find_redis(env, probe)
+    try:
+        RedisTarget.from_env({**env, "REDIS_URL": env.get("REDIS_URL", "").strip() or DEFAULT_REDIS_URL})
+    except RedisSettingsError as error:
+        return None, [*problems, str(error)]
+    url = None if wants_playground(env) and not names_redis(env) else find_redis(env, probe)
     if url is None and shutil.which("redis-server") is None:
         missing = MISSING_PLAYGROUND_REDIS if wants_playground(env) else MISSING_REDIS_SERVER
         problems.append(missing.format(probe=f"{probe[0]}:{probe[1]}"))
-    if url is not None and env.get("REDIS_URL", "").strip() and (unreachable := given_redis_problem(url)):
+    if url is not None and names_redis(env) and (unreachable := given_redis_problem(url, env=env)):
         problems.append(unreachable)  # found on the probe, it has just answered
     bind = bind_problem(env.get("HOST", ""), env.get("PORT") or PLAYGROUND_PORT)
     if wants_playground(env) and bind:
@@ -630,13 +661,16 @@ def run(
                 where = f"at {redact(url)} (password-protected), data in {data_dir}/"
                 output.say("dev", f"started redis (pid {proc.pid}) {where}")
             elif settings.playground:
+                named = "" if env.get("REDIS_SENTINELS", "").strip() else " (REDIS_URL)"
                 output.say(
                     "dev",
-                    f"using Redis at {redact(url)} (REDIS_URL), database {redis_database(url)}: "
-                    f"{carried_over(url)}; unset REDIS_URL for a fresh Redis of the playground's own",
+                    f"using Redis at {where_is(url, env)}{named}, database {redis_database(url)}: "
+                    f"{carried_over(url, env)}; unset REDIS_URL for a fresh Redis of the playground's own",
                 )
             else:
-                output.say("dev", f"using Redis at {redact(url)}")
+                output.say(
+                    "dev", f"using Redis at {RedisTarget.from_env({**env, 'REDIS_URL': url}).describe()}"
+                )
             env["REDIS_URL"] = url
             env.setdefault("PYTHONUNBUFFERED", "1")  # so that the children's lines show up as they come
             env.setdefault("HOST", "127.0.0.1")  # a laptop's bot listens on loopback unless told otherwise
