@@ -52,7 +52,7 @@ def test_sentinels_are_read_with_the_password_and_database_of_redis_url() -> Non
     assert target.sentinels == (("10.0.0.1", 26379), ("::1", 26380)) and target.master == "mymaster"
     assert "pw" not in target.describe() and "REDIS_SENTINELS" in target.describe()
     plain = RedisTarget.from_env({"REDIS_URL": "redis://:secret@db:6379/2"})
-    assert not plain.uses_sentinel and plain.describe() == "REDIS_URL=redis://:***@db:6379/2"
+    assert not plain.uses_sentinel and plain.describe() == "REDIS_URL"
 
 
 @pytest.mark.parametrize(

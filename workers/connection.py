@@ -73,11 +73,11 @@ class RedisTarget:
         return bool(self.sentinels)
 
     def describe(self) -> str:
-        """Where Redis is, for a log line or an error: never its password."""
+        """Which setting says where Redis is, for an error: never its password."""
         if self.uses_sentinel:
             where = ",".join(f"{host}:{port}" for host, port in self.sentinels)
             return f"the master {self.master!r} of Redis Sentinel at {where} (REDIS_SENTINELS)"
-        return f"REDIS_URL={redact(self.url)}"
+        return "REDIS_URL"
 
     def connect(
         self,

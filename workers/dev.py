@@ -668,9 +668,7 @@ def run(
                     f"{carried_over(url, env)}; unset REDIS_URL for a fresh Redis of the playground's own",
                 )
             else:
-                output.say(
-                    "dev", f"using Redis at {RedisTarget.from_env({**env, 'REDIS_URL': url}).describe()}"
-                )
+                output.say("dev", f"using Redis at {where_is(url, env)}")
             env["REDIS_URL"] = url
             env.setdefault("PYTHONUNBUFFERED", "1")  # so that the children's lines show up as they come
             env.setdefault("HOST", "127.0.0.1")  # a laptop's bot listens on loopback unless told otherwise
