@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 import time
@@ -59,6 +60,7 @@ from workers.services import (
     make_queue,
     redis_connection,
 )
+from workers.slots import Slots
 from workers.store import DAY, RunStatus, Store
 
 log = logging.getLogger("workers.watchdog")
@@ -241,6 +243,7 @@ def work() -> int:
     try:
         kind = horses.worker_class_name()
         limits = horses.Limits.from_env()
+        slots = horses.concurrency(kind)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -266,7 +269,7 @@ def work() -> int:
         if kind == "prefork":
             scheduler = RQScheduler([svc.queue], connection=svc.store.redis, serializer=JSONSerializer)
             supervisor = horses.Supervisor(
-                lambda: _serve_horse(jobs.services(), limits), svc.store.redis, scheduler
+                lambda: _serve_horse(jobs.services(), limits, slots), svc.store.redis, scheduler
             )
             Hangup(lambda: _reload(supervisor.replace_horse)).install()
             supervisor.run()
@@ -322,16 +325,25 @@ def _serve(svc: Services, worker_class: type[horses.HarnessWorker | horses.Harne
         backoff = min(backoff * 2, 10.0)
 
 
-def _serve_horse(svc: Services, limits: horses.Limits) -> int:
-    """A prefork horse's life: work the queue until asked to stop or until `limits` says leave."""
+def _serve_horse(svc: Services, limits: horses.Limits, slots: int = 1) -> int:
+    """A prefork horse's life: work the queue until asked to stop or until `limits` says leave,
+    driving up to `slots` jobs at once (`workers.slots`); it leaves only once they have ended."""
     worker = horses.HarnessHorseWorker(
         [svc.queue], connection=svc.store.redis, serializer=JSONSerializer, worker_ttl=WORKER_TTL
     )
     worker.limits = limits
+    if slots > 1:
+        worker.slots = Slots(slots)
+        worker.death_penalty_class = horses.SlotDeathPenalty
     # Traces are set up here, after the fork and before the first job: the exporter's thread is the
     # horse's own from the start, not a thread a job left behind (which would replace the horse).
     tracing.current()
     worker.work(logging_level="INFO")  # RQ's scheduler runs in the worker process, beside the horse
+    if worker.slots is not None:  # a warm stop or a leave (a cold stop raises past this: it is cold)
+        if worker.slots.busy:
+            log.info("work horse %d leaves once its %d running jobs end", os.getpid(), worker.slots.busy)
+        worker.slots.wait_idle()
+        worker.slots.close()
     if worker.stop_requested:
         return horses.exit_status(None)
     return horses.exit_status(worker.leaving or horses.LOOP)

@@ -24,6 +24,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC
 from types import FrameType
 from typing import Any
 
@@ -31,16 +32,24 @@ import redis
 from rq import SimpleWorker, Worker
 from rq.exceptions import StopRequested
 from rq.scheduler import RQScheduler
+from rq.timeouts import TimerDeathPenalty
 from rq.worker import WorkerStatus
 
 from harness.tools.registry import IDLE_LANE
 from workers import logs, metrics, tracing
+from workers.slots import Slots
 
 log = logging.getLogger("workers.horses")
 
 CLASSES = ("prefork", "fork", "simple")
 DEFAULT_CLASS = "prefork"
 DEFAULT_MAX_RSS_MB = 1024
+# Jobs one prefork horse drives at once (see workers/slots.py and README "Workers"): a run waiting
+# on the model costs a thread, not a process. 16 keeps a horse's blast radius (runs re-driven after
+# it dies) small while one horse tree serves hundreds of waiting runs per GiB.
+DEFAULT_CONCURRENCY = 16
+MAX_CONCURRENCY = 256
+HEARTBEAT_WAIT = 15.0  # seconds a full horse waits for a free slot between two of its heartbeats
 RESTART_BACKOFF_MAX = 10.0  # seconds between horses that die young, at most
 SCHEDULER_CHECK_SECONDS = 15  # how often a worker checks that some worker runs RQ's scheduler
 
@@ -102,10 +111,15 @@ class Limits:
         if self.threads is None:
             self.threads = _threads()
 
-    def after_job(self) -> str | None:
-        """Why the horse should go now that a job ended; None: keep it."""
+    def after_job(self, *, quiet: bool = True) -> str | None:
+        """Why the horse should go now that a job ended; None: keep it.
+
+        `quiet`: no other job is running in the horse. Only then can a thread a job left running be
+        told from the threads of the jobs still running (their drivers' heartbeats, outboxes, live
+        messages); a tool call hung past its timeout is seen either way (its lane is renamed).
+        """
         self.jobs += 1
-        if self.threads is not None and _threads() > self.threads:
+        if self.threads is not None and (_hung_lanes() or (quiet and _threads() > self.threads)):
             return THREADS
         if self.max_rss_bytes and resident_bytes() > self.max_rss_bytes:
             return MEMORY
@@ -118,6 +132,52 @@ def _threads() -> int:
     """Threads alive here, not counting idle tool lanes: the registry keeps one per calling thread
     for the process's life, and renames a lane whose call timed out, so a hung tool counts."""
     return sum(1 for t in threading.enumerate() if t.name != IDLE_LANE)
+
+
+def _hung_lanes() -> int:
+    """Tool lanes whose call timed out and never returned (`harness.tools.registry`)."""
+    return sum(1 for t in threading.enumerate() if t.name.startswith(f"{IDLE_LANE} (hung"))
+
+
+def concurrency(kind: str) -> int:
+    """`HARNESS_WORKER_CONCURRENCY`: jobs one horse drives at once, checked. Only a prefork horse
+    has slots: with `fork` or `simple` it must be 1 (or unset)."""
+    raw = os.environ.get("HARNESS_WORKER_CONCURRENCY", "").strip()
+    if not raw:
+        return DEFAULT_CONCURRENCY if kind == "prefork" else 1
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_CONCURRENCY:
+        raise ValueError(
+            f"HARNESS_WORKER_CONCURRENCY must be a whole number from 1 to {MAX_CONCURRENCY}, not {raw!r}"
+        )
+    if int(raw) > 1 and kind != "prefork":
+        raise ValueError(f"HARNESS_WORKER_CONCURRENCY={raw} needs HARNESS_WORKER_CLASS=prefork (not {kind})")
+    return int(raw)
+
+
+def slot_wait(job: Any) -> float | None:
+    """How long `job` waited in the queue for a slot: since it was enqueued (or re-enqueued)."""
+    enqueued = getattr(job, "enqueued_at", None)
+    if enqueued is None:
+        return None
+    return max(0.0, time.time() - enqueued.replace(tzinfo=UTC).timestamp())
+
+
+class SlotDeathPenalty(TimerDeathPenalty):
+    """RQ's job timeout in a slot thread (a signal would reach only the main thread): a timer
+    thread raises the timeout in the job's thread. Named, and joined when the job ends, so that
+    counting a horse's threads never mistakes it for one a tool left behind."""
+
+    def new_timer(self) -> threading.Timer:
+        timer = threading.Timer(self._timeout, self.handle_death_penalty)
+        timer.name = "rq-job-timeout"
+        timer.daemon = True
+        return timer
+
+    def cancel_death_penalty(self) -> None:
+        timer = self._timer
+        super().cancel_death_penalty()
+        if timer is not None:
+            timer.join()
 
 
 def resident_bytes() -> int:
@@ -199,10 +259,16 @@ class HarnessSimpleWorker(_Observed, _StopAware, _PromptUnsubscribe, SimpleWorke
 
 class HarnessHorseWorker(HarnessSimpleWorker):
     """The RQ worker inside a prefork horse: jobs in-process, and it leaves when `limits` says so,
-    or after its job when its worker reloaded the config (SIGHUP, sent by `Supervisor.replace_horse`)."""
+    or after its job when its worker reloaded the config (SIGHUP, sent by `Supervisor.replace_horse`).
+
+    With `slots` (`HARNESS_WORKER_CONCURRENCY` > 1) it drives that many jobs at once, one per slot
+    thread (`workers.slots`): its RQ loop takes a job only when a slot is free, and a horse that
+    must leave takes no more and leaves once its slots are empty, never with a run in it.
+    """
 
     limits: Limits
     leaving: str | None = None
+    slots: Slots | None = None
 
     def _install_signal_handlers(self) -> None:
         super()._install_signal_handlers()
@@ -222,11 +288,38 @@ class HarnessHorseWorker(HarnessSimpleWorker):
         self._stop_requested = True  # RQ's loop checks this before it takes the next job
 
     def execute_job(self, job: Any, queue: Any) -> None:
-        self.limits.before_job()
-        super().execute_job(job, queue)
-        reason = self.limits.after_job()
-        if reason is not None:
-            self._leave(reason)
+        if self.slots is None:
+            self.limits.before_job()
+            super().execute_job(job, queue)
+            reason = self.limits.after_job()
+            if reason is not None:
+                self._leave(reason)
+            return
+        slots = self.slots
+        if not slots.busy:
+            self.limits.before_job()  # the horse's own threads, its slots included, counted idle
+        waited = slot_wait(job)
+        execution = self.prepare_execution(job)  # here, as RQ's forking worker does before its fork
+        slots.submit(lambda: self._drive(job, queue, execution, waited))
+        # The loop dequeues the next job only once a slot is free; meanwhile the worker's key lives.
+        while not slots.wait_free(timeout=HEARTBEAT_WAIT):
+            with contextlib.suppress(redis.RedisError):
+                self.heartbeat()
+
+    def _drive(self, job: Any, queue: Any, execution: Any, waited: float | None) -> None:
+        """One job on a slot thread: RQ's `perform_job`, then whether the horse should leave."""
+        assert self.slots is not None
+        metrics.observe_slot_wait(self.connection, waited, self.slots.busy)
+        try:
+            self.perform_job(job, queue, execution)
+        finally:
+            reason = self.limits.after_job(quiet=self.slots.busy <= 1)
+            if reason is not None:
+                self._leave(reason)
+                # The loop may be waiting for a job: wake it to leave (the SIGHUP handler raises
+                # StopRequested unless a job is being handed to a slot, which checks the flag after).
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGHUP)
 
 
 # A SIGHUP a horse got before its RQ worker started: the worker leaves before its first job.

@@ -188,6 +188,17 @@ DECISIONS = Family(
     "tool (SERVER__* for an MCP server's) and the run's profile; counted when the run goes on.",
     {"verdict": VERDICTS, "tool": TOOL_LABEL, "profile": PROFILE_LABEL},
 )
+SLOT_WAIT = Family(
+    "harness_job_slot_wait_seconds",
+    "Time a job waited in the queue until a worker's slot started it (enqueued, or retried, to start).",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+IN_FLIGHT = Family(
+    "harness_horse_runs_in_flight",
+    "Jobs a work horse was driving at once, itself included, observed as each job started "
+    "(at most HARNESS_WORKER_CONCURRENCY).",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+)
 REPLICA_SHORTFALLS = Family(
     "harness_replica_wait_shortfalls",
     "Writes a promise rests on (a mention accepted, a decision, a Stop, a call's write-ahead mark, a run's "
@@ -214,6 +225,8 @@ FAMILIES = (
     EXPIRATIONS,
     DECISIONS,
     REPLICA_SHORTFALLS,
+    SLOT_WAIT,
+    IN_FLIGHT,
 )
 
 
@@ -275,6 +288,23 @@ def incr(connection: redis.Redis, family: Family, amount: int = 1, **labels: Any
         connection.hincrby(Keys.metric_counters(), counter_field(family, **labels), amount)
     except Exception as exc:  # a figure is never worth a failed run or ack
         _failed(family.name, exc)
+
+
+def observe_slot_wait(connection: redis.Redis, waited: float | None, in_flight: int) -> None:
+    """A job started on a slot: how long it waited for one (None: unknown), and how many jobs its
+    horse drives now, itself included; one round trip."""
+    try:
+        with connection.pipeline(transaction=False) as pipe:
+            observations = [(IN_FLIGHT, float(in_flight))]
+            if waited is not None:
+                observations.append((SLOT_WAIT, max(0.0, waited)))
+            for family, value in observations:
+                bound = next((b for b in family.buckets if value <= b), float("inf"))
+                pipe.hincrby(Keys.metric_counters(), _bucket_field(family, (), bound), 1)
+                pipe.hincrbyfloat(Keys.metric_counters(), _sum_field(family, ()), value)
+            pipe.execute()
+    except Exception as exc:
+        _failed(SLOT_WAIT.name, exc)
 
 
 def observe(connection: redis.Redis, family: Family, seconds: float, **labels: Any) -> None:

@@ -151,17 +151,17 @@ class RelayServer:
 class RelayClient:
     """The hub as seen from a work horse: `listing()` and `call()` over the worker's socket.
 
-    Connects lazily and again in every new process (a fork must not share the parent's socket).
+    One connection per thread, opened lazily and again in every new process (a fork must not
+    share the parent's socket): a horse driving several runs at once (`workers.slots`) makes their
+    MCP calls side by side, each on its own connection, and the relay serves connections
+    concurrently. One run's slow call never holds another's.
     """
 
     def __init__(self, path: str, token: str, call_timeout: float = 3600.0) -> None:
         self.path = path
         self._hello = json.dumps({"op": "hello", "token": token}).encode() + b"\n"
         self._call_timeout = call_timeout
-        self._lock = threading.Lock()
-        self._sock: socket.socket | None = None
-        self._file: Any = None
-        self._pid = 0
+        self._local = threading.local()
 
     def listing(self) -> Listing:
         try:
@@ -188,26 +188,23 @@ class RelayClient:
             return ToolResult(text.format(server=server, name=f"{server}{SEPARATOR}{tool}"), True)
 
     def _ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
-        if self._pid != os.getpid():
-            self._lock = threading.Lock()  # a fork may have copied it held by another thread
-        with self._lock:
-            if self._sock is None or self._pid != os.getpid():
-                self._connect()
-            assert self._sock is not None
-            try:
-                self._sock.settimeout(timeout)
-                self._sock.sendall(json.dumps(request, ensure_ascii=False).encode() + b"\n")
-                line = self._file.readline(_MAX_LINE)
-            except OSError:
-                self._drop()
-                raise
-            if not line:
-                self._drop()
-                raise ConnectionError("the relay closed the connection")
-            answer: dict[str, Any] = json.loads(line)
-            if "error" in answer:
-                raise ValueError(answer["error"])
-            return answer
+        mine = self._local
+        if getattr(mine, "sock", None) is None or mine.pid != os.getpid():
+            self._connect()
+        try:
+            mine.sock.settimeout(timeout)
+            mine.sock.sendall(json.dumps(request, ensure_ascii=False).encode() + b"\n")
+            line = mine.file.readline(_MAX_LINE)
+        except OSError:
+            self._drop()
+            raise
+        if not line:
+            self._drop()
+            raise ConnectionError("the relay closed the connection")
+        answer: dict[str, Any] = json.loads(line)
+        if "error" in answer:
+            raise ValueError(answer["error"])
+        return answer
 
     def _connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -217,12 +214,14 @@ class RelayClient:
         except OSError:
             sock.close()
             raise
-        self._sock, self._file, self._pid = sock, sock.makefile("rb"), os.getpid()
+        mine = self._local
+        mine.sock, mine.file, mine.pid = sock, sock.makefile("rb"), os.getpid()
 
     def _drop(self) -> None:
-        if self._sock is not None and self._pid == os.getpid():
-            self._sock.close()
-        self._sock = self._file = None
+        mine = self._local
+        if getattr(mine, "sock", None) is not None and mine.pid == os.getpid():
+            mine.sock.close()
+        mine.sock = mine.file = None
 
 
 def _peer_uid(sock: Any) -> int | None:
