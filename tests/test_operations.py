@@ -165,6 +165,9 @@ def test_a_scrape_after_a_run_shows_exactly_what_the_run_did(stack: Stack) -> No
         ("harness_click_to_resume_seconds_count", ()): 1,
         ("harness_ack_seconds_count", (("kind", "event"),)): 1,
         ("harness_ack_seconds_count", (("kind", "interaction"),)): 1,
+        # Two jobs (the start, the resume after the click), each started on a free slot.
+        ("harness_job_slot_wait_seconds_count", ()): 2,
+        ("harness_horse_runs_in_flight_count", ()): 2,
     }
     assert moved(before, after) == expected
     assert after[("harness_approvals_pending", ())] == before[("harness_approvals_pending", ())]

@@ -338,7 +338,12 @@ def _serve_horse(svc: Services, limits: horses.Limits, slots: int = 1) -> int:
     # Traces are set up here, after the fork and before the first job: the exporter's thread is the
     # horse's own from the start, not a thread a job left behind (which would replace the horse).
     tracing.current()
-    worker.work(logging_level="INFO")  # RQ's scheduler runs in the worker process, beside the horse
+    try:
+        worker.work(logging_level="INFO")  # RQ's scheduler runs in the worker process, beside the horse
+    except Exception:  # RQ's loop, or its teardown, met an error (Redis away): the runs go on first
+        if worker.slots is None:
+            raise
+        log.exception("the RQ loop of work horse %d stopped on an error", os.getpid())
     if worker.slots is not None:  # a warm stop or a leave (a cold stop raises past this: it is cold)
         if worker.slots.busy:
             log.info("work horse %d leaves once its %d running jobs end", os.getpid(), worker.slots.busy)

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import redis
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
@@ -402,10 +403,19 @@ def view_of(svc: Services, driver: Driver) -> LiveView:
         key = Keys.live(record.run_id)
 
         def opened(ts: str) -> None:  # known before anything can owe its settlement
-            pipe = svc.store.redis.pipeline(transaction=False)
-            pipe.sadd(key, ts)
-            pipe.expire(key, DAY)
-            pipe.execute()
+            try:
+                with svc.store.redis.pipeline(transaction=False) as pipe:
+                    pipe.sadd(key, ts)
+                    pipe.expire(key, DAY)
+                    pipe.execute()
+            except redis.RedisError as exc:  # Redis away (a failover): the stream goes on regardless
+                log.warning(
+                    "run %s: live message %s is not recorded (%s): this driver settles it, but a "
+                    "driver after a crash would not find it to delete",
+                    record.run_id,
+                    ts,
+                    exc,
+                )
 
         where = (record.channel, record.thread_ts, record.team, record.requester)
         driver.live = LiveView(svc.courtesy_slack, svc.live_streams, where, opened=opened)

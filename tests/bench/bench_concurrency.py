@@ -1,0 +1,284 @@
+"""Many runs per worker: `HARNESS_WORKER_CONCURRENCY=1` (one job per horse, as before) side by side
+with the default (16) and with 64, in one run of this benchmark.
+
+A real `python -m bot` and one `python -m workers` per setting, each on its own private
+redis-server; the model stand-in holds every request `HOLD` seconds, as a real model does. Each run
+reads a file (one tool turn), then answers: two requests, about 4 s of waiting.
+
+- **runs per GiB**: `RUNS` runs mentioned at once; the most runs seen waiting on the model at one
+  moment, over the PSS of the whole worker tree (worker, horse, scheduler) at that moment.
+- **wall time** for all of them to answer.
+- **click → resumed request** (p50, p90): with `INFLIGHT` runs waiting on the model, runs parked on
+  an approval are approved one at a time; the time from the click's 200 to the model receiving the
+  resumed run's request.
+- **CPU per tool turn**: the worker tree's CPU time (user + system) over `TURNS` tool turns answered
+  at once by the model, divided by the turns.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from tests.bench.bench_latency import has_actions, post_mention
+from tests.bench.bench_memory import Mem, sample_tree
+from tests.bench.common import percentile, table
+from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_use
+from tests.fakes.slack_api import FakeSlackAPI
+from tests.stack import RedisServer, Stack, descendants, wait_until
+
+COMMAND = ".venv/bin/python -m tests.bench concurrency"
+SETTINGS = (1, 16, 64)
+NOTES = {1: " (one job per horse, as before)", 16: " (the default)"}
+HOLD = 2.0  # seconds the stand-in model holds each request of a held run
+RUNS = 32  # runs mentioned at once for the memory and wall-time figures
+INFLIGHT = 50  # runs waiting on the model while clicks are measured (fewer than the slots)
+CLICKS = 20
+TURNS = 200  # tool turns for the CPU figure (runs of 4 turns, answered at once)
+CONFIG = """\
+[limits]
+max_runs_per_user = 100000
+max_runs_per_channel = 100000
+max_turns = 20
+[approvals]
+approvers = ["UALICE"]
+"""
+_MARKER = re.compile(r"\bk([hpc])(\d+)\b")
+
+
+class Model:
+    """`khN`: reads, then answers, each request held `HOLD` s; `kpN`: a write_file it parks on, then
+    answers at once (its resumed request is timed); `kcN`: four read turns answered at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.waiting = 0
+        self.most = 0
+        self.resumed: dict[int, float] = {}  # kpN -> perf_counter when its resumed request came
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        first = body["messages"][0]["content"]
+        task = first if isinstance(first, str) else " ".join(b.get("text", "") for b in first)
+        found = _MARKER.search(task)
+        assert found, task[:200]
+        kind, n = found.group(1), int(found.group(2))
+        results = sum(
+            1
+            for m in body["messages"]
+            if m["role"] == "user" and isinstance(m["content"], list)
+            for b in m["content"]
+            if b.get("type") == "tool_result"
+        )
+        if kind == "p":
+            if results == 0:
+                return reply(tool_use("write_file", {"path": f"p{n}.md", "content": "x"}))
+            with self.lock:
+                self.resumed[n] = time.perf_counter()
+            return reply(text(f"k{kind}{n} done"))
+        if kind == "c":
+            if results < 4:
+                return reply(tool_use("read_file", {"path": "doc.md"}))
+            return reply(text(f"k{kind}{n} done"))
+        with self.lock:
+            self.waiting += 1
+            self.most = max(self.most, self.waiting)
+        try:
+            time.sleep(HOLD)  # the model thinking: this stand-in's own thread, nobody else's
+        finally:
+            with self.lock:
+                self.waiting -= 1
+        if results == 0:
+            return reply(tool_use("read_file", {"path": "doc.md"}))
+        return reply(text(f"k{kind}{n} done"))
+
+
+class DoneSlack(FakeSlackAPI):
+    def __init__(self) -> None:
+        super().__init__(bot_token="xoxb-test")
+        self.done: set[str] = set()
+
+    def _record_texts(self, text_: str | None, blocks: list[dict[str, Any]] | None) -> None:
+        super()._record_texts(text_, blocks)
+        if text_:
+            self.done.update(re.findall(r"\b(k[hpc]\d+) done\b", text_))
+
+
+@dataclass
+class Rig:
+    stack: Stack
+    slack: DoneSlack
+    model: Model
+    conn: redis.Redis
+    worker_pid: int
+
+
+@contextmanager
+def rig(concurrency: int) -> Iterator[Rig]:
+    server = RedisServer().start()
+    try:
+        with DoneSlack() as slack, FakeMessagesAPI() as api, tempfile.TemporaryDirectory() as tmp:
+            model = Model()
+            api.responder = model
+            env = {"HARNESS_WORKER_CONCURRENCY": str(concurrency), "HARNESS_STREAM_PACE_MS": "0"}
+            stack = Stack(server.url, slack, api, Path(tmp), config=CONFIG, extra_env=env)
+            (stack.workspace / "doc.md").write_text("A line of a document.\n" * 50)
+            try:
+                stack.start_bot()
+                worker = stack.start_worker()
+                yield Rig(stack, slack, model, redis.Redis.from_url(server.url), worker.proc.pid)
+                if api.errors:
+                    raise AssertionError(f"model stand-in saw invalid requests: {api.errors[:3]}")
+            finally:
+                stack.stop()
+    finally:
+        server.cleanup()
+
+
+def mention(rig_: Rig, marker: str) -> str:
+    ts, _, _ = post_mention(rig_.stack, f"C{marker.upper()}", f"{marker}: read the doc")
+    return ts
+
+
+def answered(rig_: Rig, markers: set[str], timeout: float) -> None:
+    assert rig_.slack.wait_for(lambda f: markers <= f.done, timeout), sorted(markers - rig_.slack.done)[:5]
+
+
+def card(rig_: Rig, marker: str, ts: str) -> dict[str, Any] | None:
+    return next((m for m in rig_.stack.slack.messages(f"C{marker.upper()}", ts) if has_actions(m)), None)
+
+
+def cpu_seconds(root: int) -> float:
+    """User + system CPU of `root` and its descendants now (their own, not their reaped children's)."""
+    total = 0.0
+    for pid in [root, *descendants(root)]:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+@dataclass
+class Figures:
+    concurrency: int
+    inflight: int
+    most_waiting: int
+    pss: Mem
+    wall: float
+    click_p50: float
+    click_p90: float
+    cpu_per_turn: float
+
+    @property
+    def per_gib(self) -> float:
+        return self.most_waiting / (self.pss.pss / 1024 / 1024)
+
+
+def measure(concurrency: int) -> Figures:
+    with rig(concurrency) as r:
+        # Memory and wall time: RUNS held runs at once.
+        started = time.monotonic()
+        peak: list[tuple[int, Mem]] = []
+        markers = {f"kh{i}" for i in range(RUNS)}
+        for m in sorted(markers):
+            mention(r, m)
+        deadline = time.monotonic() + RUNS * 2 * HOLD + 60
+        while not markers <= r.slack.done and time.monotonic() < deadline:
+            peak.append((r.model.waiting, sample_tree(r.worker_pid, r.conn).total))
+            time.sleep(0.25)  # a sampling interval, not a synchronisation
+        answered(r, markers, 30)
+        wall = time.monotonic() - started
+        waiting, pss = max(peak, key=lambda p: (p[0], p[1].pss))
+        r.stack.settled(timeout=120)
+
+        # Click → resumed request, INFLIGHT held runs in flight.
+        parked = [f"kp{i}" for i in range(CLICKS)]
+        cards = {}
+        for m in parked:
+            ts = mention(r, m)
+            cards[m] = wait_until(
+                lambda ts=ts, m=m: next(
+                    (x for x in r.stack.slack.messages(f"C{m.upper()}", ts) if has_actions(x)), None
+                ),
+                60,
+            )
+        inflight = min(INFLIGHT, concurrency - 1)  # a slot left for the resume: else it queues
+        held = {f"kh{1000 + i}" for i in range(inflight)}
+        for m in sorted(held):
+            mention(r, m)
+        wait_until(lambda: r.model.waiting >= inflight, 60)
+        delays = []
+        for i, m in enumerate(parked):
+            clicked = time.perf_counter()
+            assert r.stack.click(cards[m], "approve", user="UALICE") == 200
+            wait_until(lambda i=i: i in r.model.resumed, 120)
+            delays.append((r.model.resumed[i] - clicked) * 1000)
+        answered(r, held | {f"kp{i}" for i in range(CLICKS)}, INFLIGHT * 2 * HOLD + 120)
+        r.stack.settled(timeout=120)
+
+        # CPU per tool turn: runs of four read turns, answered at once.
+        before = cpu_seconds(r.worker_pid)
+        cpu_markers = {f"kc{i}" for i in range(TURNS // 4)}
+        for m in sorted(cpu_markers):
+            mention(r, m)
+        answered(r, cpu_markers, 300)
+        r.stack.settled(timeout=120)
+        cpu = (cpu_seconds(r.worker_pid) - before) / TURNS
+        return Figures(
+            concurrency,
+            inflight,
+            waiting,
+            pss,
+            wall,
+            statistics.median(delays),
+            percentile(delays, 90),
+            cpu * 1000,
+        )
+
+
+def run() -> str:
+    figures = [measure(c) for c in SETTINGS]
+    base = figures[0]
+    rows = [
+        [
+            f"{f.concurrency}"
+            + (" (before)" if f.concurrency == 1 else " (default)" if f.concurrency == 16 else ""),
+            f.most_waiting,
+            f"{f.pss.pss / 1024:.1f}",
+            f"{f.per_gib:.0f}",
+            f"{f.wall:.1f}",
+            f"{f.click_p50:.1f} / {f.click_p90:.1f} ({f.inflight} in flight)",
+            f"{f.cpu_per_turn:.2f} ({f.cpu_per_turn / base.cpu_per_turn:.2f}x)",
+        ]
+        for f in figures
+    ]
+    return (
+        "## Many runs per worker\n\n"
+        f"`{COMMAND}`: one worker tree per `HARNESS_WORKER_CONCURRENCY`, the model holding each request "
+        f"{HOLD:.0f} s; {RUNS} runs (a tool turn, then the answer) mentioned at once; clicks with up "
+        f"to {INFLIGHT} runs in flight (a slot left free for the resume); {TURNS} tool turns for CPU.\n\n"
+        + table(
+            [
+                "concurrency",
+                "runs waiting on the model at once",
+                "worker tree PSS (MiB)",
+                "active runs per GiB",
+                f"wall time, {RUNS} runs (s)",
+                "click → resumed request p50 / p90 (ms)",
+                "CPU per tool turn (ms)",
+            ],
+            rows,
+        )
+    )
