@@ -5,8 +5,9 @@ A real `python -m bot` and one `python -m workers` per setting, each on its own 
 redis-server; the model stand-in holds every request `HOLD` seconds, as a real model does. Each run
 reads a file (one tool turn), then answers: two requests, about 4 s of waiting.
 
-- **runs per GiB**: `RUNS` runs mentioned at once; the most runs seen waiting on the model at one
-  moment, over the PSS of the whole worker tree (worker, horse, scheduler) at that moment.
+- **runs per GiB**: as many runs as slots (at least `MIN_RUNS`) mentioned at once; the most runs
+  seen waiting on the model at one moment, over the PSS of the whole worker tree (worker, horse,
+  scheduler) at that moment.
 - **wall time** for all of them to answer.
 - **click → resumed request** (p50, p90): with `INFLIGHT` runs waiting on the model, runs parked on
   an approval are approved one at a time; the time from the click's 200 to the model receiving the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -42,7 +44,8 @@ COMMAND = ".venv/bin/python -m tests.bench concurrency"
 SETTINGS = (1, 16, 64)
 NOTES = {1: " (one job per horse, as before)", 16: " (the default)"}
 HOLD = 2.0  # seconds the stand-in model holds each request of a held run
-RUNS = 32  # runs mentioned at once for the memory and wall-time figures
+MIN_RUNS = 8  # runs mentioned at once (at least; as many as the slots) for memory, wall time, CPU
+IDLE_WINDOW = 5.0  # seconds the idle tree's CPU is measured over
 INFLIGHT = 50  # runs waiting on the model while clicks are measured (fewer than the slots)
 CLICKS = 20
 TURNS = 200  # tool turns for the CPU figure (runs of 4 turns, answered at once)
@@ -54,7 +57,7 @@ max_turns = 20
 [approvals]
 approvers = ["UALICE"]
 """
-_MARKER = re.compile(r"\bk([hpc])(\d+)\b")
+_MARKER = re.compile(r"\bk([hpcw])(\d+)\b")
 
 
 class Model:
@@ -66,6 +69,7 @@ class Model:
         self.waiting = 0
         self.most = 0
         self.resumed: dict[int, float] = {}  # kpN -> perf_counter when its resumed request came
+        self.release = threading.Event()  # lets the kwN runs answer
 
     def __call__(self, body: dict[str, Any]) -> Reply:
         first = body["messages"][0]["content"]
@@ -86,9 +90,18 @@ class Model:
             with self.lock:
                 self.resumed[n] = time.perf_counter()
             return reply(text(f"k{kind}{n} done"))
+        if kind == "w":  # in flight while clicks are measured: held until `release`
+            with self.lock:
+                self.waiting += 1
+            try:
+                self.release.wait(600)
+            finally:
+                with self.lock:
+                    self.waiting -= 1
+            return reply(text(f"k{kind}{n} done"))
         if kind == "c":
-            if results < 4:
-                return reply(tool_use("read_file", {"path": "doc.md"}))
+            if results < 4:  # four different files: the same call again would be no progress
+                return reply(tool_use("read_file", {"path": f"doc{results}.md"}))
             return reply(text(f"k{kind}{n} done"))
         with self.lock:
             self.waiting += 1
@@ -111,7 +124,7 @@ class DoneSlack(FakeSlackAPI):
     def _record_texts(self, text_: str | None, blocks: list[dict[str, Any]] | None) -> None:
         super()._record_texts(text_, blocks)
         if text_:
-            self.done.update(re.findall(r"\b(k[hpc]\d+) done\b", text_))
+            self.done.update(re.findall(r"\b(k[hpcw]\d+) done\b", text_))
 
 
 @dataclass
@@ -132,7 +145,8 @@ def rig(concurrency: int) -> Iterator[Rig]:
             api.responder = model
             env = {"HARNESS_WORKER_CONCURRENCY": str(concurrency), "HARNESS_STREAM_PACE_MS": "0"}
             stack = Stack(server.url, slack, api, Path(tmp), config=CONFIG, extra_env=env)
-            (stack.workspace / "doc.md").write_text("A line of a document.\n" * 50)
+            for name in ("doc.md", "doc0.md", "doc1.md", "doc2.md", "doc3.md"):
+                (stack.workspace / name).write_text("A line of a document.\n" * 50)
             try:
                 stack.start_bot()
                 worker = stack.start_worker()
@@ -174,12 +188,14 @@ def cpu_seconds(root: int) -> float:
 class Figures:
     concurrency: int
     inflight: int
+    runs: int
     most_waiting: int
     pss: Mem
     wall: float
     click_p50: float
     click_p90: float
-    cpu_per_turn: float
+    cpu_per_turn: float  # the model answering after HOLD s, the tree's idle CPU taken out
+    cpu_instant: float  # the model answering at once: every run busy at the same moment
 
     @property
     def per_gib(self) -> float:
@@ -188,20 +204,28 @@ class Figures:
 
 def measure(concurrency: int) -> Figures:
     with rig(concurrency) as r:
-        # Memory and wall time: RUNS held runs at once.
-        started = time.monotonic()
+        # The tree's CPU while idle (watchdog passes, heartbeats), to take out of the figures below.
+        r.stack.settled(timeout=60)
+        idle_from, idle_cpu = time.monotonic(), cpu_seconds(r.worker_pid)
+        time.sleep(IDLE_WINDOW)  # the measuring window itself
+        idle_rate = (cpu_seconds(r.worker_pid) - idle_cpu) / (time.monotonic() - idle_from)
+
+        # Memory, wall time and CPU per tool turn: as many held runs at once as there are slots.
+        runs = max(MIN_RUNS, concurrency)
+        started, cpu_before = time.monotonic(), cpu_seconds(r.worker_pid)
         peak: list[tuple[int, Mem]] = []
-        markers = {f"kh{i}" for i in range(RUNS)}
+        markers = {f"kh{i}" for i in range(runs)}
         for m in sorted(markers):
             mention(r, m)
-        deadline = time.monotonic() + RUNS * 2 * HOLD + 60
+        deadline = time.monotonic() + runs * 2 * HOLD + 60
         while not markers <= r.slack.done and time.monotonic() < deadline:
             peak.append((r.model.waiting, sample_tree(r.worker_pid, r.conn).total))
             time.sleep(0.25)  # a sampling interval, not a synchronisation
         answered(r, markers, 30)
-        wall = time.monotonic() - started
-        waiting, pss = max(peak, key=lambda p: (p[0], p[1].pss))
         r.stack.settled(timeout=120)
+        wall = time.monotonic() - started
+        held_cpu = cpu_seconds(r.worker_pid) - cpu_before - idle_rate * wall
+        waiting, pss = max(peak, key=lambda p: (p[0], p[1].pss))
 
         # Click → resumed request, INFLIGHT held runs in flight.
         parked = [f"kp{i}" for i in range(CLICKS)]
@@ -215,7 +239,7 @@ def measure(concurrency: int) -> Figures:
                 60,
             )
         inflight = min(INFLIGHT, concurrency - 1)  # a slot left for the resume: else it queues
-        held = {f"kh{1000 + i}" for i in range(inflight)}
+        held = {f"kw{i}" for i in range(inflight)}
         for m in sorted(held):
             mention(r, m)
         wait_until(lambda: r.model.waiting >= inflight, 60)
@@ -225,6 +249,7 @@ def measure(concurrency: int) -> Figures:
             assert r.stack.click(cards[m], "approve", user="UALICE") == 200
             wait_until(lambda i=i: i in r.model.resumed, 120)
             delays.append((r.model.resumed[i] - clicked) * 1000)
+        r.model.release.set()
         answered(r, held | {f"kp{i}" for i in range(CLICKS)}, INFLIGHT * 2 * HOLD + 120)
         r.stack.settled(timeout=120)
 
@@ -239,45 +264,53 @@ def measure(concurrency: int) -> Figures:
         return Figures(
             concurrency,
             inflight,
+            runs,
             waiting,
             pss,
             wall,
             statistics.median(delays),
             percentile(delays, 90),
+            held_cpu / runs * 1000,
             cpu * 1000,
         )
 
 
 def run() -> str:
-    figures = [measure(c) for c in SETTINGS]
+    figures = []
+    for c in SETTINGS:
+        figures.append(measure(c))
+        print(f"concurrency {c}: {figures[-1]}", file=sys.stderr, flush=True)
     base = figures[0]
     rows = [
         [
-            f"{f.concurrency}"
-            + (" (before)" if f.concurrency == 1 else " (default)" if f.concurrency == 16 else ""),
-            f.most_waiting,
+            f"{f.concurrency}{NOTES.get(f.concurrency, '')}",
+            f"{f.runs} / {f.most_waiting}",
             f"{f.pss.pss / 1024:.1f}",
             f"{f.per_gib:.0f}",
             f"{f.wall:.1f}",
             f"{f.click_p50:.1f} / {f.click_p90:.1f} ({f.inflight} in flight)",
             f"{f.cpu_per_turn:.2f} ({f.cpu_per_turn / base.cpu_per_turn:.2f}x)",
+            f"{f.cpu_instant:.2f} ({f.cpu_instant / base.cpu_instant:.2f}x)",
         ]
         for f in figures
     ]
     return (
         "## Many runs per worker\n\n"
-        f"`{COMMAND}`: one worker tree per `HARNESS_WORKER_CONCURRENCY`, the model holding each request "
-        f"{HOLD:.0f} s; {RUNS} runs (a tool turn, then the answer) mentioned at once; clicks with up "
-        f"to {INFLIGHT} runs in flight (a slot left free for the resume); {TURNS} tool turns for CPU.\n\n"
+        f"`{COMMAND}`: one worker tree per `HARNESS_WORKER_CONCURRENCY`, side by side in one run. Runs "
+        f"of one tool turn, then the answer, the model holding each request {HOLD:.0f} s, as many mentioned "
+        f"at once as there are slots (at least {MIN_RUNS}); clicks with up to {INFLIGHT} runs in flight (a "
+        f"slot left free for the resume); CPU of the worker tree per tool turn, its idle CPU taken out; "
+        f"and {TURNS} tool turns with the model answering at once (every run busy together).\n\n"
         + table(
             [
                 "concurrency",
-                "runs waiting on the model at once",
+                "runs mentioned / waiting on the model at once",
                 "worker tree PSS (MiB)",
                 "active runs per GiB",
-                f"wall time, {RUNS} runs (s)",
+                "wall time (s)",
                 "click → resumed request p50 / p90 (ms)",
-                "CPU per tool turn (ms)",
+                "CPU per tool turn, model 2 s (ms)",
+                "CPU per tool turn, model instant (ms)",
             ],
             rows,
         )
