@@ -322,3 +322,23 @@ def test_explain_call_reads_the_arguments(tmp_path: Path, model: FakeMessagesAPI
     assert prod.stdout.strip() == "desk__comment\task\tpolicy.default"
     bad = terminal(tmp_path, model, tmp_path / "c.jsonl", "--explain-call", "desk__comment", "{not json")
     assert bad.returncode == 2 and "not a JSON object" in bad.stderr
+
+
+def test_one_runs_slow_mcp_call_does_not_hold_another_runs_call_in_the_same_horse(
+    stack: Stack, desk_log: Path
+) -> None:
+    """Issue 25: runs side by side in one horse each reach the worker's MCP hub on a connection of
+    their own; a shared connection would queue the second run's call behind the first's."""
+    before = len(calls(desk_log))
+    stack.model.script_for(
+        "slowdesk", reply(tool_use("desk__slow", {"seconds": 8})), reply(text("slowdesk done"))
+    )
+    stack.model.script_for(
+        "quickodd", reply(tool_use("odd__echo", {"text": "hi"})), reply(text("quickodd done"))
+    )
+    _, slow_ts, _ = stack.mention("slowdesk: take your time", channel="C930")
+    wait_until(lambda: tools_seen(desk_log)[before:] == ["slow"], timeout=30)  # its call is running
+    _, quick_ts, _ = stack.mention("quickodd: be quick", channel="C931")
+    wait_post(stack, "C931", quick_ts, "quickodd done")
+    assert not any("slowdesk done" in str(m) for m in thread(stack, "C930", slow_ts))  # still in its call
+    wait_post(stack, "C930", slow_ts, "slowdesk done")
