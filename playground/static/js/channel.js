@@ -110,6 +110,9 @@ export function showMessage(ts, channel) {
   const node = $('messages').querySelector(`.message[data-ts="${CSS.escape(ts)}"]`);
   if (!node) return showError(`That message (${ts}) is not in the channel.`);
   node.scrollIntoView({ block: 'center' });
+  // The class marks the message linked to until the next link is followed (its animation runs
+  // once, as it is added): a page slow to look, a test on a loaded machine, still finds it.
+  for (const old of $('messages').querySelectorAll('.message.flash')) old.classList.remove('flash');
+  void node.offsetWidth; // the same message linked to again flashes again
   node.classList.add('flash');
-  setTimeout(() => node.classList.remove('flash'), 1600);
 }
