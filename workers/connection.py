@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import redis
 from redis.connection import SSLConnection, parse_url
@@ -111,18 +111,6 @@ class RedisTarget:
 def connect(env: Mapping[str, str] | None = None, **options: Any) -> redis.Redis:
     """The Redis client of this process, as the environment says (`RedisTarget`)."""
     return RedisTarget.from_env(env).connect(**options)
-
-
-def redact(url: str) -> str:
-    """`url` with its password, if any, shown as ``***``."""
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _address(part: str) -> tuple[str, int]:
