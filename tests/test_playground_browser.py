@@ -69,6 +69,11 @@ def _browser_or_skip() -> Any:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     sync_playwright = _browser_or_skip()
+    from playwright.sync_api import expect
+
+    # expect()'s own default is 5 s, which a loaded CI machine can pass while a process starts:
+    # every expectation here waits as long as any other step, and passes as soon as it holds.
+    expect.set_options(timeout=TIMEOUT_MS)
     with sync_playwright() as p:
         launched = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         yield launched
