@@ -74,7 +74,7 @@ class SentinelGroup:
             args += ["--replicaof", "127.0.0.1", str(master_port)]
         node = self._spawn(role, port, args)
         client = redis.Redis(port=port, password=PASSWORD, socket_connect_timeout=0.5)
-        wait_until(lambda: _answers(client), timeout=10)
+        wait_until(lambda: _answers(client), timeout=30)
         self.nodes.append(node)
         return node
 
@@ -84,7 +84,7 @@ class SentinelGroup:
             proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
         node = Node(role, port, proc, log)
         if role == "sentinel":
-            wait_until(lambda: _answers(redis.Redis(port=port, socket_connect_timeout=0.5)), timeout=10)
+            wait_until(lambda: _answers(redis.Redis(port=port, socket_connect_timeout=0.5)), timeout=30)
         return node
 
     def _sees_all(self, port: int) -> bool:

@@ -66,7 +66,7 @@ def listens_on(root: int, port: int) -> bool | None:
     return False
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.02) -> Any:
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02) -> Any:
     """Poll `predicate` until it returns something truthy; fail with a clear message on timeout."""
     deadline = time.monotonic() + timeout
     while True:
@@ -102,7 +102,7 @@ class RedisServer:
         )
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
-        wait_until(lambda: _pings(client), timeout=10)
+        wait_until(lambda: _pings(client), timeout=30)
         return self
 
     def stop(self) -> None:

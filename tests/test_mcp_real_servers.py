@@ -189,7 +189,7 @@ def test_everything_over_http_gets_its_session_delete_on_close(
     config = config_of(tmp_path, f'[[mcp.servers]]\nname = "ev"\nurl = "{http_everything.url}"\n')
     with McpHub(config.resolved_servers({})) as hub:
         assert not hub.listing().away
-    wait_until(lambda: "Received session termination request" in http_everything.out.read_text(), timeout=10)
+    wait_until(lambda: "Received session termination request" in http_everything.out.read_text(), timeout=30)
 
 
 @needs_everything

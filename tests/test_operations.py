@@ -143,7 +143,7 @@ def test_a_scrape_after_a_run_shows_exactly_what_the_run_did(stack: Stack) -> No
     wait_post(stack, "C701", ts, lambda m: "metrics done" in m["text"])
     stack.settled()
 
-    after = wait_until(lambda: _with_acks(stack, before), timeout=10)
+    after = wait_until(lambda: _with_acks(stack, before), timeout=30)
     kinds = ("input", "output", "cache_creation", "cache_read")
     per_request = dict(zip(kinds, USAGE.values(), strict=True))
     expected: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {
