@@ -16,6 +16,7 @@ from bot.app import create_app
 from bot.listening import BotDeps
 from bot.web import serve, wsgi_app
 from harness.config import ConfigError, load_config
+from messages import text
 from workers import logs, metrics
 from workers.connection import RedisTarget
 from workers.reload import LiveConfig, reload_into
@@ -131,6 +132,7 @@ def main() -> int:
     except SlackApiError as exc:
         print(f"error: {_refused(str(exc.response.get('error')))}", file=sys.stderr)
         return 2
+    text.warm()  # before gunicorn forks: no worker's first card or click pays for it
     if app_token:
         try:
             socket_mode.serve(app, app_token, on_reload=lambda: reload_into(live))

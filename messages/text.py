@@ -25,7 +25,7 @@ import re
 import unicodedata
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, get_args
 
 from harness.texts import plural as plural  # re-exported: counts are said the same everywhere
 from messages import markdown
@@ -117,6 +117,14 @@ def _unseen_bmp(mode: Mode) -> re.Pattern[str]:
 
 
 _ASTRAL = re.compile("[\\U00010000-\\U0010ffff]")
+
+
+def warm() -> None:
+    """Build the tables of hidden characters now: walking the BMP and compiling its classes takes
+    about 100 ms of CPU, once per process. A long-lived process calls this before it forks, so the
+    first card or click each of its children handles does not pay for it."""
+    for mode in get_args(Mode):
+        _unseen_bmp(mode)
 
 
 @functools.lru_cache(maxsize=8192)

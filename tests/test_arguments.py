@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import json
 import re
+import subprocess
+import sys
 import unicodedata
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -35,6 +37,7 @@ from messages.modals import arguments_modal, edit_modal
 from messages.text import escape, visible
 from messages.turns import turn_summary
 from tests.fakes.slack_api import MAX_BLOCKS_JSON_CHARS, MAX_BLOCKS_PER_VIEW, FakeSlackAPI, validate_blocks
+from tests.stack import ROOT
 from tests.test_messages import strings
 
 REQ, APP = "U0REQ", "U0APP"
@@ -484,6 +487,25 @@ def test_visible_covers_every_format_character() -> None:
     assert shown == "".join(f"[U+{ord(ch):04X}]" for ch in every_cf)
     assert visible("line\n\ttab <ok> ✓") == "line\n\ttab <ok> ✓"
     assert visible("\r\x00\x1b\u2028") == "[U+000D][U+0000][U+001B][U+2028]"
+
+
+def test_the_hidden_character_tables_are_built_once_before_a_fork_and_children_inherit_them() -> None:
+    """The bot and the workers call `text.warm()` before forking: building the tables costs about
+    100 ms of CPU, which the first click each gunicorn worker answered used to pay (35 ms late)."""
+    code = (
+        "import os, sys\n"
+        "from messages import text\n"
+        "text.warm()\n"
+        "built = text._unseen_bmp.cache_info().misses\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    for mode in ('block', 'inline', 'answer'):\n"
+        "        assert text.visible_as('a\\u202eb', mode) == 'a[U+202E]b'\n"
+        "    os._exit(0 if text._unseen_bmp.cache_info().misses == built == 3 else 1)\n"
+        "sys.exit(os.waitpid(pid, 0)[1] >> 8)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
 
 
 def test_final_answers_keep_emoji_joiners_but_not_bidi_controls() -> None:

@@ -33,6 +33,7 @@ from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub, guard_forks
 from harness.tools.relay import RelayServer, private_directory
 from harness.tools.sandbox import protect_process
+from messages import text
 from messages.cards import escalation_reminder, expiry_reminder
 from workers import audit as audit_lines
 from workers import (
@@ -255,7 +256,8 @@ def work() -> int:
         svc.store.index_older_parks(time.time())
     except redis.RedisError:
         log.exception("could not index the open parks for the Home tab; they join it when parked again")
-    warm_up()
+    warm_up()  # both before any fork: every horse inherits them ready
+    text.warm()
     stop = threading.Event()
     watch_store = Store(redis_connection())  # its own connection: never shared with a fork
     # The watchdog posts escalation reminders with the worker's client, under the config in force.
