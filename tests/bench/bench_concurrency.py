@@ -10,10 +10,14 @@ reads a file (one tool turn), then answers: two requests, about 4 s of waiting.
   scheduler) at that moment.
 - **wall time** for all of them to answer.
 - **click → resumed request** (p50, p90): with `INFLIGHT` runs waiting on the model, runs parked on
-  an approval are approved one at a time; the time from the click's 200 to the model receiving the
-  resumed run's request.
-- **CPU per tool turn**: the worker tree's CPU time (user + system) over `TURNS` tool turns answered
-  at once by the model, divided by the turns.
+  an approval are approved one at a time, each once the one before has answered; the time from the
+  click's request to the model receiving the resumed run's request.
+- **CPU per tool turn**: the worker tree's CPU time (user + system), its idle CPU taken out, per
+  held run (one tool turn each): runs arriving one every `HOLD` / runs s (a steady stream, as real
+  mentions come), and runs mentioned at once (their requests come back together, so their turns
+  compute together: threads then contend for the GIL). And over `TURNS` tool turns answered at once
+  by the model, divided by the turns: every run busy at the same moment, the worst case; and the
+  same runs one at a time, so that no two compute together: what the slots cost by themselves.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ COMMAND = ".venv/bin/python -m tests.bench concurrency"
 SETTINGS = (1, 16, 64)
 NOTES = {1: " (one job per horse, as before)", 16: " (the default)"}
 HOLD = 2.0  # seconds the stand-in model holds each request of a held run
-MIN_RUNS = 8  # runs mentioned at once (at least; as many as the slots) for memory, wall time, CPU
+MIN_RUNS = 16  # runs mentioned at once (at least; as many as the slots) for memory, wall time, CPU
 IDLE_WINDOW = 5.0  # seconds the idle tree's CPU is measured over
 INFLIGHT = 50  # runs waiting on the model while clicks are measured (fewer than the slots)
 CLICKS = 20
@@ -143,7 +147,7 @@ def rig(concurrency: int) -> Iterator[Rig]:
         with DoneSlack() as slack, FakeMessagesAPI() as api, tempfile.TemporaryDirectory() as tmp:
             model = Model()
             api.responder = model
-            env = {"HARNESS_WORKER_CONCURRENCY": str(concurrency), "HARNESS_STREAM_PACE_MS": "0"}
+            env = {"HARNESS_WORKER_CONCURRENCY": str(concurrency)}  # streams paced as in production
             stack = Stack(server.url, slack, api, Path(tmp), config=CONFIG, extra_env=env)
             for name in ("doc.md", "doc0.md", "doc1.md", "doc2.md", "doc3.md"):
                 (stack.workspace / name).write_text("A line of a document.\n" * 50)
@@ -184,6 +188,24 @@ def cpu_seconds(root: int) -> float:
     return total
 
 
+def cpu_seconds_exact(root: int) -> float:
+    """The CPU of the threads alive now in `root` and its descendants, to the nanosecond
+    (`schedstat`): for the idle tree, whose threads live on. `cpu_seconds` counts in clock ticks
+    (10 ms), too coarse for a tree idling at about 1 ms a second over a few seconds."""
+    total = 0
+    for pid in [root, *descendants(root)]:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+    return total / 1e9
+
+
 @dataclass
 class Figures:
     concurrency: int
@@ -194,38 +216,51 @@ class Figures:
     wall: float
     click_p50: float
     click_p90: float
-    cpu_per_turn: float  # the model answering after HOLD s, the tree's idle CPU taken out
+    cpu_per_turn: float  # the model answering after HOLD s, runs arriving steadily; idle CPU taken out
+    cpu_burst: float  # the same, the runs mentioned at once (their turns all computed together)
     cpu_instant: float  # the model answering at once: every run busy at the same moment
+    cpu_alone: float  # the model answering at once, one run at a time: no two runs compute together
+    idle_ms_per_s: float  # the idle tree's CPU, taken out of the figures with the model at 2 s
 
     @property
     def per_gib(self) -> float:
         return self.most_waiting / (self.pss.pss / 1024 / 1024)
 
 
+def held_round(r: Rig, first: int, runs: int, spacing: float, idle_rate: float) -> tuple[float, float, Any]:
+    """`runs` held runs mentioned `spacing` s apart: (wall time, CPU per run with the idle CPU taken
+    out, (most runs waiting on the model at one moment, the tree's memory then))."""
+    started, cpu_before = time.monotonic(), cpu_seconds(r.worker_pid)
+    peak: list[tuple[int, Mem]] = []
+    markers = {f"kh{first + i}" for i in range(runs)}
+    for i, m in enumerate(sorted(markers)):
+        time.sleep(max(0.0, started + i * spacing - time.monotonic()))  # the arrival pace itself
+        mention(r, m)
+    deadline = time.monotonic() + runs * 2 * HOLD + 60
+    while not markers <= r.slack.done and time.monotonic() < deadline:
+        peak.append((r.model.waiting, sample_tree(r.worker_pid, r.conn).total))
+        time.sleep(0.25)  # a sampling interval, not a synchronisation
+    answered(r, markers, 30)
+    r.stack.settled(timeout=120)
+    wall = time.monotonic() - started
+    cpu = cpu_seconds(r.worker_pid) - cpu_before - idle_rate * wall
+    return wall, cpu / runs, max(peak, key=lambda p: (p[0], p[1].pss))
+
+
 def measure(concurrency: int) -> Figures:
     with rig(concurrency) as r:
         # The tree's CPU while idle (watchdog passes, heartbeats), to take out of the figures below.
         r.stack.settled(timeout=60)
-        idle_from, idle_cpu = time.monotonic(), cpu_seconds(r.worker_pid)
+        idle_from, idle_cpu = time.monotonic(), cpu_seconds_exact(r.worker_pid)
         time.sleep(IDLE_WINDOW)  # the measuring window itself
-        idle_rate = (cpu_seconds(r.worker_pid) - idle_cpu) / (time.monotonic() - idle_from)
+        idle_rate = (cpu_seconds_exact(r.worker_pid) - idle_cpu) / (time.monotonic() - idle_from)
 
-        # Memory, wall time and CPU per tool turn: as many held runs at once as there are slots.
+        # Memory, wall time and CPU per tool turn: as many held runs as there are slots, mentioned
+        # at once (their requests come back together: a burst), then one every HOLD / runs s (a
+        # steady stream, every run still waiting on the model at once after the first HOLD s).
         runs = max(MIN_RUNS, concurrency)
-        started, cpu_before = time.monotonic(), cpu_seconds(r.worker_pid)
-        peak: list[tuple[int, Mem]] = []
-        markers = {f"kh{i}" for i in range(runs)}
-        for m in sorted(markers):
-            mention(r, m)
-        deadline = time.monotonic() + runs * 2 * HOLD + 60
-        while not markers <= r.slack.done and time.monotonic() < deadline:
-            peak.append((r.model.waiting, sample_tree(r.worker_pid, r.conn).total))
-            time.sleep(0.25)  # a sampling interval, not a synchronisation
-        answered(r, markers, 30)
-        r.stack.settled(timeout=120)
-        wall = time.monotonic() - started
-        held_cpu = cpu_seconds(r.worker_pid) - cpu_before - idle_rate * wall
-        waiting, pss = max(peak, key=lambda p: (p[0], p[1].pss))
+        wall, burst_cpu, (waiting, pss) = held_round(r, 0, runs, 0.0, idle_rate)
+        _, steady_cpu, _ = held_round(r, runs, runs, HOLD / runs, idle_rate)
 
         # Click → resumed request, INFLIGHT held runs in flight.
         parked = [f"kp{i}" for i in range(CLICKS)]
@@ -249,6 +284,7 @@ def measure(concurrency: int) -> Figures:
             assert r.stack.click(cards[m], "approve", user="UALICE") == 200
             wait_until(lambda i=i: i in r.model.resumed, 120)
             delays.append((r.model.resumed[i] - clicked) * 1000)
+            answered(r, {m}, 60)  # the next click finds only the held runs in flight, not this one
         r.model.release.set()
         answered(r, held | {f"kp{i}" for i in range(CLICKS)}, INFLIGHT * 2 * HOLD + 120)
         r.stack.settled(timeout=120)
@@ -261,6 +297,16 @@ def measure(concurrency: int) -> Figures:
         answered(r, cpu_markers, 300)
         r.stack.settled(timeout=120)
         cpu = (cpu_seconds(r.worker_pid) - before) / TURNS
+
+        # The same runs one at a time (each mentioned once the one before has answered): no two
+        # runs compute together, so what the slots cost by themselves.
+        before, alone_runs = cpu_seconds(r.worker_pid), TURNS // 8
+        for i in range(alone_runs):
+            m = f"kc{TURNS + i}"
+            mention(r, m)
+            answered(r, {m}, 60)
+        r.stack.settled(timeout=120)
+        alone = (cpu_seconds(r.worker_pid) - before) / (alone_runs * 4)
         return Figures(
             concurrency,
             inflight,
@@ -270,8 +316,11 @@ def measure(concurrency: int) -> Figures:
             wall,
             statistics.median(delays),
             percentile(delays, 90),
-            held_cpu / runs * 1000,
+            steady_cpu * 1000,
+            burst_cpu * 1000,
             cpu * 1000,
+            alone * 1000,
+            idle_rate * 1000,
         )
 
 
@@ -290,7 +339,9 @@ def run() -> str:
             f"{f.wall:.1f}",
             f"{f.click_p50:.1f} / {f.click_p90:.1f} ({f.inflight} in flight)",
             f"{f.cpu_per_turn:.2f} ({f.cpu_per_turn / base.cpu_per_turn:.2f}x)",
+            f"{f.cpu_burst:.2f} ({f.cpu_burst / base.cpu_burst:.2f}x)",
             f"{f.cpu_instant:.2f} ({f.cpu_instant / base.cpu_instant:.2f}x)",
+            f"{f.cpu_alone:.2f} ({f.cpu_alone / base.cpu_alone:.2f}x)",
         ]
         for f in figures
     ]
@@ -299,8 +350,10 @@ def run() -> str:
         f"`{COMMAND}`: one worker tree per `HARNESS_WORKER_CONCURRENCY`, side by side in one run. Runs "
         f"of one tool turn, then the answer, the model holding each request {HOLD:.0f} s, as many mentioned "
         f"at once as there are slots (at least {MIN_RUNS}); clicks with up to {INFLIGHT} runs in flight (a "
-        f"slot left free for the resume); CPU of the worker tree per tool turn, its idle CPU taken out; "
-        f"and {TURNS} tool turns with the model answering at once (every run busy together).\n\n"
+        f"slot left free for the resume), each once the one before has answered; CPU of the worker tree "
+        f"per tool turn, its idle CPU taken out, with as many runs arriving one every {HOLD:.0f} s / runs "
+        f"(steadily) and mentioned at once (a burst); and {TURNS} tool turns with the model answering at "
+        f"once (every run busy together), then {TURNS // 2} one run at a time (none together).\n\n"
         + table(
             [
                 "concurrency",
@@ -309,8 +362,10 @@ def run() -> str:
                 "active runs per GiB",
                 "wall time (s)",
                 "click → resumed request p50 / p90 (ms)",
-                "CPU per tool turn, model 2 s (ms)",
+                "CPU per tool turn, model 2 s, runs arriving steadily (ms)",
+                "CPU per tool turn, model 2 s, runs mentioned at once (ms)",
                 "CPU per tool turn, model instant (ms)",
+                "CPU per tool turn, model instant, one run at a time (ms)",
             ],
             rows,
         )
