@@ -72,6 +72,7 @@ class HttpDesk:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     sessions: bool = False
+    forgetful: bool = False  # forgets each session at its first tool call (404), as a restart would
     started: bool = False  # once: its port is fixed from then on (a restart keeps it)
 
     @property
@@ -101,6 +102,8 @@ class HttpDesk:
     def _spawn(self) -> None:
         env = {**os.environ, "MCP_CALL_LOG": str(self.log), "MCP_REQUIRED_TOKEN": self.token}
         env["MCP_HTTP_LOG"] = str(self.http_log)
+        if self.forgetful:
+            env["MCP_FORGET_SESSIONS"] = "1"
         mode = "http-sessions" if self.sessions else "http"
         self.proc = subprocess.Popen(
             [sys.executable, str(SERVER), mode, str(self.port)],

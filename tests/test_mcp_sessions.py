@@ -58,21 +58,62 @@ def deletes(desk: HttpDesk) -> list[str | None]:
     return [json.loads(line)["delete"] for line in desk.http_log.read_text().splitlines()]
 
 
+@pytest.fixture
+def quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """However soon a session is forgotten after it opened: a session's age must not decide (CI
+    once restarted the server within 2 s of the session's start, and the call was answered
+    "not reachable")."""
+    monkeypatch.setattr(mcp, "_STEADY_SECONDS", 600.0)
+
+
+@pytest.mark.parametrize("called_before", [True, False], ids=["after-a-call", "before-any-call"])
 def test_an_http_server_restarted_while_idle_is_reconnected_and_the_next_call_runs_once(
-    hub_of: tuple[Catalog, McpHub], session_desk: HttpDesk, tmp_path: Path, log: Path
+    quick: None,
+    hub_of: tuple[Catalog, McpHub],
+    session_desk: HttpDesk,
+    tmp_path: Path,
+    log: Path,
+    called_before: bool,
 ) -> None:
     """Seen: the restarted server answers the old session id with 404 (or 400), the SDK raises
     -32603 or -32600, and 100 calls over 45 s all failed. Nothing ran on the old id, so the
     call is sent again, once, on a new session."""
     catalog, hub = hub_of
-    assert not run(catalog, "desk__get_ticket", {"id": "T-1"}, tmp_path).is_error
+    if called_before:
+        assert not run(catalog, "desk__get_ticket", {"id": "T-1"}, tmp_path).is_error
     session_desk.kill()
     session_desk.start()  # the same port, a server that never heard of the session
     again = run(catalog, "desk__comment", {"id": "T-2", "text": "after the restart"}, tmp_path)
     assert not again.is_error, again.content
     assert again.content == "commented on T-2"
-    assert [c["tool"] for c in calls(log)] == ["get_ticket", "comment"]  # a side effect, run once
+    ran = ["get_ticket", "comment"] if called_before else ["comment"]
+    assert [c["tool"] for c in calls(log)] == ran  # a side effect, run once
     assert not hub.listing().away
+
+
+def test_a_server_that_forgets_every_session_is_backed_off_from_and_nothing_runs(
+    quick: None, tmp_path: Path, log: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A new session opened for a forgotten one, and forgotten too before it answered a call, is not
+    replaced at once again: the hub backs off as from a server that is down (no loop of sessions)."""
+    desk = HttpDesk(log, sessions=True, forgetful=True).start()
+    try:
+        config = config_of(tmp_path, http_table("desk", desk.url) + "timeout_seconds = 20\n")
+        with (
+            caplog.at_level(logging.INFO, logger="harness.mcp"),
+            McpHub(config.resolved_servers({"DESK_TOKEN": TOKEN})) as hub,
+        ):
+            catalog = Catalog.from_config(config, host=hub)
+            result = run(catalog, "desk__comment", {"id": "T-9", "text": "never"}, tmp_path)
+            assert result.is_error
+            messages = lambda: [r.getMessage() for r in caplog.records]  # noqa: E731
+            wait_until(lambda: any("trying again in" in m for m in messages()))
+            opened = [m for m in messages() if "is up" in m]
+            assert len(opened) == 2, opened  # the first session, and one new one: then the backoff
+            assert sum("opening a new session" in m for m in messages()) == 1
+        assert calls(log) == []  # refused before it ran, every time
+    finally:
+        desk.stop()
 
 
 def test_a_session_the_server_forgot_while_idle_is_noticed_without_a_call(

@@ -67,8 +67,9 @@ _LIVENESS_SECONDS = 0.5
 _GRACE_SECONDS = 5.0
 # How long a call waits for the new session of a server that forgot its old one.
 _RECOVER_SECONDS = 10.0
-# A session that lived at least this long and was then forgotten is opened again without backoff;
-# one refused sooner (a server that refuses every session) backs off like a server that is down.
+# A forgotten session is opened again at once. When that new session is forgotten too before it
+# answered a call or lived this long (a server that refuses every session), the hub backs off as
+# from a server that is down.
 _STEADY_SECONDS = 2.0
 # How long closing waits for the sessions to end gracefully before it cancels what is left.
 _CLOSE_SECONDS = 5.0
@@ -261,6 +262,7 @@ class _Server:
     up: asyncio.Event = field(default_factory=asyncio.Event)  # `client` is usable
     guard: _SessionGuard | None = None  # the current HTTP connection's
     recovering: bool = False  # the server forgot the session: a new one is being opened now
+    served: bool = False  # the current session answered a call (the server does keep sessions)
 
     def lose(self, reason: str, *, recovering: bool = False) -> None:
         """The session is dead: calls stop using it, and the supervisor opens another."""
@@ -383,6 +385,7 @@ class McpHub:
 
     async def _supervise(self, server: _Server) -> None:
         delay = _BACKOFF_FIRST
+        reopened = False  # this session replaces one the server forgot
         while not self._stopping.is_set():
             steady, lost = False, ""
             try:
@@ -392,14 +395,14 @@ class McpHub:
                     with self._lock:
                         server.client, server.tools, server.reason = client, tools, ""
                     server.broken.clear()
-                    server.recovering = False
+                    server.recovering = server.served = False
                     server.up.set()
                     server.tried.set()
                     delay = _BACKOFF_FIRST
                     log.info("MCP server %s is up: %d tools", server.resolved.config.describe(), len(tools))
                     opened = time.monotonic()
                     await self._watch(server, client)
-                    steady = time.monotonic() - opened >= _STEADY_SECONDS
+                    steady = server.served or time.monotonic() - opened >= _STEADY_SECONDS
                     reason = lost = server.reason or "the session ended"
                     server.up.clear()
             except asyncio.CancelledError:
@@ -409,7 +412,7 @@ class McpHub:
                 raise
             except BaseException as exc:  # noqa: BLE001 - whatever a server does, the hub goes on
                 reason = lost or _describe(exc)  # why a session was lost, not how its closing failed
-            recovering, server.recovering = server.recovering and steady, False
+            recovering, server.recovering = server.recovering and (steady or not reopened), False
             server.up.clear()
             with self._lock:
                 server.client, server.tools, server.reason = None, (), reason
@@ -421,7 +424,9 @@ class McpHub:
                     "MCP server %s: %s; opening a new session", server.resolved.config.describe(), reason
                 )
                 server.recovering = True  # calls wait for it rather than answer "away"
+                reopened = True
                 continue
+            reopened = False
             log.warning(
                 "MCP server %s is not reachable (%s); trying again in %.1f s",
                 server.resolved.config.describe(),
@@ -523,6 +528,7 @@ class McpHub:
                     text = texts.MCP_LOST_OUTCOME_UNKNOWN if side_effects else texts.MCP_LOST
                     return ToolResult(text.format(server=server.name, name=qualified), True)
                 return ToolResult(texts.MCP_CALL_FAILED.format(name=qualified, error=_describe(exc)), True)
+            server.served = True
             return convert_result(result)
         raise AssertionError("unreachable: the second attempt always returns")
 

@@ -192,6 +192,7 @@ def _http_app(port: int, sessions: bool) -> Any:
 
     app = desk.streamable_http_app()
     token = os.environ.get("MCP_REQUIRED_TOKEN")
+    forgetful = bool(os.environ.get("MCP_FORGET_SESSIONS"))  # every session forgotten at its first call
 
     async def check(request: Any, call_next: Any) -> Any:
         if request.method == "GET" and request.url.path == "/pid":  # which process holds the port
@@ -200,6 +201,9 @@ def _http_app(port: int, sessions: bool) -> Any:
             return PlainTextResponse("unauthorized", status_code=401)
         if sessions and request.method == "POST" and b'"server/discover"' in await request.body():
             return PlainTextResponse("unknown method", status_code=400)  # a 2025 server's answer
+        forgotten = forgetful and request.method == "POST" and request.headers.get("mcp-session-id")
+        if forgotten and b'"tools/call"' in await request.body():  # as if it had restarted since
+            return PlainTextResponse("session not found", status_code=404)
         if request.method == "DELETE" and os.environ.get("MCP_HTTP_LOG"):
             with open(os.environ["MCP_HTTP_LOG"], "a", encoding="utf-8") as handle:
                 handle.write(json.dumps({"delete": request.headers.get("mcp-session-id")}) + "\n")
