@@ -10,6 +10,7 @@ screenshots``) the tests save them into DIR as well as into their own temporary 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -249,6 +250,8 @@ def test_open_the_card_on_the_home_tab_shows_the_card_in_the_channel(tab: Any, r
     assert len(tab.context.pages) == 1  # no new tab
     tab.locator("button[data-action-id=decline]").last.click()  # tidy: the run ends
     Page(running.url).wait_text(str(parent.get_attribute("data-ts")), "That took")
+    expect(tab.locator("#messages")).to_contain_text("That took")  # the channel was drawn again ...
+    expect(flashed).to_contain_text("Declined")  # ... and the linked message keeps its mark
 
 
 def in_channel(tab: Any, channel: str) -> None:
@@ -439,6 +442,37 @@ def test_hostile_markup_in_a_persons_message_is_shown_as_text_and_links_only_to_
         )
         expect(message).to_contain_text(f"{shown} data mail ops @channel")  # as text, never as HTML
         expect(message.locator(".mention.special")).to_have_text("@channel")
+
+
+STATES_SEEN = "Number(document.body.dataset.states || 0)"  # states the page received (main.js)
+
+
+def test_a_click_whose_press_spans_a_new_state_is_not_lost(browser: Any) -> None:
+    """A run streaming into its thread re-renders the page several times a second, and a render
+    between a press and its release took the button from under the pointer: the click never fired
+    (seen as an Approve that did nothing, in a suite run). A new state now waits for the release."""
+    expect = pytest.importorskip("playwright.sync_api").expect
+    with stand_in("xoxb-browser-press") as server, opened(browser, server.playground.base_url) as tab:
+        workspace = server.playground.workspace
+        label = {"type": "plain_text", "text": "Approve"}
+        approve = {"type": "button", "action_id": "approve", "text": label}
+        blocks = [{"type": "actions", "block_id": "approval", "elements": [approve]}]
+        message = {"channel": "C0PLAYGND", "text": "card", "blocks": blocks}
+        posted = workspace.call("chat.postMessage", message, "xoxb-browser-press")
+        card = tab.locator(f'.message[data-ts="{posted["ts"]}"] button[data-action-id=approve]')
+        expect(card).to_be_visible()
+        box = card.bounding_box()
+        assert box is not None
+        tab.route("**/play/action", lambda route: route.fulfill(json={"ok": True}))  # no bot here
+        states = int(tab.evaluate(STATES_SEEN))
+        tab.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        tab.mouse.down()
+        workspace.post_as(ALICE, "a new state while the button is held", None)
+        wait_until(lambda: int(tab.evaluate(STATES_SEEN)) > states)  # it reached the page
+        with tab.expect_request(lambda r: r.url.endswith("/play/action")) as sent:
+            tab.mouse.up()
+        assert json.loads(sent.value.post_data or "{}")["action_id"] == "approve"
+        expect(tab.locator("#messages")).to_contain_text("a new state while the button is held")  # then drawn
 
 
 # `python -m bot` once the test writes to the FIFO named by argv[1]: the bot starts when the test says.

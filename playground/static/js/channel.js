@@ -95,6 +95,9 @@ export function renderChannel() {
     frag.append(wrap);
   }
   list.replaceChildren(frag);
+  // The message a permalink led to keeps its mark across rebuilds, without flashing again.
+  const linked = app.flashed && list.querySelector(`.message[data-ts="${CSS.escape(app.flashed)}"]`);
+  if (linked) linked.classList.add('flash', 'flash-kept');
   const box = focus && list.querySelector(`textarea.reply-input[data-thread="${CSS.escape(focus.thread)}"]`);
   if (box) {
     box.focus();
@@ -114,5 +117,7 @@ export function showMessage(ts, channel) {
   // once, as it is added): a page slow to look, a test on a loaded machine, still finds it.
   for (const old of $('messages').querySelectorAll('.message.flash')) old.classList.remove('flash');
   void node.offsetWidth; // the same message linked to again flashes again
+  node.classList.remove('flash-kept');
   node.classList.add('flash');
+  app.flashed = ts;
 }

@@ -175,7 +175,42 @@ function render() {
   for (const node of document.querySelectorAll('[data-pending]')) setPending(node, false);
 }
 
+/*
+ * A render rebuilds the channel's nodes. One between a press and its release (a run streaming into
+ * the thread re-renders it several times a second) took the button away from under the pointer:
+ * the release fell on a new node and the click never fired. While a pointer is down, a new state
+ * waits; it is drawn after the click that the release makes (or after a second, whatever happens).
+ */
+const PRESS_HOLD_MS = 1000;
+let pressedAt = 0;
+let owed = false;
+
+function renderWhenReleased() {
+  count('states'); // for the tests: a state reached the page (drawn now or after the release)
+  if (pressedAt && performance.now() - pressedAt < PRESS_HOLD_MS) {
+    owed = true;
+    return;
+  }
+  owed = false;
+  render();
+}
+
+function count(what) {
+  document.body.dataset[what] = String(Number(document.body.dataset[what] || 0) + 1);
+}
+
+function holdRendersWhilePressed() {
+  document.addEventListener('pointerdown', () => { pressedAt = performance.now(); }, true);
+  const release = () => {
+    pressedAt = 0;
+    if (owed) setTimeout(renderWhenReleased, 0); // a task after this release's click
+  };
+  document.addEventListener('pointerup', release, true);
+  document.addEventListener('pointercancel', release, true);
+}
+
 function setup() {
+  holdRendersWhilePressed();
   app.user = localStorage.getItem(STORE_KEY);
   app.channel = localStorage.getItem(CHANNEL_KEY);
   setupComposer();
@@ -200,7 +235,7 @@ function setup() {
     e.preventDefault();
     showMessage(link.dataset.permalink, link.dataset.channel);
   });
-  followState(render);
+  followState(renderWhenReleased);
 }
 
 document.addEventListener('DOMContentLoaded', setup);

@@ -18,6 +18,7 @@ export const app = {
   dismissed: new Set(), // modal keys hidden after submit/close until the state drops them
   pollTimer: null, // set while /play/events is down
   confirmDone: null, // answers the open confirmation (Escape says no)
+  flashed: null, // the ts of the message the last permalink followed led to (it keeps its mark)
 };
 
 /** The selected channel as /play/channels describes it (its id and name alone until that answers). */
