@@ -147,7 +147,9 @@ def rig(concurrency: int) -> Iterator[Rig]:
         with DoneSlack() as slack, FakeMessagesAPI() as api, tempfile.TemporaryDirectory() as tmp:
             model = Model()
             api.responder = model
-            env = {"HARNESS_WORKER_CONCURRENCY": str(concurrency)}  # streams paced as in production
+            # Streams paced at `Stack`'s 50 ms (production: 305 ms, which makes the one-slot rounds
+            # far longer: each run's stream stops a pace after its last write).
+            env = {"HARNESS_WORKER_CONCURRENCY": str(concurrency)}
             stack = Stack(server.url, slack, api, Path(tmp), config=CONFIG, extra_env=env)
             for name in ("doc.md", "doc0.md", "doc1.md", "doc2.md", "doc3.md"):
                 (stack.workspace / name).write_text("A line of a document.\n" * 50)
