@@ -71,7 +71,6 @@ class Model:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.waiting = 0
-        self.most = 0
         self.resumed: dict[int, float] = {}  # kpN -> perf_counter when its resumed request came
         self.release = threading.Event()  # lets the kwN runs answer
 
@@ -109,7 +108,6 @@ class Model:
             return reply(text(f"k{kind}{n} done"))
         with self.lock:
             self.waiting += 1
-            self.most = max(self.most, self.waiting)
         try:
             time.sleep(HOLD)  # the model thinking: this stand-in's own thread, nobody else's
         finally:

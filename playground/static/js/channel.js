@@ -115,9 +115,8 @@ export function showMessage(ts, channel) {
   node.scrollIntoView({ block: 'center' });
   // The class marks the message linked to until the next link is followed (its animation runs
   // once, as it is added): a page slow to look, a test on a loaded machine, still finds it.
-  for (const old of $('messages').querySelectorAll('.message.flash')) old.classList.remove('flash');
+  for (const old of $('messages').querySelectorAll('.message.flash')) old.classList.remove('flash', 'flash-kept');
   void node.offsetWidth; // the same message linked to again flashes again
-  node.classList.remove('flash-kept');
   node.classList.add('flash');
   app.flashed = ts;
 }
