@@ -32,7 +32,7 @@ from harness.loop import (
 from harness.policy import Policy
 from harness.state import Decision, RunState, Verdict, new_run, record_decisions
 from harness.tools.catalog import Catalog, open_catalog
-from harness.tools.sandbox import protect_process
+from harness.tools.undumpable import protect_process
 
 SHOWN_RESULT_CHARS = 200
 # What approves an `ask` call at the prompt; anything else, and end of input, declines (fail closed).

@@ -216,6 +216,11 @@ SANDBOX_REFUSED = (
     "allow user namespaces (kernel.unprivileged_userns_clone=1; in a container, a seccomp profile "
     "that permits them)"
 )
+SANDBOX_WALLS_REFUSED = "it cannot be started behind its walls: {why}"
+SANDBOX_NO_DIRECTORY = (
+    "its directory {path} does not exist, and a stdio server writes only to its cwd, its temporary "
+    "directory and its writable directories: create it, or name another in cwd / writable"
+)
 MCP_STDERR_CUT = " [{bytes:,} more bytes cut]"
 
 # What the model reads in place of an old tool result cleared to keep a request within

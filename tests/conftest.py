@@ -44,6 +44,14 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket.socket, "connect", _loopback_only)
 
 
+@pytest.fixture(autouse=True)
+def mcp_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Stdio servers started by this process keep their own directories here, not in ~/.local/state."""
+    state = tmp_path_factory.mktemp("mcp-state")
+    monkeypatch.setenv("HARNESS_STATE_DIR", str(state))
+    return state
+
+
 @pytest.fixture
 def model() -> Iterator[FakeMessagesAPI]:
     """A scripted Messages API on loopback that rejects what the real one rejects."""

@@ -21,6 +21,14 @@ SERVER = Path(__file__).resolve().parent / "fakes" / "mcp_server.py"
 TOKEN = "tok-4f1c9e-very-secret"
 
 
+def out(tmp_path: Path, name: str) -> Path:
+    """A file a stdio server writes, in a directory of its own: its walls let it write only there
+    (`writable`), and a writable directory may not hold the config or the process's working one."""
+    directory = tmp_path / "server-out"
+    directory.mkdir(exist_ok=True)
+    return directory / name
+
+
 def calls(log: Path) -> list[dict[str, Any]]:
     """Every call the server received, in order."""
     if not log.exists():
@@ -52,6 +60,7 @@ def stdio_table(name: str, log: Path, **extra: str) -> str:
     return (
         f'[[mcp.servers]]\nname = "{name}"\ncommand = {json.dumps(sys.executable)}\n'
         f'args = [{json.dumps(str(SERVER))}, "stdio"]\nenv = {{ {env_toml} }}\n'
+        f"writable = [{json.dumps(str(log.parent))}]\n"
     )
 
 
@@ -150,6 +159,7 @@ def odd_table(name: str, log: Path, *, trust: bool | None = None) -> str:
         f'[[mcp.servers]]\nname = "{name}"\ncommand = {json.dumps(sys.executable)}\n'
         f'args = [{json.dumps(str(ODD_SERVER))}, "stdio"]\n'
         f"env = {{ MCP_CALL_LOG = {json.dumps(str(log))} }}\n"
+        f"writable = [{json.dumps(str(log.parent))}]\n"
     )
     return table if trust is None else table + f"trust_annotations = {str(trust).lower()}\n"
 
@@ -191,7 +201,7 @@ def hostile_table(
             args += [f"--{flag.replace('_', '-')}", str(value)]
     table = (
         f'[[mcp.servers]]\nname = "{name}"\ncommand = {json.dumps(sys.executable)}\n'
-        f"args = {json.dumps(args)}\ntimeout_seconds = 60\n"
+        f"args = {json.dumps(args)}\ntimeout_seconds = 60\nwritable = [{json.dumps(str(report.parent))}]\n"
     )
     if env:
         table += "env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + " }\n"

@@ -211,6 +211,7 @@ class Stack:
             ANTHROPIC_API_KEY="sk-test",
             HARNESS_CONFIG=str(self.workdir / "harness.toml"),
             HARNESS_WORKSPACE=str(self.workspace),
+            HARNESS_STATE_DIR=str(self.workdir / "state"),
             PORT=str(self.port),
             # Stream writes paced at 50 ms, not Slack's 300: a run's live message settles sooner.
             # The tests of pacing itself (tests/test_live*.py) and the benchmarks keep 300.

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
-from tests.mcp_support import TOKEN, calls, odd_table, stdio_table
+from tests.mcp_support import TOKEN, calls, odd_table, out, stdio_table
 from tests.stack import ROOT, RedisServer, Stack, running_stack, thread, wait_until
 from tests.stack import wait_post as wait_for_post
 
@@ -272,7 +272,7 @@ def terminal(
 def test_the_terminal_runs_allowed_mcp_calls_and_asks_before_the_rest(
     tmp_path: Path, model: FakeMessagesAPI
 ) -> None:
-    log = tmp_path / "calls.jsonl"
+    log = out(tmp_path, "calls.jsonl")
     model.script(
         reply(tool_use("desk__get_ticket", {"id": "T-1"}), tool_use("desk__close_ticket", {"id": "T-1"})),
         reply(text("all done")),
@@ -287,7 +287,7 @@ def test_the_terminal_runs_allowed_mcp_calls_and_asks_before_the_rest(
 def test_list_tools_prints_every_mcp_tool_with_its_tier_and_why(
     tmp_path: Path, model: FakeMessagesAPI
 ) -> None:
-    done = terminal(tmp_path, model, tmp_path / "calls.jsonl", "--list-tools")
+    done = terminal(tmp_path, model, out(tmp_path, "calls.jsonl"), "--list-tools")
     assert done.returncode == 0, done.stderr
     lines = {line.split("\t")[0]: line.split("\t")[1:] for line in done.stdout.splitlines()}
     assert lines["desk__get_ticket"] == [
@@ -305,7 +305,7 @@ def test_explain_call_reads_the_arguments(tmp_path: Path, model: FakeMessagesAPI
     sandbox = terminal(
         tmp_path,
         model,
-        tmp_path / "c.jsonl",
+        out(tmp_path, "c.jsonl"),
         "--explain-call",
         "desk__comment",
         '{"id": "SANDBOX-1", "text": "x"}',
@@ -314,13 +314,13 @@ def test_explain_call_reads_the_arguments(tmp_path: Path, model: FakeMessagesAPI
     prod = terminal(
         tmp_path,
         model,
-        tmp_path / "c.jsonl",
+        out(tmp_path, "c.jsonl"),
         "--explain-call",
         "desk__comment",
         '{"id": "PROD-1", "text": "x"}',
     )
     assert prod.stdout.strip() == "desk__comment\task\tpolicy.default"
-    bad = terminal(tmp_path, model, tmp_path / "c.jsonl", "--explain-call", "desk__comment", "{not json")
+    bad = terminal(tmp_path, model, out(tmp_path, "c.jsonl"), "--explain-call", "desk__comment", "{not json")
     assert bad.returncode == 2 and "not a JSON object" in bad.stderr
 
 

@@ -41,7 +41,9 @@ def config_of(tmp_path: Path, toml: str) -> Config:
 
 @pytest.fixture
 def log(tmp_path: Path) -> Path:
-    return tmp_path / "calls.jsonl"
+    """Where the server logs its calls: a directory of its own, which its walls let it write."""
+    (tmp_path / "server").mkdir(exist_ok=True)
+    return tmp_path / "server" / "calls.jsonl"
 
 
 @pytest.fixture

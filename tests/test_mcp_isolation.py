@@ -27,7 +27,7 @@ from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub
 from harness.tools.relay import RelayServer, private_directory
 from harness.tools.sandbox import LINE_BYTES, StderrLog
-from tests.mcp_support import FORGED, calls, hostile_table, mask, require_bwrap, stdio_table
+from tests.mcp_support import FORGED, calls, hostile_table, mask, out, require_bwrap, stdio_table
 from workers.logs import JsonFormatter, TextFormatter
 
 SECRETS = {
@@ -77,9 +77,9 @@ def call(catalog: Catalog, name: str, args: dict[str, Any], tmp_path: Path) -> A
 @pytest.fixture
 def two_servers(tmp_path: Path, bwrap: None, secret_env: None) -> Iterator[tuple[Catalog, McpHub, Path]]:
     """Hostile servers `one` and `two`, each with a secret `${VAR}` of its own, on one hub."""
-    report = tmp_path / "report.jsonl"
+    report = out(tmp_path, "report.jsonl")
     toml = hostile_table("one", report, env={"ONE": "${ONE_TOKEN}"}) + hostile_table(
-        "two", tmp_path / "two.jsonl", env={"TWO": "${TWO_TOKEN}"}
+        "two", out(tmp_path, "two.jsonl"), env={"TWO": "${TWO_TOKEN}"}
     )
     config = config_of(tmp_path, toml)
     with McpHub(config.resolved_servers({"ONE_TOKEN": ONE_TOKEN, "TWO_TOKEN": TWO_TOKEN})) as hub:
@@ -92,7 +92,10 @@ def test_a_stdio_servers_environment_holds_only_path_home_lang_tz_and_its_own_en
 ) -> None:
     catalog, _, _ = two_servers
     seen = json.loads(call(catalog, "one__snoop", {"masked": []}, tmp_path))
-    expected = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TZ") if k in os.environ}
+    expected = {k: os.environ[k] for k in ("PATH", "LANG", "TZ") if k in os.environ}
+    # HOME is its own directory (its cwd by default), kept across its restarts, never the worker's.
+    home = seen["environment"].pop("HOME")
+    assert home == str(Path(os.environ["HARNESS_STATE_DIR"]) / "mcp" / "one")
     assert seen["environment"] == {**expected, "ONE": ONE_TOKEN}
 
 
@@ -115,7 +118,7 @@ def test_a_stdio_server_keeps_its_command_arguments_cwd_and_files(
     home = tmp_path / "server-home"
     home.mkdir()
     (home / "notes.txt").write_text("the notes the server is for\n")
-    report = tmp_path / "report.jsonl"
+    report = out(tmp_path, "report.jsonl")
     config = config_of(tmp_path, hostile_table("one", report, cwd=home, data="notes.txt"))
     with McpHub(config.resolved_servers({})) as hub:
         catalog = Catalog.from_config(config, host=hub)
@@ -126,9 +129,9 @@ def test_a_stdio_server_keeps_its_command_arguments_cwd_and_files(
 def test_a_server_cannot_reach_the_relay_and_a_connection_without_the_token_gets_nothing(
     tmp_path: Path, bwrap: None, secret_env: None
 ) -> None:
-    desk_log = tmp_path / "desk.jsonl"
+    desk_log = out(tmp_path, "desk.jsonl")
     directory = private_directory()
-    toml = hostile_table("one", tmp_path / "report.jsonl", relay_glob=f"{directory}/*.sock")
+    toml = hostile_table("one", out(tmp_path, "report.jsonl"), relay_glob=f"{directory}/*.sock")
     config = config_of(tmp_path, toml + stdio_table("desk", desk_log))
     with McpHub(config.resolved_servers({}), hidden=(directory,)) as hub:
         relay = RelayServer(hub, directory).start()
@@ -185,7 +188,7 @@ def _raw(path: str, lines: list[dict[str, Any]]) -> list[bytes]:
 def test_a_servers_stderr_is_logged_as_data_capped_and_escaped(
     tmp_path: Path, bwrap: None, secret_env: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = config_of(tmp_path, hostile_table("one", tmp_path / "report.jsonl"))
+    config = config_of(tmp_path, hostile_table("one", out(tmp_path, "report.jsonl")))
     with caplog.at_level(logging.INFO, logger="harness.mcp"):
         with McpHub(config.resolved_servers({})) as hub:
             catalog = Catalog.from_config(config, host=hub)
@@ -226,7 +229,7 @@ def test_without_a_working_bubblewrap_no_server_starts_and_one_line_says_why(
         fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
         fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))
-    report = tmp_path / "report.jsonl"
+    report = out(tmp_path, "report.jsonl")
     config = config_of(tmp_path, hostile_table("one", report))
     with caplog.at_level(logging.WARNING, logger="harness.mcp"), McpHub(config.resolved_servers({})) as hub:
         listing = hub.listing()
@@ -248,11 +251,11 @@ def test_without_a_working_bubblewrap_no_server_starts_and_one_line_says_why(
 
 UNDUMPABLE = """
 import importlib.util, sys
-spec = importlib.util.spec_from_file_location("sandbox", sys.argv[2])
-sandbox = sys.modules["sandbox"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sandbox)  # by path: the rest of the package needs the project's venv
+spec = importlib.util.spec_from_file_location("undumpable", sys.argv[2])
+undumpable = sys.modules["undumpable"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(undumpable)  # by path: the rest of the package needs the project's venv
 if sys.argv[1] == "protect":
-    sandbox.protect_process()
+    undumpable.protect_process()
 print("ready", flush=True)
 sys.stdin.read()
 """
@@ -280,7 +283,7 @@ def test_a_protected_process_hides_its_environment_from_its_own_user(protect: bo
     python = _python_for_nobody()
     root = Path(__file__).resolve().parents[1]
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(root), "SLACK_BOT_TOKEN": SECRETS["SLACK_BOT_TOKEN"]}
-    module = str(root / "harness" / "tools" / "sandbox.py")
+    module = str(root / "harness" / "tools" / "undumpable.py")
     target = subprocess.Popen(
         [python, "-c", UNDUMPABLE, "protect" if protect else "plain", module],
         stdin=subprocess.PIPE,

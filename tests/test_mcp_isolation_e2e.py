@@ -21,7 +21,7 @@ import redis
 
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
-from tests.mcp_support import FORGED, calls, hostile_table, mask, require_bwrap, stdio_table
+from tests.mcp_support import FORGED, calls, hostile_table, mask, out, require_bwrap, stdio_table
 from tests.stack import ROOT, SIGNING_SECRET, RedisServer, Stack, wait_post
 
 pytestmark = pytest.mark.e2e
@@ -51,8 +51,10 @@ def read_report(path: Path) -> dict[str, dict[str, Any]]:
     return {entry["kind"]: entry for entry in map(json.loads, path.read_text().splitlines())}
 
 
-def expected_environment(env: dict[str, str], own: dict[str, str]) -> dict[str, str]:
-    return {**{k: env[k] for k in ("PATH", "HOME", "LANG", "TZ") if k in env}, **own}
+def expected_environment(env: dict[str, str], own: dict[str, str], server: str) -> dict[str, str]:
+    """PATH, LANG, TZ as the process has them, HOME the server's own directory, and its own env."""
+    home = str(Path(env["HARNESS_STATE_DIR"]) / "mcp" / server)
+    return {**{k: env[k] for k in ("PATH", "LANG", "TZ") if k in env}, "HOME": home, **own}
 
 
 def test_a_worker_s_stdio_server_reads_no_secret_reaches_no_relay_and_forges_no_log(
@@ -68,7 +70,7 @@ def test_a_worker_s_stdio_server_reads_no_secret_reaches_no_relay_and_forges_no_
 
 
 def run_everything(tmp_path: Path, url: str) -> None:
-    report, data, desk_log = tmp_path / "report.jsonl", tmp_path / "data.txt", tmp_path / "desk.jsonl"
+    report, data, desk_log = out(tmp_path, "report.jsonl"), tmp_path / "data.txt", out(tmp_path, "desk.jsonl")
     data.write_text("what the server is for\n")
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
@@ -102,7 +104,7 @@ def run_everything(tmp_path: Path, url: str) -> None:
     found = read_report(report)
     assert found["snoop"]["found"] == []
     assert found["snoop"]["ppid"] == 1 and max(found["snoop"]["visible"]) < 100
-    assert found["snoop"]["environment"] == expected_environment(env, {"EVIL_OWN": "mine"})
+    assert found["snoop"]["environment"] == expected_environment(env, {"EVIL_OWN": "mine"}, "evil")
     assert found["relay"]["sockets"] == []
     assert found["read_data"]["text"] == "what the server is for\n"
     assert [c["tool"] for c in calls(desk_log)] == []  # no call reached the other server
@@ -125,7 +127,7 @@ def run_everything(tmp_path: Path, url: str) -> None:
 def test_the_terminal_agent_s_stdio_server_reads_no_secret_of_the_terminal(
     tmp_path: Path, model: FakeMessagesAPI, bwrap: None
 ) -> None:
-    report = tmp_path / "report.jsonl"
+    report = out(tmp_path, "report.jsonl")
     config = tmp_path / "harness.toml"
     config.write_text(hostile_table("evil", report, env={"EVIL_OWN": "mine"}) + POLICY)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "HARNESS_", "SLACK_"))}
@@ -134,6 +136,7 @@ def test_the_terminal_agent_s_stdio_server_reads_no_secret_of_the_terminal(
         PYTHONPATH=str(ROOT),
         HARNESS_CONFIG=str(config),
         HARNESS_WORKSPACE=str(tmp_path),
+        HARNESS_STATE_DIR=str(tmp_path / "state"),
         ANTHROPIC_BASE_URL=model.base_url,
         ANTHROPIC_API_KEY=API_KEY,
         SLACK_BOT_TOKEN=BOT_TOKEN,  # an operator's shell may hold anything
@@ -157,7 +160,7 @@ def test_the_terminal_agent_s_stdio_server_reads_no_secret_of_the_terminal(
     assert done.returncode == 0, done.stderr
     found = read_report(report)["snoop"]
     assert found["found"] == [] and found["ppid"] == 1
-    assert found["environment"] == expected_environment(env, {"EVIL_OWN": "mine"})
+    assert found["environment"] == expected_environment(env, {"EVIL_OWN": "mine"}, "evil")
     # The server's stderr still shows in the terminal, as data under its name.
     assert "MCP server evil stderr: " + FORGED[1] in done.stderr
     assert not any(line.startswith("2026-01-01") for line in done.stderr.splitlines())

@@ -32,7 +32,7 @@ from harness.config import Config, ConfigError, ResolvedServer, load_config
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub, guard_forks
 from harness.tools.relay import RelayServer, private_directory
-from harness.tools.sandbox import protect_process
+from harness.tools.undumpable import protect_process
 from messages import text
 from messages.cards import escalation_reminder, expiry_reminder
 from workers import audit as audit_lines

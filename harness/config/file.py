@@ -36,6 +36,10 @@ from harness.policy import Policy, Rule, Tier
 # An approver is a user (U…, W…) or a user group (S…), which stands for its members.
 _APPROVER_ID = re.compile(r"[UWS][A-Z0-9]{2,}")
 _SERVER_NAME = re.compile(r"[a-z0-9-]{1,32}")
+# A host a stdio server may reach with `network = [...]`: a name, or a name under a `*.` glob.
+_HOST_GLOB = re.compile(
+    r"(?:\*\.)?(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+)
 _PROFILE_NAME = _SERVER_NAME
 _CHANNEL_ID = re.compile(r"[CGD][A-Z0-9]{1,}")
 _TEAM_ID = re.compile(r"[TE][A-Z0-9]{1,}")
@@ -75,6 +79,16 @@ _SERVER: dict[str, _Spec] = {
     "headers": ((dict,), lambda v: all(isinstance(a, str) for a in v.values()), "a table of strings"),
     "timeout_seconds": ((int, float), lambda v: 0 < v <= 3600, "a number of seconds > 0"),
     "trust_annotations": ((bool,), None, "true or false"),
+    "writable": (
+        (list,),
+        lambda v: all(isinstance(a, str) and a.strip() for a in v),
+        "a list of directories",
+    ),
+    "network": (
+        (bool, list),
+        lambda v: isinstance(v, bool) or all(isinstance(a, str) and _HOST_GLOB.fullmatch(a) for a in v),
+        'true, false, or a list of host names (globs: "*.example.com")',
+    ),
 }
 _APPROVALS: dict[str, _Spec] = {
     "approvers": ((list,), None, "a list of Slack user or user group IDs"),
@@ -398,7 +412,7 @@ def _mcp(raw: Any, where: str, tools: ToolsConfig) -> tuple[McpServerConfig, ...
             raise ConfigError(f"{where}: {key}.name {name!r} is used by two servers")
         if ("command" in values) == ("url" in values):
             raise ConfigError(f"{where}: {key} ({name}) needs exactly one of command (stdio) or url (HTTP)")
-        stdio_only = {"args", "env", "cwd"} & set(values)
+        stdio_only = {"args", "env", "cwd", "writable", "network"} & set(values)
         if "url" in values and stdio_only:
             raise ConfigError(f"{where}: {key}.{min(stdio_only)} is for a command server, not a url one")
         if "command" in values and "headers" in values:
@@ -417,9 +431,18 @@ def _mcp(raw: Any, where: str, tools: ToolsConfig) -> tuple[McpServerConfig, ...
                 headers=dict(values.get("headers", {})),
                 timeout_seconds=float(values.get("timeout_seconds", 60.0)),
                 trust_annotations=values.get("trust_annotations", False),
+                writable=tuple(os.path.abspath(os.path.expanduser(w)) for w in values.get("writable", ())),
+                network=_network(values.get("network", False)),
             )
         )
     return tuple(servers)
+
+
+def _network(value: bool | list[str]) -> bool | tuple[str, ...]:
+    """`network`: false, true (any public host), or the host names (lower case) it may reach."""
+    if isinstance(value, bool):
+        return value
+    return tuple(dict.fromkeys(h.lower() for h in value)) or False
 
 
 def _check_template(value: str, where: str, key: str) -> None:

@@ -96,6 +96,10 @@ class McpServerConfig:
     timeout_seconds: float = 60.0
     # Annotations are the server's own claims: only with true may its readOnlyHint make a tool allow.
     trust_annotations: bool = False
+    # stdio only: the directories it may write besides its cwd and temporary directory (absolute),
+    # and where it may connect: nowhere (False), any public host (True), or only these host names.
+    writable: tuple[str, ...] = ()
+    network: bool | tuple[str, ...] = False
 
     @property
     def transport(self) -> str:

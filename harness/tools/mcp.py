@@ -36,7 +36,7 @@ from harness.config import ResolvedServer
 from harness.policy import Tier
 from harness.tools.base import Tool, ToolContext, ToolResult
 from harness.tools.mcp_bounds import bound_stdio_reads, convert_result
-from harness.tools.sandbox import Sandbox, StderrLog, read_stderr
+from harness.tools.sandbox import Sandbox, SandboxUnavailable, Server, StderrLog, read_stderr
 from harness.tools.schemas import input_checker, schema_problem
 
 log = logging.getLogger("harness.mcp")
@@ -278,15 +278,18 @@ class _Server:
 class McpHub:
     """Warm sessions to every configured MCP server, on a loop thread of the hub's own."""
 
-    def __init__(self, servers: Sequence[ResolvedServer], *, hidden: Sequence[str] = ()) -> None:
-        """`hidden`: directories no stdio server may see into (the relay's; `harness.tools.sandbox`)."""
+    def __init__(
+        self, servers: Sequence[ResolvedServer], *, hidden: Sequence[str] = (), state_dir: str | None = None
+    ) -> None:
+        """`hidden`: directories no stdio server may see into (the relay's; `harness.tools.sandbox`);
+        `state_dir`: where stdio servers' own directories are kept (`harness.tools.walls`)."""
         bound_stdio_reads()  # what a server sends is read in linear time, up to a limit
         self._servers = {s.config.name: _Server(s) for s in servers}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="mcp-hub", daemon=True)
         self._lock = threading.Lock()
         self._tasks: list[asyncio.Task[None]] = []
-        self._sandbox = Sandbox(hidden=tuple(hidden))
+        self._sandbox = Sandbox(hidden=tuple(hidden), state_dir=state_dir)
         self._stopping = asyncio.Event()
 
     @property
@@ -331,6 +334,7 @@ class McpHub:
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(15)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._sandbox.close()
 
     def __enter__(self) -> McpHub:
         return self.start()
@@ -555,9 +559,18 @@ class _StdioTransport:
         # Entering spawns the process and sets up its pipes, the stderr one included; no await
         # waits on others. A fork meanwhile would copy the pipes' ends (see SPAWNING).
         with SPAWNING:
-            confined = self._sandbox.confine(config.command, config.args, self._resolved.env, config.cwd)
+            server = Server(
+                name=config.name,
+                command=config.command,
+                args=config.args,
+                env=self._resolved.env,
+                cwd=config.cwd,
+                writable=config.writable,
+                network=config.network,
+            )
+            confined = self._sandbox.confine(server)
             params = StdioServerParameters(
-                command=confined.command, args=list(confined.args), env=dict(confined.env), cwd=config.cwd
+                command=confined.command, args=list(confined.args), env=dict(confined.env), cwd=confined.cwd
             )
             read_end, write_end = os.pipe()
             try:
@@ -701,5 +714,7 @@ def _is_connection_error(exc: BaseException) -> bool:
 def _describe(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
+    if isinstance(exc, SandboxUnavailable):
+        return str(exc)  # bounded where it is made, and never cut: its end says how to fix it
     text = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__

@@ -1,38 +1,39 @@
-"""Where a stdio MCP server runs: a bubblewrap sandbox that keeps the filesystem and hides the rest.
+"""Where a stdio MCP server runs: behind walls (bubblewrap, seccomp, an egress proxy), never beside us.
 
 A stdio server is a program the operator names, but what it does is its own (and its package's,
 and whatever a prompt talks it into). It must not reach the secrets of the process that starts it
 (the worker, or the terminal agent): the Slack tokens, the signing secret, the API key, the Redis
-password, the other servers' `${VAR}` values, the relay's token. Without a sandbox it runs as
-that process's child and user and reads them all in `/proc/<parent>/environ` or `/mem`.
+password, the other servers' `${VAR}` values, the relay's token; nor change what decides what runs
+(the config, the audit, the code, Redis). Without walls it runs as that process's child and user:
+it reads them in `/proc/<parent>/environ`, in `.env`, and writes a grant into Redis on loopback.
 
 So every stdio server runs under bubblewrap (`bwrap`, Debian's `bubblewrap`):
 
-- in a PID namespace of its own with a fresh `/proc`: it sees its own processes and nothing
-  else, not the worker, not its horses, not another server. What it could read of a process it
-  cannot see is nothing. This holds whatever user the worker runs as, root included, which a
-  second user account or `PR_SET_DUMPABLE` alone would not give (root reads every `/proc` entry);
-- with the environment it is owed and no more: `PATH`, `HOME`, `LANG`, `TZ` (those the process
-  has) and its own configured `env`. bwrap itself is started with that environment too, since its
-  first process (PID 1 in the namespace) is one the server can read;
-- with the whole filesystem where it was (`--bind / /`): its command, arguments, `cwd` and the
-  files they name work as before. Only the relay's private directory is covered by an empty
-  tmpfs (`hidden`), so it cannot even reach that socket, which also wants a token;
-- as root (a worker in a container), without root's capabilities beyond the filesystem ones
-  (`CAP_CHOWN`, `CAP_DAC_OVERRIDE`, `CAP_FOWNER`, `CAP_FSETID`, where the process has them), and
-  with `/proc/sys`, `/sys` and `/proc/sysrq-trigger` read-only: root's uid alone may write
-  `core_pattern` or `uevent_helper`, which would make the kernel run a program outside;
+- in PID, network, IPC and UTS namespaces of its own with a fresh `/proc`: it sees its own
+  processes and nothing else, and has no network but a loopback of its own (no Redis, no bot, no
+  `/metrics`, no cloud metadata). With `network = true` it reaches public addresses through the
+  worker's egress proxy (`harness.tools.egress`), never loopback or private ones;
+- with the environment it is owed and no more: `PATH`, `LANG`, `TZ` (those the process has), `HOME`
+  (its own directory) and its own configured `env`; with `network`, the proxy's variables. bwrap
+  itself is started with that environment too, since its first process is one the server can read;
+- with the machine's files read-only, secrets not there at all, its own temporary directories, and
+  only its `cwd` and `writable` directories writable: `harness.tools.walls` makes that view;
+- under a seccomp filter its first program installs (`harness/tools/sandbox_init.py`): no new Unix
+  socket (a read-only mount does not stop a connect to one), no namespaces, mounts, ptrace, keyrings
+  or io_uring, only the native system call ABI;
+- as root (a worker in a container), with no capability at all, and with `/proc/sys`, `/sys` and
+  `/proc/sysrq-trigger` read-only: root's uid alone may write `core_pattern` or `uevent_helper`,
+  which would make the kernel run a program outside;
 - in a new session (no terminal to inject keystrokes into) and dying with its parent, so a
   worker killed with SIGKILL leaves no server behind.
 
-When bubblewrap is missing, or the kernel or a container refuses it namespaces, the server is not
-started: it is away, with one log line per attempt that says why and how to fix it. That is the
-fail-closed choice a security reviewer expects: an opt-out would be the first thing an attacker
-asks for, and the contract has no key for one.
+When bubblewrap is missing, or the kernel or a container refuses it namespaces or seccomp, or the
+server's settings would put a hole in its walls (a `writable` directory holding the config), the
+server is not started: it is away, with one log line per attempt that says why and how to fix it.
+That is the fail-closed choice a security reviewer expects: an opt-out would be the first thing an
+attacker asks for, and the contract has no key for one.
 
-The worker and the terminal agent also call `protect_process()` first: not dumpable, their own
-`/proc` entries (environment, memory) are closed to every other process of their user that lacks
-`CAP_SYS_PTRACE`, sandboxed or not. Defence in depth: the sandbox alone already hides them.
+The worker and the terminal agent also call `harness.tools.undumpable.protect_process()` first.
 
 A server's stderr is not the process's stderr: `StderrLog` reads it from a pipe and logs each line
 as data under the server's name (control characters escaped, cut at `LINE_BYTES`), at most
@@ -43,27 +44,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import errno
 import logging
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from harness import texts
+from harness.tools import walls
 
 log = logging.getLogger("harness.mcp")
 stderr_log = logging.getLogger("harness.mcp.stderr")
 
 ALLOWED_ENV = ("PATH", "HOME", "LANG", "TZ")
-# Root's capabilities a server keeps: those that make up root's access to files, nothing else.
-_FILE_CAPS = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_FSETID": 4}
 _PROBE_SECONDS = 10.0
-_PR_SET_DUMPABLE = 4
 
 STDERR_BUDGET_BYTES = 64 * 1024
 STDERR_WINDOW_SECONDS = 60.0
@@ -72,7 +73,10 @@ _ESCAPED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 class SandboxUnavailable(RuntimeError):
-    """bubblewrap is missing or cannot make a sandbox here: no stdio server is started."""
+    """A stdio server cannot be started behind its walls here: it is not started.
+
+    Its message is the whole log line's reason, with how to fix it: it is never cut.
+    """
 
 
 def server_environment(own: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
@@ -82,53 +86,88 @@ def server_environment(own: Mapping[str, str], environ: Mapping[str, str]) -> di
 
 @dataclass(frozen=True)
 class Confined:
-    """What to start instead of a server's command: bwrap, its arguments, the environment to give it."""
+    """What to start instead of a server's command: bwrap, its arguments, environment and cwd."""
 
     command: str
     args: tuple[str, ...]
     env: Mapping[str, str] = field(repr=False)
+    cwd: str = "/"
+
+
+@dataclass(frozen=True)
+class Server:
+    """What the walls of one stdio server are made from: its `[[mcp.servers]]` table's keys."""
+
+    name: str
+    command: str
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)  # resolved: secrets
+    cwd: str | None = None
+    writable: tuple[str, ...] = ()
+    network: bool | tuple[str, ...] = False  # True: any public host; a tuple: only these hosts
 
 
 @dataclass
 class Sandbox:
-    """Confines stdio servers; `hidden` directories are empty inside (the relay's)."""
+    """Puts stdio servers behind walls; `hidden` directories are not in their view (the relay's)."""
 
     hidden: tuple[str, ...] = ()
+    state_dir: str | None = None  # where servers' own directories live (default: walls.state_directory)
+    egress: Any = None  # the EgressProxy of servers with `network`, started at the first one
     _works: str | None = None  # the bwrap found to work here, once a probe said so
+    _places: walls.Places | None = None
 
-    def confine(
-        self,
-        command: str,
-        args: Sequence[str],
-        own_env: Mapping[str, str],
-        cwd: str | None,
-        environ: Mapping[str, str] | None = None,
-    ) -> Confined:
-        """bwrap running `command` confined; `SandboxUnavailable` or `FileNotFoundError` if it cannot."""
+    def confine(self, server: Server, environ: Mapping[str, str] | None = None) -> Confined:
+        """bwrap running `server` behind its walls; `SandboxUnavailable` or `FileNotFoundError` if not."""
         environ = os.environ if environ is None else environ
-        env = server_environment(own_env, environ)
-        program = _resolve(command, env.get("PATH"), cwd)
+        places = self._places or walls.Places.of_process(environ, self.hidden)
+        self._places = places
+        home = walls.private_home(self.state_dir or walls.state_directory(environ), server.name)
+        cwd = os.path.abspath(server.cwd) if server.cwd else home
+        env = server_environment({"HOME": cwd, **server.env}, environ)
+        program = _resolve(server.command, env.get("PATH"), cwd)
+        for directory in (cwd, *server.writable):
+            if not os.path.isdir(directory):
+                raise SandboxUnavailable(texts.SANDBOX_NO_DIRECTORY.format(path=escape(directory)))
         bwrap = self._bwrap(environ)
-        where = os.path.abspath(cwd) if cwd else os.getcwd()
-        flags = [*self._flags(), "--chdir", where]
+        interpreter = os.path.realpath(sys.executable)
+        init = [interpreter, "-I", "-S", _INIT]
+        bound: list[tuple[str, str]] = []
+        if server.network:
+            door = self._door(server)
+            bound.append((door, _DOOR))
+            init += ["--egress", _DOOR, "--port", str(_PROXY_PORT)]
+            env.update({name: _PROXY_URL for name in _PROXY_VARIABLES})
+            env["NODE_USE_ENV_PROXY"] = "1"
+        needed = [program, *_venv(program), *_named(server.args, cwd), interpreter, sys.base_prefix, _INIT]
+        try:
+            view = walls.plan(places, cwd=cwd, writable=server.writable, needed=needed, bound=bound)
+        except walls.WallsRefused as exc:
+            raise SandboxUnavailable(texts.SANDBOX_WALLS_REFUSED.format(why=exc)) from None
+        flags = [*self._flags(), *view.args, "--chdir", view.cwd]
         # The MCP SDK adds a few variables of its own to the environment it starts bwrap with.
         flags += [a for name in sorted(_sdk_defaults() - set(env)) for a in ("--unsetenv", name)]
-        # bwrap sets PWD after it changes directory, whatever it was told; `env -u` takes it out.
-        unset_pwd = () if "PWD" in env else _without_pwd(env.get("PATH"))
-        return Confined(bwrap, (*flags, "--", *unset_pwd, program, *args), env)
+        return Confined(bwrap, (*flags, "--", *init, "--", program, *server.args), env, view.cwd)
 
-    def _flags(self) -> list[str]:
-        flags = ["--die-with-parent", "--new-session", "--unshare-pid", "--bind", "/", "/"]
-        flags += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
-        flags += ["--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger"]
-        flags += ["--ro-bind-try", "/sys", "/sys", "--dev", "/dev"]
-        for directory in self.hidden:
-            if os.path.isdir(directory):
-                flags += ["--tmpfs", directory]
+    def close(self) -> None:
+        """Close the egress proxy, if one was started."""
+        if self.egress is not None:
+            self.egress.close()
+
+    def _door(self, server: Server) -> str:
+        if self.egress is None:
+            from harness.tools.egress import EgressProxy
+
+            self.egress = EgressProxy(tempfile.mkdtemp(prefix="harness-egress-")).start()
+        hosts = None if server.network is True else tuple(server.network or ())
+        return str(self.egress.open_door(server.name, hosts))
+
+    @staticmethod
+    def _flags() -> list[str]:
+        flags = ["--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
+        flags += ["--unshare-uts", "--unshare-cgroup-try"]
         if os.geteuid() == 0:
-            flags += ["--cap-drop", "ALL"]
-            for name in _own_caps(_FILE_CAPS):
-                flags += ["--cap-add", name]
+            flags += ["--cap-drop", "ALL"]  # root only as the owner of root's files, no more
         return flags
 
     def _bwrap(self, environ: Mapping[str, str]) -> str:
@@ -141,11 +180,14 @@ class Sandbox:
         return bwrap
 
     def _probe(self, bwrap: str, environ: Mapping[str, str]) -> None:
-        """Start a sandbox that does nothing: a kernel or a container may refuse its namespaces."""
+        """Start the walls around `true`: a kernel or a container may refuse namespaces or seccomp."""
         true = shutil.which("true", path=environ.get("PATH")) or "/bin/true"
+        interpreter = os.path.realpath(sys.executable)
+        places = walls.Places(workdir="/")
+        view = walls.plan(places, cwd="/tmp", needed=[interpreter, sys.base_prefix, _INIT, true])
         try:
             done = subprocess.run(
-                [bwrap, *self._flags(), "--", true],
+                [bwrap, *self._flags(), *view.args, "--", interpreter, "-I", "-S", _INIT, "--", true],
                 env=server_environment({}, environ),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -155,11 +197,18 @@ class Sandbox:
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             error = f"{type(exc).__name__}: {exc}"
-            raise SandboxUnavailable(texts.SANDBOX_REFUSED.format(error=error)) from exc
+            raise SandboxUnavailable(texts.SANDBOX_REFUSED.format(error=escape(error)[:200])) from exc
         if done.returncode != 0:
             said = done.stderr.decode(errors="replace").strip().splitlines()
             error = escape(said[-1])[:200] if said else f"exit status {done.returncode}"
             raise SandboxUnavailable(texts.SANDBOX_REFUSED.format(error=error))
+
+
+_INIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_init.py")
+_DOOR = "/run/harness-egress.sock"  # where the egress door is bound inside the sandbox
+_PROXY_PORT = 3128  # the sandbox's own loopback: nothing else listens there
+_PROXY_URL = f"http://127.0.0.1:{_PROXY_PORT}"
+_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy")
 
 
 def _resolve(command: str, path: str | None, cwd: str | None) -> str:
@@ -173,40 +222,28 @@ def _resolve(command: str, path: str | None, cwd: str | None) -> str:
     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
 
 
-def _without_pwd(path: str | None) -> tuple[str, ...]:
-    """`env -u PWD --`, to start the program with; nothing where there is no `env` (PWD stays)."""
-    env = shutil.which("env", path=path) or shutil.which("env", path=os.defpath)
-    return (env, "-u", "PWD", "--") if env else ()
+def _venv(program: str) -> list[str]:
+    """The virtual environment `program` is in (`…/bin/python` beside a `pyvenv.cfg`), if any."""
+    root = os.path.dirname(os.path.dirname(program))
+    return [root] if os.path.isfile(os.path.join(root, "pyvenv.cfg")) else []
+
+
+def _named(args: Sequence[str], cwd: str) -> list[str]:
+    """The existing paths the arguments name (`--flag=PATH` too), absolute or from `cwd`."""
+    found = []
+    for arg in args:
+        for value in (arg, arg.partition("=")[2]):
+            if value and not value.startswith("-"):
+                path = os.path.join(cwd, os.path.expanduser(value))
+                if os.path.lexists(path):
+                    found.append(os.path.abspath(path))
+    return found
 
 
 def _sdk_defaults() -> set[str]:
     from mcp.client.stdio import get_default_environment
 
     return set(get_default_environment())
-
-
-def _own_caps(wanted: Mapping[str, int]) -> list[str]:
-    """The capabilities of `wanted` this process has in its effective set (bwrap cannot add others)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            line = next(row for row in status if row.startswith("CapEff:"))
-    except (OSError, StopIteration):
-        return []
-    effective = int(line.split()[1], 16)
-    return [name for name, bit in wanted.items() if effective >> bit & 1]
-
-
-def protect_process() -> bool:
-    """Make this process not dumpable: its `/proc` entries close to other processes of its user.
-
-    Forked children (RQ's work horses) keep it; a program it executes does not (its servers are
-    started with a clean environment instead). False where the kernel has no `prctl`.
-    """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 # --- the server's stderr, as data ----------------------------------------------------------------
