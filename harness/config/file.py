@@ -75,6 +75,7 @@ _SERVER: dict[str, _Spec] = {
     "headers": ((dict,), lambda v: all(isinstance(a, str) for a in v.values()), "a table of strings"),
     "timeout_seconds": ((int, float), lambda v: 0 < v <= 3600, "a number of seconds > 0"),
     "trust_annotations": ((bool,), None, "true or false"),
+    "path_arguments": ((dict,), None, 'a table of tool = ["argument", …]'),
 }
 _APPROVALS: dict[str, _Spec] = {
     "approvers": ((list,), None, "a list of Slack user or user group IDs"),
@@ -406,6 +407,7 @@ def _mcp(raw: Any, where: str, tools: ToolsConfig) -> tuple[McpServerConfig, ...
         for field_name in ("env", "headers"):
             for k, v in values.get(field_name, {}).items():
                 _check_template(v, where, f"{key}.{field_name}.{k}")
+        path_arguments = _path_arguments(values.get("path_arguments", {}), name, where, key)
         servers.append(
             McpServerConfig(
                 name=name,
@@ -417,9 +419,28 @@ def _mcp(raw: Any, where: str, tools: ToolsConfig) -> tuple[McpServerConfig, ...
                 headers=dict(values.get("headers", {})),
                 timeout_seconds=float(values.get("timeout_seconds", 60.0)),
                 trust_annotations=values.get("trust_annotations", False),
+                path_arguments=path_arguments,
             )
         )
     return tuple(servers)
+
+
+def _path_arguments(raw: dict[str, Any], server: str, where: str, key: str) -> dict[str, tuple[str, ...]]:
+    """`path_arguments`: the server's own tool names (no `<server>__` prefix) -> argument names."""
+    out: dict[str, tuple[str, ...]] = {}
+    for tool, names in raw.items():
+        at = f"{key}.path_arguments.{tool}"
+        if tool.startswith(server + "__"):
+            own = tool.removeprefix(server + "__")
+            raise ConfigError(
+                f"{where}: {at}: name the server's own tool ({own!r}), without the {server}__ prefix"
+            )
+        if not tool.strip():
+            raise ConfigError(f"{where}: {key}.path_arguments: a tool name must not be empty")
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+            raise ConfigError(f"{where}: {at} must be a non-empty list of argument names, got {names!r}")
+        out[tool] = tuple(dict.fromkeys(names))
+    return out
 
 
 def _check_template(value: str, where: str, key: str) -> None:

@@ -96,6 +96,9 @@ class McpServerConfig:
     timeout_seconds: float = 60.0
     # Annotations are the server's own claims: only with true may its readOnlyHint make a tool allow.
     trust_annotations: bool = False
+    # This server's tool name (without the `<name>__` prefix) -> its arguments that hold paths,
+    # besides those its inputSchema marks: what a directory grant holds inside its directory.
+    path_arguments: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def transport(self) -> str:
