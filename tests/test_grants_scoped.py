@@ -15,7 +15,6 @@ from harness.config import ConfigError, load_config
 from harness.policy import PathArgs, call_paths, grant_directory, inside_directory
 from workers.store import Grant, Keys, Store, grant_slot
 
-
 WRITE = PathArgs(("path",), ("content",))  # the built-in write_file's
 COPY = PathArgs(("src_path", "dst_path"))
 
@@ -42,7 +41,9 @@ COPY = PathArgs(("src_path", "dst_path"))
         ("not a dict", WRITE, None),
     ],
 )
-def test_the_directory_a_card_offers(call_input: Any, path_args: PathArgs | None, directory: str | None) -> None:
+def test_the_directory_a_card_offers(
+    call_input: Any, path_args: PathArgs | None, directory: str | None
+) -> None:
     assert grant_directory(call_input, path_args) == directory
 
 
