@@ -365,7 +365,7 @@ def _ruled(agent: Agent, call: PendingCall) -> PendingCall:
         )
     arguments = _effective_input(call)
     ruling = agent.policy.decide(call.name, arguments, found.own_tier, found.own_tier_why)
-    call = replace(call, tier=ruling.tier, why=ruling.why)
+    call = replace(call, tier=ruling.tier, why=ruling.why, path_args=found.path_args)
     if ruling.tier is Tier.ASK and call.decision is None:  # an `allow` call is checked as it runs
         try:
             found.checked(arguments)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import re
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -262,48 +263,153 @@ def _compiled(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out), re.DOTALL)
 
 
-# An argument named like a path: `path`, `file`, `dir`, …, or ending in one (`file_path`, `src_dir`).
-_PATH_ARGUMENT = re.compile(r"^(?:.*_)?(?:path|file|filename|filepath|dir|directory|folder)$", re.IGNORECASE)
+@dataclass(frozen=True)
+class PathArgs:
+    """Which of a tool's top-level arguments hold paths (`paths`), and which hold text the tool
+    never reads as a path (`text`, the built-in write_file's `content`): what a directory grant, a
+    card's `approve_dir` and a suggested rule need to know of the tool, carried with each call."""
+
+    paths: tuple[str, ...] = ()
+    text: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"paths": list(self.paths), "text": list(self.text)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> PathArgs | None:
+        """As `to_json` wrote it; None (not known) for anything else."""
+        if not isinstance(data, Mapping):
+            return None
+        paths, text = data.get("paths", []), data.get("text", [])
+        if not isinstance(paths, list) or not isinstance(text, list):
+            return None
+        return cls(tuple(str(p) for p in paths), tuple(str(t) for t in text))
 
 
-def path_arguments(call_input: Any) -> dict[str, str]:
-    """The call's arguments named like a path whose values are text, by name."""
-    if not isinstance(call_input, dict):
-        return {}
-    return {k: v for k, v in call_input.items() if isinstance(v, str) and _PATH_ARGUMENT.fullmatch(str(k))}
+_PATH_FORMATS = ("path", "uri")
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 
 
-def _relative(value: str) -> str | None:
-    """`value` normalised, if it stays inside the workspace by name (not absolute, no `..` left)."""
+def schema_path_arguments(schema: Any) -> tuple[str, ...]:
+    """The top-level properties of an input schema marked as paths: `format: "path"` or `"uri"`,
+    or `x-path: true`, on the property (or on one branch of its `anyOf`/`oneOf`/`allOf`), or on
+    its `items` for an array."""
+    properties = schema.get("properties") if isinstance(schema, Mapping) else None
+    if not isinstance(properties, Mapping):
+        return ()
+    return tuple(str(name) for name, prop in properties.items() if _marked(prop, items=True))
+
+
+def _marked(prop: Any, *, items: bool) -> bool:
+    if not isinstance(prop, Mapping):
+        return False
+    if prop.get("format") in _PATH_FORMATS or prop.get("x-path") is True:
+        return True
+    branches = [b for key in ("anyOf", "oneOf", "allOf") for b in _listed(prop.get(key))]
+    if any(_marked(b, items=items) for b in branches):
+        return True
+    return items and _marked(prop.get("items"), items=False)
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def looks_like_path(value: str) -> bool:
+    """Whether a string another argument carries may name a file: it holds `/` or `\\`, starts
+    with `~` or `..`, or is a `file:` URI."""
+    return "/" in value or "\\" in value or value.startswith(("~", "..")) or value[:5].lower() == "file:"
+
+
+def call_paths(call_input: Any, path_args: PathArgs) -> tuple[list[str], bool]:
+    """Every path a call carries, and whether it carries one the policy cannot place.
+
+    The paths: every string anywhere in a path argument (in lists and objects too). Cannot place:
+    a string that looks like a path anywhere else (nested objects and lists included, and their
+    keys), outside the `text` arguments.
+    """
+    if not isinstance(call_input, Mapping):
+        return [], False
+    placed: list[str] = []
+    unplaced = False
+    stack: list[tuple[Any, bool]] = []
+    for name, value in call_input.items():
+        if name in path_args.text:
+            continue
+        unplaced = unplaced or looks_like_path(str(name))
+        stack.append((value, name in path_args.paths))
+    while stack:
+        value, is_path = stack.pop()
+        if isinstance(value, str):
+            if is_path:
+                placed.append(value)
+            elif looks_like_path(value):
+                unplaced = True
+        elif isinstance(value, Mapping):
+            unplaced = unplaced or any(looks_like_path(str(k)) for k in value)
+            stack.extend((v, is_path) for v in value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, is_path) for v in value)
+    placed.reverse()
+    return placed, unplaced
+
+
+def relative_path(value: str) -> str | None:
+    """`value` normalised, if it names a place inside the workspace: None for an absolute path,
+    one starting with `~`, one that climbs above the workspace with `..`, a URI other than a
+    relative `file:` one (whose path part is read percent-decoded), and a drive (`C:`)."""
+    if scheme := _SCHEME.match(value):
+        rest = value[scheme.end() :]
+        if scheme.group(1).lower() != "file" or rest.startswith("//"):
+            return None  # another scheme, or `file://host/…` (absolute)
+        value = urllib.parse.unquote(rest)
+    if value.startswith("~"):
+        return None
     path = normalise_path(value)
-    if not path or path.startswith("/") or ".." in path.split("/"):
+    parts = path.split("/")
+    if not path or path.startswith("/") or ".." in parts or parts[0].startswith("~"):
         return None
     return path
 
 
-def grant_directory(call_input: Any) -> str | None:
-    """The directory (`docs/`) a grant scoped by this call would cover: the one holding its first
-    path-like argument, when every path-like argument lies inside it; else None (nothing to scope)."""
-    paths = path_arguments(call_input)
-    if not paths:
+def grant_directory(call_input: Any, path_args: PathArgs | None) -> str | None:
+    """The directory (`docs/`) a grant scoped by this call would cover: the deepest one holding
+    every path it carries; None when there is nothing to scope (no path, one at the workspace's
+    root or outside it, a path the policy cannot place, or the tool's path arguments not known)."""
+    if path_args is None:
         return None
-    first = _relative(next(iter(paths.values())))
-    if first is None or "/" not in first:
-        return None  # the workspace's root is no narrower than the thread
-    directory = first.rsplit("/", 1)[0] + "/"
-    return directory if inside_directory(call_input, directory) else None
+    paths, unplaced = call_paths(call_input, path_args)
+    relative = [relative_path(p) for p in paths]
+    if unplaced or not relative or None in relative:
+        return None
+    common: list[str] | None = None
+    for path in relative:
+        parent = (path or "").split("/")[:-1]
+        common = parent if common is None else _common(common, parent)
+    return "/".join(common) + "/" if common else None  # the workspace's root is no narrower than the thread
 
 
-def inside_directory(call_input: Any, directory: str) -> bool:
-    """Whether every path-like argument of the call normalises to inside `directory` (`docs/`).
+def _common(a: list[str], b: list[str]) -> list[str]:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
 
-    `docs/../x` is `x`, outside; absolute paths and paths that climb above the workspace never are.
+
+def inside_directory(call_input: Any, directory: str, path_args: PathArgs | None) -> bool:
+    """Whether the call carries paths, and every one normalises to inside `directory` (`docs/`)
+    with none the policy cannot place.
+
+    `docs/../x` is `x`, outside; absolute paths, `~…` and paths that climb above the workspace
+    never are; nor is any call of a tool whose path arguments are not known.
     """
-    paths = path_arguments(call_input)
-    if not paths or not directory.endswith("/"):
+    if path_args is None or not directory.endswith("/"):
         return False
-    for value in paths.values():
-        path = _relative(value)
+    paths, unplaced = call_paths(call_input, path_args)
+    if unplaced or not paths:
+        return False
+    for value in paths:
+        path = relative_path(value)
         if path is None or not path.startswith(directory):
             return False
     return True

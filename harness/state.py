@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from harness.policy import Tier
+from harness.policy import PathArgs, Tier
 from harness.tools import ToolResult
 
 FORMAT_VERSION = 1
@@ -108,6 +108,10 @@ class PendingCall:
     result: ToolResult | None = None
     started: bool = False  # write-ahead mark: set (and persisted) before a side-effecting call runs
     why: str = ""  # the step, key or rule of the policy that gave the tier (cards, summaries, audit)
+    # Which arguments of its tool hold paths, as the worker that ruled the call knew the tool: what
+    # a directory grant's scope is computed from, by the bot too. None: not known (a call ruled
+    # before calls carried it), so no directory grant is offered for it or covers it.
+    path_args: PathArgs | None = None
 
     @property
     def signature(self) -> str:
@@ -125,7 +129,7 @@ class PendingCall:
         return self.tier is Tier.ASK and self.decision is None and self.result is None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "id": self.id,
             "name": self.name,
             "input": self.input,
@@ -135,6 +139,9 @@ class PendingCall:
             "started": self.started,
             "why": self.why,
         }
+        if self.path_args is not None:
+            data["path_args"] = self.path_args.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PendingCall:
@@ -147,6 +154,7 @@ class PendingCall:
             result=ToolResult.from_json(data["result"]) if data.get("result") else None,
             started=bool(data.get("started", False)),
             why=str(data.get("why", "")),
+            path_args=PathArgs.from_json(data.get("path_args")),
         )
 
 

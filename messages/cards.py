@@ -140,7 +140,7 @@ def approval_card(
                 value=value,
             )
         )
-        directory = grant_directory(call.input)
+        directory = grant_directory(call.input, call.path_args)
         if directory is not None:
             buttons.append(
                 ButtonElement(

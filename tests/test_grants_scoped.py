@@ -12,30 +12,39 @@ from typing import Any
 import pytest
 
 from harness.config import ConfigError, load_config
-from harness.policy import grant_directory, inside_directory, path_arguments
+from harness.policy import PathArgs, call_paths, grant_directory, inside_directory
 from workers.store import Grant, Keys, Store, grant_slot
+
+WRITE = PathArgs(("path",), ("content",))  # the built-in write_file's
+COPY = PathArgs(("src_path", "dst_path"))
 
 
 @pytest.mark.parametrize(
-    ("call_input", "directory"),
+    ("call_input", "path_args", "directory"),
     [
-        ({"path": "docs/a.txt", "content": "x"}, "docs/"),
-        ({"path": "./docs//sub/a.txt"}, "docs/sub/"),
-        ({"path": "docs\\a.txt"}, "docs/"),
-        ({"file_path": "src/app/main.py"}, "src/app/"),
-        ({"path": "a.txt"}, None),  # the workspace's root: no narrower than the thread
-        ({"path": "/etc/passwd"}, None),
-        ({"path": "../outside/x"}, None),
-        ({"path": "docs/../../x/y"}, None),
-        ({"content": "no path"}, None),
-        ({"path": 3}, None),
-        ({"src_path": "docs/a", "dst_path": "other/b"}, None),  # one grant would not cover both
-        ({"src_path": "docs/a", "dst_path": "docs/b"}, "docs/"),
-        ("not a dict", None),
+        ({"path": "docs/a.txt", "content": "x"}, WRITE, "docs/"),
+        ({"path": "docs/a.txt", "content": "see a/b and /etc/x"}, WRITE, "docs/"),  # text, not a path
+        ({"path": "./docs//sub/a.txt"}, WRITE, "docs/sub/"),
+        ({"path": "docs\\a.txt"}, WRITE, "docs/"),
+        ({"path": "a.txt"}, WRITE, None),  # the workspace's root: no narrower than the thread
+        ({"path": "/etc/passwd"}, WRITE, None),
+        ({"path": "../outside/x"}, WRITE, None),
+        ({"path": "docs/../../x/y"}, WRITE, None),
+        ({"content": "no path"}, WRITE, None),
+        ({"path": 3}, WRITE, None),
+        ({"src_path": "docs/a", "dst_path": "other/b"}, COPY, None),  # one grant would not cover both
+        ({"src_path": "docs/a", "dst_path": "docs/b"}, COPY, "docs/"),
+        ({"src_path": "docs/x/a", "dst_path": "docs/y/b"}, COPY, "docs/"),  # the deepest holding both
+        ({"file_path": "src/app/main.py"}, WRITE, None),  # a name alone makes nothing a path ...
+        ({"path": "docs/a", "file_path": "src/app/main.py"}, WRITE, None),  # ... nor holds it inside
+        ({"path": "docs/a.txt"}, None, None),  # the tool's path arguments not known
+        ("not a dict", WRITE, None),
     ],
 )
-def test_the_directory_a_card_offers(call_input: Any, directory: str | None) -> None:
-    assert grant_directory(call_input) == directory
+def test_the_directory_a_card_offers(
+    call_input: Any, path_args: PathArgs | None, directory: str | None
+) -> None:
+    assert grant_directory(call_input, path_args) == directory
 
 
 @pytest.mark.parametrize(
@@ -50,17 +59,18 @@ def test_the_directory_a_card_offers(call_input: Any, directory: str | None) -> 
         ({"path": "../docs/b.txt"}, False),
         ({"path": "docsx/b.txt"}, False),
         ({"path": "docs"}, False),
-        ({"path": "docs/b.txt", "target_file": "etc/x"}, False),  # every path-like argument counts
-        ({"content": "docs/b.txt"}, False),  # nothing named like a path: nothing to hold inside
+        ({"path": "docs/b.txt", "target_file": "etc/x"}, False),  # a path no argument holds
+        ({"content": "docs/b.txt"}, False),  # no path at all: nothing to hold inside
     ],
 )
 def test_which_calls_lie_inside_a_directory(call_input: Any, inside: bool) -> None:
-    assert inside_directory(call_input, "docs/") is inside
+    assert inside_directory(call_input, "docs/", WRITE) is inside
 
 
-def test_only_arguments_named_like_a_path_count() -> None:
-    found = path_arguments({"path": "a", "dir": "b", "out_file": "c", "content": "d", "pathology": "e"})
-    assert found == {"path": "a", "dir": "b", "out_file": "c"}
+def test_names_alone_make_nothing_a_path() -> None:
+    call = {"path": "docs/a", "dir": "docs/b", "out_file": "docs/c"}
+    assert call_paths(call, PathArgs()) == ([], True)  # paths, in arguments not known to hold them
+    assert call_paths(call, PathArgs(("path", "dir", "out_file"))) == (["docs/a", "docs/b", "docs/c"], False)
 
 
 def test_grant_uses_is_parsed_strictly(tmp_path: Path) -> None:
@@ -83,11 +93,11 @@ def _grant(store: Store, directory: str, uses: int) -> Grant:
 
 def test_a_scoped_grant_is_found_only_for_calls_inside_it(store: Store) -> None:
     _grant(store, "docs/", 0)
-    found = store.covering("T1", "C1", "1.2", "write_file", {"path": "docs/sub/a.txt"})
+    found = store.covering("T1", "C1", "1.2", "write_file", {"path": "docs/sub/a.txt"}, WRITE)
     assert [g.directory for g in found] == ["docs/"]
     for outside in ("docs/../secret", "/docs/a", "other/a.txt", "a.txt"):
-        assert store.covering("T1", "C1", "1.2", "write_file", {"path": outside}) == []
-    assert store.covering("T1", "C1", "1.2", "delete_file", {"path": "docs/a.txt"}) == []
+        assert store.covering("T1", "C1", "1.2", "write_file", {"path": outside}, WRITE) == []
+    assert store.covering("T1", "C1", "1.2", "delete_file", {"path": "docs/a.txt"}, WRITE) == []
 
 
 def test_uses_are_spent_once_per_call_and_then_run_out(store: Store) -> None:
@@ -99,7 +109,7 @@ def test_uses_are_spent_once_per_call_and_then_run_out(store: Store) -> None:
     second = store.take_grant(grant, "r:c2")
     assert second is not None and second.left == 0
     assert store.take_grant(grant, "r:c3") is None
-    assert store.covering("T1", "C1", "1.2", "write_file", {"path": "docs/a.txt"}) == []
+    assert store.covering("T1", "C1", "1.2", "write_file", {"path": "docs/a.txt"}, WRITE) == []
     assert 0 < store.redis.ttl(grant.key) <= 60  # spending keeps the grant's expiry
 
 

@@ -1,9 +1,16 @@
 """Grants that fit, end to end (real bot, worker and Redis; loopback Slack and model): a grant
 scoped to a directory runs calls inside it without a card and asks for the rest (`docs/../x`
-included), a grant limited in uses runs out and asks, and Revoke ends it at once."""
+included), a grant limited in uses runs out and asks, and Revoke ends it at once.
+
+Issue 30: a grant reads every value, not names. The tools of `scope_tools` (an operator's module,
+its paths marked in their schemas) carry paths in a second argument, nested in an object, in a
+list, or in an argument not marked: a grant under `docs/` covers a call only when every path lies
+inside it, and a call with a path the policy cannot place is offered no grant at all."""
 
 from __future__ import annotations
 
+import json
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,7 +18,7 @@ import pytest
 import redis
 
 from tests.fakes.messages_api import reply, text, tool_use
-from tests.stack import RedisServer, Stack, has_actions, running_stack, thread, wait_post, wait_until
+from tests.stack import ROOT, RedisServer, Stack, has_actions, running_stack, thread, wait_post, wait_until
 from tests.test_approvals_e2e import (
     action_ids,
     audit,
@@ -40,13 +47,63 @@ tier = "deny"
 [limits]
 max_runs_per_user = 1000
 max_runs_per_channel = 1000
+[tools]
+modules = ["scope_tools"]
+"""
+# Each call that runs is one line of `ran.log` in the workspace: what reached the tool.
+TOOLS = """
+    from __future__ import annotations
+
+    import json
+    from typing import Annotated, Any
+
+    from pydantic import Field
+
+    from harness.tools import ToolContext, tool
+
+    Path = Annotated[str, Field(description="A path in the workspace", json_schema_extra={"format": "path"})]
+    Dest = Annotated[str, Field(description="Where to", json_schema_extra={"x-path": True})]
+
+
+    def _ran(ctx: ToolContext, name: str, args: dict[str, Any]) -> str:
+        with (ctx.workspace / "ran.log").open("a", encoding="utf-8") as log:
+            log.write(json.dumps({"tool": name, **args}) + "\\n")
+        return f"{name} done"
+
+
+    @tool()
+    def copy(ctx: ToolContext, path: Path, destination: Dest) -> str:
+        \"\"\"Copy a file.\"\"\"
+        return _ran(ctx, "copy", {"path": path, "destination": destination})
+
+
+    @tool()
+    def transfer(ctx: ToolContext, path: Path, options: dict[str, Any]) -> str:
+        \"\"\"Transfer a file, with options.\"\"\"
+        return _ran(ctx, "transfer", {"path": path, "options": options})
+
+
+    @tool()
+    def read_many(ctx: ToolContext, paths: list[Path]) -> str:
+        \"\"\"Read several files.\"\"\"
+        return _ran(ctx, "read_many", {"paths": paths})
+
+
+    @tool()
+    def publish(ctx: ToolContext, path: Path, note: str) -> str:
+        \"\"\"Publish a file with a note.\"\"\"
+        return _ran(ctx, "publish", {"path": path, "note": note})
 """
 
 
 @pytest.fixture(scope="module")
 def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """Approvers UALICE, UANN, UBEN; grants of 30 minutes and at most 2 calls; docs/private/ denied."""
-    yield from running_stack(redis_server, tmp_path_factory.mktemp("grants"), CONFIG, DB)
+    """Approvers UALICE, UANN, UBEN; grants of 30 minutes and at most 2 calls; docs/private/ denied;
+    the tools of `scope_tools` offered."""
+    modules = tmp_path_factory.mktemp("modules")
+    (modules / "scope_tools.py").write_text(textwrap.dedent(TOOLS), encoding="utf-8")
+    env = {"PYTHONPATH": f"{ROOT}:{modules}"}
+    yield from running_stack(redis_server, tmp_path_factory.mktemp("grants"), CONFIG, DB, extra_env=env)
 
 
 def grant_keys(stack: Stack) -> list[str]:
@@ -255,6 +312,159 @@ def test_a_scoped_grant_clicked_by_a_stranger_or_forged_on_a_root_path_changes_n
     stack.click(root, "decline")
     done(stack, channel, ts, marker)
     done(stack, root_channel, root_ts, "rootforged")
+
+
+# --- issue 30: every value, not names -------------------------------------------------------------
+
+
+def park_calls(
+    stack: Stack, marker: str, calls: list[tuple[str, dict[str, Any]]], then: list[Any]
+) -> tuple[str, str, list[dict[str, Any]]]:
+    """UALICE asks for `calls` (one reply): the channel, the mention's ts and the cards."""
+    channel = new_channel()
+    stack.model.script_for(marker, reply(*[tool_use(name, args) for name, args in calls]), *then)
+    status, ts, _ = stack.mention(f"{marker}: please", channel=channel, user="UALICE")
+    assert status == 200
+    wait_until(lambda: len(cards(stack, channel, ts)) == len(calls))
+    return channel, ts, cards(stack, channel, ts)
+
+
+def button_text(card: dict[str, Any], action_id: str) -> str:
+    return str(
+        next(
+            e["text"]["text"]
+            for b in card["blocks"]
+            if b["type"] == "actions"
+            for e in b["elements"]
+            if e["action_id"] == action_id
+        )
+    )
+
+
+def ran(stack: Stack) -> list[dict[str, Any]]:
+    """Every call that reached a tool of `scope_tools`."""
+    log = stack.workspace / "ran.log"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def granted_then_asked(
+    stack: Stack,
+    marker: str,
+    first: tuple[str, dict[str, Any]],
+    inside: dict[str, Any],
+    outside: list[dict[str, Any]],
+) -> None:
+    """`first` approved under `docs/`; a later call `inside` runs without a card; each of `outside`
+    gets a card of its own, is declined, and never reaches the tool."""
+    tool = first[0]
+    channel, ts, [card] = park_calls(
+        stack,
+        marker,
+        [first],
+        then=[
+            reply(text(f"{marker} first done")),
+            reply(tool_use(tool, inside)),
+            reply(text(f"{marker} inside done")),
+            reply(*[tool_use(tool, args) for args in outside]),
+            reply(text(f"{marker} outside done")),
+        ],
+    )
+    assert "under docs/" in button_text(card, "approve_dir")
+    stack.click(card, "approve_dir", user="UANN")
+    done(stack, channel, ts, marker, "first done")
+    wait_post(stack, channel, ts, lambda m: "revoke_grant" in action_ids(m))
+
+    before = len(cards(stack, channel, ts))
+    stack.mention("and inside", channel=channel, thread_ts=ts, user="UALICE")
+    done(stack, channel, ts, marker, "inside done")
+    assert {"tool": tool, **inside} in ran(stack)
+    stack.settled()
+    assert len(cards(stack, channel, ts)) == before  # the grant let it run
+
+    stack.mention("and outside", channel=channel, thread_ts=ts, user="UALICE")
+    wait_until(lambda: len(cards(stack, channel, ts)) == before + len(outside))
+    stack.settled()
+    asking = cards(stack, channel, ts)[before:]
+    assert all(has_actions(now(stack, channel, m)) for m in asking)
+    reached = [{"tool": tool, **args} for args in outside]
+    assert not [r for r in ran(stack) if r in reached]
+    for card_out in asking:
+        stack.click(card_out, "decline")
+    done(stack, channel, ts, marker, "outside done")
+    assert not [r for r in ran(stack) if r in reached]
+
+
+def test_a_copy_approved_under_docs_asks_for_a_destination_outside_it(stack: Stack) -> None:
+    granted_then_asked(
+        stack,
+        "scopecopy",
+        ("copy", {"path": "docs/a.md", "destination": "docs/b.md"}),
+        {"path": "docs/e.md", "destination": "docs/sub/f.md"},
+        [
+            {"path": "docs/c.md", "destination": "/etc/cron.d/evil"},
+            {"path": "docs/d.md", "destination": "../../home/alice/.ssh/authorized_keys"},
+        ],
+    )
+
+
+def test_a_grant_under_docs_asks_for_a_path_nested_in_another_argument(stack: Stack) -> None:
+    granted_then_asked(
+        stack,
+        "scopenested",
+        ("transfer", {"path": "docs/a.md", "options": {"mode": "fast"}}),
+        {"path": "docs/b.md", "options": {"mode": "slow"}},
+        [{"path": "docs/c.md", "options": {"dest": "/etc/x"}}],
+    )
+
+
+def test_a_grant_under_docs_asks_for_a_list_with_one_path_outside_it(stack: Stack) -> None:
+    granted_then_asked(
+        stack,
+        "scopelist",
+        ("read_many", {"paths": ["docs/a.md", "docs/sub/b.md"]}),
+        {"paths": ["docs/c.md"]},
+        [{"paths": ["docs/d.md", "../../etc/passwd"]}, {"paths": ["docs/e.md", "~/.ssh/id_ed25519"]}],
+    )
+
+
+def test_a_call_with_a_path_the_policy_cannot_place_gets_no_scoped_grant_nor_is_covered(stack: Stack) -> None:
+    marker = "scopeunplaced"
+    channel, ts, [card] = park_calls(
+        stack,
+        marker,
+        [("publish", {"path": "docs/a.md", "note": "hello"})],
+        then=[
+            reply(text(f"{marker} first done")),
+            reply(tool_use("publish", {"path": "docs/b.md", "note": "and mirror it to /etc/cron.d/evil"})),
+            reply(text(f"{marker} second done")),
+        ],
+    )
+    stack.click(card, "approve_dir", user="UANN")  # `note` holds no path here: a grant under docs/
+    done(stack, channel, ts, marker, "first done")
+    wait_post(stack, channel, ts, lambda m: "revoke_grant" in action_ids(m))
+    before = grant_keys(stack)
+
+    stack.mention("and b", channel=channel, thread_ts=ts, user="UALICE")
+    asking = wait_post(stack, channel, ts, lambda m: is_card(m) and "docs/b.md" in shown(m))
+    assert "approve_thread" in action_ids(asking) and "approve_dir" not in action_ids(asking)
+    value = next(
+        e["value"]
+        for b in asking["blocks"]
+        if b["type"] == "actions"
+        for e in b["elements"]
+        if e["action_id"] == "approve"
+    )
+    status, _ = stack.click_value(asking, "approve_dir", value, user="UANN")  # forged: no such button
+    assert status == 200
+    wait_until(
+        lambda: any("no directory" in e["text"] for e in stack.slack.ephemerals if e["user"] == "UANN")
+    )
+    stack.settled()
+    assert grant_keys(stack) == before and has_actions(now(stack, channel, asking))
+    assert not [r for r in ran(stack) if (r["tool"], r.get("path")) == ("publish", "docs/b.md")]
+    stack.click(asking, "decline")
+    done(stack, channel, ts, marker, "second done")
+    assert not [r for r in ran(stack) if (r["tool"], r.get("path")) == ("publish", "docs/b.md")]
 
 
 _ = new_channel  # the channels come from the same counter as test_approvals_e2e's

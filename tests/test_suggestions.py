@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.config import Config, load_config
-from harness.policy import Tier
+from harness.policy import PathArgs, Tier
 from messages.home import SuggestedRule, home_view
 from workers.suggestions import DAY, MIN_APPROVALS, snippet, suggest
 
@@ -48,15 +48,19 @@ class Audit:
         channel: str = "COPS",
         profile: str = "ops",
         at: float = NOW - 60,
+        source: str = "builtin",
+        path_args: PathArgs | None = None,
         **extra: Any,
     ) -> None:
         n = len(self.calls)
         arguments = dict(arguments if arguments is not None else {"path": f"docs/page{n}.md", "content": "x"})
         ids = {"run_id": f"r{n}", "call_id": f"toolu_{n}", "team": "T1", "channel": channel, "at": at}
         self.calls.append(
-            {**ids, "event": "ruled", "profile": profile, "tool": tool, "source": "builtin", "tier": "ask",
+            {**ids, "event": "ruled", "profile": profile, "tool": tool, "source": source, "tier": "ask",
              "why": "policy.default", "input": arguments}
         )  # fmt: skip
+        if path_args is not None:  # as `ruling_entry` records it (a release before recorded none)
+            self.calls[-1]["path_args"] = path_args.to_json()
         by = "" if verdict == "expired" else "UAPPROVER"
         preview = json.dumps(arguments, sort_keys=True, separators=(",", ":"))
         self.decisions.append(
@@ -211,3 +215,74 @@ def test_only_the_levels_asked_for_are_suggested(tmp_path: Path) -> None:
         audit.add("approved")  # profile ops
     assert audit.suggest(_config(tmp_path), profiles={""}) == []
     assert len(audit.suggest(_config(tmp_path), profiles={"ops"})) == 1
+
+
+# --- issue 30: a suggested rule constrains every path argument it saw -------------------------------
+
+TWO = PathArgs(("source", "destination"))
+
+
+def test_the_rule_suggested_for_copy_constrains_both_its_paths(tmp_path: Path) -> None:
+    audit = Audit()
+    copy = PathArgs(("path", "destination"))
+    for i in range(10):
+        args = {"path": f"docs/a{i}.md", "destination": f"docs/sub/b{i}.md"}
+        audit.add("approved", tool="desk__copy", arguments=args, source="mcp:desk", path_args=copy)
+    (found,) = audit.suggest(_config(tmp_path))
+    assert dict(found.args) == {"path": "docs/**", "destination": "docs/**"}
+    assert 'args = { destination = "docs/**", path = "docs/**" }' in found.snippet
+    config = _config(tmp_path, CONFIG + found.snippet.split("\n", 1)[1] + "\n")
+    ops = config.for_profile("ops")
+    assert ops is not None
+    assert ops.policy.decide("desk__copy", {"path": "docs/x", "destination": "docs/y"}).tier is Tier.ALLOW
+    for outside in ("/etc/cron.d/evil", "../../home/alice/.ssh/authorized_keys", "docs/../../x"):
+        ruled = ops.policy.decide("desk__copy", {"path": "docs/x", "destination": outside})
+        assert ruled.tier is Tier.ASK, outside
+
+
+def test_move_file_with_paths_nothing_marks_gets_no_argument_less_allow(tmp_path: Path) -> None:
+    audit = Audit()
+    for i in range(10):
+        args = {"source": f"docs/a{i}.md", "destination": f"docs/b{i}.md"}
+        audit.add("approved", tool="fs__move_file", arguments=args, source="mcp:fs", path_args=PathArgs())
+    assert audit.suggest(_config(tmp_path)) == []
+
+
+def test_move_file_with_its_paths_marked_is_suggested_with_both(tmp_path: Path) -> None:
+    audit = Audit()
+    for i in range(10):
+        args = {"source": f"docs/a{i}.md", "destination": f"docs/b{i}.md"}
+        audit.add("approved", tool="fs__move_file", arguments=args, source="mcp:fs", path_args=TWO)
+    (found,) = audit.suggest(_config(tmp_path))
+    assert dict(found.args) == {"source": "docs/**", "destination": "docs/**"}
+
+
+def test_a_list_of_paths_gets_no_suggestion_at_all(tmp_path: Path) -> None:
+    audit = Audit()
+    for marks in (PathArgs(("paths",)), PathArgs()):
+        for i in range(10):
+            args = {"paths": [f"docs/a{i}.md", f"docs/b{i}.md"]}
+            audit.add(
+                "approved", tool="fs__read_multiple_files", arguments=args, source="mcp:fs", path_args=marks
+            )
+        assert audit.suggest(_config(tmp_path)) == []
+
+
+def test_a_path_where_no_rule_can_name_it_or_a_path_argument_left_out_gets_no_suggestion(
+    tmp_path: Path,
+) -> None:
+    audit = Audit()
+    for i in range(10):
+        args = {"source": f"docs/a{i}.md", "destination": f"docs/b{i}.md", "options": {"log": "/tmp/log"}}
+        audit.add("approved", tool="fs__move_file", arguments=args, source="mcp:fs", path_args=TWO)
+    for i in range(10):
+        args = {"source": f"docs/a{i}.md"}  # a rule naming `destination` would never match it
+        audit.add("approved", tool="fs__move_file", arguments=args, source="mcp:fs", path_args=TWO)
+    assert audit.suggest(_config(tmp_path)) == []
+
+
+def test_a_tool_whose_path_arguments_were_not_recorded_gets_no_suggestion(tmp_path: Path) -> None:
+    audit = Audit()
+    for _ in range(10):
+        audit.add("approved", tool="desk__ping", arguments={"note": "hi"}, source="mcp:desk")
+    assert audit.suggest(_config(tmp_path)) == []  # a built-in's are known (the tests above)

@@ -98,7 +98,9 @@ def apply_grants(
 def grants_for(svc: Services, record: RunRecord, call: PendingCall) -> list[Grant]:
     """The thread's standing grants of the call's tool whose scope holds it, given for this requester."""
     try:
-        found = svc.store.covering(record.team, record.channel, record.thread_ts, call.name, call.input)
+        found = svc.store.covering(
+            record.team, record.channel, record.thread_ts, call.name, call.input, call.path_args
+        )
     except BadId:
         return []
     return [g for g in found if g.requester == record.requester]
@@ -110,7 +112,7 @@ def use_grant(
     """The first of `grants` that covers `call` and still has a use to spend on it, and the decision
     that says so; None when none does (the call asks)."""
     for grant in grants:
-        if grant.tool != call.name or not grant.covers(call.input):
+        if grant.tool != call.name or not grant.covers(call.input, call.path_args):
             continue
         spent = svc.store.take_grant(grant, f"{record.run_id}:{call.id}")
         if spent is None:

@@ -4,10 +4,10 @@ the call again under another config, and nothing more.
 One entry per `tool_use` block of a reply, written when the reply's calls are ruled (calls answered
 at once, an unknown tool or input the schema refuses, included). It holds where and for whom the
 call was made, the tool and where it came from, its own tier, the tier the policy gave and why, the
-call's fingerprint and the hash of its arguments, and the arguments themselves, bounded: a string
-value longer than `ARG_CHARS` keeps its start, and its key is listed in `cut`, so that replay can
-say a rule over it is uncertain. The arguments are what the model sent: no secret of the process
-is ever in them unless the model wrote it there.
+call's fingerprint and the hash of its arguments, which of them hold paths (`path_args`), and the
+arguments themselves, bounded: a string value longer than `ARG_CHARS` keeps its start, and its key
+is listed in `cut`, so that replay can say a rule over it is uncertain. The arguments are what the
+model sent: no secret of the process is ever in them unless the model wrote it there.
 """
 
 from __future__ import annotations
@@ -57,6 +57,10 @@ def ruling_entry(
         "input_chars": len(text),
         "input": kept,
     }
+    if found is not None:
+        # Which arguments hold paths: a suggested rule must constrain every one (the Home tab's
+        # bot knows no tool schema).
+        entry["path_args"] = found.path_args.to_json()
     if cut:
         entry["cut"] = cut[:CUT_KEYS]
         if len(cut) > CUT_KEYS:

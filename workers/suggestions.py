@@ -2,13 +2,20 @@
 `[[policy.rules]]` snippet with what replaying it over the recorded calls would change.
 
 A pure function of the decisions' audit and the calls' tier decisions (`workers.rulings`), both
-read by the caller, bounded. Approved calls are grouped by profile, tool and, for a tool called
-with path-like arguments, the directory they lie in (`harness.policy.grant_directory`); a group
+read by the caller, bounded. Approved calls are grouped by profile, tool and, for a tool with path
+arguments, the directory its paths lie in (`harness.policy.grant_directory`); a group
 approved at least `MIN_APPROVALS` times by people (not by a grant) in the window, with no decline
 the candidate rule would cover, becomes a suggestion. An expiry is nobody's "no": it counts neither
 way. An approval whose input was edited is treated as a decline (the call as asked was not fine).
 A call whose path lies at the workspace's root, or outside it, is never suggested: a rule over it
 would be no narrower than the whole tool.
+
+A rule's `args` globs match only string values of top-level arguments, so a rule is suggested only
+where one can hold every path: it names every path argument of the tool (`source` and `destination`
+alike), each a string in the call. A call that carries a path in a list (`paths = [...]`), in an
+argument not known to hold paths, or with one of the tool's path arguments missing, gets no
+suggestion at all (never an `allow` without `args`); nor does a call whose tool's path arguments
+are not known (its tier decision, which records them, no longer read or written before they were).
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.config import Config
-from harness.policy import Policy, Rule, Tier, grant_directory, path_arguments
+from harness.policy import PathArgs, Policy, Rule, Tier, call_paths, grant_directory
+from harness.tools.files import BUILTIN_TOOLS
 from messages.home import SUGGEST_DAYS, SUGGEST_MIN_APPROVALS, SUGGESTIONS_MAX
 from workers.replay import Tally, recorded_calls, rule_again
 
@@ -77,13 +85,13 @@ def suggest(
         found = _call_of(config, entry, by_call)
         if found is None:
             continue
-        profile, tool, arguments = found
+        profile, tool, arguments, path_args = found
         if verdict == "declined" or entry.get("edited_input") is not None:
             refused.append((profile, tool, arguments))
             continue
         if entry.get("grant_until") is not None or not entry.get("by"):
             continue  # a grant let it run: nobody looked at this one
-        args = _rule_args(arguments)
+        args = _rule_args(arguments, path_args)
         if args is None:
             continue
         group = groups.setdefault((profile, tool, tuple(sorted(args.items()))), _Group())
@@ -132,13 +140,16 @@ def _recent(entry: Mapping[str, Any], since: float, team: str | None) -> bool:
 
 def _call_of(
     config: Config, entry: Mapping[str, Any], by_call: Mapping[tuple[Any, Any], Mapping[str, Any]]
-) -> tuple[str, str, Mapping[str, Any]] | None:
-    """The decided call's profile, tool and arguments: from its tier decision when the calls'
-    stream still holds it, else from the entry's own preview (when whole) and its channel's profile."""
+) -> tuple[str, str, Mapping[str, Any], PathArgs | None] | None:
+    """The decided call's profile, tool, arguments and path arguments: from its tier decision when
+    the calls' stream still holds it, else from the entry's own preview (when whole) and its
+    channel's profile (its path arguments then not known)."""
     ruled = by_call.get((entry.get("run_id"), entry.get("call_id")))
     tool = entry.get("tool")
+    path_args = None
     if ruled is not None and not ruled.get("cut"):
         arguments, profile = ruled.get("input"), str(ruled.get("profile") or "")
+        path_args = _path_args_of(ruled)
     elif ruled is None:
         try:
             arguments = json.loads(str(entry.get("input_preview") or ""))
@@ -149,19 +160,35 @@ def _call_of(
         return None  # its arguments were kept only in part
     if not isinstance(tool, str) or not tool or not isinstance(arguments, dict):
         return None
-    return profile, tool, arguments
+    return profile, tool, arguments, path_args
 
 
-def _rule_args(arguments: Mapping[str, Any]) -> dict[str, str] | None:
-    """The `args` of a rule covering this call: each path-like argument under its directory
-    (`docs/**`); {} for a call with none; None when no rule would fit narrowly or safely."""
-    paths = path_arguments(arguments)
-    if not paths:
+def _path_args_of(ruled: Mapping[str, Any]) -> PathArgs | None:
+    """The path arguments a tier decision recorded; for one written before they were, a built-in's
+    own (they never change); else None."""
+    if "path_args" in ruled:
+        return PathArgs.from_json(ruled["path_args"])
+    if ruled.get("source") == "builtin":
+        return next((t.path_args for t in BUILTIN_TOOLS if t.name == ruled.get("tool")), None)
+    return None
+
+
+def _rule_args(arguments: Mapping[str, Any], path_args: PathArgs | None) -> dict[str, str] | None:
+    """The `args` of a rule covering this call: every path argument of its tool under the
+    directory they lie in (`docs/**`); {} for a tool with none and a call carrying no path; None
+    when no rule would fit narrowly or safely."""
+    if path_args is None:
+        return None  # which arguments hold paths is not known
+    if call_paths(arguments, path_args)[1]:
+        return None  # a path under an argument no rule would name
+    if not path_args.paths:
         return {}
-    directory = grant_directory(arguments)
+    if not all(isinstance(arguments.get(name), str) for name in path_args.paths):
+        return None  # one missing (a rule naming it would never match), or a list or an object
+    directory = grant_directory(arguments, path_args)
     if directory is None or any(c in directory for c in _GLOB_CHARS):
         return None  # at the root, outside the workspace, or a name a glob would read as a pattern
-    return {name: f"{directory}**" for name in paths}
+    return {name: f"{directory}**" for name in path_args.paths}
 
 
 def _replay(config: Config, profile: str, rule: Rule, calls: Iterable[Mapping[str, Any]]) -> str:

@@ -208,7 +208,9 @@ def _on_decision(
         if approvals.grant_minutes <= 0 or approvals.required > 1 or call is None:
             context[REPLY] = texts.NO_GRANTS if call is not None else texts.UNKNOWN_APPROVAL
             return
-        directory = grant_directory(call.input) if scoped else ""
+        # From the parked call alone (its arguments, and its tool's path arguments as the worker that
+        # ruled it knew them), as the card was built: nothing of the click's payload names the scope.
+        directory = grant_directory(call.input, call.path_args) if scoped else ""
         if directory is None:  # a card only offers it for a call with a directory to scope to
             context[REPLY] = texts.NO_SCOPED_GRANT
             return

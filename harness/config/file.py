@@ -89,6 +89,7 @@ _SERVER: dict[str, _Spec] = {
         lambda v: isinstance(v, bool) or all(isinstance(a, str) and _HOST_GLOB.fullmatch(a) for a in v),
         'true, false, or a list of host names (globs: "*.example.com")',
     ),
+    "path_arguments": ((dict,), None, 'a table of tool = ["argument", …]'),
 }
 _APPROVALS: dict[str, _Spec] = {
     "approvers": ((list,), None, "a list of Slack user or user group IDs"),
@@ -420,6 +421,7 @@ def _mcp(raw: Any, where: str, tools: ToolsConfig) -> tuple[McpServerConfig, ...
         for field_name in ("env", "headers"):
             for k, v in values.get(field_name, {}).items():
                 _check_template(v, where, f"{key}.{field_name}.{k}")
+        path_arguments = _path_arguments(values.get("path_arguments", {}), name, where, key)
         servers.append(
             McpServerConfig(
                 name=name,
@@ -433,6 +435,7 @@ def _mcp(raw: Any, where: str, tools: ToolsConfig) -> tuple[McpServerConfig, ...
                 trust_annotations=values.get("trust_annotations", False),
                 writable=tuple(os.path.abspath(os.path.expanduser(w)) for w in values.get("writable", ())),
                 network=_network(values.get("network", False)),
+                path_arguments=path_arguments,
             )
         )
     return tuple(servers)
@@ -443,6 +446,24 @@ def _network(value: bool | list[str]) -> bool | tuple[str, ...]:
     if isinstance(value, bool):
         return value
     return tuple(dict.fromkeys(h.lower() for h in value)) or False
+
+
+def _path_arguments(raw: dict[str, Any], server: str, where: str, key: str) -> dict[str, tuple[str, ...]]:
+    """`path_arguments`: the server's own tool names (no `<server>__` prefix) -> argument names."""
+    out: dict[str, tuple[str, ...]] = {}
+    for tool, names in raw.items():
+        at = f"{key}.path_arguments.{tool}"
+        if tool.startswith(server + "__"):
+            own = tool.removeprefix(server + "__")
+            raise ConfigError(
+                f"{where}: {at}: name the server's own tool ({own!r}), without the {server}__ prefix"
+            )
+        if not tool.strip():
+            raise ConfigError(f"{where}: {key}.path_arguments: a tool name must not be empty")
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+            raise ConfigError(f"{where}: {at} must be a non-empty list of argument names, got {names!r}")
+        out[tool] = tuple(dict.fromkeys(names))
+    return out
 
 
 def _check_template(value: str, where: str, key: str) -> None:

@@ -100,6 +100,9 @@ class McpServerConfig:
     # and where it may connect: nowhere (False), any public host (True), or only these host names.
     writable: tuple[str, ...] = ()
     network: bool | tuple[str, ...] = False
+    # This server's tool name (without the `<name>__` prefix) -> its arguments that hold paths,
+    # besides those its inputSchema marks: what a directory grant holds inside its directory.
+    path_arguments: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def transport(self) -> str:

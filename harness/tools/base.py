@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from harness import texts
-from harness.policy import Tier
+from harness.policy import PathArgs, Tier, schema_path_arguments
 
 RESULT_LIMIT_CHARS = 20_000
 
@@ -108,6 +108,17 @@ class Tool:
     module: str = ""
     # What a call would change, as plain text for its approval card (a diff, say); None: nothing to show.
     preview: Callable[[ToolContext, dict[str, Any]], str | None] | None = None
+    # Arguments holding paths beyond those its schema marks (`format: "path"` or `"uri"`, `x-path`):
+    # a built-in's own, or an MCP server's `path_arguments` for this tool.
+    listed_paths: tuple[str, ...] = ()
+    # Arguments the tool never reads as a path (the built-in write_file's `content`): not looked into.
+    text_arguments: tuple[str, ...] = ()
+
+    @property
+    def path_args(self) -> PathArgs:
+        """Which arguments hold paths (schema-marked or listed), and which hold mere text."""
+        marked = schema_path_arguments(self.input_schema)
+        return PathArgs(tuple(dict.fromkeys((*marked, *self.listed_paths))), self.text_arguments)
 
     def schema(self) -> dict[str, Any]:
         """The entry for the Messages API `tools` list."""

@@ -36,6 +36,7 @@ class Catalog:
         servers: Sequence[str] = (),
         timeout_seconds: float = 30.0,
         sources: Mapping[str, str] | None = None,
+        path_arguments: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.static = tuple(static)
         self.host = host
@@ -43,6 +44,8 @@ class Catalog:
         self.timeout_seconds = timeout_seconds
         # Where each static tool comes from: BUILTIN, or the `[tools] modules` entry that offers it.
         self.sources: Mapping[str, str] = dict(sources or {t.name: BUILTIN for t in self.static})
+        # `[[mcp.servers]] path_arguments`, by qualified tool name (`<server>__<tool>`).
+        self.path_arguments: Mapping[str, tuple[str, ...]] = dict(path_arguments or {})
         self._lock = threading.Lock()
         self._cached: tuple[Listing | None, ToolRegistry] = (None, ToolRegistry(self.static, timeout_seconds))
         self._narrowed: dict[tuple[object, ...], Catalog] = {}
@@ -76,6 +79,11 @@ class Catalog:
             servers=servers,
             timeout_seconds=config.limits.tool_timeout_seconds,
             sources=sources,
+            path_arguments={
+                f"{s.name}{SEPARATOR}{tool}": names
+                for s in config.mcp_servers
+                for tool, names in s.path_arguments.items()
+            },
         )
 
     def with_host(self, host: McpHost) -> Catalog:
@@ -86,6 +94,7 @@ class Catalog:
             servers=self.servers,
             timeout_seconds=self.timeout_seconds,
             sources=self.sources,
+            path_arguments=self.path_arguments,
         )
 
     def narrowed(self, settings: Config) -> Catalog:
@@ -113,6 +122,7 @@ class Catalog:
                     servers=[s for s in self.servers if settings.offers_server(s)],
                     timeout_seconds=settings.limits.tool_timeout_seconds,
                     sources=self.sources,
+                    path_arguments=self.path_arguments,
                 )
                 self._narrowed[key] = found
         return found
@@ -137,7 +147,7 @@ class Catalog:
                     away=listing.away,
                     timeouts=listing.timeouts,
                 )
-                tools = [*self.static, *tools_of(self.host, mine)]
+                tools = [*self.static, *tools_of(self.host, mine, self.path_arguments)]
                 absent = absent_answer(self.servers, listing)
                 registry = ToolRegistry(tools, self.timeout_seconds, absent=absent)
                 self._cached = (listing, registry)

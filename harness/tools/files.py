@@ -288,11 +288,13 @@ def _with_own_tier(found: Tool, tier: Tier) -> Tool:
 
 
 # Step 3 of the tier order: what reads is allowed, what writes asks.
+# Each file tool's `path` names a place in the workspace; write_file's `content` is the file's text,
+# never read as a path (so a slash in it does not keep a directory grant from covering the call).
 BUILTIN_TOOLS: tuple[Tool, ...] = (
     _with_own_tier(get_time, Tier.ALLOW),
-    _with_own_tier(read_file, Tier.ALLOW),
-    _with_own_tier(list_files, Tier.ALLOW),
-    _with_own_tier(write_file, Tier.ASK),
-    _with_own_tier(delete_file, Tier.ASK),
+    replace(_with_own_tier(read_file, Tier.ALLOW), listed_paths=("path",)),
+    replace(_with_own_tier(list_files, Tier.ALLOW), listed_paths=("path",)),
+    replace(_with_own_tier(write_file, Tier.ASK), listed_paths=("path",), text_arguments=("content",)),
+    replace(_with_own_tier(delete_file, Tier.ASK), listed_paths=("path",)),
 )
 BUILTIN_NAMES: tuple[str, ...] = tuple(t.name for t in BUILTIN_TOOLS)

@@ -168,12 +168,19 @@ class McpHost(Protocol):
     def call(self, server: str, tool: str, arguments: dict[str, Any], side_effects: bool) -> ToolResult: ...
 
 
-def tools_of(host: McpHost, listing: Listing) -> list[Tool]:
-    """Each listed MCP tool as a `Tool` that calls through `host`."""
-    return [_as_tool(host, t, listing.timeouts.get(t.server, 60.0)) for t in listing.tools]
+def tools_of(
+    host: McpHost, listing: Listing, path_arguments: Mapping[str, tuple[str, ...]] | None = None
+) -> list[Tool]:
+    """Each listed MCP tool as a `Tool` that calls through `host`; `path_arguments`: the
+    operator's `path_arguments` by qualified name (`<server>__<tool>`)."""
+    listed = path_arguments or {}
+    return [
+        _as_tool(host, t, listing.timeouts.get(t.server, 60.0), listed.get(t.qualified, ()))
+        for t in listing.tools
+    ]
 
 
-def _as_tool(host: McpHost, info: McpTool, timeout: float) -> Tool:
+def _as_tool(host: McpHost, info: McpTool, timeout: float, paths: tuple[str, ...] = ()) -> Tool:
     # Fail safe: an unannotated tool, or one whose claim is not trusted, may change the world, so
     # a call of it is never run twice after a crash (its outcome is reported unknown instead).
     side_effects = not info.read_only
@@ -200,6 +207,7 @@ def _as_tool(host: McpHost, info: McpTool, timeout: float) -> Tool:
         # Checked before a card is posted: a person never approves a call the server would refuse.
         validate=input_checker(info.input_schema),
         timeout_seconds=timeout,
+        listed_paths=paths,
     )
 
 

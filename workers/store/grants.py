@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from harness.policy import inside_directory, normalise_path, path_arguments
+from harness.policy import PathArgs, call_paths, inside_directory, relative_path
 from workers.store.base import StorePart, as_text
 from workers.store.keys import Keys
 
@@ -23,7 +23,8 @@ def grant_slot(directory: str) -> str:
 @dataclass(frozen=True)
 class Grant:
     """`by` let later `ask` calls of `tool` by `requester` run until `until`: anywhere in the thread,
-    or only calls whose path-like arguments lie in `directory`; at most `uses` of them (0: no limit)."""
+    or only calls every path of which lies in `directory` (`harness.policy.inside_directory`); at
+    most `uses` of them (0: no limit)."""
 
     key: str
     tool: str
@@ -48,9 +49,10 @@ class Grant:
         """Uses left (None: not limited)."""
         return max(0, self.uses - len(self.taken)) if self.uses else None
 
-    def covers(self, call_input: Any) -> bool:
-        """Whether a call with these arguments lies in the grant's scope (any call, unscoped)."""
-        return not self.directory or inside_directory(call_input, self.directory)
+    def covers(self, call_input: Any, path_args: PathArgs | None) -> bool:
+        """Whether a call with these arguments (of a tool whose path arguments are `path_args`)
+        lies in the grant's scope (any call, unscoped)."""
+        return not self.directory or inside_directory(call_input, self.directory, path_args)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -119,11 +121,12 @@ def _parse(raw: Any, key: str) -> Grant | None:
     return found if found.until > time.time() else None
 
 
-def _directories(call_input: Any) -> list[str]:
-    """Every directory (`docs/`, `docs/a/`) holding one of the call's path-like arguments."""
+def _directories(call_input: Any, path_args: PathArgs | None) -> list[str]:
+    """Every directory (`docs/`, `docs/a/`) holding one of the call's paths."""
     found: dict[str, None] = {}
-    for value in path_arguments(call_input).values():
-        parts = normalise_path(value).split("/")[:-1]
+    paths = call_paths(call_input, path_args)[0] if path_args is not None else []
+    for value in paths:
+        parts = (relative_path(value) or "").split("/")[:-1]
         for i in range(1, len(parts) + 1):
             found["/".join(parts[:i]) + "/"] = None
     return list(found)[:64]
@@ -137,14 +140,16 @@ class GrantStore(StorePart):
         key = Keys.grant(team, channel, thread_ts, tool, slot)
         return _parse(self.redis.get(key), key)
 
-    def covering(self, team: str, channel: str, thread_ts: str, tool: str, call_input: Any) -> list[Grant]:
+    def covering(
+        self, team: str, channel: str, thread_ts: str, tool: str, call_input: Any, path_args: PathArgs | None
+    ) -> list[Grant]:
         """The thread's standing grants of `tool` whose scope holds a call with `call_input`, the
         whole-thread one first, then the narrowest directory first (one round trip)."""
-        directories = _directories(call_input)
+        directories = _directories(call_input, path_args)
         keys = [Keys.grant(team, channel, thread_ts, tool)]
         keys += [Keys.grant(team, channel, thread_ts, tool, grant_slot(d)) for d in reversed(directories)]
         found = [_parse(raw, key) for raw, key in zip(self.redis.mget(keys), keys, strict=True)]
-        return [g for g in found if g is not None and g.left != 0 and g.covers(call_input)]
+        return [g for g in found if g is not None and g.left != 0 and g.covers(call_input, path_args)]
 
     def take_grant(self, grant: Grant, use: str) -> Grant | None:
         """Spend one use of `grant` for the call `use` ("run:call"), atomically: the grant as it
