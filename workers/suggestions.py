@@ -8,7 +8,8 @@ approved at least `MIN_APPROVALS` times by people (not by a grant) in the window
 the candidate rule would cover, becomes a suggestion. An expiry is nobody's "no": it counts neither
 way. An approval whose input was edited is treated as a decline (the call as asked was not fine).
 A call whose path lies at the workspace's root, or outside it, is never suggested: a rule over it
-would be no narrower than the whole tool.
+would be no narrower than the whole tool. Nor is a tool that always asks (`[policy] always_ask`,
+or its server's `_meta`, then or now): a person is to look at every call of it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.config import Config
-from harness.policy import Policy, Rule, Tier, grant_directory, path_arguments
+from harness.policy import Policy, Rule, Tier, always_asks, grant_directory, path_arguments
 from messages.home import SUGGEST_DAYS, SUGGEST_MIN_APPROVALS, SUGGESTIONS_MAX
 from workers.replay import Tally, recorded_calls, rule_again
 
@@ -78,6 +79,8 @@ def suggest(
         if found is None:
             continue
         profile, tool, arguments = found
+        if _always_asks(config, profile, tool, entry, by_call):
+            continue
         if verdict == "declined" or entry.get("edited_input") is not None:
             refused.append((profile, tool, arguments))
             continue
@@ -150,6 +153,24 @@ def _call_of(
     if not isinstance(tool, str) or not tool or not isinstance(arguments, dict):
         return None
     return profile, tool, arguments
+
+
+def _always_asks(
+    config: Config,
+    profile: str,
+    tool: str,
+    entry: Mapping[str, Any],
+    by_call: Mapping[tuple[Any, Any], Mapping[str, Any]],
+) -> bool:
+    """Whether the decided call's tool asks on every call: it did when it was asked about (its
+    why), or `profile`'s policy lists it in `always_ask` now."""
+    ruled = by_call.get((entry.get("run_id"), entry.get("call_id"))) or {}
+    if always_asks(str(entry.get("tier_why") or "")) or always_asks(str(ruled.get("why") or "")):
+        return True
+    if ruled.get("requires_interaction") is True:
+        return True
+    settings = config.for_profile(profile)
+    return settings is not None and bool(settings.policy.always_ask_key(tool))
 
 
 def _rule_args(arguments: Mapping[str, Any]) -> dict[str, str] | None:
