@@ -84,7 +84,7 @@ def test_a_why_that_always_asks_is_read_back_and_said_plainly() -> None:
     assert always_asks('policy.always_ask["deploy_*"]')
     assert always_asks('profiles[ops].policy.always_ask["deploy_*"]')
     assert always_asks(DESK_ASKS)
-    assert always_asks(f'policy.always_ask["x"] (decided again right before running; it was allow)')
+    assert always_asks('policy.always_ask["x"] (decided again right before running; it was allow)')
     assert not always_asks("policy.tools.deploy_prod") and not always_asks("policy.default")
     assert not always_asks('policy.tools."policy.always_ask[x]"')
     assert read_why('profiles[ops].policy.always_ask["deploy_*"]').profile == "ops"
