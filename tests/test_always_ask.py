@@ -29,6 +29,7 @@ from messages.reasons import plain_why
 from tests.mcp_support import stdio_table
 from tests.stack import ROOT
 from tests.test_suggestions import NOW, Audit
+from workers.replay import rule_again
 from workers.suggestions import MIN_APPROVALS
 
 DESK_ASKS = WHY_MCP_ALWAYS_ASK.format(server="desk")
@@ -257,3 +258,17 @@ def test_suggestions_never_suggest_allowing_a_tool_that_always_asks(tmp_path: Pa
     for _ in range(MIN_APPROVALS + 2):
         asked_then.add("approved", profile="", channel="C1", at=NOW - 60, tier_why=DESK_ASKS)
     assert asked_then.suggest(plain) == []
+
+
+# --- replay --------------------------------------------------------------------------------------
+
+
+def test_replay_keeps_a_tool_its_server_said_always_asks_at_ask(tmp_path: Path) -> None:
+    draft = config_of(tmp_path, desk_config(tmp_path / "calls.jsonl"))
+    entry = {"tool": "desk__comment", "source": "mcp:desk", "channel": "C1", "team": "T1", "input": {}}
+    before = rule_again(draft, entry, Tier.ALLOW)
+    assert (before.would_be, before.why) == (Tier.ALLOW, 'policy.tools."desk__*"')  # not recorded as asking
+    asked = rule_again(draft, {**entry, "requires_interaction": True}, Tier.ASK)
+    assert (asked.would_be, asked.why, asked.changed) == (Tier.ASK, DESK_ASKS, False)
+    listed = rule_again(draft, {**entry, "tool": "desk__close_ticket"}, Tier.ALLOW)
+    assert (listed.would_be, listed.why) == (Tier.ASK, 'policy.always_ask["desk__close_*"]')
