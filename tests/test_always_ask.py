@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,17 +19,20 @@ from typing import Any
 import pytest
 
 from harness.config import Config, ConfigError, load_config
+from harness.loop import AwaitingApproval, Finished, drive
 from harness.policy import Policy, Rule, Tier, always_asks, read_why
-from harness.state import PendingCall
+from harness.state import Decision, PendingCall, Verdict, record_decisions
 from harness.texts import WHY_MCP_ALWAYS_ASK
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub, McpTool
 from harness.tools.relay import RelayServer
 from messages.cards import approval_card, batch_card
 from messages.reasons import plain_why
+from tests.fakes.messages_api import FakeMessagesAPI, reply, text
 from tests.mcp_support import stdio_table
 from tests.stack import ROOT
 from tests.test_suggestions import NOW, Audit
+from tests.test_tier_at_execution import agent_with, approve, park_on_write
 from workers.replay import rule_again
 from workers.suggestions import MIN_APPROVALS
 
@@ -272,3 +276,25 @@ def test_replay_keeps_a_tool_its_server_said_always_asks_at_ask(tmp_path: Path) 
     assert (asked.would_be, asked.why, asked.changed) == (Tier.ASK, DESK_ASKS, False)
     listed = rule_again(draft, {**entry, "tool": "desk__close_ticket"}, Tier.ALLOW)
     assert (listed.would_be, listed.why) == (Tier.ASK, 'policy.always_ask["desk__close_*"]')
+
+
+# --- decided again right before it runs ----------------------------------------------------------
+
+
+def test_an_approval_a_grant_gave_does_not_run_a_call_that_now_always_asks(
+    model: FakeMessagesAPI, workspace: Path
+) -> None:
+    """The tier is decided again at execution: a grant's approval (recorded while the tool did not
+    always ask) leaves the call waiting for a person; a person's own approval runs it."""
+    parked = park_on_write(model, agent_with(model, workspace, [], {"write_file": "ask"}))
+    strict = agent_with(model, workspace, [], {"write_file": "allow"})
+    strict = replace(strict, policy=replace(strict.policy, always_ask=("write_*",)))
+    by_grant = record_decisions(parked, {"toolu_w": Decision(Verdict.APPROVED, by="U1", grant="used")})
+    state, outcome = drive(by_grant, strict, lambda e: None)
+    assert isinstance(outcome, AwaitingApproval) and not (workspace / "x.txt").exists()
+    [waiting] = outcome.calls
+    assert waiting.decision is None and always_asks(waiting.why)
+
+    model.script(reply(text("done")))
+    state, outcome = drive(approve(state, "toolu_w"), strict, lambda e: None)
+    assert isinstance(outcome, Finished) and (workspace / "x.txt").read_text() == "hi"
