@@ -214,7 +214,7 @@ def budgets_line(settings: Config) -> str:
 def list_tools(catalog: Catalog, policy: Policy, out: TextIO) -> int:
     """`--list-tools`: one `NAME<TAB>TIER<TAB>WHY` line per tool offered."""
     for found in catalog.registry():
-        ruling = policy.decide(found.name, {}, found.own_tier, found.own_tier_why)
+        ruling = policy.decide(found.name, {}, found.own_tier, found.own_tier_why, found.always_ask_why)
         others = [r for r in policy.rules_for(found.name) if r.args]
         why = ruling.why
         if others:
@@ -241,7 +241,7 @@ def explain_call(
     if found is None:
         print(f"{name}\t-\t{not_offered or texts.WHY_UNKNOWN_TOOL}", file=out)
         return EXIT_FAILED
-    ruling = policy.decide(name, arguments, found.own_tier, found.own_tier_why)
+    ruling = policy.decide(name, arguments, found.own_tier, found.own_tier_why, found.always_ask_why)
     print(f"{name}\t{ruling.tier.value}\t{ruling.why}", file=out)
     return 0
 

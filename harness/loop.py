@@ -22,7 +22,7 @@ from harness import texts
 from harness.client import make_client, streamed_reply
 from harness.config import Config, Limits
 from harness.context import TokenMemo, fit_images, prompt_tokens, within_input_limit, without_old_images
-from harness.policy import Policy, Tier, read_why
+from harness.policy import Policy, Tier, always_asks, read_why
 from harness.state import PendingCall, RunState, Status, Usage, Verdict, canonical_json
 from harness.tools import ToolContext, ToolRegistry, ToolResult
 from harness.tools.base import BadInput
@@ -364,7 +364,9 @@ def _ruled(agent: Agent, call: PendingCall) -> PendingCall:
             call, tier=Tier.DENY, why=texts.WHY_UNKNOWN_TOOL, result=agent.tools.not_offered(call.name)
         )
     arguments = _effective_input(call)
-    ruling = agent.policy.decide(call.name, arguments, found.own_tier, found.own_tier_why)
+    ruling = agent.policy.decide(
+        call.name, arguments, found.own_tier, found.own_tier_why, found.always_ask_why
+    )
     call = replace(call, tier=ruling.tier, why=ruling.why, path_args=found.path_args)
     if ruling.tier is Tier.ASK and call.decision is None:  # an `allow` call is checked as it runs
         try:
@@ -388,7 +390,8 @@ def _ruled_again(agent: Agent, call: PendingCall) -> PendingCall:
 
     A tool no longer offered is answered `is_error`; a tier now `deny` is answered as denied; a
     call now `ask` without an approval waits for one. A decision already taken stands: a decline
-    never runs, and an approval counts only where the tier is still `ask` or `allow`.
+    never runs, and an approval counts only where the tier is still `ask` or `allow`; one a grant
+    gave counts for no tool that now always asks (`always_asks`): that call waits for a person.
     """
     if call.decision is not None and call.decision.verdict is not Verdict.APPROVED:
         return call  # a decline or an expiry stands: the call never runs
@@ -397,6 +400,8 @@ def _ruled_again(agent: Agent, call: PendingCall) -> PendingCall:
         return replace(now, why=_changed_why(call, now))
     if now.tier is Tier.DENY:
         return replace(now, why=_changed_why(call, now), result=ToolResult(_denied_text(call), True))
+    if call.decision is not None and call.decision.grant == "used" and always_asks(now.why):
+        return replace(now, decision=None, why=_changed_why(call, now))
     if call.decision is not None and call.tier is Tier.ASK:
         return replace(now, tier=Tier.ASK)  # decided as an `ask`: _answer reads its decision
     return now

@@ -8,6 +8,10 @@ The tier of a call, first match wins (the contract's order):
 3. The tool's own tier (a built-in's, or an MCP tool's `readOnlyHint` on a trusted server).
 4. `[policy].default`.
 
+Then, unless the tier is `deny`: a tool that `[policy] always_ask` lists (a glob, as in
+`[policy.tools]`), or whose MCP `_meta` says `anthropic/requiresUserInteraction: true`, asks, with
+that as its why (`always_asks`): no grant, Approve all or suggested rule covers such a call.
+
 Globs: `*` matches within one path segment, `**` across segments, `?` one character of a
 segment. An argument glob matches the string value of the named top-level argument, after both
 are normalised the way the file tools resolve paths (`drafts/../x` is `x`); a missing or
@@ -24,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from harness.texts import WHY_DECIDED_AGAIN
+from harness.texts import WHY_DECIDED_AGAIN, WHY_MCP_ALWAYS_ASK
 
 
 class Tier(StrEnum):
@@ -80,15 +84,49 @@ class Policy:
     # own entries are named "profiles[NAME].policy.tools", so a why points at the right line.
     origins: Mapping[str, str] = field(default_factory=dict)
     default_key: str = "policy.default"
+    # `[policy] always_ask`: names or globs of tools asked about on every call (unless denied).
+    always_ask: tuple[str, ...] = ()
+    # Where an entry of `always_ask` was written, when not `[policy]` (a profile's own list).
+    always_ask_origins: Mapping[str, str] = field(default_factory=dict)
 
-    def decide(self, name: str, arguments: Any, own_tier: Tier | None = None, own_why: str = "") -> Ruling:
-        """The tier of one call of `name` with `arguments`, and why."""
+    def decide(
+        self,
+        name: str,
+        arguments: Any,
+        own_tier: Tier | None = None,
+        own_why: str = "",
+        always_ask_why: str = "",
+    ) -> Ruling:
+        """The tier of one call of `name` with `arguments`, and why.
+
+        `always_ask_why`: the tool itself says every call needs a person (an MCP tool's `_meta`), and
+        why. Like `always_ask`, it only ever makes a call stricter: `deny` still wins.
+        """
         args = arguments if isinstance(arguments, Mapping) else {}
         matched = [rule for rule in self.rules if rule.matches(name, args)]
         if matched:
             chosen = next((r for r in matched if r.tier is Tier.DENY), matched[0])
-            return Ruling(chosen.tier, chosen.describe())
-        return self.decide_tool(name, own_tier, own_why)
+            ruling = Ruling(chosen.tier, chosen.describe())
+        else:
+            ruling = self.decide_tool(name, own_tier, own_why)
+        if ruling.tier is Tier.DENY:
+            return ruling
+        always = self.always_ask_key(name) or always_ask_why
+        return Ruling(Tier.ASK, always) if always else ruling
+
+    def always_ask_key(self, name: str) -> str:
+        """`policy.always_ask["deploy_*"]`: the entry of `always_ask` that lists `name` (the exact
+        name, else the longest glob, as in `[policy.tools]`); "" when none does."""
+        if name in self.always_ask:
+            return self._always_key(name)
+        globs = [(len(p), i, p) for i, p in enumerate(self.always_ask) if _is_glob(p) and glob_match(p, name)]
+        if not globs:
+            return ""
+        _, _, pattern = max(globs, key=lambda g: (g[0], -g[1]))
+        return self._always_key(pattern)
+
+    def _always_key(self, pattern: str) -> str:
+        return f"{self.always_ask_origins.get(pattern, 'policy.always_ask')}[{_quoted(pattern)}]"
 
     def decide_tool(self, name: str, own_tier: Tier | None = None, own_why: str = "") -> Ruling:
         """Steps 2 to 4 only: the tier of `name` whatever its arguments.
@@ -119,10 +157,12 @@ class Source:
     """A `why` read back into its parts, so cards can say it in plain words (`read_why`).
 
     `step`: "rule" (`[[policy.rules]]`), "tools" (`[policy.tools]`), "own" (the tool's own tier),
-    "default" (`[policy].default`) or "other" (anything else, shown as it is). `profile`: the
-    profile whose table decided, or "". `number`, `tool`, `args`: a rule's number, tool glob and
-    argument globs; `tool` is the `[policy.tools]` key for "tools". `detail`: the default's note
-    in parentheses, or the tool's own why. `was`: the tier before, when decided again.
+    "default" (`[policy].default`), "always" (`[policy] always_ask`, or the tool's MCP `_meta`)
+    or "other" (anything else, shown as it is). `profile`: the profile whose table decided, or "".
+    `number`, `tool`, `args`: a rule's number, tool glob and argument globs; `tool` is the
+    `[policy.tools]` or `always_ask` entry for "tools" and "always" (none: the server asked).
+    `detail`: the default's note in parentheses, or the tool's own why, or the server that asks
+    every call. `was`: the tier before, when decided again.
     """
 
     step: str
@@ -141,6 +181,8 @@ _AGAIN = re.compile(
 _PROFILE = re.compile(r"profiles\[([^\]]*)\]\.(.*)", re.DOTALL)
 _RULE = re.compile(r"policy\.rules\[([0-9]+)\] \((.*)\)", re.DOTALL)
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_ALWAYS = re.compile(r'policy\.always_ask\[("(?:[^"\\]|\\.)*")\]', re.DOTALL)
+_MCP_ALWAYS = re.compile(re.escape(WHY_MCP_ALWAYS_ASK).replace(r"\{server\}", "(.*)"), re.DOTALL)
 
 
 def read_why(why: str) -> Source:
@@ -171,7 +213,17 @@ def _read_step(rest: str, why: str) -> Source:
         return Source("default", why, detail=rest[len("policy.default (") : -1])
     if why.startswith("tool's own tier"):
         return Source("own", why, detail=why)
+    if always := _ALWAYS.fullmatch(rest):
+        return Source("always", why, tool=_unquoted(always.group(1)[1:-1]))
+    if server := _MCP_ALWAYS.fullmatch(why):
+        return Source("always", why, detail=server.group(1))
     return Source("other", why)
+
+
+def always_asks(why: str) -> bool:
+    """Whether a call ruled with `why` asks on every call (`[policy] always_ask`, or its server's
+    `_meta`): no grant, Approve all or suggested rule may stand in for a person's look at it."""
+    return read_why(why).step == "always"
 
 
 def _read_parts(text: str) -> list[tuple[str, str]]:

@@ -159,6 +159,8 @@ WHY_MCP_READ_ONLY = (
 )
 # Why a tool that claims to be read-only gets no tier of its own: the policy's default follows it.
 WHY_MCP_CLAIM_NOT_TRUSTED = "readOnlyHint not trusted: trust_annotations is false for server {server}"
+# Why a tool whose server asks for a person on every call asks, whatever else the policy says.
+WHY_MCP_ALWAYS_ASK = "MCP _meta anthropic/requiresUserInteraction (server {server})"
 RESULT_IMAGE_PLACEHOLDER = "[{kind}]"
 WHY_UNKNOWN_TOOL = "no tool of that name is offered: answered as an error, never run"
 WHY_DECIDED_AGAIN = "{why} (decided again right before running; it was {was})"

@@ -16,7 +16,7 @@ from typing import Any
 
 from slack_sdk.models.blocks import ActionsBlock, ButtonElement
 
-from harness.policy import grant_directory
+from harness.policy import always_asks, grant_directory
 from harness.state import Decision, PendingCall, Verdict
 from messages import texts
 from messages.arguments import Arg, Shown, args_reviewable, arguments_of, pack, present
@@ -101,12 +101,14 @@ def approval_card(
 
     `title` and `annotations` are what an MCP server says of its tool: hints, shown as such.
     `intent`: the model's own words in the reply that made the call. `preview`: what the call
-    would change (a diff), as plain text. `required` > 1: a quorum, with `votes` so far.
+    would change (a diff), as plain text. `required` > 1: a quorum, with `votes` so far. A call
+    that always asks (`tier_source`) is offered no grant, and its card says so.
     """
     value = button_value(run_id, call)
     expires = slack_date(expires_at)
     described = _tool_described(title, annotations)
-    rules = []
+    every_call = always_asks(tier_source)
+    rules = [texts.CARD_ALWAYS_ASKS] if every_call else []
     if required > 1:
         so_far = ", ".join(mention(v) for v in votes[:20]) if votes else "nobody yet"
         rules.append(
@@ -131,7 +133,7 @@ def approval_card(
         ButtonElement(text="Edit…", action_id="edit", value=value),
         ButtonElement(text="Decline with reason…", action_id="decline_with_reason", value=value),
     ]
-    if grant_minutes > 0 and required <= 1:
+    if grant_minutes > 0 and required <= 1 and not every_call:
         lasting = _duration(grant_minutes) + (f", {plural(grant_uses, 'use')}" if grant_uses else "")
         buttons.append(
             ButtonElement(
@@ -476,6 +478,12 @@ def _call_line(call: PendingCall) -> str:
     return f"• {inline(call.name, 80)}{target}"
 
 
+def _open_line(call: PendingCall) -> str:
+    """A call's line on an open batch message: one Approve all leaves open says so."""
+    line = _call_line(call)
+    return f"{line} — {texts.BATCH_ALWAYS_ASKS}" if always_asks(call.why) else line
+
+
 def _listed(lines: Sequence[str]) -> str:
     shown = "\n".join(lines[:BATCH_LISTED])
     if len(lines) > BATCH_LISTED:
@@ -489,7 +497,7 @@ def batch_card(
     """The one message of a park of two or more calls: Approve all / Decline all beside the cards."""
     value = batch_value(run_id, park_id)
     head = texts.BATCH_HEAD.format(count=len(calls))
-    body = _listed([_call_line(c) for c in calls])
+    body = _listed([_open_line(c) for c in calls])
     rules = texts.BATCH_RULES.format(requester=mention(requester), expires=slack_date(expires_at))
     actions = ActionsBlock(
         block_id="batch",

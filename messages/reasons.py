@@ -83,6 +83,10 @@ def _said(source: Source, quote: Quote) -> str:
         if found := _MCP_TRUSTED.fullmatch(source.detail):
             return texts.WHY_CLAIM_TRUSTED.format(server=quote(found.group("server")))
         return texts.WHY_OWN
+    if source.step == "always":
+        if source.tool:
+            return texts.WHY_ALWAYS_ASK.format(policy=policy, glob=quote(source.tool))
+        return texts.WHY_SERVER_ALWAYS_ASKS.format(server=quote(source.detail))
     if source.text == harness_texts.WHY_UNKNOWN_TOOL:
         return source.text  # our own words, already plain
     return quote(source.text)

@@ -128,6 +128,18 @@ NO_SCOPED_GRANT = (
     "This call names no directory a grant could be limited to. Nothing was changed: approve it "
     "on its own, or for the thread."
 )
+NO_GRANT_ALWAYS_ASKS = (
+    "No grant covers this tool: {why}, so a person decides each of its calls. Nothing was "
+    "changed: approve this call on its own."
+)
+CARD_ALWAYS_ASKS = (
+    "*Every call:* approving approves this call only; no grant or *Approve all* covers this tool"
+)
+BATCH_ALWAYS_ASKS = "asked on every call: approve it on its own card"
+BATCH_LEFT_OPEN = (
+    "Left open: {calls} — a person approves each call of these tools on its own card "
+    "(Approve all does not cover them)."
+)
 NO_SUCH_GRANT = (
     "There is no such grant in this thread any more (it expired or was revoked). Nothing was changed."
 )
@@ -276,5 +288,7 @@ WHY_CLAIM_TRUSTED = "server {server} says the tool only reads, and is trusted to
 WHY_BUILTIN = "the built-in setting for this tool"
 WHY_OWN = "the tool's own setting"
 WHY_AGAIN = "{why}; the policy changed while it waited: {was}"
+WHY_ALWAYS_ASK = "{policy} lists it in always_ask ({glob}): a person approves every call of it"
+WHY_SERVER_ALWAYS_ASKS = "server {server} asks a person to approve every call of this tool"
 DENIED = "⛔ {what} is denied by the policy (not run)"
 NOT_RUN_STOPPED = "⏹️ not run: the run was stopped before it"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from harness.policy import always_asks
 from harness.state import Decision, PendingCall, RunState, Verdict, record_decisions
 from messages import cards
 from workers.services import Services
@@ -110,7 +111,10 @@ def use_grant(
     svc: Services, record: RunRecord, call: PendingCall, grants: list[Grant]
 ) -> tuple[Grant, Decision] | None:
     """The first of `grants` that covers `call` and still has a use to spend on it, and the decision
-    that says so; None when none does (the call asks)."""
+    that says so; None when none does (the call asks). No grant covers a call that always asks,
+    whenever the grant was given (`always_asks`: its tier was just decided)."""
+    if always_asks(call.why):
+        return None
     for grant in grants:
         if grant.tool != call.name or not grant.covers(call.input, call.path_args):
             continue

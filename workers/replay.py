@@ -85,7 +85,7 @@ def rule_again(draft: Config, entry: Mapping[str, Any], was: Tier) -> Replayed:
     own_tier, own_why = _own_tier(draft, entry, source)
     recorded = entry.get("input")
     arguments = recorded if isinstance(recorded, dict) else {}
-    ruling = settings.policy.decide(tool, arguments, own_tier, own_why)
+    ruling = settings.policy.decide(tool, arguments, own_tier, own_why, _always_ask_why(entry, source))
     why = ruling.why
     if settings.profile_label != str(entry.get("profile") or ""):
         where = f"profile {settings.profile}" if settings.profile else "the top level"
@@ -172,6 +172,13 @@ def _own_tier(draft: Config, entry: Mapping[str, Any], source: str) -> tuple[Tie
         return None, texts.WHY_MCP_CLAIM_NOT_TRUSTED.format(server=server)
     own_why = entry.get("own_why")
     return _tier(entry.get("own_tier")), own_why if isinstance(own_why, str) else ""
+
+
+def _always_ask_why(entry: Mapping[str, Any], source: str) -> str:
+    """Why the recorded MCP tool asks on every call, when its server said so (`_meta`) then."""
+    if source.startswith(MCP_SOURCE) and entry.get("requires_interaction") is True:
+        return texts.WHY_MCP_ALWAYS_ASK.format(server=source[len(MCP_SOURCE) :])
+    return ""
 
 
 def _unsure_arguments(

@@ -72,6 +72,8 @@ def ruling_entry(
         entry["claims_read_only"] = (
             hints.get("readOnlyHint") is True and hints.get("destructiveHint") is not True
         )
+        if found.always_ask_why:  # its server asks a person for every call (`_meta`): any draft asks too
+            entry["requires_interaction"] = True
     if call.result is not None:
         entry["answered"] = "not_offered" if found is None else "error"  # at once, never asked about
     return entry

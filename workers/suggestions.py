@@ -16,6 +16,9 @@ alike), each a string in the call. A call that carries a path in a list (`paths 
 argument not known to hold paths, or with one of the tool's path arguments missing, gets no
 suggestion at all (never an `allow` without `args`); nor does a call whose tool's path arguments
 are not known (its tier decision, which records them, no longer read or written before they were).
+
+Nor is a tool that always asks (`[policy] always_ask`, or its server's `_meta`, then or now): a
+person is to look at every call of it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.config import Config
-from harness.policy import PathArgs, Policy, Rule, Tier, call_paths, grant_directory
+from harness.policy import PathArgs, Policy, Rule, Tier, always_asks, call_paths, grant_directory
 from harness.tools.files import BUILTIN_TOOLS
 from messages.home import SUGGEST_DAYS, SUGGEST_MIN_APPROVALS, SUGGESTIONS_MAX
 from workers.replay import Tally, recorded_calls, rule_again
@@ -86,6 +89,8 @@ def suggest(
         if found is None:
             continue
         profile, tool, arguments, path_args = found
+        if _always_asks(config, profile, tool, entry, by_call):
+            continue
         if verdict == "declined" or entry.get("edited_input") is not None:
             refused.append((profile, tool, arguments))
             continue
@@ -161,6 +166,24 @@ def _call_of(
     if not isinstance(tool, str) or not tool or not isinstance(arguments, dict):
         return None
     return profile, tool, arguments, path_args
+
+
+def _always_asks(
+    config: Config,
+    profile: str,
+    tool: str,
+    entry: Mapping[str, Any],
+    by_call: Mapping[tuple[Any, Any], Mapping[str, Any]],
+) -> bool:
+    """Whether the decided call's tool asks on every call: it did when it was asked about (its
+    why), or `profile`'s policy lists it in `always_ask` now."""
+    ruled = by_call.get((entry.get("run_id"), entry.get("call_id"))) or {}
+    if always_asks(str(entry.get("tier_why") or "")) or always_asks(str(ruled.get("why") or "")):
+        return True
+    if ruled.get("requires_interaction") is True:
+        return True
+    settings = config.for_profile(profile)
+    return settings is not None and bool(settings.policy.always_ask_key(tool))
 
 
 def _path_args_of(ruled: Mapping[str, Any]) -> PathArgs | None:

@@ -31,11 +31,12 @@ from bot.listening import (
     clicker_and_channel,
     tell_clicker,
 )
-from harness.policy import grant_directory
+from harness.policy import always_asks, grant_directory
 from harness.state import Decision, PendingCall, StateError, Verdict
 from messages import texts
 from messages.arguments import fully_reviewable
 from messages.cards import grant_revoked, reminder_extended
+from messages.reasons import plain_quote, plain_why
 from messages.text import plural, slack_date
 from workers import deciders, metrics
 from workers.store import (
@@ -207,6 +208,9 @@ def _on_decision(
         call = awaiting_call(record, ref.call_id)
         if approvals.grant_minutes <= 0 or approvals.required > 1 or call is None:
             context[REPLY] = texts.NO_GRANTS if call is not None else texts.UNKNOWN_APPROVAL
+            return
+        if always_asks(call.why):  # its card offers no grant; a stale or forged click gives none either
+            context[REPLY] = texts.NO_GRANT_ALWAYS_ASKS.format(why=plain_why(call.why, plain_quote))
             return
         # From the parked call alone (its arguments, and its tool's path arguments as the worker that
         # ruled it knew them), as the card was built: nothing of the click's payload names the scope.

@@ -3,12 +3,13 @@
 A batch button names `run:park`. A click is the clicker's own approve or decline of every call of
 that park still open, one call at a time through the same atomic `decide` as a card's button (per
 call: the fingerprint the park holds, the audit entry, the quorum). Then one job shows the
-decisions and, once every call is decided, resumes the run.
+decisions and, once every call is decided, resumes the run. Approve all leaves open a call that
+always asks (`harness.policy.always_asks`), and says so: a person approves it on its own card.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from slack_bolt import Ack, App, BoltContext
@@ -23,6 +24,7 @@ from bot.listening import (
     clicker_and_channel,
     tell_clicker,
 )
+from harness.policy import always_asks
 from harness.state import Decision, PendingCall, StateError, Verdict
 from messages import texts
 from messages.arguments import fully_reviewable
@@ -79,10 +81,13 @@ def decide_all(
     if approving and deciders.self_approval_refused(approvals, user, record):
         return texts.NO_SELF_APPROVAL  # their Decline all still counts
     open_, votes = deps.store.ballot(record.run_id, record.park_id)
-    unreadable, todo = [], []
+    unreadable, todo, left_open = [], [], []
     for call in calls:
         if open_.get(call.id, "gone") is not None or (approving and user in votes.get(call.id, ())):
             continue  # decided already (or not of this park), or this approver's vote already counts
+        if approving and always_asks(call.why):
+            left_open.append(call.name)  # a person approves each call of it on its own card
+            continue
         if approving and not fully_reviewable(call):
             unreadable.append(call.name)  # nobody approves bytes they could not have read
             continue
@@ -99,17 +104,24 @@ def decide_all(
         metrics.decided(deps.store.redis, record, decision.verdict, approvals, calls=recorded)
     if recorded or counted or expired:
         deps.enqueue(APPLY_DECISIONS, record.run_id)  # one job shows them all and resumes the run
-    return _reply(recorded, counted, expired, unreadable, approving)
+    return _reply(recorded, counted, expired, unreadable, approving, left_open)
 
 
 def _reply(
-    recorded: int, counted: int, expired: bool, unreadable: list[str], approving: bool
+    recorded: int,
+    counted: int,
+    expired: bool,
+    unreadable: list[str],
+    approving: bool,
+    left_open: Sequence[str] = (),
 ) -> Reply | None:
     if expired:
         return texts.ALREADY_EXPIRED
     if unreadable:
         names = ", ".join(sorted(set(unreadable))[:10])
         return texts.BATCH_NOT_REVIEWABLE.format(calls=names)
+    if left_open:
+        return texts.BATCH_LEFT_OPEN.format(calls=", ".join(sorted(set(left_open))[:10]))
     if counted:
         return texts.BATCH_COUNTED.format(calls=plural(counted, "call"))
     if recorded:

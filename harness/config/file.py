@@ -126,7 +126,7 @@ _PROFILE_TOOLS: dict[str, _Spec] = {
 # The tables whose keys are checked by name rather than by a spec (their values are parsed by hand).
 _SECTIONS = {"model", "limits", "policy", "approvals", "tools", "mcp", "budgets", "profiles"}
 _MCP_KEYS = {"servers"}
-_POLICY_KEYS = {"default", "tools", "rules"}
+_POLICY_KEYS = {"default", "tools", "rules", "always_ask"}
 _RULE_KEYS = {"tool", "args", "tier"}
 
 
@@ -323,6 +323,13 @@ def _merged(
         rules=(*own_policy.rules, *top_policy.rules),
         origins={name: f"{key}.policy.tools" for name in own_policy.tools},
         default_key=f"{key}.policy.default" if "default" in raw_own else "policy.default",
+        # Added to the top level's list: a profile can make a tool stricter, never looser.
+        always_ask=tuple(dict.fromkeys((*own_policy.always_ask, *top_policy.always_ask))),
+        always_ask_origins={
+            glob: f"{key}.policy.always_ask"
+            for glob in own_policy.always_ask
+            if glob not in top_policy.always_ask
+        },
     )
     return merged, offered, policy
 
@@ -508,7 +515,20 @@ def _policy(raw: Any, where: str, prefix: str = "policy") -> Policy:
     if not isinstance(rules_raw, list) or not all(isinstance(r, dict) for r in rules_raw):
         raise ConfigError(f"{where}: {prefix}.rules must be an array of tables ([[{prefix}.rules]])")
     rules = tuple(_rule(i + 1, r, where, f"{prefix}.rules") for i, r in enumerate(rules_raw))
-    return Policy(default=default, tools=tools, rules=rules)
+    always_ask = _always_ask(raw.get("always_ask", []), f"{prefix}.always_ask", where)
+    return Policy(default=default, tools=tools, rules=rules, always_ask=always_ask)
+
+
+def _always_ask(raw: Any, key: str, where: str) -> tuple[str, ...]:
+    """`[policy] always_ask`: tool names or globs, as in `[policy.tools]`."""
+    if not isinstance(raw, list):
+        raise ConfigError(
+            f'{where}: {key} must be a list of tool names or globs, like ["deploy_*"], got {raw!r}'
+        )
+    for i, value in enumerate(raw):
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{where}: {key}[{i}] must be a tool name or glob, got {value!r}")
+    return tuple(dict.fromkeys(raw))
 
 
 def _rule(number: int, raw: dict[str, Any], where: str, table: str = "policy.rules") -> Rule:

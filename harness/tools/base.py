@@ -96,6 +96,10 @@ class Tool:
     # Step 3 of the tier order: the tier the tool gives itself (None: it gives none), and why.
     own_tier: Tier | None = None
     own_tier_why: str = ""
+    # Set when the tool itself says every call needs a person (an MCP tool's `_meta`
+    # `anthropic/requiresUserInteraction: true`): why, for the policy (`Policy.decide`). "" when not.
+    # A claim that can only make a call stricter, so it is believed from any server.
+    always_ask_why: str = ""
     # Shown on approval cards next to the arguments (an MCP tool's title and annotations).
     title: str | None = None
     annotations: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))

@@ -42,6 +42,7 @@ from harness.tools.schemas import input_checker, schema_problem
 log = logging.getLogger("harness.mcp")
 
 SEPARATOR = "__"
+REQUIRES_INTERACTION = "anthropic/requiresUserInteraction"  # the `_meta` key of a tool that always asks
 # The Messages API's rule for a tool name: a name that breaks it makes every request refused.
 TOOL_NAME_RULE = "^[a-zA-Z0-9_-]{1,64}$"
 _TOOL_NAME = re.compile(TOOL_NAME_RULE)
@@ -94,6 +95,8 @@ class McpTool:
     annotations: Mapping[str, Any] = field(default_factory=dict)
     # `trust_annotations` of its server: whether `claims_read_only` may be believed.
     trusted: bool = False
+    # Its `_meta` says `anthropic/requiresUserInteraction: true`: every call asks a person.
+    requires_interaction: bool = False
 
     @property
     def qualified(self) -> str:
@@ -121,6 +124,7 @@ class McpTool:
             "title": self.title,
             "annotations": dict(self.annotations),
             "trusted": self.trusted,
+            "requires_interaction": self.requires_interaction,
         }
 
     @classmethod
@@ -133,6 +137,7 @@ class McpTool:
             title=data.get("title"),
             annotations=data.get("annotations") or {},
             trusted=data.get("trusted") is True,  # missing: not trusted
+            requires_interaction=data.get("requires_interaction") is True,
         )
 
 
@@ -202,6 +207,9 @@ def _as_tool(host: McpHost, info: McpTool, timeout: float, paths: tuple[str, ...
         side_effects=side_effects,
         own_tier=Tier.ALLOW if info.read_only else None,
         own_tier_why=own_why,
+        always_ask_why=texts.WHY_MCP_ALWAYS_ASK.format(server=info.server)
+        if info.requires_interaction
+        else "",
         title=info.title,
         annotations=info.annotations,
         # Checked before a card is posted: a person never approves a call the server would refuse.
@@ -652,12 +660,22 @@ async def _list_tools(client: Any, server: str, trusted: bool = False) -> tuple[
                     title=tool.title or annotations.get("title"),
                     annotations=annotations,
                     trusted=trusted,
+                    requires_interaction=_requires_interaction(tool),
                 )
             )
         cursor = page.next_cursor
         if not cursor:
             break
     return _offerable(found, server)
+
+
+def _requires_interaction(tool: Any) -> bool:
+    """Whether the tool's `_meta` says `anthropic/requiresUserInteraction: true`.
+
+    Believed whatever `trust_annotations` says: a server can only make its own tool stricter by it.
+    """
+    meta = getattr(tool, "meta", None)
+    return isinstance(meta, Mapping) and meta.get(REQUIRES_INTERACTION) is True
 
 
 def _offerable(found: list[McpTool], server: str) -> tuple[McpTool, ...]:

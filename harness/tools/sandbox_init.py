@@ -29,6 +29,7 @@ program with one line on stderr and status 126 before the server is started.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
@@ -156,10 +157,9 @@ def _hand_over(listener: socket.socket, door: socket.socket) -> None:
         except OSError:
             return
         with connection:
-            try:
+            # The proxy gone, the connection closes, as a refused one would.
+            with contextlib.suppress(OSError):
                 socket.send_fds(door, [b"c"], [connection.fileno()])
-            except OSError:
-                pass  # the proxy is gone: the connection closes, as a refused one would
 
 
 def main(argv: list[str]) -> int:

@@ -15,6 +15,8 @@ protocol do), so a client falls back to the `initialize` handshake and gets a se
 unknown id then answers 404, as the spec says. A session's DELETE is written to the file named by
 `MCP_HTTP_LOG` (when set). Two tools are listed that a client must not offer: `research` needs
 to run as a task (`execution.taskSupport: "required"`) and `bad_schema`'s inputSchema is invalid.
+`MCP_ALWAYS_ASK` (comma-separated tool names, when set): those tools' `_meta` says
+`anthropic/requiresUserInteraction: true`.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class _Desk(MCPServer):
                 tool.execution = ToolExecution(task_support="required")
             elif tool.name == "bad_schema":
                 tool.input_schema = {"type": "object", "properties": {"n": {"type": "a-number-please"}}}
+            if tool.name in os.environ.get("MCP_ALWAYS_ASK", "").split(","):
+                tool.meta = {**(tool.meta or {}), "anthropic/requiresUserInteraction": True}
         return tools
 
 
