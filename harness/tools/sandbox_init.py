@@ -156,10 +156,9 @@ def _hand_over(listener: socket.socket, door: socket.socket) -> None:
             connection, _ = listener.accept()
         except OSError:
             return
-        with connection:
-            # The proxy gone, the connection closes, as a refused one would.
-            with contextlib.suppress(OSError):
-                socket.send_fds(door, [b"c"], [connection.fileno()])
+        # The proxy gone, the connection closes, as a refused one would.
+        with connection, contextlib.suppress(OSError):
+            socket.send_fds(door, [b"c"], [connection.fileno()])
 
 
 def main(argv: list[str]) -> int:
