@@ -124,6 +124,8 @@ def main() -> int:
     except redis.RedisError as exc:
         print(f"error: cannot reach Redis at {RedisTarget.from_env().describe()} ({exc})", file=sys.stderr)
         return 2
+    if warning := RedisTarget.from_env().open_warning():
+        print(warning, file=sys.stderr)
     live = LiveConfig(config)  # SIGHUP reads HARNESS_CONFIG again (workers.reload)
     store = metrics.count_shortfalls(Store(connection))
     deps = BotDeps(store=store, queue=make_queue(connection), config=live)

@@ -180,3 +180,29 @@ def test_a_client_goes_on_with_the_new_master_after_a_failover_without_a_restart
         assert MASTER_NAME in repr(client.connection_pool)
     finally:
         group.stop()
+
+
+@pytest.mark.parametrize(
+    ("env", "warned"),
+    [
+        ({"REDIS_URL": "redis://redis.internal:6379/0"}, "redis.internal"),
+        ({"REDIS_URL": "rediss://10.0.0.5:6380/1"}, "10.0.0.5"),
+        ({"REDIS_URL": "redis://:s3cret@redis.internal:6379/0"}, None),
+        ({"REDIS_URL": "redis://user:s3cret@redis.internal:6379/0"}, None),
+        ({"REDIS_URL": "redis://127.0.0.1:6379/0"}, None),
+        ({"REDIS_URL": "redis://localhost:6379/0"}, None),
+        ({"REDIS_URL": "redis://[::1]:6379/0"}, None),
+        ({"REDIS_URL": "unix:///run/redis.sock"}, None),
+        ({"REDIS_SENTINELS": "10.0.0.7:26379,127.0.0.1:26379", "REDIS_URL": "redis:///0"}, "10.0.0.7"),
+        ({"REDIS_SENTINELS": "10.0.0.7:26379", "REDIS_URL": "redis://:pw@/0"}, None),
+    ],
+)
+def test_a_password_less_redis_that_other_hosts_share_is_named_in_one_line_at_start(
+    env: dict[str, str], warned: str | None
+) -> None:
+    line = RedisTarget.from_env(env).open_warning()
+    if warned is None:
+        assert line is None
+    else:
+        assert line is not None and warned in line and "no password" in line and "\n" not in line
+        assert "requirepass" in line  # and how to fix it

@@ -225,6 +225,8 @@ def work() -> int:
     except redis.RedisError as exc:
         print(redis_problem(exc), file=sys.stderr)
         return 2
+    if warning := RedisTarget.from_env().open_warning():
+        print(warning, file=sys.stderr)
     try:
         servers = svc.config.resolved_servers()
     except ConfigError as exc:

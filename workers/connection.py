@@ -15,6 +15,7 @@ horse dies and is forked again, the watchdog tries its next pass.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -72,6 +73,28 @@ class RedisTarget:
     def uses_sentinel(self) -> bool:
         return bool(self.sentinels)
 
+    def open_warning(self) -> str | None:
+        """One line when Redis is reached with no password at an address other processes share.
+
+        Whoever can write Redis can write a grant, a decision or a parked run: a password-less Redis
+        is fit only for loopback on a machine of one's own (or a Unix socket whose mode keeps
+        others out). Production needs `requirepass` (or an ACL user) and the password in REDIS_URL.
+        """
+        parts = urlsplit(self.url)
+        if parts.scheme == "unix" or parts.password:
+            return None
+        hosts = (
+            [host for host, _ in self.sentinels] if self.uses_sentinel else [parts.hostname or "localhost"]
+        )
+        shared = [h for h in hosts if not _loopback(h)]
+        if not shared:
+            return None
+        return (
+            f"warning: Redis at {', '.join(shared)} ({'REDIS_SENTINELS' if self.uses_sentinel else 'REDIS_URL'}) "
+            "is reached with no password: anyone who reaches it can write a grant or a decision. Set "
+            "requirepass (or an ACL user) and give it in REDIS_URL (redis://:PASSWORD@host:6379/0)"
+        )
+
     def describe(self) -> str:
         """Which setting says where Redis is, for an error: never its password."""
         if self.uses_sentinel:
@@ -119,3 +142,12 @@ def _address(part: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise RedisSettingsError(f"REDIS_SENTINELS must be host:port,host:port, not {part.strip()!r}")
     return host, int(port)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
