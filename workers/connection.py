@@ -89,8 +89,9 @@ class RedisTarget:
         shared = [h for h in hosts if not _loopback(h)]
         if not shared:
             return None
+        setting = "REDIS_SENTINELS" if self.uses_sentinel else "REDIS_URL"
         return (
-            f"warning: Redis at {', '.join(shared)} ({'REDIS_SENTINELS' if self.uses_sentinel else 'REDIS_URL'}) "
+            f"warning: Redis at {', '.join(shared)} ({setting}) "
             "is reached with no password: anyone who reaches it can write a grant or a decision. Set "
             "requirepass (or an ACL user) and give it in REDIS_URL (redis://:PASSWORD@host:6379/0)"
         )
