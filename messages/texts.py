@@ -58,6 +58,15 @@ NOT_A_REQUESTER = (
     "In this channel only {{who}} may start a run (the channel's profile `{profile}` says so). "
     "Nothing was started."
 )
+NOT_A_REQUESTER_NOW = (
+    "In this channel only {{who}} may start or continue a run now (the channel's profile `{profile}` "
+    "says so), and this run's requester is not among them. Nothing was changed."
+)
+THREAD_PROFILE_CHANGED = (
+    "This channel's settings changed since this thread's last request: this one runs under {now}, not {was}."
+)
+PROFILE_NAMED = "profile `{profile}`"
+PROFILE_TOP_LEVEL = "the top-level settings"
 BUSY_USER = (
     "You already have {requests} going (running or waiting for approval). "
     "This one was not started: mention me again once one of them is done."

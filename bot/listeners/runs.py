@@ -135,6 +135,10 @@ def _answer_limit(
     if not deps.may_decide(clicker.user, record):
         context[REPLY] = (texts.LIMIT_NOT_ALLOWED, {"who": deps.deciders(record)})
         return
+    refused = deps.no_more_work(record) if verdict is Verdict.APPROVED else None  # Stop stays open
+    if refused is not None:
+        context[REPLY] = refused
+        return
     approvals = deps.settings_of(record).approvals
     if verdict is Verdict.APPROVED and deciders.self_approval_refused(approvals, clicker.user, record):
         context[REPLY] = texts.LIMIT_NO_SELF_CONTINUE  # four eyes: their Stop still counts
@@ -187,6 +191,10 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
             return
         if not deps.may_decide(user, record):
             context[REPLY] = (texts.NOT_ALLOWED_RETRY, {"who": deps.deciders(record)})
+            return
+        refused = deps.no_more_work(record)
+        if refused is not None:
+            context[REPLY] = refused
             return
         limits = deps.settings_of(record).limits
         claimed = deps.store.claim_retry(
