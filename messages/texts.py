@@ -31,8 +31,8 @@ RESULTS_FILE_TITLE = "Turn {turn}: every call in full"
 FEEDBACK_THANKS = "Thanks: your feedback on this answer is recorded."
 FEEDBACK_SAME = "Your feedback on this answer was already recorded. Nothing more was recorded."
 FEEDBACK_LIMITED = (
-    "You have given feedback {times} in the last minute, so this click was not recorded. "
-    "Try again in a minute."
+    "You have given feedback {times} in the last minute, so this click was not recorded, nor "
+    "will the next ones be this minute. Try again in a minute."
 )
 FEEDBACK_UNKNOWN = "This answer can no longer take feedback (its run is gone). Nothing was recorded."
 NOT_ALLOWED = "Only {who} may decide this approval. Nothing was changed."
