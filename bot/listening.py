@@ -28,6 +28,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from harness.config import Config
+from messages import texts
 from messages.blocks import notice
 from workers import deciders, logs
 from workers.reload import LiveConfig
@@ -120,8 +121,20 @@ class BotDeps:
         return self.live.current
 
     def settings_of(self, record: RunRecord) -> Config:
-        """The settings of `record`'s run: its profile as configured now (`Config.settings`)."""
-        return self.config.settings(record.profile)
+        """The settings of `record`'s run now: its channel's profile as configured now. That is the
+        profile it started under while the channel still maps to it (as configured now), else the
+        one the channel maps to now: a run never outlives its channel's rules."""
+        return self.config.for_run(record.channel, record.team)
+
+    def no_more_work(self, record: RunRecord) -> tuple[str, dict[str, Any]] | None:
+        """Why no model work may be started or extended for `record` now (Retry, Continue, Extend):
+        its requester is not among its channel's profile's `requesters` as configured now; None when
+        it may go on. The same rule as a mention's, so an old run never outlives its channel's rules."""
+        settings = self.settings_of(record)
+        requesters = settings.requesters
+        if not requesters or self.groups.includes(self.store, record.team, record.requester, requesters):
+            return None
+        return texts.NOT_A_REQUESTER_NOW.format(profile=settings.profile_label), {"who": list(requesters)}
 
     def enqueue(self, func: str, run_id: str, *args: Any) -> None:
         """Enqueue a job about `run_id` with the retry policy every job gets."""

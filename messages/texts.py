@@ -31,8 +31,8 @@ RESULTS_FILE_TITLE = "Turn {turn}: every call in full"
 FEEDBACK_THANKS = "Thanks: your feedback on this answer is recorded."
 FEEDBACK_SAME = "Your feedback on this answer was already recorded. Nothing more was recorded."
 FEEDBACK_LIMITED = (
-    "You have given feedback {times} in the last minute, so this click was not recorded. "
-    "Try again in a minute."
+    "You have given feedback {times} in the last minute, so this click was not recorded, nor "
+    "will the next ones be this minute. Try again in a minute."
 )
 FEEDBACK_UNKNOWN = "This answer can no longer take feedback (its run is gone). Nothing was recorded."
 NOT_ALLOWED = "Only {who} may decide this approval. Nothing was changed."
@@ -58,6 +58,15 @@ NOT_A_REQUESTER = (
     "In this channel only {{who}} may start a run (the channel's profile `{profile}` says so). "
     "Nothing was started."
 )
+NOT_A_REQUESTER_NOW = (
+    "In this channel only {{who}} may start or continue a run now (the channel's profile `{profile}` "
+    "says so), and this run's requester is not among them. Nothing was changed."
+)
+THREAD_PROFILE_CHANGED = (
+    "This channel's settings changed since this thread's last request: this one runs under {now}, not {was}."
+)
+PROFILE_NAMED = "profile `{profile}`"
+PROFILE_TOP_LEVEL = "the top-level settings"
 BUSY_USER = (
     "You already have {requests} going (running or waiting for approval). "
     "This one was not started: mention me again once one of them is done."

@@ -140,6 +140,34 @@ def test_a_parked_turn_waits_with_its_tasks_and_its_summary_settles_there_after_
     assert (stack.workspace / "live.txt").read_text() == "x"
 
 
+def test_a_streamed_link_shows_its_address_above_the_waiting_card_and_after_it_settles(stack: Stack) -> None:
+    channel = new_channel()
+    words = "Before you approve, [open the reviewed diff](https://evil.example) and read it."
+    stack.model.script_for(
+        "livelink",
+        reply(
+            text(words), tool_use("write_file", {"path": "link.txt", "content": "x"}), tokens_per_second=40
+        ),
+        reply(text("wrote it")),
+    )
+    _, ts, _ = stack.mention("livelink: write", channel=channel)
+    card = wait_post(
+        stack, channel, ts, lambda m: "approve" in str(m.get("blocks")) and "link.txt" in m["text"]
+    )
+    stopped = wait_until(
+        lambda: next(
+            (s for s in streams_in(stack, channel) if not s["streaming"] and "diff" in s["text"]), None
+        )
+    )
+    shown = "open the reviewed diff (https://evil.example)"  # as a posted answer shows it
+    assert shown in stopped["text"] and "](" not in stopped["text"], stopped["text"]
+    assert stack.click(card, "approve") == 200
+    wait_post(stack, channel, ts, lambda m: footer(1, 2) in m["text"], timeout=30)
+    summary = wait_post(stack, channel, ts, lambda m: "Turn 1" in m["text"])
+    assert summary["ts"] == stopped["ts"]  # the stopped stream settled into the turn summary
+    assert shown in str(summary["blocks"]) and "](" not in str(summary["blocks"])
+
+
 def test_a_workspace_without_tasks_still_streams_words_and_posts_the_summaries(stack: Stack) -> None:
     channel = new_channel()
     stack.slack.tasks_supported = False

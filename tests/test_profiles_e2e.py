@@ -4,7 +4,8 @@ real Redis, the loopback Slack and model.
 Two channels, two profiles: each offers its own tools (read from the `tools` of the requests the
 model received), has its own approvers and its own requesters; a channel no profile matches gets
 the top level. A run keeps its profile through a park and a resume; a thread keeps it for the
-next mention; a person a profile leaves out gets an ephemeral reply and nothing starts.
+next mention while its channel maps to it; a person a profile leaves out gets an ephemeral reply
+and nothing starts.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 
+from messages import texts
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import (
@@ -206,7 +208,7 @@ def test_a_thread_keeps_its_profile_for_the_next_mention(stack: Stack) -> None:
     assert not any(f"{third}: done." in m["text"] for m in thread(stack, OPS, ts))
 
 
-# --- a config change applies to new runs; a thread keeps the profile it started under ---------------
+# --- a config change applies to new runs, and to old threads once their channel maps elsewhere -----
 
 MOVED = CONFIG.replace(f'channels = ["{OPS}"]', 'channels = ["CNEWOPS"]').replace(
     f'channels = ["{GENERAL}", "im"]', f'channels = ["{GENERAL}", "{OPS}", "im"]'
@@ -214,7 +216,7 @@ MOVED = CONFIG.replace(f'channels = ["{OPS}"]', 'channels = ["CNEWOPS"]').replac
 GONE = MOVED.replace('name = "ops"', 'name = "ops-renamed"')
 
 
-def test_a_thread_keeps_its_profile_across_a_reload_and_new_threads_get_the_new_one(
+def test_a_thread_goes_on_under_its_channels_profile_after_a_reload_and_says_so_once(
     redis_url: str, tmp_path: Path
 ) -> None:
     with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
@@ -227,21 +229,24 @@ def test_a_thread_keeps_its_profile_across_a_reload_and_new_threads_get_the_new_
             assert offered(moving, first) == ["get_time", "read_file", "write_file"]
 
             reload(moving, (bot, worker), MOVED, 1)
-            # The old thread continues under `ops` (as configured now); a new one in #ops is `general`'s.
+            # #ops maps to `general` now: the old thread goes on under it and says so; a new one too.
             moving.model.script_for(first, reply(text(f"{kept}: done.")))
             moving.mention(f"{kept}: more", channel=OPS, thread_ts=ts)
             wait_post(moving, OPS, ts, lambda m: f"{kept}: done." in m["text"])
-            assert tools_of(moving, kept) == ["get_time", "read_file", "write_file"]
+            assert tools_of(moving, kept) == ["get_time"]
+            note = texts.THREAD_PROFILE_CHANGED.format(now="profile `general`", was="profile `ops`")
+            assert [m["text"] for m in thread(moving, OPS, ts) if "settings changed" in m["text"]] == [note]
             fresh_ts = ask(moving, OPS, fresh)
             wait_post(moving, OPS, fresh_ts, lambda m: f"{fresh}: done." in m["text"])
             assert offered(moving, fresh) == ["get_time"]
 
             reload(moving, (bot, worker), GONE, 2)
-            # Its profile is gone: the thread is matched anew, never left with the old tools.
+            # Renaming `ops` changes nothing here: the thread had gone on under `general` already.
             moving.model.script_for(first, reply(text(f"{rematched}: done.")))
             moving.mention(f"{rematched}: more", channel=OPS, thread_ts=ts)
             wait_post(moving, OPS, ts, lambda m: f"{rematched}: done." in m["text"])
             assert tools_of(moving, rematched) == ["get_time"]
+            assert len([m for m in thread(moving, OPS, ts) if "settings changed" in m["text"]]) == 1
         finally:
             moving.stop()
 

@@ -255,8 +255,27 @@ def _start(svc: Services, driver: Driver) -> str | None:
     except StateError as exc:
         return _refuse(driver, str(exc))
     state = new_run(task, history)
-    driver.save(status=RunStatus.RUNNING, state=state.to_json(), history_seq=seq)
+    profile, kept = _thread_profile(svc, driver)
+    driver.save(status=RunStatus.RUNNING, state=state.to_json(), history_seq=seq, profile=profile)
+    if kept != profile:
+        svc.store.keep_thread_profile(driver.record)
     return _advance(svc, driver, state)  # the "Working on it…" message goes out with the first request
+
+
+def _thread_profile(svc: Services, driver: Driver) -> tuple[str, str | None]:
+    """The profile a run starting in its thread goes under (its channel's now), and the one the
+    thread kept (None: a new thread). A thread keeps its profile only while its channel maps to
+    it: when its last run had another, the thread is told so in one line (the next save owes it)."""
+    record = driver.record
+    now = svc.settings_of(record).profile_label
+    kept = svc.store.thread_profile(*record.thread)
+    if kept is not None and kept != now:
+        driver.notify(texts.THREAD_PROFILE_CHANGED.format(now=_profile_words(now), was=_profile_words(kept)))
+    return now, kept
+
+
+def _profile_words(profile: str) -> str:
+    return texts.PROFILE_NAMED.format(profile=profile) if profile else texts.PROFILE_TOP_LEVEL
 
 
 def _advance(svc: Services, driver: Driver, state: RunState) -> str | None:
@@ -290,11 +309,12 @@ def _agent(svc: Services, driver: Driver) -> Agent:
         return Stop(Valve.STOPPED_BY_USER, harness_texts.STOP_BY_USER)
 
     settings = svc.settings_of(driver.record)
-    if settings.profile is not None and svc.config.for_profile(settings.profile) is None:
+    if settings.profile_label != driver.record.profile:
         log.warning(
-            "run %s: its profile %r is no longer configured: nothing is offered to it and no call runs",
+            "run %s: it started under profile %r, its channel maps to %r now: it goes on under that",
             driver.run_id,
-            settings.profile,
+            driver.record.profile,
+            settings.profile_label,
         )
     catalog = svc.catalog.narrowed(settings) if svc.catalog is not None else None
     record = driver.record

@@ -39,6 +39,7 @@ from harness.loop import CallRunning, LiveEvent, TextWritten, ToolReturned
 from harness.state import PendingCall
 from messages import texts
 from messages.arguments import args_json
+from messages.streamed import LinkShower
 from messages.text import cut, escape, inert, visible
 from workers.store import DAY, Keys, RunRecord
 
@@ -126,6 +127,7 @@ class LiveMessage:
         self._opened = opened
         self._refused = refused
         self._pending = _Batch()
+        self._links = LinkShower()  # a link shows its address, as in a posted answer
         self._closing = False
         self._done = False
         self._cond = threading.Condition()
@@ -136,8 +138,8 @@ class LiveMessage:
     def text(self, piece: str) -> None:
         """Append `piece` (escaped Markdown) at the next write."""
         with self._cond:
-            if not self._closing:
-                self._pending.text.append(piece)
+            if not self._closing and (shown := self._links.feed(piece)):
+                self._pending.text.append(shown)
                 self._cond.notify()
 
     def task(self, chunk: dict[str, Any]) -> None:
@@ -153,6 +155,8 @@ class LiveMessage:
         """No more writes after what is pending; the stream is stopped meanwhile. Its ts, once
         open (waiting for a start still in flight), or None when it never opened."""
         with self._cond:
+            if not self._closing and (rest := self._links.feed("", final=True)):
+                self._pending.text.append(rest)  # a link still open when it stopped: shown as text
             self._closing = True
             self._cond.notify()
             deadline = time.monotonic() + OPEN_WAIT_SECONDS

@@ -3,8 +3,8 @@
 A reload reads the file as a start would and prepares what the process needs from it (the bot:
 nothing more; a worker: its catalog, so tool modules are imported and `${VAR}`s resolved). Any
 error is one log line naming it, and the running config stays; success is one line too. Nothing
-parked is touched: a run keeps its profile by name, and `Config.settings(name)` gives the new
-definition of that profile when it resumes.
+parked is touched: a run's settings are read from the config in force whenever they are needed,
+as its channel's profile now (`Services.settings_of`), so a resumed run follows the new file.
 """
 
 from __future__ import annotations

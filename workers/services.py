@@ -229,8 +229,10 @@ class Services:
         )
 
     def settings_of(self, record: RunRecord) -> Config:
-        """The settings of `record`'s run: its profile as configured now (`Config.settings`)."""
-        return self.config.settings(record.profile)
+        """The settings of `record`'s run now: its channel's profile as configured now. That is the
+        profile it started under while the channel still maps to it (as configured now), else the
+        one the channel maps to now: a run never outlives its channel's rules."""
+        return self.config.for_run(record.channel, record.team)
 
     @functools.cached_property
     def courtesy_slack(self) -> WebClient:

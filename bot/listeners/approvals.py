@@ -354,6 +354,10 @@ def _on_extend(deps: BotDeps) -> Callable[..., None]:
             if not (clicker.user == record.requester or deps.may_decide(clicker.user, record)):
                 context[REPLY] = (texts.EXTEND_NOT_ALLOWED, {"who": deps.deciders(record)})
                 return
+            refused = deps.no_more_work(record)
+            if refused is not None:
+                context[REPLY] = refused
+                return
             if record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != ref.park_id:
                 context[REPLY] = texts.EXTEND_EXPIRED
                 return

@@ -24,7 +24,6 @@ from bot.listening import (
     BotDeps,
     Then,
 )
-from harness.config import Config
 from messages import texts
 from messages.blocks import notice
 from messages.text import plural
@@ -63,7 +62,9 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
             log.warning("ignoring an app_mention whose text is not a string")
             return
         direct = event.get("channel_type") == IM or channel.startswith("D")  # app_mention has no type
-        settings, kept = _settings(deps, team, channel, thread_ts)
+        # Who may ask, and what a run gets, is the channel's profile as configured now, in an old
+        # thread too: the worker says so in the thread when that is not the profile it kept.
+        settings = deps.config.for_run(channel, team)
         if settings.requesters and not deps.groups.includes(deps.store, team, user, settings.requesters):
             log.info(
                 "app_mention %s in %s: %s may not start runs under profile %s",
@@ -115,8 +116,6 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
             )
             root.set("harness.mention.accepted", accepted.value)
         context["accepted"] = accepted
-        if accepted is Accepted.NEW and kept != record.profile:
-            deps.store.keep_thread_profile(record)
         busy = {
             Accepted.USER_BUSY: limits.max_runs_per_user,
             Accepted.CHANNEL_BUSY: limits.max_runs_per_channel,
@@ -131,21 +130,6 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
         log.info("app_mention %s in %s: %s", event_id, channel, accepted.value)
 
     return on_mention
-
-
-def _settings(deps: BotDeps, team: str, channel: str, thread_ts: str) -> tuple[Config, str | None]:
-    """The settings a new run in this thread gets, and the profile the thread kept (None: none).
-
-    A thread keeps the profile its first run started under, so a later mention continues under it
-    even if the channel has moved to another profile since; a profile since removed is matched anew.
-    """
-    config = deps.config
-    kept = deps.store.thread_profile(team, channel, thread_ts)
-    if kept is not None:
-        found = config.for_profile(kept)
-        if found is not None:
-            return found, kept
-    return config.for_run(channel, team), kept
 
 
 def acknowledge_visibly(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:

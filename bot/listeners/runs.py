@@ -135,6 +135,10 @@ def _answer_limit(
     if not deps.may_decide(clicker.user, record):
         context[REPLY] = (texts.LIMIT_NOT_ALLOWED, {"who": deps.deciders(record)})
         return
+    refused = deps.no_more_work(record) if verdict is Verdict.APPROVED else None  # Stop stays open
+    if refused is not None:
+        context[REPLY] = refused
+        return
     approvals = deps.settings_of(record).approvals
     if verdict is Verdict.APPROVED and deciders.self_approval_refused(approvals, clicker.user, record):
         context[REPLY] = texts.LIMIT_NO_SELF_CONTINUE  # four eyes: their Stop still counts
@@ -188,6 +192,10 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
         if not deps.may_decide(user, record):
             context[REPLY] = (texts.NOT_ALLOWED_RETRY, {"who": deps.deciders(record)})
             return
+        refused = deps.no_more_work(record)
+        if refused is not None:
+            context[REPLY] = refused
+            return
         limits = deps.settings_of(record).limits
         claimed = deps.store.claim_retry(
             record,
@@ -231,8 +239,9 @@ def _failure_clicked(record: RunRecord | None, body: dict[str, Any]) -> str | No
 def _on_feedback(deps: BotDeps) -> Callable[..., None]:
     """`feedback` (Slack's thumbs under an answer, value ``good:RUN`` or ``bad:RUN``): a click goes
     into the feedback stream (not the decisions' audit) with who, which answer and where, and into
-    `harness_feedback_total`, unless it repeats the clicker's feedback on that answer or they are
-    past their share of the minute (`FEEDBACK_PER_MINUTE`); the clicker hears which, in private."""
+    `harness_feedback_total`, unless the clicker is past their share of the minute
+    (`FEEDBACK_PER_MINUTE` clicks) or it repeats their feedback on that answer; the clicker hears
+    which, in private, and past their share only once that minute."""
 
     def on_feedback(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
         ack()
@@ -261,11 +270,14 @@ def _on_feedback(deps: BotDeps) -> Callable[..., None]:
         )
         if outcome is FeedbackOutcome.RECORDED:
             metrics.incr(deps.store.redis, metrics.FEEDBACK, feedback=verdict)
-        context[REPLY] = {
-            FeedbackOutcome.RECORDED: texts.FEEDBACK_THANKS,
-            FeedbackOutcome.SAME: texts.FEEDBACK_SAME,
-            FeedbackOutcome.LIMITED: texts.FEEDBACK_LIMITED.format(times=plural(FEEDBACK_PER_MINUTE, "time")),
-        }[outcome]
+        if outcome is not FeedbackOutcome.IGNORED:  # told once a minute that they are past their share
+            context[REPLY] = {
+                FeedbackOutcome.RECORDED: texts.FEEDBACK_THANKS,
+                FeedbackOutcome.SAME: texts.FEEDBACK_SAME,
+                FeedbackOutcome.LIMITED: texts.FEEDBACK_LIMITED.format(
+                    times=plural(FEEDBACK_PER_MINUTE, "time")
+                ),
+            }[outcome]
 
     return on_feedback
 

@@ -29,7 +29,7 @@ from workers.store.records import FINISHED_RUN_TTL
 AUDIT_MAX_ENTRIES = 100_000
 AUDIT_MAX_AGE = 90 * DAY
 FEEDBACK_MAX_ENTRIES = 100_000
-FEEDBACK_PER_MINUTE = 10  # feedback clicks of one person recorded per minute, over every answer
+FEEDBACK_PER_MINUTE = 10  # feedback clicks of one person taken per minute, over every answer
 
 
 class FeedbackOutcome(StrEnum):
@@ -37,19 +37,24 @@ class FeedbackOutcome(StrEnum):
 
     RECORDED = "recorded"
     SAME = "same"  # the person's standing feedback on this answer already says so
-    LIMITED = "limited"  # past the person's share of the minute: not recorded
+    LIMITED = "limited"  # the first click past the person's share of the minute: not recorded
+    IGNORED = "ignored"  # a later one that minute: not recorded, and they were told already
 
 
-# KEYS[1] feedback stream, KEYS[2] the person's count this minute, KEYS[3] their standing feedback
-# on the answer. ARGV[1] entry JSON, ARGV[2] good/bad, ARGV[3] most a person may give a minute,
-# ARGV[4] that minute in s, ARGV[5] stream max length, ARGV[6] oldest id kept, ARGV[7] standing TTL s.
-# The same feedback again on the same answer adds nothing (a double click, a replay, redis-py
-# sending the script again); past the person's share of the minute nothing is written either.
+# KEYS[1] feedback stream, KEYS[2] the person's clicks this minute, KEYS[3] their standing feedback
+# on the answer. ARGV[1] entry JSON, ARGV[2] good/bad, ARGV[3] most clicks a person may give a
+# minute, ARGV[4] that minute in s, ARGV[5] stream max length, ARGV[6] oldest id kept, ARGV[7]
+# standing TTL s. Every click counts, over every answer: past the person's share of the minute
+# nothing is written (the first such click is 'limited', to be told so; the rest 'ignored'). The
+# same feedback again on the same answer adds nothing (a double click, a replay).
 _FEEDBACK = """
-if redis.call('GET', KEYS[3]) == ARGV[2] then return 'same' end
 local n = redis.call('INCR', KEYS[2])
 if n == 1 then redis.call('EXPIRE', KEYS[2], ARGV[4]) end
-if n > tonumber(ARGV[3]) then return 'limited' end
+if n > tonumber(ARGV[3]) then
+  if n == tonumber(ARGV[3]) + 1 then return 'limited' end
+  return 'ignored'
+end
+if redis.call('GET', KEYS[3]) == ARGV[2] then return 'same' end
 redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[7])
 redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[5], '*', 'entry', ARGV[1])
 redis.call('XTRIM', KEYS[1], 'MINID', '~', ARGV[6])
@@ -262,8 +267,9 @@ class AuditStore(StorePart):
         self, entry: dict[str, Any], *, team: str, user: str, run_id: str, now: float | None = None
     ) -> FeedbackOutcome:
         """Append a click on an answer's thumbs (`entry["feedback"]`: good or bad) to the feedback
-        stream, unless it repeats `user`'s standing feedback on that answer or `user` has already
-        given `FEEDBACK_PER_MINUTE` this minute. One script: the checks and the write are one step."""
+        stream, unless `user` has already clicked `FEEDBACK_PER_MINUTE` times this minute or it
+        repeats their standing feedback on that answer. One script: the count, the checks and the
+        write are one step."""
         now = time.time() if now is None else now
         keys = [Keys.feedback(), Keys.feedback_rate(team, user), Keys.feedback_given(run_id, user)]
         args: list[Any] = [

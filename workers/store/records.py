@@ -70,7 +70,8 @@ class RunRecord:
     # What Slack shows of the run (workers.thread_status): per status method, the status it last
     # showed, or "refused" once Slack refused it for this run (then it is not called again).
     status_shown: dict[str, str] = field(default_factory=dict)
-    # The `[[profiles]]` name the run started under ("": the top level); it keeps it to the end.
+    # The `[[profiles]]` name the run started under ("": the top level), for metrics and the audit;
+    # its settings are always its channel's profile as configured now (`Services.settings_of`).
     profile: str = ""
     extensions: int = 0  # how many times Extend has moved this park's expiry later
     # The live message (workers.live) of the turn the run parked in: its turn summary settles into it.
