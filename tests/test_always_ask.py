@@ -23,13 +23,14 @@ from harness.loop import AwaitingApproval, Finished, drive
 from harness.policy import Policy, Rule, Tier, always_asks, read_why
 from harness.state import Decision, PendingCall, Verdict, record_decisions
 from harness.texts import WHY_MCP_ALWAYS_ASK
+from harness.tools import BUILTIN_TOOLS
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub, McpTool
 from harness.tools.relay import RelayServer
 from messages.cards import approval_card, batch_card
 from messages.reasons import plain_why
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text
-from tests.mcp_support import stdio_table
+from tests.mcp_support import out, stdio_table
 from tests.stack import ROOT
 from tests.test_suggestions import NOW, Audit
 from tests.test_tier_at_execution import agent_with, approve, park_on_write
@@ -162,7 +163,7 @@ def desk_config(log: Path) -> str:
 
 
 def test_list_tools_says_why_a_tool_always_asks(tmp_path: Path) -> None:
-    done = list_tools(tmp_path, desk_config(tmp_path / "calls.jsonl"))
+    done = list_tools(tmp_path, desk_config(out(tmp_path, "calls.jsonl")))
     assert done.returncode == 0, done.stderr
     lines = {line.split("\t")[0]: line.split("\t")[1:] for line in done.stdout.splitlines()}
     assert lines["desk__comment"] == ["ask", "MCP _meta anthropic/requiresUserInteraction (server desk)"]
@@ -200,7 +201,9 @@ def test_a_listing_without_the_flag_reads_as_not_asking() -> None:
 
 
 def call(why: str, name: str = "write_file", n: int = 1) -> PendingCall:
-    return PendingCall(f"toolu_{n}", name, {"path": f"docs/{n}.md", "content": "x"}, Tier.ASK, why=why)
+    path_args = next(t.path_args for t in BUILTIN_TOOLS if t.name == "write_file")
+    args = {"path": f"docs/{n}.md", "content": "x"}
+    return PendingCall(f"toolu_{n}", name, args, Tier.ASK, why=why, path_args=path_args)
 
 
 def card_of(why: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ READ_BY_OTHERS = {
 _ROW = re.compile(r"^\|\s*(?P<cell>[^|]*?)\s*\|", re.MULTILINE)
 _CODE = re.compile(r"`([^`]+)`")
 _CONFIG_KEY = re.compile(r"[a-z_]+(\.[a-z_]+)+")
-_VARIABLE = re.compile(r"[A-Z][A-Z0-9]*(_[A-Z0-9]+)+|PORT|HOST|PATH")
+_VARIABLE = re.compile(r"[A-Z][A-Z0-9]*(_[A-Z0-9]+)+|PORT|HOST|PATH|HOME")
 # How product code reads a variable: env.get("X"), os.environ["X"], os.getenv("X"), and the names
 # it passes to helpers that read them (a string literal with one of the product's prefixes).
 _READS = re.compile(

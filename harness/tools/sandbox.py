@@ -137,8 +137,7 @@ class Sandbox:
             door = self._door(server)
             bound.append((door, _DOOR))
             init += ["--egress", _DOOR, "--port", str(_PROXY_PORT)]
-            env.update({name: _PROXY_URL for name in _PROXY_VARIABLES})
-            env["NODE_USE_ENV_PROXY"] = "1"
+            env.update(_PROXY_ENVIRONMENT)
         needed = [program, *_venv(program), *_named(server.args, cwd), interpreter, sys.base_prefix, _INIT]
         try:
             view = walls.plan(places, cwd=cwd, writable=server.writable, needed=needed, bound=bound)
@@ -208,7 +207,12 @@ _INIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_init.p
 _DOOR = "/run/harness-egress.sock"  # where the egress door is bound inside the sandbox
 _PROXY_PORT = 3128  # the sandbox's own loopback: nothing else listens there
 _PROXY_URL = f"http://127.0.0.1:{_PROXY_PORT}"
-_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy")
+# What a server with `network` is told: where its one way out is (Node's fetch heeds it when told to).
+_PROXY_ENVIRONMENT = {
+    **dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"), _PROXY_URL),
+    **dict.fromkeys(("ALL_PROXY", "all_proxy"), _PROXY_URL),
+    "NODE_USE_ENV_PROXY": "1",
+}
 
 
 def _resolve(command: str, path: str | None, cwd: str | None) -> str:
