@@ -235,3 +235,121 @@ def test_mcp_server_time_from_pypi_lists_and_answers(tmp_path: Path) -> None:
         assert not moved.is_error and "21:00" in moved.content
         missing = run(catalog, "time__get_current_time", {}, tmp_path)
         assert missing.is_error and "'timezone' is a required property" in missing.content
+
+
+# --- the reference servers behind the walls (issue 30) ---------------------------------------------
+
+NODE_BIN = ROOT / ".ci/node_modules/.bin"
+
+
+def _needs_node_server(name: str) -> pytest.MarkDecorator:
+    path = NODE_BIN / f"mcp-server-{name}"
+    return pytest.mark.skipif(
+        not (os.access(path, os.X_OK) and shutil.which("node")),
+        reason=f"@modelcontextprotocol/server-{name} is not installed at {path}: `bash .ci/run` installs it",
+    )
+
+
+def _table(name: str, command: str | Path, args: list[str], **keys: Any) -> str:
+    table = (
+        f'[[mcp.servers]]\nname = "{name}"\ncommand = {json.dumps(str(command))}\nargs = {json.dumps(args)}\n'
+    )
+    for key, value in keys.items():
+        table += (
+            f"{key} = "
+            + (
+                "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in value.items()) + " }"
+                if isinstance(value, dict)
+                else json.dumps(value)
+            )
+            + "\n"
+        )
+    return table
+
+
+@_needs_node_server("filesystem")
+def test_the_reference_filesystem_server_works_on_its_writable_folder_and_writes_nowhere_else(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "team-docs"
+    folder.mkdir()
+    (folder / "readme.md").write_text("# team docs\n")
+    readonly = tmp_path / "reference"
+    readonly.mkdir()
+    (readonly / "policy.md").write_text("read me, never change me\n")
+    toml = _table(
+        "fs", NODE_BIN / "mcp-server-filesystem", [str(folder), str(readonly)], writable=[str(folder)]
+    )
+    config = config_of(tmp_path, toml)
+    with McpHub(config.resolved_servers({})) as hub:
+        assert not hub.listing().away, hub.listing().away
+        catalog = Catalog.from_config(config, host=hub)
+        wrote = run(catalog, "fs__write_file", {"path": str(folder / "new.md"), "content": "hello"}, tmp_path)
+        assert not wrote.is_error, wrote.content
+        assert (folder / "new.md").read_text() == "hello"
+        read = run(catalog, "fs__read_text_file", {"path": str(readonly / "policy.md")}, tmp_path)
+        assert not read.is_error and "never change me" in read.content
+        # A folder it was given but may not write: its arguments stay readable, not writable.
+        refused = run(
+            catalog, "fs__write_file", {"path": str(readonly / "policy.md"), "content": "x"}, tmp_path
+        )
+        assert refused.is_error
+    assert (readonly / "policy.md").read_text() == "read me, never change me\n"
+
+
+@_needs_node_server("memory")
+def test_the_reference_memory_server_keeps_its_graph_in_its_own_directory(tmp_path: Path) -> None:
+    store = tmp_path / "memory"
+    store.mkdir()
+    toml = _table(
+        "memory",
+        NODE_BIN / "mcp-server-memory",
+        [],
+        env={"MEMORY_FILE_PATH": str(store / "memory.jsonl")},
+        writable=[str(store)],
+    )
+    config = config_of(tmp_path, toml)
+    with McpHub(config.resolved_servers({})) as hub:
+        assert not hub.listing().away, hub.listing().away
+        catalog = Catalog.from_config(config, host=hub)
+        entity = {"name": "harness", "entityType": "project", "observations": ["runs behind walls"]}
+        made = run(catalog, "memory__create_entities", {"entities": [entity]}, tmp_path)
+        assert not made.is_error, made.content
+        graph = run(catalog, "memory__read_graph", {}, tmp_path)
+        assert not graph.is_error and "runs behind walls" in graph.content
+    assert "runs behind walls" in (store / "memory.jsonl").read_text()
+
+
+NO_GIT = "mcp-server-git is not installed in this venv: `pip install -e '.[test]'` installs it"
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mcp_server_git") is None or shutil.which("git") is None, reason=NO_GIT
+)
+def test_mcp_server_git_works_on_the_repository_it_is_given(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "a.txt").write_text("one\n")
+    subprocess.run([*git, "add", "a.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "first"], check=True)
+    (repo / "a.txt").write_text("two\n")
+    toml = _table(
+        "git",
+        sys.executable,
+        ["-m", "mcp_server_git", "--repository", str(repo)],
+        writable=[str(repo)],
+    )
+    config = config_of(tmp_path, toml)
+    with McpHub(config.resolved_servers({})) as hub:
+        assert not hub.listing().away, hub.listing().away
+        catalog = Catalog.from_config(config, host=hub)
+        status = run(catalog, "git__git_status", {"repo_path": str(repo)}, tmp_path)
+        assert not status.is_error and "a.txt" in status.content, status.content
+        log = run(catalog, "git__git_log", {"repo_path": str(repo)}, tmp_path)
+        assert not log.is_error and "first" in log.content, log.content
+        added = run(catalog, "git__git_add", {"repo_path": str(repo), "files": ["a.txt"]}, tmp_path)
+        assert not added.is_error, added.content
+    staged = subprocess.run([*git, "diff", "--cached", "--name-only"], capture_output=True, text=True)
+    assert staged.stdout.strip() == "a.txt"
