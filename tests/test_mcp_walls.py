@@ -288,3 +288,41 @@ def test_a_writable_that_would_open_a_wall_keeps_the_server_from_starting_with_o
         "give it a directory of its own" in lines[0] or "another directory" in lines[0]
     )
     assert not report.exists()  # the server never ran
+
+
+@pytest.mark.parametrize("network", [True, ["api.example.com"]])
+def test_a_server_with_network_reaches_only_public_addresses_through_the_proxy(
+    network: bool | list[str], checkout: Path, tmp_path: Path, redis_url: str
+) -> None:
+    """`network = true` is outbound to public addresses only: never the host's loopback (Redis, the
+    bot), private ranges or cloud metadata, whether asked directly or through the proxy. Every
+    destination here is refused before any connection is tried: no packet leaves for it."""
+    report = out(tmp_path, "report.jsonl")
+    hub, catalog = hub_for(checkout, hostile_table("evil", report) + f"network = {json.dumps(network)}\n")
+    bot = Listener(socket.AF_INET, ("127.0.0.1", 0))
+    redis_port = redis_url.rsplit(":", 1)[1].split("/")[0]
+    try:
+        assert not hub.listing().away, hub.listing().away
+        direct = [f"127.0.0.1:{bot.address[1]}", f"127.0.0.1:{redis_port}"]
+        proxied = [
+            f"127.0.0.1:{bot.address[1]}",
+            f"127.0.0.1:{redis_port}",
+            f"localhost:{redis_port}",
+            "10.0.0.1:6379",
+            "192.168.1.1:80",
+            "169.254.169.254:80",
+            "[::1]:6379",
+            "2130706433:6379",
+        ]
+        seen = breach(catalog, checkout, connects=direct, proxied=proxied)
+        for target in direct:
+            assert seen["connects"][target].startswith("error"), (target, seen["connects"][target])
+        for target in proxied:
+            assert seen["proxied"][target].startswith("answered: HTTP/1.1 403"), (
+                target,
+                seen["proxied"][target],
+            )
+        assert not bot.connected.is_set()
+    finally:
+        bot.close()
+        hub.close()
