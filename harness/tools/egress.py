@@ -5,7 +5,7 @@ The server runs in a network namespace of its own, where nothing but its own loo
 tiny init inside the sandbox listens on 127.0.0.1:<port> there, and the server is started with
 `HTTP_PROXY`/`HTTPS_PROXY`/`ALL_PROXY` pointing at it. The init does not proxy anything itself:
 for each TCP connection it accepts, it hands the accepted socket to the host through a Unix socket
-in a private directory, "the door" (one per server), with `SCM_RIGHTS`: it connects to the door
+in a private directory, "the door" (one per server, `SOCK_STREAM`), with `SCM_RIGHTS`: it connects
 once, then sends one byte carrying one fd per connection (`socket.send_fds(door, [b"c"], [fd])`).
 This module serves the other side: it receives each socket and speaks HTTP proxy on it. The
 decisions are all made here, on the host, where the server cannot reach them.
@@ -411,7 +411,7 @@ class EgressProxy:
         if self._loop is None or self._thread is None:
             return
         loop, thread = self._loop, self._thread
-        with contextlib.suppress(RuntimeError):
+        with contextlib.suppress(RuntimeError, TimeoutError):
             self._call(self._remove_all())
         loop.call_soon_threadsafe(loop.stop)
         thread.join(_CALL_SECONDS)
@@ -496,15 +496,14 @@ class EgressProxy:
         """Read one fd per one-byte message from the init until it hangs up."""
         try:
             while True:
-                await _readable(link)
-                while True:
-                    try:
-                        data, fds, flags, _ = socket.recv_fds(link, 1, 4, socket.MSG_CMSG_CLOEXEC)
-                    except BlockingIOError:
-                        break
-                    self._take(door, fds, flags)
-                    if not data:
-                        return
+                await _readable(link)  # once per message, so a flood cannot starve other doors
+                try:
+                    data, fds, flags, _ = socket.recv_fds(link, 1, 4, socket.MSG_CMSG_CLOEXEC)
+                except BlockingIOError:
+                    continue
+                self._take(door, fds, flags)
+                if not data:
+                    return
         except OSError:
             return
         finally:
@@ -534,8 +533,11 @@ class EgressProxy:
             return
         door.active += 1
         door.sockets.add(sock)
-        task = self._spawn(door, self._serve(door, sock))
-        task.add_done_callback(lambda _: setattr(door, "active", door.active - 1))
+
+        def served(_: asyncio.Task[None]) -> None:
+            door.active -= 1
+
+        self._spawn(door, self._serve(door, sock)).add_done_callback(served)
 
     async def _serve(self, door: _Door, sock: socket.socket) -> None:
         """One client connection: read its head, decide, then tunnel or forward."""
