@@ -547,3 +547,16 @@ def test_an_unreachable_destination_gets_502(start: Callable[..., tuple[EgressPr
         answer = ask(init, connect_request(f"127.0.0.1:{port}"))
     assert status(answer) == 502
     assert f"cannot reach 127.0.0.1 port {port}".encode() in answer
+
+
+def test_a_flood_of_refusals_logs_twenty_lines_a_minute_then_one_line_counting_the_rest() -> None:
+    """A hostile server asking again and again cannot fill the worker's log."""
+    from harness.tools.egress import _LOG_BUDGET, _Door
+
+    with socket.socket(socket.AF_UNIX) as listener:
+        door = _Door("evil", "/nowhere", None, listener)
+        said = [door.may_say(1000.0) for _ in range(_LOG_BUDGET + 5)]
+        assert said[:_LOG_BUDGET] == [""] * _LOG_BUDGET and said[_LOG_BUDGET:] == [None] * 5
+        note = door.may_say(1061.0)
+        assert note is not None and "5 more egress refusals were not logged" in note
+        assert door.may_say(1062.0) == ""

@@ -226,7 +226,12 @@ def test_without_a_working_bubblewrap_no_server_starts_and_one_line_says_why(
     bin_dir.mkdir()
     if kind == "refused":  # what bwrap says where the kernel or a container refuses namespaces
         fake = bin_dir / "bwrap"
-        fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+        # Long, as bwrap's own words can be: the line must still end with how to fix it.
+        said = (
+            "bwrap: No permissions to create new namespace, likely because the kernel does not allow "
+            + "x" * 150
+        )
+        fake.write_text(f"#!/bin/sh\necho '{said}' >&2\nexit 1\n")
         fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))
     report = out(tmp_path, "report.jsonl")
@@ -244,6 +249,7 @@ def test_without_a_working_bubblewrap_no_server_starts_and_one_line_says_why(
     assert "not reachable" in why and "bubblewrap" in why
     if kind == "refused":
         assert "No permissions to create new namespace" in why
+        assert why.rstrip().endswith("a seccomp profile that permits them); trying again in 0.5 s"), why
     else:
         assert "install" in why
     assert not report.exists()  # the server never ran

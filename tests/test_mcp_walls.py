@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import threading
 import uuid
@@ -326,3 +327,87 @@ def test_a_server_with_network_reaches_only_public_addresses_through_the_proxy(
     finally:
         bot.close()
         hub.close()
+
+
+NOBODY_PROBE = """
+import json, os, socket, sys
+out = {}
+ROOT = %r
+for path in (ROOT + "/.env", ROOT + "/etc/harness.toml"):
+    try:
+        out[path] = open(path).read()
+    except OSError as exc:
+        out[path] = f"error: {exc.strerror}"
+try:
+    open(ROOT + "/planted.txt", "a").write("planted")
+    out["write"] = "wrote"
+except OSError as exc:
+    out["write"] = f"error: {exc.strerror}"
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=3).close()
+    out["connect"] = "connected"
+except OSError as exc:
+    out["connect"] = f"error: {exc.strerror}"
+print(json.dumps(out))
+"""
+AS_NOBODY = """
+import json, subprocess, sys
+from harness.tools.sandbox import Sandbox, Server
+confined = Sandbox().confine(Server(name="probe", command=sys.executable, args=tuple(sys.argv[1:])))
+done = subprocess.run([confined.command, *confined.args], env=dict(confined.env), cwd=confined.cwd,
+                      capture_output=True, text=True, timeout=60)
+print(done.stdout or done.stderr)
+"""
+
+
+def test_the_walls_hold_for_a_worker_that_is_not_root(redis_url: str) -> None:
+    """As user nobody, bubblewrap makes its namespaces through a user namespace, not root's powers:
+    the same walls, tried on files nobody may read and write outside the sandbox."""
+    require_bwrap()
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv: the test runs the worker's side as user nobody")
+    root = Path("/srv") / f"harness-walls-{uuid.uuid4().hex}"
+    try:
+        (root / "etc").mkdir(parents=True)
+        (root / "etc" / "harness.toml").write_text("[policy]\n")
+        (root / ".env").write_text("SLACK_BOT_TOKEN=xoxb-nobody\n")
+        (root / "probe.py").write_text(NOBODY_PROBE % str(root))
+        (root / "state").mkdir()
+        shutil.chown(root, "nobody")
+        shutil.chown(root / "state", "nobody")
+        # The system's Python with this venv's packages: the venv's own interpreter may lie under a
+        # home that user nobody cannot enter (the sandbox runs it as nobody too).
+        python = shutil.which("python3.11", path="/usr/bin:/usr/local/bin") or sys.executable
+        site = [p for p in sys.path if p.endswith("site-packages")]
+        runs = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", "import pydantic"],
+            capture_output=True,
+            env={"PYTHONPATH": os.pathsep.join(site)},
+        )
+        if runs.returncode != 0:
+            pytest.skip(f"user nobody cannot run {python} with this venv's packages: {runs.stderr[-200:]!r}")
+        redis_port = redis_url.rsplit(":", 1)[1].split("/")[0]
+        env = {
+            "PATH": os.environ["PATH"],
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), *site]),
+            "HARNESS_CONFIG": str(root / "etc" / "harness.toml"),
+            "HARNESS_STATE_DIR": str(root / "state"),
+            "HOME": str(root / "state"),
+        }
+        done = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", AS_NOBODY]
+            + [str(root / "probe.py"), redis_port],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=root,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout.strip().splitlines()[-1])
+        assert seen[str(root / ".env")].startswith("error"), seen
+        assert seen[str(root / "etc" / "harness.toml")].startswith("error"), seen
+        assert seen["write"].startswith("error") and not (root / "planted.txt").exists()
+        assert seen["connect"].startswith("error"), seen
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

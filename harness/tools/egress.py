@@ -69,6 +69,7 @@ import socket
 import stat
 import struct
 import threading
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -331,6 +332,11 @@ def _printable(text: str) -> str:
 # --- The proxy --------------------------------------------------------------------------------
 
 
+# At most this many refusal lines a minute per server; the rest are counted in one line.
+_LOG_BUDGET = 20
+_LOG_WINDOW_SECONDS = 60.0
+
+
 @dataclass
 class _Door:
     """One server's door: its listening socket and every task that serves it."""
@@ -343,6 +349,23 @@ class _Door:
     sockets: set[socket.socket] = field(default_factory=set)  # links and clients, until closed
     links: int = 0
     active: int = 0
+    said: int = 0  # refusal lines logged in the current minute
+    unsaid: int = 0  # refusals past the budget, told in one line when the minute is over
+    minute: float = 0.0  # when the current minute began
+
+    def may_say(self, now: float) -> str | None:
+        """Whether one more refusal line may be logged now ("" yes; a note of those left out
+        first, when a minute ended with some; None: over the budget, counted instead)."""
+        note = ""
+        if now - self.minute >= _LOG_WINDOW_SECONDS:
+            if self.unsaid:
+                note = f"{self.unsaid:,} more egress refusals were not logged in the minute before"
+            self.minute, self.said, self.unsaid = now, 0, 0
+        if self.said >= _LOG_BUDGET:
+            self.unsaid += 1
+            return None
+        self.said += 1
+        return note
 
 
 class EgressProxy:
@@ -629,7 +652,11 @@ class EgressProxy:
         if isinstance(answer, _Refusal):
             server, host = _printable(answer.door.server), _printable(answer.request.host)
             port, why = answer.request.port, _printable(answer.why)
-            log.warning("MCP server %s: egress to %s port %d refused: %s", server, host, port, why)
+            note = answer.door.may_say(time.monotonic())  # a hostile server may not flood the log
+            if note:
+                log.warning("MCP server %s: %s", server, note)
+            if note is not None:
+                log.warning("MCP server %s: egress to %s port %d refused: %s", server, host, port, why)
         try:
             writer.write(_answer_bytes(answer.status, answer.why))
             await writer.drain()

@@ -120,25 +120,29 @@ class Sandbox:
     def confine(self, server: Server, environ: Mapping[str, str] | None = None) -> Confined:
         """bwrap running `server` behind its walls; `SandboxUnavailable` or `FileNotFoundError` if not."""
         environ = os.environ if environ is None else environ
+        bwrap = self._bwrap(environ)
+        door = self._door(server) if server.network else None  # first: its directory is hidden too
         places = self._places or walls.Places.of_process(environ, self.hidden)
         self._places = places
         home = walls.private_home(self.state_dir or walls.state_directory(environ), server.name)
         cwd = os.path.abspath(server.cwd) if server.cwd else home
         env = server_environment({"HOME": cwd, **server.env}, environ)
-        program = _resolve(server.command, env.get("PATH"), cwd)
+        # Without a `cwd`, relative paths in `command` and `args` are read from the worker's working
+        # directory, as they always were; the server itself starts in its own directory.
+        base = cwd if server.cwd else places.workdir
+        program = _resolve(server.command, env.get("PATH"), base)
+        args = server.args if server.cwd else _from_workdir(server.args, places.workdir)
         for directory in (cwd, *server.writable):
             if not os.path.isdir(directory):
                 raise SandboxUnavailable(texts.SANDBOX_NO_DIRECTORY.format(path=escape(directory)))
-        bwrap = self._bwrap(environ)
         interpreter = os.path.realpath(sys.executable)
         init = [interpreter, "-I", "-S", _INIT]
         bound: list[tuple[str, str]] = []
-        if server.network:
-            door = self._door(server)
+        if door is not None:
             bound.append((door, _DOOR))
             init += ["--egress", _DOOR, "--port", str(_PROXY_PORT)]
             env.update(_PROXY_ENVIRONMENT)
-        needed = [program, *_venv(program), *_named(server.args, cwd), interpreter, sys.base_prefix, _INIT]
+        needed = [program, *_venv(program), *_named(args, cwd), interpreter, sys.base_prefix, _INIT]
         try:
             view = walls.plan(places, cwd=cwd, writable=server.writable, needed=needed, bound=bound)
         except walls.WallsRefused as exc:
@@ -146,18 +150,22 @@ class Sandbox:
         flags = [*self._flags(), *view.args, "--chdir", view.cwd]
         # The MCP SDK adds a few variables of its own to the environment it starts bwrap with.
         flags += [a for name in sorted(_sdk_defaults() - set(env)) for a in ("--unsetenv", name)]
-        return Confined(bwrap, (*flags, "--", *init, "--", program, *server.args), env, view.cwd)
+        return Confined(bwrap, (*flags, "--", *init, "--", program, *args), env, view.cwd)
 
     def close(self) -> None:
-        """Close the egress proxy, if one was started."""
+        """Close the egress proxy, if one was started, and remove its doors' directory."""
         if self.egress is not None:
             self.egress.close()
+            shutil.rmtree(self.egress.directory, ignore_errors=True)
+            self.egress = None
 
     def _door(self, server: Server) -> str:
         if self.egress is None:
             from harness.tools.egress import EgressProxy
 
-            self.egress = EgressProxy(tempfile.mkdtemp(prefix="harness-egress-")).start()
+            directory = tempfile.mkdtemp(prefix="harness-egress-")
+            self.hidden, self._places = (*self.hidden, directory), None  # no server sees the doors
+            self.egress = EgressProxy(directory).start()
         hosts = None if server.network is True else tuple(server.network or ())
         return str(self.egress.open_door(server.name, hosts))
 
@@ -224,6 +232,20 @@ def _resolve(command: str, path: str | None, cwd: str | None) -> str:
     elif (found := shutil.which(command, path=path)) is not None:
         return found
     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
+
+
+_SCRIPTS = (".py", ".js", ".mjs", ".cjs", ".ts", ".sh", ".rb", ".pl")
+
+
+def _from_workdir(args: Sequence[str], workdir: str) -> tuple[str, ...]:
+    """`args` with each relative path to a file of the worker's working directory made absolute:
+    one with a `/` in it, or a script's name, that names an existing file there."""
+    out = []
+    for arg in args:
+        relative = not arg.startswith(("-", "/", "~")) and ("/" in arg or arg.endswith(_SCRIPTS))
+        path = os.path.join(workdir, arg)
+        out.append(os.path.normpath(path) if relative and os.path.isfile(path) else arg)
+    return tuple(out)
 
 
 def _venv(program: str) -> list[str]:
