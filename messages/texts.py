@@ -62,6 +62,11 @@ NOT_A_REQUESTER_NOW = (
     "In this channel only {{who}} may start or continue a run now (the channel's profile `{profile}` "
     "says so), and this run's requester is not among them. Nothing was changed."
 )
+# In the edit modal, beside an argument (no mentions render there).
+NOT_A_REQUESTER_NOW_SHORT = (
+    "This run's requester may no longer start or continue a run in this channel (its profile says "
+    "so now), so it cannot be approved. Nothing was changed."
+)
 THREAD_PROFILE_CHANGED = (
     "This channel's settings changed since this thread's last request: this one runs under {now}, not {was}."
 )

@@ -63,6 +63,7 @@ class Changed:
     parked: tuple[str, dict[str, Any]]  # Alice's thread and the card of her parked delete_file
     failure: dict[str, Any]  # Bob's failed run's message with Retry
     limit: dict[str, Any]  # Bob's run at its limit: the card with Continue
+    bob_parked: dict[str, Any]  # Bob's parked write_file: the card he alone decides (no approvers)
 
 
 def word(prefix: str) -> str:
@@ -130,10 +131,18 @@ def _before_the_reload(stack: Stack, then_reload: Any) -> Changed:
     )
     _, limit_ts, _ = stack.mention("boblimit: read, then list", channel=STRICT, user="UBOB")
     limit = wait_post(stack, STRICT, limit_ts, has_button("continue"))
+
+    model.script_for(
+        "bobwrites",
+        reply(tool_use("write_file", {"path": "bob.txt", "content": "bob"})),
+        reply(text("bobwrites: done.")),
+    )
+    _, bob_ts, _ = stack.mention("bobwrites: write it", channel=STRICT, user="UBOB")
+    bob_card = wait_post(stack, STRICT, bob_ts, has_button("approve"))
     stack.settled()
 
     then_reload()
-    return Changed(stack, old, (parked_ts, card), failure, limit)
+    return Changed(stack, old, (parked_ts, card), failure, limit, bob_card)
 
 
 def test_a_person_the_new_profile_leaves_out_is_refused_in_an_old_thread_too(changed: Changed) -> None:
@@ -207,3 +216,22 @@ def test_a_requester_the_new_profile_leaves_out_cannot_continue_at_a_limit(chang
     assert len(asked(stack, "boblimit")) == before
     now = next(m for m in stack.slack.messages(STRICT) if m["ts"] == card["ts"])
     assert has_button("continue")(now)
+
+
+def test_a_requester_the_new_profile_leaves_out_cannot_approve_their_own_parked_call(
+    changed: Changed,
+) -> None:
+    """With no approvers the requester decides their own calls; once the profile leaves them out,
+    their approve would start model work the channel no longer lets them start."""
+    stack, card = changed.stack, changed.bob_parked
+    before = len(asked(stack, "bobwrites"))
+    replies = len(told(stack, "UBOB"))
+    assert stack.click(card, "approve", user="UBOB") == 200
+    wait_until(lambda: len(told(stack, "UBOB")) > replies)
+    refusal = told(stack, "UBOB")[replies]
+    assert "strict" in refusal and "Nothing was changed" in refusal
+    stack.settled()
+    assert len(asked(stack, "bobwrites")) == before
+    assert not (stack.workspace / "bob.txt").exists()
+    now = next(m for m in stack.slack.messages(STRICT) if m["ts"] == card["ts"])
+    assert has_button("approve")(now)  # still waiting: his decline would still count

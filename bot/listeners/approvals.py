@@ -241,12 +241,16 @@ def _on_decision(
 
 
 def _may_approve(deps: BotDeps, record: RunRecord, ref: CardRef, user: str, context: BoltContext) -> bool:
-    """Whether `user` may approve (not only decline) the call: four eyes, and arguments one can read."""
+    """Whether `user` may approve (not only decline) the call: four eyes, arguments one can read, and
+    a requester the channel's profile still lets start a run."""
     if deciders.self_approval_refused(deps.settings_of(record).approvals, user, record):
         context[REPLY] = texts.NO_SELF_APPROVAL  # their decline still counts
         return False
     if not _reviewable(record, ref.call_id):
         context[REPLY] = texts.NOT_REVIEWABLE  # nobody approves bytes they could not have read
+        return False
+    if refused := deps.no_more_work(record):  # an approval starts model work for the requester
+        context[REPLY] = refused
         return False
     return True
 

@@ -80,6 +80,8 @@ def decide_all(
     user = decision.by or ""
     if approving and deciders.self_approval_refused(approvals, user, record):
         return texts.NO_SELF_APPROVAL  # their Decline all still counts
+    if approving and (refused := deps.no_more_work(record)):
+        return refused  # the requester may no longer start model work here
     open_, votes = deps.store.ballot(record.run_id, record.park_id)
     unreadable, todo, left_open = [], [], []
     for call in calls:

@@ -128,6 +128,8 @@ def _on_edit_submitted(deps: BotDeps) -> Callable[..., None]:
             errors = {edits.first_block(view, call): texts.NO_EDIT_WITH_QUORUM}
         if not errors and deciders.self_approval_refused(settings.approvals, clicker.user, record):
             errors = {edits.first_block(view, call): texts.NO_SELF_APPROVAL}
+        if not errors and deps.no_more_work(record) is not None:
+            errors = {edits.first_block(view, call): texts.NOT_A_REQUESTER_NOW_SHORT}
         if errors:
             ack(response_action="errors", errors=errors)  # the modal stays open; nothing is decided
             return
