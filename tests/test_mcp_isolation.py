@@ -249,7 +249,7 @@ def test_without_a_working_bubblewrap_no_server_starts_and_one_line_says_why(
     assert "not reachable" in why and "bubblewrap" in why
     if kind == "refused":
         assert "No permissions to create new namespace" in why
-        assert why.rstrip().endswith("a seccomp profile that permits them); trying again in 0.5 s"), why
+        assert why.rstrip().endswith("a seccomp profile that permits them)); trying again in 0.5 s"), why
     else:
         assert "install" in why
     assert not report.exists()  # the server never ran
