@@ -321,7 +321,9 @@ class ParkStore(StorePart):
             f"{record.run_id}:{record.park_id}",
             *(part for c in call_ids for part in (check_id("call", c), fingerprints.get(c, ""))),
         ]
-        return bool(self._script(_PARK)(keys=keys, args=args))
+        # A card is posted only once its park is on a replica: a failover never leaves people a
+        # card whose park the new master never had (the run would park again, a second card).
+        return bool(self.replicas.run(self._script(_PARK), keys, args, "park"))
 
     def settle_park(self, record: RunRecord, token: str, seconds: float, *, ttl: int) -> str:
         """'ready' (every decision is in: keep driving), 'parked' (let go) or 'lost' (not ours)."""
