@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/python -m workers.dev
+	$(BIN)/python -m launch
 
 # Test files run in parallel on up to 4 processes (one per core), each file on one process, so a
 # module's stack (its bot, worker and Redis database) stays together; about 7 minutes on 2 cores.

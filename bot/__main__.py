@@ -17,11 +17,12 @@ from bot.listening import BotDeps
 from bot.web import serve, wsgi_app
 from harness.config import ConfigError, load_config
 from messages import text
-from workers import logs, metrics
-from workers.connection import RedisTarget
-from workers.reload import LiveConfig, reload_into
-from workers.services import SettingsError, make_queue, redis_connection, slack_client
-from workers.store import Store
+from observe import logs, metrics
+from runtime.clients import SettingsError, redis_connection, slack_client
+from runtime.connection import RedisTarget
+from runtime.queue import make_queue
+from runtime.reload import LiveConfig, reload_into
+from store import Store
 
 MISSING_SIGNING_SECRET = (
     "SLACK_SIGNING_SECRET is not set: copy the Signing Secret from your app's Basic Information "
@@ -126,7 +127,7 @@ def main() -> int:
         return 2
     if warning := RedisTarget.from_env().open_warning():
         print(warning, file=sys.stderr)
-    live = LiveConfig(config)  # SIGHUP reads HARNESS_CONFIG again (workers.reload)
+    live = LiveConfig(config)  # SIGHUP reads HARNESS_CONFIG again (runtime.reload)
     store = metrics.count_shortfalls(Store(connection))
     deps = BotDeps(store=store, queue=make_queue(connection), config=live)
     try:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from workers.services import SettingsError
+from runtime.clients import SettingsError
 
 MIN_TOKEN_LENGTH = 16  # a token short enough to guess is no gate; `secrets.token_urlsafe(32)` gives 43
 TOKEN_CHARACTERS = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750's b64token: it fits in the header as is

@@ -27,13 +27,14 @@ from slack_bolt import Ack, BoltContext
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
+from gates import deciders
 from harness.config import Config
 from messages import texts
 from messages.blocks import notice
-from workers import deciders, logs
-from workers.reload import LiveConfig
-from workers.services import enqueue_run_job
-from workers.store import (
+from observe import logs
+from runtime.queue import enqueue_run_job
+from runtime.reload import LiveConfig
+from store import (
     RunRecord,
     Store,
 )
@@ -141,12 +142,12 @@ class BotDeps:
         enqueue_run_job(self.store, self.queue, func, run_id, *args)
 
     def may_decide(self, user: str, record: RunRecord) -> bool:
-        """Whether `user` may decide `record` now (`workers.deciders.may_decide`)."""
+        """Whether `user` may decide `record` now (`gates.deciders.may_decide`)."""
         approvals = self.settings_of(record).approvals
         return deciders.may_decide(user, record, approvals=approvals, groups=self.groups, store=self.store)
 
     def deciders(self, record: RunRecord) -> list[str]:
-        """Who may decide `record` now, users and user groups (`workers.deciders.deciders`)."""
+        """Who may decide `record` now, users and user groups (`gates.deciders.deciders`)."""
         return deciders.deciders(self.settings_of(record).approvals, record)
 
 

@@ -26,7 +26,7 @@ from slack_sdk.socket_mode.builtin import SocketModeClient
 from slack_sdk.socket_mode.response import SocketModeResponse
 
 from bot.web import payload_problem
-from workers.reload import Hangup
+from runtime.reload import Hangup
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ from slack_sdk.signature import SignatureVerifier
 
 from bot.access import OperatorAccess, Refusal
 from harness.config import Config
-from workers import health, logs, metrics
-from workers.services import make_queue
+from observe import health, logs, metrics
+from runtime.queue import make_queue
 
 log = logging.getLogger(__name__)
 

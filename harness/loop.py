@@ -195,7 +195,7 @@ class Agent:
     live: Callable[[LiveEvent], None] | None = None
     # The input-size estimates of messages already seen (this agent's runs; see `harness.context`).
     token_memo: TokenMemo = field(default_factory=TokenMemo, compare=False, repr=False)
-    # Wraps every model request and every call (a span each: `workers/tracing.py`); None: untraced.
+    # Wraps every model request and every call (a span each: `observe/tracing.py`); None: untraced.
     tracer: Tracer | None = None
 
     @classmethod

@@ -1,6 +1,6 @@
 """What the loop tells a tracer: each model request and each tool call, as it happens.
 
-The loop knows nothing of OpenTelemetry: a front end that traces (the workers, `workers/tracing.py`)
+The loop knows nothing of OpenTelemetry: a front end that traces (the workers, `observe/tracing.py`)
 gives the agent a `Tracer`, whose two methods wrap the work itself, so a span can begin before and
 end after it and read what it returned. Without one (`Agent.tracer is None`, the default) the loop
 pays one attribute read per request and per call.

@@ -20,7 +20,7 @@ from messages.text import code, escape, inert, inline, mention, slack_date
 
 HOME_ITEMS_MAX = 20  # each item is two blocks; a Home view holds 100
 SUGGESTIONS_MAX = 3  # suggested rules shown at most: one block each, after three of heading
-SUGGEST_MIN_APPROVALS = 10  # as `workers.suggestions` counts them (said on the tab)
+SUGGEST_MIN_APPROVALS = 10  # as `ops.suggestions` counts them (said on the tab)
 SUGGEST_DAYS = 30
 _CHANNEL_ID = re.compile(r"[CDG][A-Z0-9]{1,30}")
 # A card's link as chat.getPermalink gives it: anything else is not offered as a link.
@@ -55,7 +55,7 @@ def _home_item(item: HomeItem) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class SuggestedRule:
-    """A rule the audit suggests (`workers.suggestions`): its TOML, and what replaying it would change."""
+    """A rule the audit suggests (`ops.suggestions`): its TOML, and what replaying it would change."""
 
     snippet: str
     effect: str

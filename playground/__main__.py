@@ -1,14 +1,14 @@
 """`python -m playground`: the playground's page, Slack stand-in and demo model on 127.0.0.1:$PORT.
 
-`make run` (`python -m workers.dev`) starts it, with the bot and a worker, when no Slack settings
-are given; run alone it needs what `workers.dev` hands it: ``PLAYGROUND_BOT_URL`` (the bot's
+`make run` (`python -m launch.local`) starts it, with the bot and a worker, when no Slack settings
+are given; run alone it needs what `launch.local` hands it: ``PLAYGROUND_BOT_URL`` (the bot's
 ``/slack/events``), ``SLACK_SIGNING_SECRET`` and ``SLACK_BOT_TOKEN`` (the bot's, which it checks),
 ``PLAYGROUND_DEMO_MODEL=1`` to answer as the offline demo model (``PLAYGROUND_MODEL=demo`` when it
 was asked for, not for want of a key: the label then says how to leave it), ``PORT`` (3000) and
 ``HOST`` (127.0.0.1; a loopback address only, see `playground.bind_problem`).
 
 The page labels the model the workers talk to: the demo model, or the name of the model the config
-gives them (``HARNESS_MODEL`` winning over its ``model.name``). Never a key: `workers.dev` gives
+gives them (``HARNESS_MODEL`` winning over its ``model.name``). Never a key: `launch.local` gives
 this process none.
 """
 
@@ -22,12 +22,12 @@ import threading
 from collections.abc import Mapping
 
 from harness.config import ConfigError, load_config
+from observe import logs
 from playground import bind_problem, url_host
 from playground.bot_client import Bot
 from playground.profiles import GROUPS, describe
 from playground.server import Playground, Server
 from playground.slack import CHANNEL_ID, CHANNELS, PEOPLE, Workspace
-from workers import logs
 
 DEMO_LABEL = "Offline demo model: scripted replies, not Claude. Set ANTHROPIC_API_KEY to use Claude."
 FORCED_DEMO_LABEL = (

@@ -123,7 +123,7 @@ def conn(redis_url: str) -> Iterator[Any]:
 @pytest.fixture
 def store(conn: Any) -> Any:
     """The project's store on that Redis."""
-    from workers.store import Store
+    from store import Store
 
     return Store(conn)
 

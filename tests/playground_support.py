@@ -19,14 +19,14 @@ from typing import Any
 import redis
 
 from harness.config import load_config
+from launch.local import PLAYGROUND_CONFIG
 from playground.bot_client import Bot
 from playground.profiles import describe
 from playground.server import Playground, Server
 from playground.slack import CHANNELS, PEOPLE, Workspace
+from store.keys import Keys
+from store.records import RunRecord, unpack
 from tests.stack import free_port, wait_until
-from workers.dev import PLAYGROUND_CONFIG
-from workers.store.keys import Keys
-from workers.store.records import RunRecord, unpack
 
 ROOT = Path(__file__).resolve().parents[1]
 ALICE, BOB, CAROL = "U01ALICE", "U02BOB", "U03CAROL"
@@ -107,9 +107,9 @@ def playground_env(redis_url: str, workspace: Path, port: int, **extra: str) -> 
 def playground(
     redis_url: str, workspace: Path, *, make: bool = False, cwd: Path = ROOT, **extra: str
 ) -> Iterator[Running]:
-    """`make run` (or the `python -m workers.dev` it runs) with no Slack settings, until the block ends."""
+    """`make run` (or the `python -m launch.local` it runs) with no Slack settings, until the block ends."""
     port = free_port()
-    cmd = ["make", "--no-print-directory", "run"] if make else [sys.executable, "-m", "workers.dev"]
+    cmd = ["make", "--no-print-directory", "run"] if make else [sys.executable, "-m", "launch.local"]
     running = Running(cmd, playground_env(redis_url, workspace, port, **extra), cwd, port)
     try:
         running.wait_ready()

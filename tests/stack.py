@@ -21,10 +21,10 @@ from typing import Any
 
 import redis
 
+from runtime.queue import make_queue
 from tests.fakes.messages_api import FakeMessagesAPI
 from tests.fakes.signing import action_body, event_body, signed_headers
 from tests.fakes.slack_api import FakeSlackAPI
-from workers.services import make_queue
 
 ROOT = Path(__file__).resolve().parents[1]
 SIGNING_SECRET = "test-signing-secret"

@@ -29,13 +29,13 @@ from harness.tools.mcp import McpHub, McpTool
 from harness.tools.relay import RelayServer
 from messages.cards import approval_card, batch_card
 from messages.reasons import plain_why
+from ops.replay import rule_again
+from ops.suggestions import MIN_APPROVALS
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text
 from tests.mcp_support import out, stdio_table
 from tests.stack import ROOT
 from tests.test_suggestions import NOW, Audit
 from tests.test_tier_at_execution import agent_with, approve, park_on_write
-from workers.replay import rule_again
-from workers.suggestions import MIN_APPROVALS
 
 DESK_ASKS = WHY_MCP_ALWAYS_ASK.format(server="desk")
 

@@ -28,10 +28,7 @@ from harness.policy import Tier
 from harness.state import Decision, PendingCall, Verdict
 from messages import texts
 from messages.text import plural
-from tests.fakes.messages_api import http_error, reply, text, tool_use
-from tests.stack import ROOT, RedisServer, Stack, running_stack, wait_post, wait_until
-from tests.test_store import parked, record
-from workers.store import (
+from store import (
     FEEDBACK_PER_MINUTE,
     LIMIT_CALL,
     Accepted,
@@ -42,6 +39,9 @@ from workers.store import (
     Store,
     new_run_id,
 )
+from tests.fakes.messages_api import http_error, reply, text, tool_use
+from tests.stack import ROOT, RedisServer, Stack, running_stack, wait_post, wait_until
+from tests.test_store import parked, record
 
 # --- the audit reads every kind of entry -----------------------------------------------------------
 

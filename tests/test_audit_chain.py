@@ -19,11 +19,11 @@ import pytest
 import redis
 
 from harness.state import Decision, Verdict
+from ops import audit_files
+from ops.audit_chain import link_hash
+from store import Keys, Store
 from tests.stack import ROOT, wait_until
 from tests.test_store import parked
-from workers import audit_files
-from workers.audit_chain import link_hash
-from workers.store import Keys, Store
 
 
 def cli(redis_url: str, *args: str, audit_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -240,8 +240,8 @@ def test_without_audit_dir_redis_trims_by_count(store: Store, redis_url: str) ->
 _MIRROR_THEN_HANG = """
 import signal, sys, redis
 from pathlib import Path
-from workers import audit_files
-from workers.store import Store
+from ops import audit_files
+from store import Store
 
 def step(name):
     if name == sys.argv[3]:

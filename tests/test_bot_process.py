@@ -13,11 +13,11 @@ import redis
 from slack_sdk import WebClient
 
 import bot.__main__ as bot_main
+from runtime.queue import make_queue
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.fakes.socket_mode import APP_TOKEN, SocketModeServer, SocketModeSlack
 from tests.stack import ROOT, RedisServer, Stack, free_port, wait_until
-from workers.services import make_queue
 
 pytestmark = pytest.mark.e2e
 

@@ -14,15 +14,16 @@ from typing import Any
 import pytest
 import redis
 
+from gates import budgets
 from harness.config import Budgets, ConfigError, load_config
 from harness.loop import AwaitingLimit, Finished, Stopped, continue_at_limit, drive, step
 from harness.state import RunState, Status, Usage, new_run
 from harness.valves import Valve
+from observe import metrics
+from runtime.queue import make_queue
+from store import Admission, Keys, Scope, Store, utc_day
 from tests.conftest import make_agent
 from tests.fakes.messages_api import FakeMessagesAPI, http_error, reply, text, tool_use
-from workers import budgets, metrics
-from workers.services import make_queue
-from workers.store import Admission, Keys, Scope, Store, utc_day
 
 T, U, C = "T1", "UALICE", "CBUDGET"
 NOON = datetime(2030, 5, 17, 12, 0, tzinfo=UTC).timestamp()
@@ -280,7 +281,7 @@ def test_near_lists_users_and_channels_past_80_percent_of_their_profiles_budget(
         ("user", "UBOB", "ops", 4_100, 1_000),
         ("channel", C, "ops", 4_100, 5_000),
     ]
-    from workers import status
+    from ops import status
 
     report = status.report(store, config, NOON)
     assert "Near a budget (>= 80% of a daily budget, UTC day 2030-05-17, resets in 12 h 0 min): 2" in report

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import redis
 
+from store import Keys, utc_day
 from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import ROOT, RedisServer, Stack, thread, wait_until
 from tests.test_metrics_access import get
-from workers.store import Keys, utc_day
 
 pytestmark = pytest.mark.e2e
 

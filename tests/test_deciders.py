@@ -1,4 +1,4 @@
-"""Who may decide has one home, `workers.deciders`: the bot's clicks and Home tab and
+"""Who may decide has one home, `gates.deciders`: the bot's clicks and Home tab and
 `python -m workers status` all read it, so they can never disagree about a park. (Group
 membership, read from Slack and cached, is tested through the bot in test_groups_units.py.)"""
 
@@ -12,13 +12,13 @@ import pytest
 import redis
 
 from bot.listening import BotDeps
+from gates.deciders import GroupDirectory, deciders, may_decide, named, self_approval_refused
 from harness.config import Approvals, Config
 from harness.policy import Tier
 from harness.state import PendingCall, Status, new_run
-from workers import status
-from workers.deciders import GroupDirectory, deciders, may_decide, named, self_approval_refused
-from workers.services import make_queue
-from workers.store import Keys, RunRecord, RunStatus, Store, new_run_id, pack
+from ops import status
+from runtime.queue import make_queue
+from store import Keys, RunRecord, RunStatus, Store, new_run_id, pack
 
 EXPIRE = 60.0  # minutes a park stays open
 ESCALATE = 10.0  # minutes after which escalate_to may decide too

@@ -1,4 +1,4 @@
-"""`python -m workers.dev`, the Procfile and the Slack app manifest."""
+"""`python -m launch.local`, the Procfile and the Slack app manifest."""
 
 from __future__ import annotations
 
@@ -20,11 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from messages import texts
-from tests.sentinel_support import PASSWORD as SENTINEL_PASSWORD
-from tests.sentinel_support import SentinelGroup
-from tests.stack import RedisServer
-from workers.dev import (
+from launch.local import (
     check_settings,
     find_redis,
     playground_envs,
@@ -32,6 +28,10 @@ from workers.dev import (
     start_private_redis,
     wants_playground,
 )
+from messages import texts
+from tests.sentinel_support import PASSWORD as SENTINEL_PASSWORD
+from tests.sentinel_support import SentinelGroup
+from tests.stack import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {"SLACK_BOT_TOKEN": "xoxb-test", "SLACK_SIGNING_SECRET": "secret", "ANTHROPIC_API_KEY": "sk-test"}
@@ -107,11 +107,11 @@ def eventually(condition: Callable[[], object], timeout: float = 10.0) -> object
 
 
 class Dev:
-    """A running `python -m workers.dev`, its output collected line by line."""
+    """A running `python -m launch.local`, its output collected line by line."""
 
     def __init__(self, env: dict[str, str], *args: str, cwd: Path = ROOT) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.dev", *args],
+            [sys.executable, "-m", "launch.local", *args],
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -173,7 +173,7 @@ def dev_env(tmp_path: Path) -> Iterator[dict[str, str]]:
         if not k.startswith(("SLACK_", "ANTHROPIC_", "REDIS_", "HARNESS_"))
     }
     env.update(SETTINGS)
-    env["PYTHONPATH"] = str(ROOT)  # `workers.dev` runs in tmp_path
+    env["PYTHONPATH"] = str(ROOT)  # `launch.local` runs in tmp_path
     env["HARNESS_DEV_REDIS_PROBE"] = f"127.0.0.1:{unused_port()}"
     env["HARNESS_DEV_WEB_CMD"] = python_cmd(FAKE_CHILD, str(tmp_path / "web.env.json"))
     env["HARNESS_DEV_WORKER_CMD"] = python_cmd(FAKE_CHILD, str(tmp_path / "worker.env.json"))
@@ -182,7 +182,7 @@ def dev_env(tmp_path: Path) -> Iterator[dict[str, str]]:
 
 @pytest.fixture
 def given_redis() -> Iterator[RedisServer]:
-    """A Redis to give as REDIS_URL (so that none is started): `workers.dev` refuses one not answering."""
+    """A Redis to give as REDIS_URL (so that none is started): `launch.local` refuses one not answering."""
     server = RedisServer().start()
     yield server
     server.stop()
@@ -190,7 +190,7 @@ def given_redis() -> Iterator[RedisServer]:
 
 @pytest.fixture
 def run_dev(tmp_path: Path) -> Iterator[Callable[..., Dev]]:
-    """Starts `workers.dev` in tmp_path; afterwards kills what is left of it and of the pids it reported."""
+    """Starts `launch.local` in tmp_path; afterwards kills what is left of it and of the pids it reported."""
     started: list[Dev] = []
 
     def start(env: dict[str, str], *args: str) -> Dev:
@@ -823,7 +823,7 @@ def test_the_playground_never_takes_the_redis_on_localhost_and_its_own_keeps_not
 def test_a_redis_url_given_to_the_playground_is_named_on_start_with_the_runs_it_carries_over(
     dev_env: dict[str, str], run_dev: Callable[..., Dev], given_redis: RedisServer
 ) -> None:
-    from workers.store.keys import Keys
+    from store.keys import Keys
 
     url = given_redis.url.rsplit("/", 1)[0] + "/3"
     client = redis.Redis.from_url(url)

@@ -15,11 +15,11 @@ import pytest
 import redis
 
 from messages import texts
+from store import RunRecord, Store
 from tests.fakes import payloads
 from tests.fakes.messages_api import reply, text, tool_use
 from tests.fakes.signing import event_body
 from tests.stack import RedisServer, Stack, has_actions, running_stack, thread, wait_post, wait_until
-from workers.store import RunRecord, Store
 from workers.thread_status import ASSISTANT, REFUSED, SESSION
 
 pytestmark = pytest.mark.e2e

@@ -13,7 +13,7 @@ from harness.config import ConfigError, accepted_keys, load_config
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "configuration.md"
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
-PRODUCT = ("harness", "bot", "workers", "playground")
+PRODUCT = ("harness", "store", "observe", "runtime", "gates", "ops", "bot", "workers", "playground", "launch")
 
 # Landing in parallel (issue 19): documented already, read by the code once merged (then these
 # entries change nothing and may go).

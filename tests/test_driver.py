@@ -7,10 +7,11 @@ import redis
 from slack_sdk import WebClient
 
 from harness.config import Config
+from runtime.queue import make_queue
+from store import RunRecord, RunStatus, Store, new_run_id
 from tests.stack import RedisServer, wait_until
 from workers.driver import Driver, LostLease
-from workers.services import Services, make_queue
-from workers.store import RunRecord, RunStatus, Store, new_run_id
+from workers.services import Services
 
 
 def test_a_heartbeat_that_cannot_reach_redis_marks_the_lease_lost(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from messages import texts
+from store import RunRecord, Store
 from tests.fakes.messages_api import http_error, reply, text, tool_use
 from tests.fakes.signing import event_body, signed_headers
 from tests.stack import (
@@ -30,7 +31,6 @@ from tests.stack import (
     wait_post,
     wait_until,
 )
-from workers.store import RunRecord, Store
 
 pytestmark = pytest.mark.e2e
 _channels = itertools.count(100)

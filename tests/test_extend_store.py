@@ -8,10 +8,10 @@ import time
 
 import redis
 
+from gates.deciders import escalated
 from harness.config import Approvals
+from store import DAY, ExtendOutcome, ExtendResult, Keys, RunRecord, Store
 from tests.test_home_index import park
-from workers.deciders import escalated
-from workers.store import DAY, ExtendOutcome, ExtendResult, Keys, RunRecord, Store
 
 
 def held(store: Store, record: RunRecord) -> dict[str, float | None]:

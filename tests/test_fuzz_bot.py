@@ -24,13 +24,13 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from store import Store
 from tests.fakes import payloads
 from tests.fakes.messages_api import FakeMessagesAPI
 from tests.fakes.signing import signed_headers
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import SIGNING_SECRET, RedisServer, Stack
 from tests.test_faults import count
-from workers.store import Store
 
 pytestmark = pytest.mark.e2e
 

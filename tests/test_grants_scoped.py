@@ -13,7 +13,7 @@ import pytest
 
 from harness.config import ConfigError, load_config
 from harness.policy import PathArgs, call_paths, grant_directory, inside_directory
-from workers.store import Grant, Keys, Store, grant_slot
+from store import Grant, Keys, Store, grant_slot
 
 WRITE = PathArgs(("path",), ("content",))  # the built-in write_file's
 COPY = PathArgs(("src_path", "dst_path"))
@@ -139,7 +139,7 @@ def test_two_runs_racing_on_the_last_use_exactly_one_spends_it(redis_url: str) -
 
 
 def test_the_audit_line_of_a_call_a_scoped_grant_let_run_names_its_directory_and_uses_left() -> None:
-    from workers.audit import audit_line
+    from ops.audit import audit_line
 
     entry = {
         "at": time.time(),

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 
+from store import Store
 from tests.fakes.messages_api import reply, text, tool_use
 from tests.stack import ROOT, RedisServer, Stack, has_actions, running_stack, thread, wait_post, wait_until
 from tests.test_approvals_e2e import (
@@ -32,7 +33,6 @@ from tests.test_approvals_e2e import (
     park_writes,
     shown,
 )
-from workers.store import Store
 
 DB = 15  # other stacks: see tests/test_groups_escalation_home.py; 9-11 test_approvals_e2e, 14 rules
 CONFIG = """

@@ -17,10 +17,10 @@ import pytest
 import redis
 
 from messages import texts
+from store import GROUP_TTL, Keys, RunRecord, Store
 from tests.fakes.messages_api import reply, text, tool_use
 from tests.fakes.signing import event_body
 from tests.stack import RedisServer, Stack, has_actions, running_stack, thread, wait_post, wait_until
-from workers.store import GROUP_TTL, Keys, RunRecord, Store
 
 pytestmark = pytest.mark.e2e
 DB = 13  # other stacks: test_e2e_slack 1 and 2, test_fuzz_bot 3, test_mcp_e2e/test_socket_mode 5, gate 6

@@ -28,9 +28,9 @@ from messages.blocks import notice
 from messages.cards import escalation_reminder
 from messages.home import HOME_ITEMS_MAX, HomeItem, home_view
 from messages.text import approver, mention
+from runtime.queue import make_queue
+from store import GROUP_TTL, Keys, RunRecord, RunStatus, Store, new_run_id
 from tests.fakes.slack_api import MAX_BLOCKS_PER_VIEW, FakeSlackAPI, validate_blocks
-from workers.services import make_queue
-from workers.store import GROUP_TTL, Keys, RunRecord, RunStatus, Store, new_run_id
 
 AT = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
 PINGS = ("<!channel>", "<!here>", "<@U999>", "<!subteam^S1|x>", "<#C9>", "<https://evil.example|x>")

@@ -23,10 +23,10 @@ from harness.config import Approvals, Config
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, RunState, Verdict
 from messages.home import HOME_ITEMS_MAX
+from runtime.queue import make_queue
+from store import DAY, Keys, RunRecord, RunStatus, Store, new_run_id
 from tests.fakes.slack_api import FakeSlackAPI
 from workers.jobs import expire_due
-from workers.services import make_queue
-from workers.store import DAY, Keys, RunRecord, RunStatus, Store, new_run_id
 
 TEAM = "T1"
 

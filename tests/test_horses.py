@@ -23,7 +23,7 @@ import redis
 from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import ROOT, Process, Stack, descendants, wait_until
-from workers import horses
+from workers.process import horses
 
 pytestmark = pytest.mark.e2e
 

@@ -25,13 +25,13 @@ from bot.app import create_app
 from bot.listening import BotDeps
 from bot.web import wsgi_app
 from harness.config import load_config
+from runtime.queue import make_queue
+from store import Keys, Store
 from tests.fakes import payloads
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.fakes.signing import signed_headers
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import SIGNING_SECRET, RedisServer, Stack, free_port, wait_until
-from workers.services import make_queue
-from workers.store import Keys, Store
 
 JSON, FORM = "application/json", "application/x-www-form-urlencoded"
 

@@ -1,4 +1,4 @@
-"""workers.logs: JSON lines (LOG_FORMAT=json) or readable text, the run's fields from the context,
+"""observe.logs: JSON lines (LOG_FORMAT=json) or readable text, the run's fields from the context,
 known secrets masked. The processes' own output is checked end to end in test_operations.py."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from workers import logs
+from observe import logs
 
 
 @pytest.fixture
@@ -135,7 +135,7 @@ def test_a_slack_body_names_its_team_channel_thread_and_the_run_of_a_button() ->
 
 
 def test_workers_dev_with_log_format_json_writes_every_childs_line_as_json_naming_it() -> None:
-    from workers.dev import PrefixedOutput
+    from launch.local import PrefixedOutput
 
     stream = io.StringIO()
     output = PrefixedOutput(stream, json_lines=True)

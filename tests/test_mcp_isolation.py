@@ -27,8 +27,8 @@ from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub
 from harness.tools.relay import RelayServer, private_directory
 from harness.tools.sandbox import LINE_BYTES, StderrLog
+from observe.logs import JsonFormatter, TextFormatter
 from tests.mcp_support import FORGED, calls, hostile_table, mask, out, require_bwrap, stdio_table
-from workers.logs import JsonFormatter, TextFormatter
 
 SECRETS = {
     "SLACK_BOT_TOKEN": "xoxb-isolation-5b0e1d7c",

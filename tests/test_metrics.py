@@ -21,10 +21,10 @@ from harness.policy import Tier
 from harness.state import Decision, PendingCall, RunState, Usage, Verdict
 from harness.tools import ToolResult
 from harness.valves import Valve
+from observe import metrics
+from runtime.queue import make_queue
+from store import Keys, RunRecord, RunStatus, new_run_id
 from tests.stack import free_port, wait_until
-from workers import metrics
-from workers.services import make_queue
-from workers.store import Keys, RunRecord, RunStatus, new_run_id
 
 
 def scrape(conn: redis.Redis) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -214,7 +214,7 @@ def test_no_write_raises_when_redis_is_gone_and_the_failure_is_logged_once(
     record = RunRecord(new_run_id(), "T1", "C1", "1.2", "UALICE", "task", status=RunStatus.FINISHED)
     record.expires_at = time.time()
     state = RunState(messages=(), turns=1, requests=1)
-    with caplog.at_level(logging.DEBUG, logger="workers.metrics"):
+    with caplog.at_level(logging.DEBUG, logger="observe.metrics"):
         metrics.mention(gone, "new")
         metrics.observe(gone, metrics.ACK_SECONDS, 0.1, kind="event")
         metrics.stepped(gone, record.run_id, state, (TurnDone(1, (call(Tier.ALLOW, result=OK),), 5),))
@@ -224,14 +224,14 @@ def test_no_write_raises_when_redis_is_gone_and_the_failure_is_logged_once(
         gathered = metrics.Gathered(gone, every=3600)
         gathered.observe(metrics.ACK_SECONDS, 0.1, kind="event")
         gathered.flush()
-    warnings = [r for r in caplog.records if r.name == "workers.metrics" and r.levelno == logging.WARNING]
+    warnings = [r for r in caplog.records if r.name == "observe.metrics" and r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "said once per process" in warnings[0].getMessage()
-    assert sum(r.levelno == logging.DEBUG for r in caplog.records if r.name == "workers.metrics") >= 6
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records if r.name == "observe.metrics") >= 6
 
 
 def test_accept_event_counts_each_mention_by_its_outcome_as_mention_would(conn: redis.Redis) -> None:
-    from workers.services import queued_job
-    from workers.store import Store
+    from runtime.queue import queued_job
+    from store import Store
 
     store, queue = Store(conn), make_queue(conn)
 

@@ -29,12 +29,13 @@ from bot.app import create_app
 from bot.listening import BotDeps
 from bot.web import wsgi_app
 from harness.config import load_config
+from runtime.clients import SettingsError
+from runtime.queue import make_queue
+from store import Store
 from tests import conftest
 from tests.fakes.messages_api import FakeMessagesAPI
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import ROOT, SIGNING_SECRET, Stack, free_port, wait_until
-from workers.services import SettingsError, make_queue
-from workers.store import Store
 
 TOKEN = "metrics-token-3b9f0c2d7e614a58"
 PAGES = ("/metrics", "/healthz?deep=1")

@@ -20,6 +20,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from store import RunStatus, Store
 from tests.fakes.messages_api import FakeMessagesAPI, http_error, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import (
@@ -32,7 +33,6 @@ from tests.stack import (
     wait_post,
     wait_until,
 )
-from workers.store import RunStatus, Store
 
 pytestmark = pytest.mark.e2e
 

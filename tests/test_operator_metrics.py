@@ -22,10 +22,9 @@ from harness.loop import TurnDone
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, RunState, Usage, Verdict
 from harness.tools.catalog import Catalog
-from tests.stack import SIGNING_SECRET
-from workers import metrics
-from workers.gauges import REQUESTER
-from workers.store import (
+from observe import metrics
+from observe.gauges import REQUESTER
+from store import (
     CHANNEL_SCOPE,
     DAY,
     USER_SCOPE,
@@ -37,6 +36,7 @@ from workers.store import (
     new_run_id,
     utc_day,
 )
+from tests.stack import SIGNING_SECRET
 
 TEAM = "T1"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -18,11 +18,11 @@ import redis
 
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, Verdict
+from store import Keys, RunRecord, unpack
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import Stack, wait_until
 from workers import outbox
-from workers.store import Keys, RunRecord, unpack
 
 pytestmark = pytest.mark.e2e
 

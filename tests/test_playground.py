@@ -1,4 +1,4 @@
-"""The playground end to end: `python -m workers.dev` with no Slack settings and no API key.
+"""The playground end to end: `python -m launch.local` with no Slack settings and no API key.
 
 The real bot, worker and Redis behind the playground's own Slack and its offline demo model, driven
 through the page's API exactly as the page's JavaScript drives it (the browser tests drive the page
@@ -189,7 +189,7 @@ def test_after_a_restart_a_mention_past_the_bound_is_told_why_not_met_with_silen
     import redis
 
     from playground.slack import TEAM_ID
-    from workers.store.keys import Keys
+    from store.keys import Keys
 
     url = redis_server.url.rsplit("/", 1)[0] + "/13"
     client = redis.Redis.from_url(url)

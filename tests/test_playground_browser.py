@@ -497,7 +497,7 @@ def test_a_mention_typed_while_the_bot_starts_is_kept_then_delivered_and_answere
     port = free_port()
     web = shlex.join([sys.executable, "-c", GATED_BOT, str(gate)])
     env = playground_env(url, tmp_path / "workspace", port, HARNESS_DEV_WEB_CMD=web)
-    started = Running([sys.executable, "-m", "workers.dev"], env, tmp_path, port)
+    started = Running([sys.executable, "-m", "launch.local"], env, tmp_path, port)
     try:
         wait_until(lambda: "dev  | started web" in started.output(), timeout=60)
         with opened(browser, started.url) as tab:

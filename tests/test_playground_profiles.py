@@ -1,6 +1,6 @@
 """The playground's two channels end to end: #playground and #ops run under different profiles.
 
-`python -m workers.dev` with no Slack settings and no API key, as in tests/test_playground.py, on a
+`python -m launch.local` with no Slack settings and no API key, as in tests/test_playground.py, on a
 Redis database of its own: #ops (profile `ops`) offers `delete_file` and #playground does not, #ops
 wants a second person's approval, and a mention by someone its `requesters` leave out gets an
 ephemeral reply and starts nothing.

@@ -19,8 +19,8 @@ from harness.config import Budgets, Config, ConfigError, load_config
 from harness.policy import Tier
 from harness.state import StateError
 from harness.tools.catalog import BUILTIN, Catalog
+from store import RunRecord
 from tests.stack import ROOT
-from workers.store import RunRecord
 
 SERVERS = """
 [[mcp.servers]]

@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from messages import texts
+from store import Keys
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import (
@@ -33,7 +34,6 @@ from tests.stack import (
     wait_post,
     wait_until,
 )
-from workers.store import Keys
 
 pytestmark = pytest.mark.e2e
 

@@ -19,11 +19,11 @@ import pytest
 import redis
 
 from harness.state import Decision, Verdict
+from observe import metrics
+from runtime.connection import RedisSettingsError, RedisTarget
+from store import Keys, Store, new_run_id
 from tests.sentinel_support import MASTER_NAME, PASSWORD, SentinelGroup
 from tests.stack import ROOT, RedisServer, wait_until
-from workers import metrics
-from workers.connection import RedisSettingsError, RedisTarget
-from workers.store import Keys, Store, new_run_id
 
 pytestmark = pytest.mark.e2e
 
@@ -138,7 +138,7 @@ def test_a_replica_that_does_not_answer_delays_a_promise_boundedly_and_is_counte
     store.redis.hset(Keys.approvals(run_id, 1), "c1", "")
     os.kill(replica.proc.pid, signal.SIGSTOP)  # connected, but acknowledging nothing
     try:
-        with caplog.at_level(logging.WARNING, logger="workers.store.replicas"):
+        with caplog.at_level(logging.WARNING, logger="store.replicas"):
             result = store.decide(run_id, 1, "c1", Decision(Verdict.APPROVED, by="UANN"))
     finally:
         os.kill(replica.proc.pid, signal.SIGCONT)

@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 import redis
 
+from store import RunStatus, Store
 from tests.fakes import payloads
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import Process, Stack, descendants, has_actions, thread, wait_post, wait_until
 from tests.test_socket_mode import SocketBot
-from workers import horses
-from workers.store import RunStatus, Store
+from workers.process import horses
 
 pytestmark = pytest.mark.e2e
 

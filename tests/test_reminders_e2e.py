@@ -18,10 +18,10 @@ import pytest
 import redis
 
 from messages import texts
+from store import Keys, RunRecord, RunStatus, Store
 from tests.fakes.messages_api import reply, text, tool_use
 from tests.stack import RedisServer, Stack, has_actions, running_stack, thread, wait_post, wait_until
 from tests.test_metrics_access import get
-from workers.store import Keys, RunRecord, RunStatus, Store
 
 pytestmark = pytest.mark.e2e
 DB = 15  # other stacks: see tests/test_groups_escalation_home.py

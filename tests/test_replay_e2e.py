@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from store import Keys
 from tests.fakes.messages_api import reply, text, tool_use
 from tests.stack import BOT_TOKEN, SIGNING_SECRET, RedisServer, Stack, has_actions, running_stack, wait_post
-from workers.store import Keys
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[1]

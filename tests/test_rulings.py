@@ -1,5 +1,5 @@
-"""The audit entry of a call's tier decision (`workers.rulings`), how it is written (once per run
-and call id) and printed, and replay's rules (`workers.replay`) over entries written by hand: a
+"""The audit entry of a call's tier decision (`ops.rulings`), how it is written (once per run
+and call id) and printed, and replay's rules (`ops.replay`) over entries written by hand: a
 tool the draft no longer offers, an MCP server's trust, a module, a cut argument, `--days`."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from harness.policy import Tier
 from harness.state import PendingCall
 from harness.tools import BUILTIN_TOOLS, ToolResult
 from harness.tools.base import Tool
-from workers import audit as audit_lines
-from workers import replay
-from workers.rulings import ARG_CHARS, CUT_KEYS, INPUT_CHARS, KEY_CHARS, bounded_input, ruling_entry
-from workers.store import Keys, RunRecord, Store, rulings_write
+from ops import audit as audit_lines
+from ops import replay
+from ops.rulings import ARG_CHARS, CUT_KEYS, INPUT_CHARS, KEY_CHARS, bounded_input, ruling_entry
+from store import Keys, RunRecord, Store, rulings_write
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "0123456789abcdef0123456789abcdef"

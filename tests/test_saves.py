@@ -31,11 +31,12 @@ from harness.loop import TurnDone
 from harness.policy import Tier
 from harness.state import PendingCall, RunState, StateError, Usage
 from harness.tools import ToolResult
+from observe import metrics
+from runtime.queue import make_queue
+from store import Beside, Keys, RecordEncoder, RunRecord, RunStatus, Store, new_run_id, pack, unpack
 from tests.stack import RedisServer
-from workers import metrics
 from workers.driver import Driver
-from workers.services import Services, make_queue
-from workers.store import Beside, Keys, RecordEncoder, RunRecord, RunStatus, Store, new_run_id, pack, unpack
+from workers.services import Services
 
 
 class Counted(redis.Connection):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ssl
 
-from workers.deciders import GroupDirectory
-from workers.services import slack_client
+from gates.deciders import GroupDirectory
+from runtime.clients import slack_client
 
 ENV = {"SLACK_BOT_TOKEN": "xoxb-test", "SLACK_API_URL": "https://slack.example/api/"}
 

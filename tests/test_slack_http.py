@@ -1,4 +1,4 @@
-"""The keep-alive Slack client (`workers.slack_http`) against the loopback Slack stand-in, which
+"""The keep-alive Slack client (`runtime.slack_http`) against the loopback Slack stand-in, which
 speaks HTTP/1.1 as Slack's servers do and counts the connections it accepts."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler, ServerErrorRetryHandler
 from slack_sdk.http_retry.builtin_interval_calculators import FixedValueRetryIntervalCalculator
 
+from runtime.clients import slack_client
+from runtime.slack_http import KeepAliveWebClient
 from tests.fakes.slack_api import FakeSlackAPI
-from workers.services import slack_client
-from workers.slack_http import KeepAliveWebClient
 
 TOKEN = "xoxb-test"
 NO_WAIT = FixedValueRetryIntervalCalculator(0.0)

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import redis
 
+from store import Store
 from tests.fakes import payloads
 from tests.fakes.messages_api import FakeMessagesAPI
 from tests.fakes.socket_mode import APP_TOKEN, SocketModeServer, SocketModeSlack
 from tests.stack import Process, RedisServer, Stack, wait_until
 from tests.test_faults import count
-from workers.store import Store
 
 pytestmark = pytest.mark.e2e
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import redis
 
+from gates.deciders import deciders
 from harness.config import Approvals, load_config
 from harness.policy import Tier
 from harness.state import PendingCall, Status, new_run
-from workers import status
-from workers.deciders import deciders
-from workers.store import Keys, RunRecord, RunStatus, Store, new_run_id, pack
+from ops import status
+from store import Keys, RunRecord, RunStatus, Store, new_run_id, pack
 
 
 def put(conn: redis.Redis, record: RunRecord) -> RunRecord:

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import redis
 
+from store import Keys
 from tests.fakes.messages_api import Reply, reply, text, tool_use
 from tests.fakes.signing import event_body
 from tests.stack import RedisServer, Stack, running_stack, thread, wait_post, wait_until
-from workers.store import Keys
 
 pytestmark = pytest.mark.e2e
 # Other stacks: test_e2e_slack 1 and 2, test_fuzz_bot 3, test_mcp_e2e/test_socket_mode 5, gate 6,

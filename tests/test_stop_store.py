@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import redis
 
-from workers.store import EVENT_TTL, Keys, RunRecord, RunStatus, Store, new_run_id
+from store import EVENT_TTL, Keys, RunRecord, RunStatus, Store, new_run_id
 
 
 def run_record() -> RunRecord:
@@ -71,9 +71,10 @@ def test_a_save_reads_the_stop_and_the_driver_uses_that_reading_once(
     from slack_sdk import WebClient
 
     from harness.config import Config
+    from runtime.queue import make_queue
     from workers import driver as driver_module
     from workers.driver import Driver
-    from workers.services import Services, make_queue
+    from workers.services import Services
 
     monkeypatch.setattr(driver_module, "STOP_SEEN_SECONDS", 600)  # "just now", however slow the machine
     run = replace(run_record(), status=RunStatus.RUNNING)

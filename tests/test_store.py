@@ -17,8 +17,8 @@ import rq
 from rq.serializers import JSONSerializer
 
 from harness.state import Decision, StateError, Verdict
-from workers.services import enqueue_job, make_queue, queued_job
-from workers.store import Accepted, BadId, DecideOutcome, Keys, RunRecord, RunStatus, Store, new_run_id
+from runtime.queue import enqueue_job, make_queue, queued_job
+from store import Accepted, BadId, DecideOutcome, Keys, RunRecord, RunStatus, Store, new_run_id
 
 
 def record(**overrides: object) -> RunRecord:
@@ -229,7 +229,7 @@ def _key_spellings(path: Path) -> list[str]:
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             if "harness:" in node.value:
                 found.append(f"{path.name}:{node.lineno} {node.value!r}")
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("workers.store"):
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("store"):
             found += [f"{path.name}:{node.lineno} imports PREFIX" for a in node.names if a.name == "PREFIX"]
     return found
 
@@ -237,11 +237,22 @@ def _key_spellings(path: Path) -> list[str]:
 def test_every_key_is_spelled_in_the_stores_keys_module() -> None:
     """`Keys` is the one place a key is spelled: the product's other modules ask it for their keys."""
     root = Path(__file__).resolve().parents[1]
-    keys_module = root / "workers" / "store" / "keys.py"
+    keys_module = root / "store" / "keys.py"
     assert keys_module.is_file()
     spelled = [
         where
-        for package in ("harness", "bot", "workers", "playground")
+        for package in (
+            "harness",
+            "store",
+            "observe",
+            "runtime",
+            "gates",
+            "ops",
+            "bot",
+            "workers",
+            "playground",
+            "launch",
+        )
         for path in sorted((root / package).rglob("*.py"))
         if path != keys_module
         for where in _key_spellings(path)
@@ -254,7 +265,7 @@ def test_the_key_check_finds_a_key_spelled_elsewhere(tmp_path: Path) -> None:
     stray = tmp_path / "stray.py"
     stray.write_text(
         '"""Mentions harness:run: in a docstring, which is fine."""\n'
-        "from workers.store import PREFIX\n"
+        "from store import PREFIX\n"
         'KEY = "harness:mine"\n'
     )
     assert _key_spellings(stray) == ["stray.py:2 imports PREFIX", "stray.py:3 'harness:mine'"]

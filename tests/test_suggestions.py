@@ -1,4 +1,4 @@
-"""Suggested rules (`workers.suggestions`): calls approved at least 10 times and never declined in
+"""Suggested rules (`ops.suggestions`): calls approved at least 10 times and never declined in
 30 days become a `[[policy.rules]]` snippet that loads, with what replaying it would change; and
 the Home view shows them under "Suggested rules" to whoever the bot passes them to."""
 
@@ -14,7 +14,7 @@ from typing import Any
 from harness.config import Config, load_config
 from harness.policy import PathArgs, Tier
 from messages.home import SuggestedRule, home_view
-from workers.suggestions import DAY, MIN_APPROVALS, snippet, suggest
+from ops.suggestions import DAY, MIN_APPROVALS, snippet, suggest
 
 NOW = 1_800_000_000.0
 CONFIG = """

@@ -167,9 +167,17 @@ def test_an_imported_tool_is_offered_once_by_the_module_that_defines_it(
 
 
 def test_a_tool_in_a_package_module_is_offered(tmp_path: Path, write_module: Write) -> None:
-    write_module("ops.tools.tickets", TICKETS)
-    registry = catalog(tmp_path, "[tools]\nbuiltin = []\nmodules = ['ops.tools.tickets']\n").registry()
+    write_module("acme.tools.tickets", TICKETS)
+    registry = catalog(tmp_path, "[tools]\nbuiltin = []\nmodules = ['acme.tools.tickets']\n").registry()
     assert registry.names() == ["open_ticket", "count_tickets"]
+
+
+@pytest.mark.parametrize("name", ["ops.tools.tickets", "store", "gates.extra"])
+def test_a_module_under_one_of_the_projects_own_package_names_is_refused_in_one_line(
+    tmp_path: Path, name: str
+) -> None:
+    with pytest.raises(ConfigError, match=f"{name!r} is inside .*a package of this project"):
+        catalog(tmp_path, f"[tools]\nbuiltin = []\nmodules = ['{name}']\n").registry()
 
 
 def test_builtin_lists_the_only_built_ins_offered(tmp_path: Path, write_module: Write) -> None:

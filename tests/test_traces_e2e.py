@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import redis
 
+from store import Store
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.fakes.otlp_receiver import OTLPReceiver, ReceivedSpan
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import BOT_TOKEN, ROOT, SIGNING_SECRET, RedisServer, Stack, has_actions, thread, wait_until
-from workers.store import Store
 
 pytestmark = pytest.mark.e2e
 
@@ -219,7 +219,7 @@ def test_with_nothing_set_nothing_is_sent_and_the_sdk_is_never_loaded(
     # `opentelemetry.sdk.metrics` itself whenever it is installed, and sets nothing up with it.)
     probe = (
         "TRACING = ('opentelemetry.sdk.trace', 'opentelemetry.exporter')\n"
-        "import sys, bot.listeners.mentions, workers.jobs, workers.tracing as t\n"
+        "import sys, bot.listeners.mentions, workers.jobs, observe.tracing as t\n"
         "with t.run_started('r1', model='m', team='T1', channel='C1', requester='U1') as root:\n"
         "    assert root.traceparent == ''\n"
         "with t.job_span('', 'start_run', 'r1'):\n"

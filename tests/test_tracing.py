@@ -1,4 +1,4 @@
-"""The spans `workers.tracing` makes, read back from the SDK's in-memory exporter: what they carry
+"""The spans `observe.tracing` makes, read back from the SDK's in-memory exporter: what they carry
 with and without content capture, secrets cut out of captured content, and each call's outcome."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, Verdict
 from harness.tools import ToolResult
-from workers import tracing
+from observe import tracing
 
 SECRET = "xoxb-very-secret-token"
 

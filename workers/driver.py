@@ -22,10 +22,7 @@ from typing import Any
 from harness.state import PendingCall, RunState, StateError
 from messages import texts, turns
 from messages.blocks import Message, notice
-from workers import outbox
-from workers.live import LiveView
-from workers.services import Services
-from workers.store import (
+from store import (
     DAY,
     FINISHED_RUN_TTL,
     LIMIT_CALL,
@@ -36,6 +33,9 @@ from workers.store import (
     RunStatus,
     unpack,
 )
+from workers import outbox
+from workers.live import LiveView
+from workers.services import Services
 
 log = logging.getLogger(__name__)
 

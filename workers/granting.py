@@ -1,7 +1,7 @@
 """Grants in a run: which standing grant of the thread covers a call, spending one of its uses,
 deciding the park's other calls a grant given on one card covers, and its notice with Revoke.
 
-The grants themselves (their keys, scope and uses, taken atomically) are `workers.store.grants`.
+The grants themselves (their keys, scope and uses, taken atomically) are `store.grants`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from harness.policy import always_asks
 from harness.state import Decision, PendingCall, RunState, Verdict, record_decisions
 from messages import cards
+from store import BadId, Grant, RunRecord, grant_slot
 from workers.services import Services
-from workers.store import BadId, Grant, RunRecord, grant_slot
 
 
 def spread_grants(

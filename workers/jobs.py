@@ -20,6 +20,7 @@ from typing import Any
 
 import rq
 
+from gates import budgets
 from harness import texts as harness_texts
 from harness.loop import (
     Agent,
@@ -51,21 +52,10 @@ from harness.valves import Stop, Valve, token_limit
 from messages import cards, endings, texts, turns
 from messages.blocks import notice
 from messages.text import plural
-from workers import (
-    budgets,
-    granting,
-    live,
-    logs,
-    metrics,
-    outbox,
-    park_cards,
-    rulings,
-    thread_status,
-    tracing,
-)
-from workers.driver import Driver, park_ttl
-from workers.services import RUN_JOB_TIMEOUT, Services, enqueue_run_job
-from workers.store import (
+from observe import logs, metrics, tracing
+from ops import rulings
+from runtime.queue import RUN_JOB_TIMEOUT, enqueue_run_job
+from store import (
     BATCH,
     LIMIT_CALL,
     DecideOutcome,
@@ -75,6 +65,9 @@ from workers.store import (
     Store,
     rulings_write,
 )
+from workers import granting, live, outbox, park_cards, thread_status
+from workers.driver import Driver, park_ttl
+from workers.services import Services
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from messages import texts
 from messages.arguments import args_json
 from messages.streamed import LinkShower
 from messages.text import cut, escape, inert, visible
-from workers.store import DAY, Keys, RunRecord
+from store import DAY, Keys, RunRecord
 
 if TYPE_CHECKING:
     from workers.driver import Driver

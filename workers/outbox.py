@@ -19,8 +19,8 @@ from typing import Any
 from harness.state import PendingCall
 from messages import cards, texts
 from messages.blocks import Message, notice
+from store import Keys, RunRecord
 from workers.services import Services, file_key, upload_name
-from workers.store import Keys, RunRecord
 
 log = logging.getLogger(__name__)
 

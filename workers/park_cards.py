@@ -12,13 +12,13 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from gates import deciders
 from harness.loop import Agent
 from harness.state import Decision, PendingCall, RunState, StateError
 from messages import cards
 from messages.blocks import Message
-from workers import deciders
+from store import BATCH, LIMIT_CALL, RunRecord
 from workers.services import Services
-from workers.store import BATCH, LIMIT_CALL, RunRecord
 
 log = logging.getLogger(__name__)
 

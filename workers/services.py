@@ -5,10 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import re
-import ssl
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,188 +13,25 @@ from typing import Any
 import anthropic
 import redis
 import rq
-from rq import Retry
-from rq.exceptions import InvalidJobOperation
-from rq.job import JobStatus
-from rq.serializers import JSONSerializer
-from rq.utils import now as rq_now
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackRequestError
-from slack_sdk.http_retry import HttpRequest, HttpResponse, RetryState
 from slack_sdk.http_retry.builtin_handlers import (
     ConnectionErrorRetryHandler,
-    RateLimitErrorRetryHandler,
-    ServerErrorRetryHandler,
 )
 
 from harness.client import make_client
 from harness.config import Config, load_config
 from harness.tools.catalog import Catalog
-from workers import connection, metrics
+from observe import metrics
+from runtime.clients import COURTESY_TIMEOUT, ShortRateLimitRetry, redis_connection, slack_client
+from runtime.queue import make_queue
+from runtime.slack_http import KeepAliveWebClient
+from store import RunRecord, Store
 from workers.live import LiveStreams
-from workers.slack_http import KeepAliveWebClient
-from workers.store import DAY, QueuedJob, RunRecord, Store
 
 log = logging.getLogger(__name__)
 
-QUEUE_NAME = "harness"
-DEFAULT_SLACK_API_URL = "https://slack.com/api/"
-RUN_JOB_TIMEOUT = 3600  # a whole run between two parks: (max_turns + 1) requests with retries
 MESSAGE_EVENT_TYPE = "harness_message"  # Slack message metadata that names a run's post
-RETRY_INTERVALS = [1, 5, 15]
-COURTESY_TIMEOUT = 5  # seconds: a status line is not worth a stalled run
-COURTESY_MAX_WAIT = 5  # seconds of a 429's Retry-After a courtesy call waits out (once); longer: skipped
-
-
-def make_queue(connection: redis.Redis) -> rq.Queue:
-    """The bot's queue. JSON, never pickle: whoever can write to Redis must not get code execution."""
-    return rq.Queue(QUEUE_NAME, connection=connection, serializer=JSONSerializer)
-
-
-def enqueue_job(
-    queue: rq.Queue, func: str | Any, *args: Any, pipeline: Any = None, job_id: str | None = None
-) -> rq.job.Job:
-    """Enqueue a job with the timeout of a whole run and RQ retries, whoever enqueues it."""
-    _check_serializer(queue)
-    return queue.enqueue_call(func, args=args, **_job_options(), pipeline=pipeline, job_id=job_id)
-
-
-def queued_job(queue: rq.Queue, func: str | Any, *args: Any, job_id: str) -> QueuedJob:
-    """The job `enqueue_job` would enqueue, as the writes RQ makes for it, for a Lua script to make
-    along with writes of its own (`Store.accept_event`).
-
-    RQ builds the job and its hash (`Job.to_dict`, as RQ's own unique enqueue does); what is left
-    is what `Queue.enqueue_job` sets on a job it enqueues: its queue, when, and its status. No
-    dependencies, no TTL and no rate limit: RQ would write more for those.
-    """
-    _check_serializer(queue)
-    job = queue.create_job(func, args=args, **_job_options(), job_id=job_id, status=JobStatus.QUEUED)
-    job.origin, job.enqueued_at = queue.name, rq_now()
-    fields: list[str | bytes] = []
-    for name, value in job.to_dict().items():
-        if value is not None:
-            fields += (name, value if isinstance(value, bytes | str) else str(value))
-    return QueuedJob(job.id, job.key, queue.key, queue.redis_queues_keys, tuple(fields))
-
-
-def _job_options() -> dict[str, Any]:
-    return {
-        "timeout": RUN_JOB_TIMEOUT,
-        "result_ttl": 600,
-        "failure_ttl": DAY,
-        "retry": Retry(max=len(RETRY_INTERVALS), interval=list(RETRY_INTERVALS)),
-    }
-
-
-def _check_serializer(queue: rq.Queue) -> None:
-    if queue.serializer is not JSONSerializer:
-        raise ValueError("the bot's queue must use RQ's JSONSerializer (see make_queue), never pickle")
-
-
-def enqueue_run_job(
-    store: Store, queue: rq.Queue, func: str | Any, run_id: str, *args: Any, pipeline: Any = None
-) -> None:
-    """Enqueue a job about `run_id`, marked pending in the same step so the watchdog sends no other."""
-    job_id = uuid.uuid4().hex
-    if pipeline is not None:
-        store.mark_pending(run_id, job_id, pipeline=pipeline)
-        enqueue_job(queue, func, run_id, *args, pipeline=pipeline, job_id=job_id)
-        return
-    with store.redis.pipeline() as pipe:
-        pipe.multi()
-        store.mark_pending(run_id, job_id, pipeline=pipe)
-        enqueue_job(queue, func, run_id, *args, pipeline=pipe, job_id=job_id)
-        pipe.execute()
-
-
-def job_waiting(queue: rq.Queue, job_id: str) -> bool:
-    """Whether job `job_id` still waits to start: in the queue, or scheduled for a retry.
-
-    A job a worker took off the queue but never ran (it died in between) still reads "queued":
-    only its place in the queue's list tells it apart.
-    """
-    job = rq.job.Job(job_id, connection=queue.connection, serializer=queue.serializer)
-    try:
-        status = job.get_status(refresh=True)
-    except InvalidJobOperation:  # the job is gone: nothing is on its way
-        return False
-    if status == JobStatus.QUEUED:
-        return queue.get_job_position(job_id) is not None
-    return status in (JobStatus.SCHEDULED, JobStatus.DEFERRED)
-
-
-class SettingsError(ValueError):
-    """A required setting is missing; the message says what to set and where to get it."""
-
-
-def slack_client(env: Mapping[str, str] | None = None) -> WebClient:
-    """A `WebClient` on `SLACK_API_URL` that retries 429 (honouring Retry-After) and 5xx, and keeps
-    its connections open between calls (`workers.slack_http`)."""
-    env = os.environ if env is None else env
-    token = env.get("SLACK_BOT_TOKEN")
-    if not token:
-        raise SettingsError(
-            "SLACK_BOT_TOKEN is not set: copy the Bot User OAuth Token (xoxb-…) from your app's "
-            "OAuth & Permissions page at https://api.slack.com/apps"
-        )
-    return KeepAliveWebClient(
-        token=token,
-        base_url=env.get("SLACK_API_URL") or DEFAULT_SLACK_API_URL,
-        timeout=15,
-        ssl=tls_context(),
-        retry_handlers=[
-            ConnectionErrorRetryHandler(max_retry_count=2),
-            RateLimitErrorRetryHandler(max_retry_count=3),
-            ServerErrorRetryHandler(max_retry_count=2),
-        ],
-    )
-
-
-class ShortRateLimitRetry(RateLimitErrorRetryHandler):
-    """Waits out a 429 once, and only when Slack asks for at most `COURTESY_MAX_WAIT` seconds.
-
-    slack_sdk's own handler sleeps whatever Retry-After says, in the calling thread.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(max_retry_count=1)
-
-    def _can_retry(
-        self,
-        *,
-        state: RetryState,
-        request: HttpRequest,
-        response: HttpResponse | None = None,
-        error: Exception | None = None,
-    ) -> bool:
-        if response is None or response.status_code != 429:
-            return False
-        wait = next((v for k, v in response.headers.items() if k.lower() == "retry-after"), ["1"])
-        try:
-            return int(wait[0]) <= COURTESY_MAX_WAIT
-        except (IndexError, ValueError):
-            return False
-
-
-@functools.cache
-def tls_context() -> ssl.SSLContext:
-    """The one TLS context of the process's Slack clients (certificates checked as by default).
-
-    Without one, every HTTPS call of a `WebClient` makes its own (Python 3.11's `http.client` does,
-    for a connection given no context), loading the CA bundle again: milliseconds of CPU per call.
-    """
-    return ssl.create_default_context()
-
-
-def redis_connection(env: Mapping[str, str] | None = None) -> redis.Redis:
-    """This process's Redis client: `REDIS_URL`, or the master of `REDIS_SENTINELS` (`workers.connection`).
-
-    Raises `SettingsError` (one line) when those settings cannot be used.
-    """
-    try:
-        return connection.connect(env)
-    except connection.RedisSettingsError as exc:
-        raise SettingsError(str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from slack_sdk.errors import SlackApiError
 
 from messages import texts
 from messages.text import cut, visible
+from store import IM, RunRecord
 from workers.services import Services
-from workers.store import IM, RunRecord
 
 log = logging.getLogger(__name__)
 

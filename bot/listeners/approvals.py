@@ -31,6 +31,7 @@ from bot.listening import (
     clicker_and_channel,
     tell_clicker,
 )
+from gates import deciders
 from harness.policy import always_asks, grant_directory
 from harness.state import Decision, PendingCall, StateError, Verdict
 from messages import texts
@@ -38,8 +39,8 @@ from messages.arguments import fully_reviewable
 from messages.cards import grant_revoked, reminder_extended
 from messages.reasons import plain_quote, plain_why
 from messages.text import plural, slack_date
-from workers import deciders, metrics
-from workers.store import (
+from observe import metrics
+from store import (
     BadId,
     DecideOutcome,
     DecideResult,

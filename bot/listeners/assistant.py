@@ -20,7 +20,7 @@ from bot.listening import (
     tell_clicker,
 )
 from messages import texts
-from workers.store import (
+from store import (
     BadId,
     check_id,
 )

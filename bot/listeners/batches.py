@@ -24,13 +24,14 @@ from bot.listening import (
     clicker_and_channel,
     tell_clicker,
 )
+from gates import deciders
 from harness.policy import always_asks
 from harness.state import Decision, PendingCall, StateError, Verdict
 from messages import texts
 from messages.arguments import fully_reviewable
 from messages.text import plural
-from workers import deciders, metrics
-from workers.store import BadId, DecideOutcome, RunRecord, RunStatus, check_id
+from observe import metrics
+from store import BadId, DecideOutcome, RunRecord, RunStatus, check_id
 
 
 def _parse(value: Any) -> tuple[str, int]:

@@ -17,10 +17,11 @@ from bot.listening import (
     BotDeps,
     Then,
 )
+from gates import deciders
 from harness.state import StateError
 from messages.home import HOME_ITEMS_MAX, HomeItem, SuggestedRule, home_view
-from workers import deciders, suggestions
-from workers.store import (
+from ops import suggestions
+from store import (
     BadId,
     OpenPark,
     RunRecord,

@@ -24,12 +24,13 @@ from bot.listening import (
     BotDeps,
     Then,
 )
+from gates import budgets
 from messages import texts
 from messages.blocks import notice
 from messages.text import plural
-from workers import budgets, metrics, tracing
-from workers.services import queued_job
-from workers.store import (
+from observe import metrics, tracing
+from runtime.queue import queued_job
+from store import (
     IM,
     Accepted,
     BadId,

@@ -25,11 +25,11 @@ from bot.listening import (
     clicker_and_channel,
     tell_clicker,
 )
+from gates import deciders
 from harness.state import Decision, PendingCall, Verdict
 from messages import texts
 from messages.modals import arguments_modal, decline_reason_modal, edit_modal
-from workers import deciders
-from workers.store import (
+from store import (
     RunRecord,
 )
 

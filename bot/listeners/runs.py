@@ -20,12 +20,13 @@ from bot.listening import (
     clicker_and_channel,
     tell_clicker,
 )
+from gates import deciders
 from harness.state import Decision, StateError, Verdict
 from messages import texts
 from messages.endings import FEEDBACK_BAD, FEEDBACK_GOOD
 from messages.text import plural
-from workers import deciders, metrics
-from workers.store import (
+from observe import metrics
+from store import (
     ENDED,
     FEEDBACK_PER_MINUTE,
     LIMIT_CALL,

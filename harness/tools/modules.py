@@ -8,6 +8,24 @@ from collections.abc import Iterable
 from harness.config import ConfigError
 from harness.tools.base import Tool
 
+# This project's own top-level packages: an operator's module under one of these names would be
+# this project's, not theirs (or hide it), so it is refused by name with one line.
+OWN_PACKAGES = frozenset(
+    {
+        "harness",
+        "messages",
+        "store",
+        "observe",
+        "runtime",
+        "gates",
+        "ops",
+        "workers",
+        "bot",
+        "playground",
+        "launch",
+    }
+)
+
 
 def load_module_tools(names: Iterable[str]) -> list[Tool]:
     """Every tool each module defines, in module order; an import failure is a `ConfigError`.
@@ -17,6 +35,12 @@ def load_module_tools(names: Iterable[str]) -> list[Tool]:
     """
     found: list[Tool] = []
     for name in names:
+        top = name.split(".")[0]
+        if top in OWN_PACKAGES and name.split(".")[0] != "harness":
+            raise ConfigError(
+                f"tools.modules: {name!r} is inside {top!r}, a package of this project: "
+                f"put your tools in a package of another name"
+            )
         try:
             module = importlib.import_module(name)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import failure is the operator's to fix

@@ -152,7 +152,7 @@ class RelayClient:
     """The hub as seen from a work horse: `listing()` and `call()` over the worker's socket.
 
     One connection per thread, opened lazily and again in every new process (a fork must not
-    share the parent's socket): a horse driving several runs at once (`workers.slots`) makes their
+    share the parent's socket): a horse driving several runs at once (`workers.process.slots`) makes their
     MCP calls side by side, each on its own connection, and the relay serves connections
     concurrently. One run's slow call never holds another's.
     """

@@ -65,8 +65,9 @@ def build(app: str, env: dict[str, str]) -> Wsgi:
     import bot.listening
     from bot.web import wsgi_app
     from harness.config import load_config
-    from workers.services import make_queue, redis_connection, slack_client
-    from workers.store import Store
+    from runtime.clients import redis_connection, slack_client
+    from runtime.queue import make_queue
+    from store import Store
 
     if app == "ours-without-eyes":
         bot.listeners.mentions.acknowledge_visibly = lambda body, context, client: None  # type: ignore[assignment]

@@ -29,10 +29,10 @@ from harness.config import Approvals, Config
 from harness.policy import Tier
 from harness.state import PendingCall, RunState, StateError
 from messages.home import HOME_ITEMS_MAX, home_view
+from runtime.queue import make_queue
+from store import DAY, RunRecord, RunStatus, Store, new_run_id
 from tests.bench.common import summary_ms, table
 from tests.stack import RedisServer
-from workers.services import make_queue
-from workers.store import DAY, RunRecord, RunStatus, Store, new_run_id
 
 COMMAND = ".venv/bin/python -m tests.bench home"
 PARKS = int(os.environ.get("BENCH_HOME_PARKS", "10000"))

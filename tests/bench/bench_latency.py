@@ -26,8 +26,8 @@ from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_u
 from tests.fakes.signing import event_body
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import ROOT, RedisServer, Stack, wait_until
-from workers import horses
-from workers.horses import DEFAULT_CLASS
+from workers.process import horses
+from workers.process.horses import DEFAULT_CLASS
 
 COMMAND = ".venv/bin/python -m tests.bench latency"
 SAMPLES = 50

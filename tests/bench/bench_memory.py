@@ -27,12 +27,12 @@ from typing import Any
 import redis
 from rq import Worker
 
+from store import RunStatus, Store
 from tests.bench.bench_latency import has_actions, post_mention
 from tests.bench.common import table
 from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import ROOT, RedisServer, Stack, descendants, wait_until
-from workers.store import RunStatus, Store
 
 COMMAND = ".venv/bin/python -m tests.bench memory"
 # prefork (the default): one long-lived work horse forked from the warmed worker; fork: RQ's
@@ -56,7 +56,7 @@ max_turns = 60
 token_budget = 1000000000
 no_progress_window = 2
 """
-SOURCES = sorted((ROOT / "harness").glob("*.py")) + sorted((ROOT / "workers").glob("*.py"))
+SOURCES = sorted((ROOT / "harness").glob("*.py")) + sorted((ROOT / "workers").rglob("*.py"))
 _MARKER = re.compile(r"\bmb([rwhp])(\d+)(?:x(\d+))?\b")
 _DONE = re.compile(r"\b(mb[rwhp]\d+(?:x\d+)?) done\b")
 
@@ -544,7 +544,7 @@ def trace_growth(r: Rig, *, runs: int = 300, warmup: int = 60, top: int = 10) ->
 
 def known_classes() -> tuple[list[str], list[str]]:
     """The classes of `CLASSES` this checkout's `python -m workers` knows, and those it does not."""
-    source = (ROOT / "workers" / "__main__.py").read_text()
+    source = "".join(p.read_text() for p in sorted((ROOT / "workers").rglob("*.py")))
     known = [k for k in CLASSES if k == "fork" or f'"{k}"' in source]
     return known, [k for k in CLASSES if k not in known]
 
@@ -669,7 +669,7 @@ def report(
         lines += [
             "",
             f"Not measured: {', '.join(f'`{k}`' for k in skipped)} (this checkout's "
-            "`workers/__main__.py` does not know the class).",
+            "`workers/process/main.py` does not know the class).",
         ]
     lines += [
         "",
@@ -801,7 +801,7 @@ def measure() -> str:
     known, skipped = known_classes()
     for kind in skipped:
         progress(
-            f"note: bench memory skips HARNESS_WORKER_CLASS={kind}: workers/__main__.py does not know it"
+            f"note: bench memory skips HARNESS_WORKER_CLASS={kind}: workers/process/main.py does not know it"
         )
     figures, parked, trace = [], [], None
     for kind in known:

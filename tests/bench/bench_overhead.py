@@ -219,11 +219,13 @@ class Env:
             from harness.client import make_client
             from harness.config import load_config
             from harness.tools.catalog import Catalog
+            from runtime.clients import slack_client
+            from runtime.queue import make_queue
+            from store import Store
             from tests.fakes.slack_api import FakeSlackAPI
             from tests.stack import RedisServer
             from workers import jobs
-            from workers.services import Services, make_queue, slack_client
-            from workers.store import Store
+            from workers.services import Services
 
             server = RedisServer().start()
             self._stack.callback(server.cleanup)
@@ -251,7 +253,7 @@ _TS = iter(range(1, 10**9))
 
 def _new_record(svc: Any, task: str, status: Any) -> str:
     """A run record in Redis, in a thread of its own (so that no history carries over)."""
-    from workers.store import RunRecord, new_run_id
+    from store import RunRecord, new_run_id
 
     record = RunRecord(new_run_id(), "T1", "C1", f"1700000000.{next(_TS):06d}", "UREQ", task, status=status)
     svc.store.save_run(record)
@@ -558,7 +560,7 @@ def _worker_steps(svc: Any, driver: Any, state: Any) -> tuple[Any, Any]:
 
 def _worker_finish(driver: Any, state: Any, outcome: Any) -> None:
     from harness.loop import Finished
-    from workers.store import RunStatus
+    from store import RunStatus
 
     if not isinstance(outcome, Finished):
         raise RuntimeError(f"the worker's run ended with {outcome!r}")
@@ -575,7 +577,7 @@ def _driving(svc: Any, run_id: str) -> Any:
 def worker(env: Env) -> Run:
     """A run stepped the way a worker steps it, Slack left out (see the module docstring)."""
     from harness.state import new_run
-    from workers.store import RunStatus
+    from store import RunStatus
 
     svc = env.services()
 
@@ -594,8 +596,8 @@ def _park_in_redis(svc: Any, after: int) -> tuple[str, tuple[Any, ...]]:
     """A worker's run parked on `guarded_lookup` after `after` turns, let go; (run id, calls)."""
     from harness.loop import AwaitingApproval
     from harness.state import new_run
+    from store import RunStatus
     from workers.driver import park_ttl
-    from workers.store import RunStatus
 
     task = _task(after + 1, after)
     run_id = _new_record(svc, task, RunStatus.RUNNING)
@@ -626,9 +628,9 @@ def _decide_all(svc: Any, run_id: str, calls: tuple[Any, ...]) -> None:
 def worker_resume(env: Env) -> Resume:
     """What `workers.jobs._resume_if_decided` does up to the next request, without Slack."""
     from harness.state import record_decisions
-    from workers import metrics
-    from workers.services import RUN_JOB_TIMEOUT
-    from workers.store import RunStatus
+    from observe import metrics
+    from runtime.queue import RUN_JOB_TIMEOUT
+    from store import RunStatus
 
     svc = env.services()
 
@@ -655,8 +657,8 @@ def worker_resume(env: Env) -> Resume:
 
 def full_job(env: Env) -> Run:
     """`workers.jobs.drive` as an RQ job runs it in-process, turn summaries posted to the Slack stand-in."""
+    from store import RunStatus
     from workers import jobs
-    from workers.store import RunStatus
 
     svc = env.services()
 
@@ -675,8 +677,8 @@ def full_job(env: Env) -> Run:
 
 def full_job_resume(env: Env) -> Resume:
     """`workers.jobs.drive` on a parked run whose decision is in (as `apply_decisions` calls it)."""
+    from store import RunStatus
     from workers import jobs
-    from workers.store import RunStatus
 
     svc = env.services()
 

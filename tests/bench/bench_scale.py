@@ -17,7 +17,7 @@ from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_u
 from tests.fakes.signing import event_body
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import Process, RedisServer, Stack, descendants, wait_until
-from workers import horses
+from workers.process import horses
 
 COMMAND = ".venv/bin/python -m tests.bench scale"
 RUNS = 100

@@ -13,15 +13,15 @@ import redis
 
 from harness.loop import AwaitingApproval, drive
 from harness.state import Decision, RunState, Verdict, new_run
+from store import Keys, RunRecord, RunStatus, Store, new_run_id
 from tests.bench.common import table
 from tests.conftest import make_agent
 from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_use
 from tests.stack import RedisServer
-from workers.store import Keys, RunRecord, RunStatus, Store, new_run_id
 
 PARKED = 10_000
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = sorted((ROOT / "harness").glob("*.py")) + sorted((ROOT / "workers").glob("*.py"))
+SOURCES = sorted((ROOT / "harness").glob("*.py")) + sorted((ROOT / "workers").rglob("*.py"))
 
 
 def parked_state(turns: int, workspace: Path) -> RunState:

@@ -69,7 +69,7 @@ def _base_tree(into: Path) -> tuple[Path, str]:
     """The tree of the commit before traces came (`BENCH_TRACING_BASE` overrides it), and its id."""
     base = (
         os.environ.get("BENCH_TRACING_BASE")
-        or _git("log", "-1", "--format=%H", "--diff-filter=A", "--", "workers/tracing.py") + "^"
+        or _git("log", "-1", "--format=%H", "--diff-filter=A", "--", "observe/tracing.py") + "^"
     )
     commit = _git("rev-parse", "--short", base)
     archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout

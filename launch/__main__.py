@@ -1,0 +1,5 @@
+"""`python -m launch` (what `make run` runs): see `launch.local`."""
+
+from launch.local import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""What the processes tell about themselves: logs, metrics, gauges, traces, health."""

@@ -1,0 +1,221 @@
+"""`python -m workers status`: the runs in flight, parked (and who must decide) and failed, from the store.
+
+In flight: the members of `harness:active` (queued, running, or parked with every decision in),
+each with whether a driver holds it now. Parked: the open parks of `harness:expiries`, the soonest
+to expire first. Failed: run records whose status is `failed` (a model API error; their thread has
+a Retry button), found by a SCAN of `harness:run:*`, so this reads every run of the last 7 days:
+an operator's command, not something to poll. Near a budget: every user and channel that spent at
+least 80% of a daily budget today (UTC), with the profile whose budget it is.
+
+It reads the config the workers run with (each says which at start, `harness:config:source`)
+unless `HARNESS_CONFIG` is set where it runs, and its first line says which it read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from gates import budgets
+from gates.deciders import deciders
+from harness.config import Config, load_config
+from harness.state import PendingCall, StateError
+from runtime.queue import make_queue
+from store import LIMIT_CALL, USER_SCOPE, BadId, Keys, RunRecord, RunStatus, Store, unpack, utc_day
+
+SCAN_BATCH = 200
+CONFIG_SOURCE_TTL = 7 * 86400  # a worker says it again at every start
+
+
+@dataclass(frozen=True)
+class Parked:
+    record: RunRecord
+    park_id: int
+    undecided: tuple[str, ...]  # the tools (or "limit") still waiting for a decision
+
+
+def in_flight(store: Store) -> list[tuple[RunRecord, bool]]:
+    """The runs marked active, with whether a driver holds each now (its lease)."""
+    found = []
+    for member in store.redis.zrange(Keys.active(), 0, -1):
+        run_id = _text(member)
+        record = _load(store, run_id)
+        if record is not None:
+            found.append((record, bool(store.redis.exists(Keys.lease(run_id)))))
+    return found
+
+
+def parked(store: Store, now: float, limit: int = 500) -> list[Parked]:
+    """The open parks, the soonest to expire first, with what each still waits for."""
+    found = []
+    for run_id, park_id in store.parked(now, limit):
+        record = _load(store, run_id)
+        if record is None or record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park_id:
+            continue
+        tools = {c.id: c.name for c in _pending(record)}
+        decisions = store.decisions(run_id, park_id)
+        waiting = [
+            "limit" if call_id == LIMIT_CALL else tools.get(call_id, call_id)
+            for call_id, decision in decisions.items()
+            if decision is None
+        ]
+        found.append(Parked(record, park_id, tuple(waiting)))
+    return found
+
+
+def failed(store: Store) -> Iterator[RunRecord]:
+    """Every run record in the store whose run failed (SCAN, in batches of `SCAN_BATCH`)."""
+    batch: list[bytes] = []
+    for key in store.redis.scan_iter(match=Keys.all_runs(), count=SCAN_BATCH):
+        batch.append(key)
+        if len(batch) >= SCAN_BATCH:
+            yield from _failed_in(store, batch)
+            batch = []
+    yield from _failed_in(store, batch)
+
+
+def announce_config(store: Store, env: Mapping[str, str] | None = None) -> None:
+    """Say in Redis which config file this worker runs with (a worker does, at start)."""
+    env = os.environ if env is None else env
+    raw = env.get("HARNESS_CONFIG") or ""
+    path = str(Path(raw).resolve()) if raw else ""
+    store.redis.set(Keys.config_source(), json.dumps({"path": path, "at": time.time()}), ex=CONFIG_SOURCE_TTL)
+
+
+def config_for_status(store: Store, env: Mapping[str, str] | None = None) -> tuple[Config, str]:
+    """The config `status` reads, and a line saying which: `HARNESS_CONFIG` when set here, else the
+    one the workers announced (ages, deciders and budgets come out as the workers see them)."""
+    env = os.environ if env is None else env
+    workers_path = _announced(store)
+    if env.get("HARNESS_CONFIG"):
+        mine = str(Path(env["HARNESS_CONFIG"]).resolve())
+        line = f"Config: {mine} (HARNESS_CONFIG)"
+        if workers_path is not None and workers_path != mine:
+            line += f"; the workers run with {workers_path or 'the built-in defaults'}"
+        return load_config(env=env), line
+    if workers_path:
+        return load_config(workers_path, env=env), f"Config: {workers_path} (the one the workers run with)"
+    if workers_path == "":
+        return load_config(env=env), "Config: the built-in defaults (as the workers run)"
+    return load_config(env=env), "Config: the built-in defaults (no worker has said which it runs with)"
+
+
+def _announced(store: Store) -> str | None:
+    """The workers' config path ("" for the built-in defaults), None when no worker said."""
+    raw = store.redis.get(Keys.config_source())
+    try:
+        path = json.loads(raw)["path"] if raw is not None else None
+    except (ValueError, KeyError, TypeError):
+        return None
+    return path if isinstance(path, str) else None
+
+
+def report(store: Store, config: Config, now: float | None = None) -> str:
+    """The whole status, as text for a terminal."""
+    now = time.time() if now is None else now
+    lines: list[str] = []
+    flying = in_flight(store)
+    lines.append(f"In flight: {len(flying)}")
+    for record, driven in flying:
+        how = "driven now" if driven else "waiting for a worker"
+        lines.append(
+            f"  {_where(record)} {record.status.value}, {how}, started {_ago(now - record.created_at)}"
+        )
+    waiting = parked(store, now)
+    lines.append(f"Parked: {len(waiting)}")
+    for park in waiting:
+        record = park.record
+        expires_at = record.expires_at or now
+        approvals = config.settings(record.profile).approvals
+        since = record.parked_at(approvals.expire_after_minutes) or now
+        lines.append(
+            f"  {_where(record)} park {park.park_id}, parked {_ago(now - since)}, "
+            f"expires in {_span(expires_at - now)}; waiting for: {', '.join(park.undecided) or '-'}; "
+            f"must decide: {', '.join(deciders(approvals, record, now))}"
+        )
+    broken = sorted(failed(store), key=lambda r: r.created_at)
+    lines.append(f"Failed: {len(broken)}")
+    for record in broken:
+        error = (record.error or "").splitlines()[0][:200] if record.error else "(no error recorded)"
+        lines.append(f"  {_where(record)} started {_ago(now - record.created_at)}: {error}")
+    lines.extend(_near_budgets(store, config, now))
+    queue = make_queue(store.redis)
+    lines.append(
+        f"Queue {queue.name}: {queue.count} waiting, {queue.scheduled_job_registry.count} scheduled, "
+        f"{queue.failed_job_registry.count} failed jobs"
+    )
+    return "\n".join(lines)
+
+
+def _near_budgets(store: Store, config: Config, now: float) -> list[str]:
+    found = budgets.near(store, config, now)
+    lines = [
+        f"Near a budget (>= {budgets.NEAR:.0%} of a daily budget, UTC day {utc_day(now)}, resets in "
+        f"{budgets.until_reset(now)}): {len(found)}"
+    ]
+    for near in found:
+        key = "per_user_daily_tokens" if near.kind == USER_SCOPE else "per_channel_daily_tokens"
+        lines.append(
+            f"  {near.kind} {near.who} in {near.team}: {near.spent:,} of {near.budget:,} tokens "
+            f"({near.spent / near.budget:.0%}), profile {near.profile or 'none'} ({key})"
+        )
+    return lines
+
+
+def _where(record: RunRecord) -> str:
+    profile = f" (profile {record.profile})" if record.profile else ""
+    return (
+        f"run {record.run_id} in {record.team}/{record.channel} thread {record.thread_ts}{profile} "
+        f"asked by {record.requester}:"
+    )
+
+
+def _load(store: Store, run_id: str) -> RunRecord | None:
+    try:
+        return store.load_run(run_id)
+    except (BadId, StateError):
+        return None
+
+
+def _pending(record: RunRecord) -> tuple[PendingCall, ...]:
+    try:
+        return record.run_state().pending
+    except StateError:
+        return ()
+
+
+def _failed_in(store: Store, keys: list[bytes]) -> Iterator[RunRecord]:
+    if not keys:
+        return
+    for raw in store.redis.mget(keys):
+        if raw is None:
+            continue
+        try:
+            record = RunRecord.from_json(unpack(raw))
+        except StateError:
+            continue
+        if record.status is RunStatus.FAILED:
+            yield record
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _span(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 2 * 3600:
+        return f"{seconds // 60} min"
+    if seconds < 2 * 86400:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 86400} days"
+
+
+def _ago(seconds: float) -> str:
+    return f"{_span(seconds)} ago"

@@ -1,0 +1,161 @@
+"""The Redis store: where runs are parked, decisions recorded and Slack retries absorbed.
+
+Every key is built in `keys`, under `harness:`, from validated ids. Check-and-set lives in small
+Lua scripts that are safe to run twice (redis-py may retry a command whose reply was lost), each
+in the module of the record it writes, beside the method that sends it:
+
+- `keys`: every key name (the metrics' too), and the ids they are built from (`Keys`, `check_id`, `BadId`);
+- `records`: the run record and how it is stored (`RunRecord`, `pack`, `unpack`, `RecordEncoder`);
+- `admission`: a mention accepted once and a Retry claimed once, within the bounds of runs;
+- `runs`: leases, fenced saves and the writes beside them, stop requests, a run's end, orphans;
+- `threads`: a thread's lock, the runs queued behind it, its history;
+- `parks`: parks, their decisions and votes, and the Home tab's index of who is waited on;
+- `escalations`: parks whose expiry has come, reminders due to `escalate_to`;
+- `grants`: "Approve for this thread"; `groups`: user groups' members, cached;
+- `budgets`: the daily token budgets: each user's and channel's spend today, holds of requests in flight;
+- `audit`: the audit stream of decisions (a hash chain, trimmed behind its files), the feedback
+  stream of answers.
+
+`Store` is one object on one connection, made of one part per module (`base.StorePart`).
+"""
+
+from __future__ import annotations
+
+from store.admission import EVENT_TTL, RUN_COUNT_HORIZON, Accepted, AdmissionStore, QueuedJob
+from store.audit import (
+    AUDIT_MAX_AGE,
+    AUDIT_MAX_ENTRIES,
+    FEEDBACK_MAX_ENTRIES,
+    FEEDBACK_PER_MINUTE,
+    AuditLink,
+    AuditStore,
+    FeedbackOutcome,
+    rulings_write,
+)
+from store.base import Beside
+from store.budgets import (
+    BUDGET_PEAKS,
+    BUDGET_TTL,
+    CHANNEL_SCOPE,
+    HOLD_SECONDS,
+    USER_SCOPE,
+    Admission,
+    Admitted,
+    BudgetStore,
+    Scope,
+    SpentToday,
+    budget_peaks,
+    budget_settled,
+    utc_day,
+)
+from store.escalations import EscalationStore, ExtendOutcome, ExtendResult
+from store.grants import Grant, GrantStore, grant_slot
+from store.groups import GROUP_TTL, GroupStore
+from store.keys import DAY, BadId, Keys, check_id, new_run_id
+from store.parks import (
+    BATCH,
+    EXPIRES_FIELD,
+    LIMIT_CALL,
+    DecideOutcome,
+    DecideResult,
+    OpenPark,
+    ParkRead,
+    ParkStore,
+    ParkView,
+)
+from store.records import (
+    AUDIT_PREVIEW_CHARS,
+    ENDED,
+    FINISHED_RUN_TTL,
+    IM,
+    RECORD_VERSION,
+    RecordEncoder,
+    RunRecord,
+    RunStatus,
+    pack,
+    unpack,
+)
+from store.runs import PENDING_TTL, FinishResult, RunStore, Saved
+from store.threads import HISTORY_VERSION, THREAD_TTL, ThreadStore
+
+
+class Store(
+    AdmissionStore,
+    RunStore,
+    ThreadStore,
+    ParkStore,
+    EscalationStore,
+    GrantStore,
+    GroupStore,
+    AuditStore,
+    BudgetStore,
+):
+    """Runs, threads, decisions and dedup marks in Redis: one part per kind of record, one connection.
+
+    The parts are mixins rather than objects the Store holds, so every call site keeps its one
+    `store` and its calls (`svc.store.decide(...)`), mypy sees each method where it is defined, and
+    a part is still read on its own, its scripts beside the methods that send them.
+    """
+
+
+__all__ = [
+    "AUDIT_MAX_AGE",
+    "AUDIT_MAX_ENTRIES",
+    "AUDIT_PREVIEW_CHARS",
+    "BUDGET_PEAKS",
+    "AuditLink",
+    "BUDGET_TTL",
+    "CHANNEL_SCOPE",
+    "DAY",
+    "ENDED",
+    "EVENT_TTL",
+    "EXPIRES_FIELD",
+    "ExtendOutcome",
+    "ExtendResult",
+    "FEEDBACK_MAX_ENTRIES",
+    "FEEDBACK_PER_MINUTE",
+    "FINISHED_RUN_TTL",
+    "GROUP_TTL",
+    "HOLD_SECONDS",
+    "HISTORY_VERSION",
+    "IM",
+    "BATCH",
+    "LIMIT_CALL",
+    "PENDING_TTL",
+    "RECORD_VERSION",
+    "RUN_COUNT_HORIZON",
+    "THREAD_TTL",
+    "USER_SCOPE",
+    "Accepted",
+    "Admission",
+    "Admitted",
+    "BadId",
+    "Beside",
+    "BudgetStore",
+    "DecideOutcome",
+    "DecideResult",
+    "FeedbackOutcome",
+    "FinishResult",
+    "Grant",
+    "Keys",
+    "OpenPark",
+    "ParkRead",
+    "ParkView",
+    "QueuedJob",
+    "RecordEncoder",
+    "RunRecord",
+    "RunStatus",
+    "Saved",
+    "Scope",
+    "SpentToday",
+    "Store",
+    "check_id",
+    "grant_slot",
+    "new_run_id",
+    "pack",
+    "rulings_write",
+    "unpack",
+    "budget_peaks",
+    "budget_settled",
+    "utc_day",
+]

@@ -1,0 +1,109 @@
+"""A thread's runs, one at a time: the thread's lock, the runs queued behind its holder, and the
+thread's conversation kept for its next run (the history, written by a run's `finish`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from harness.state import StateError
+from store.base import Beside, StorePart, as_text
+from store.keys import DAY, Keys, check_id
+from store.parks import park_indexes
+from store.records import RunRecord, unpack
+
+HISTORY_VERSION = 1
+THREAD_TTL = 30 * DAY
+
+
+# KEYS[1] thread lock, KEYS[2] waiting list. ARGV[1] run id, ARGV[2] lock TTL, ARGV[3] list TTL,
+# ARGV[4] "1" to queue behind the holder when the thread is taken.
+_TAKE_THREAD = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 1 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('EXPIRE', KEYS[1], ARGV[2]) return 1 end
+if ARGV[4] ~= '1' then return 0 end
+if redis.call('LPOS', KEYS[2], ARGV[1]) == false then redis.call('RPUSH', KEYS[2], ARGV[1]) end
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return 0
+"""
+
+# `_TAKE_THREAD` for a resumed run, its park forgotten first: KEYS[3..] expiries and the Home tab's
+# indexes (team's, requester's), ARGV[5] the park's member there. Idempotent, as a write beside a
+# save must be.
+_RESUME_THREAD = "for i = 3, #KEYS do redis.call('ZREM', KEYS[i], ARGV[5]) end\n" + _TAKE_THREAD
+
+# KEYS[1] lease, KEYS[2] active set, KEYS[3] waiting list. ARGV[1] token, ARGV[2] run id.
+# A run queued behind another in its thread lets go: no driver until the thread is handed to it
+# (unless that already happened, in which case it stays active).
+_LEAVE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+if redis.call('LPOS', KEYS[3], ARGV[2]) ~= false then redis.call('ZREM', KEYS[2], ARGV[2]) end
+return 1
+"""
+
+
+class ThreadStore(StorePart):
+    """Who holds a thread, who waits for it, and what was said in it."""
+
+    def load_history(self, team: str, channel: str, thread_ts: str) -> tuple[tuple[dict[str, Any], ...], int]:
+        """The thread's conversation so far and its `seq` (0 for a new thread)."""
+        data, seq = self.redis.hmget(Keys.history(team, channel, thread_ts), ["data", "seq"])
+        if data is None:
+            return (), int(seq or 0)
+        try:
+            parsed = json.loads(unpack(data))
+        except ValueError as exc:
+            raise StateError(f"stored thread is unreadable ({exc}); refusing to use it") from None
+        if not isinstance(parsed, dict) or parsed.get("version") != HISTORY_VERSION:
+            raise StateError("stored thread has an unknown format version; refusing to use it")
+        return tuple(parsed["messages"]), int(seq or 0)
+
+    def thread_profile(self, team: str, channel: str, thread_ts: str) -> str | None:
+        """The profile the thread's first run started under ("": the top level); None: none yet."""
+        raw = self.redis.hget(Keys.history(team, channel, thread_ts), "profile")
+        return None if raw is None else as_text(raw)
+
+    def keep_thread_profile(self, record: RunRecord) -> None:
+        """Remember `record`'s profile as its thread's: later mentions there continue under it."""
+        key = Keys.history(*record.thread)
+        with self.redis.pipeline() as pipe:
+            pipe.hset(key, "profile", record.profile)
+            pipe.expire(key, THREAD_TTL)
+            pipe.execute()
+
+    def take_thread(self, record: RunRecord, ttl: int, *, queue: bool = True) -> bool:
+        """Make `record` the active run of its thread, or (`queue`) queue it behind the one that is."""
+        keys = [Keys.thread_lock(*record.thread), Keys.thread_waiting(*record.thread)]
+        args: list[Any] = [record.run_id, ttl, THREAD_TTL, "1" if queue else "0"]
+        return bool(self._script(_TAKE_THREAD)(keys=keys, args=args))
+
+    def thread_holder(self, record: RunRecord) -> str | None:
+        raw = self.redis.get(Keys.thread_lock(*record.thread))
+        return as_text(raw) if raw else None
+
+    def thread_run(self, team: str, channel: str, thread_ts: str) -> str | None:
+        """The run working in (or parked in) a thread now, if any."""
+        raw = self.redis.get(Keys.thread_lock(team, channel, thread_ts))
+        return as_text(raw) if raw else None
+
+    def resumed(self, record: RunRecord, ttl: int) -> Beside:
+        """A resumed run's park expiry forgotten and its thread taken (`take_thread`, queued behind
+        a holder that took it meanwhile), as a write for the resume's save to carry."""
+        member = f"{check_id('run', record.run_id)}:{int(record.park_id)}"
+        keys = (
+            Keys.thread_lock(*record.thread),
+            Keys.thread_waiting(*record.thread),
+            Keys.expiries(),
+            *park_indexes(record),
+        )
+        return Beside(
+            "the resumed run's thread and expiry",
+            _RESUME_THREAD,
+            keys,
+            (record.run_id, ttl, THREAD_TTL, "1", member),
+        )
+
+    def leave(self, record: RunRecord, token: str) -> None:
+        """A run queued behind another in its thread lets go of its driver (see `_LEAVE`)."""
+        keys = [Keys.lease(record.run_id), Keys.active(), Keys.thread_waiting(*record.thread)]
+        self._script(_LEAVE)(keys=keys, args=[token, record.run_id])

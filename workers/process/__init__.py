@@ -1,0 +1,1 @@
+"""The worker process: its RQ worker, warm work horses and their slots."""
