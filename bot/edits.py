@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from jsonschema.exceptions import SchemaError, ValidationError
@@ -44,53 +44,93 @@ def read(
     """The edited arguments, and the errors to show by block_id (empty when the edit may run)."""
     found = tool.get("schema")
     schema: dict[str, Any] = found if isinstance(found, dict) else {}
+    edited, errors = _typed(_values(view), call, schema)
+    if not errors:
+        errors = _schema_errors(view, call, schema, edited)
+    if not errors:
+        errors = _policy_errors(view, call, tool, config, edited)
+    return edited, errors
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """An argument as typed that cannot be used, and why."""
+
+    message: str
+
+
+_LEFT_OUT = object()  # an optional argument left empty: not passed at all
+
+
+def _typed(
+    values: Mapping[str, str | None], call: PendingCall, schema: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The arguments as typed, each read as its schema says, and why those that cannot be are not."""
     properties = schema.get("properties") or {}
     required = set(schema.get("required") or ())
     original = call.input if isinstance(call.input, dict) else {}
-    values = _values(view)
     # An argument the modal offered no input for (too long to edit there) is kept as it is.
     edited: dict[str, Any] = {k: v for k, v in original.items() if k not in values}
     errors: dict[str, str] = {}
     for name, raw in values.items():
-        if name not in properties and name not in original:
-            errors[name] = "Not an argument of this tool."
-            continue
-        if (raw is None or raw == "") and name in original and _too_long_to_show(original[name]):
-            edited[name] = original[name]  # its input started empty: nothing typed keeps it
-            continue
-        if raw is None or raw == "":
-            if name in required:
-                errors[name] = "This argument is required."
-            continue
-        kind = (properties.get(name) or {}).get("type")
-        if kind == "string" or (kind is None and isinstance(original.get(name), str)):
-            edited[name] = raw
-            continue
-        try:
-            edited[name] = json.loads(raw)
-        except ValueError as exc:
-            errors[name] = f"Not valid JSON: {exc}"[:_MESSAGE_MAX]
-    if errors:
-        return edited, errors
-    fallback = first_block(view, call)
-    for problem in _schema_problems(schema, edited):
-        where, message = problem
-        block = where if where in _values(view) else fallback
-        errors.setdefault(block, message[:_MESSAGE_MAX])
-    if errors:
-        return edited, errors
+        value = _argument(name, raw, original, properties, required)
+        if isinstance(value, _Refused):
+            errors[name] = value.message
+        elif value is not _LEFT_OUT:
+            edited[name] = value
+    return edited, errors
+
+
+def _argument(
+    name: str, raw: str | None, original: Mapping[str, Any], properties: Any, required: set[Any]
+) -> Any:
+    """The value typed for argument `name`: `_LEFT_OUT`, or `_Refused` with the reason."""
+    if name not in properties and name not in original:
+        return _Refused("Not an argument of this tool.")
+    if raw is None or raw == "":
+        if name in original and _too_long_to_show(original[name]):
+            return original[name]  # its input started empty: nothing typed keeps it
+        return _Refused("This argument is required.") if name in required else _LEFT_OUT
+    kind = (properties.get(name) or {}).get("type")
+    if kind == "string" or (kind is None and isinstance(original.get(name), str)):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        return _Refused(f"Not valid JSON: {exc}"[:_MESSAGE_MAX])
+
+
+def _schema_errors(
+    view: Mapping[str, Any], call: PendingCall, schema: Mapping[str, Any], edited: dict[str, Any]
+) -> dict[str, str]:
+    """Where the edited arguments break the tool's schema: the first problem under each block."""
+    fallback, shown = first_block(view, call), _values(view)
+    errors: dict[str, str] = {}
+    for where, message in _schema_problems(schema, edited):
+        errors.setdefault(where if where in shown else fallback, message[:_MESSAGE_MAX])
+    return errors
+
+
+def _policy_errors(
+    view: Mapping[str, Any],
+    call: PendingCall,
+    tool: Mapping[str, Any],
+    config: Config,
+    edited: dict[str, Any],
+) -> dict[str, str]:
+    """The refusal of an edit the policy now denies, or of one still too large to review."""
     own = tool.get("own_tier")
-    ruling = config.policy.decide(
-        call.name, edited, Tier(own) if own else None, str(tool.get("own_why") or "")
-    )
+    why_own = str(tool.get("own_why") or "")
+    ruling = config.policy.decide(call.name, edited, Tier(own) if own else None, why_own)
+    fallback = first_block(view, call)
     if ruling.tier is Tier.DENY:
         what = denied_subject(call.name, ruling.why, edited, plain_quote)
         why = plain_why(ruling.why, plain_quote)
-        errors[fallback] = texts.EDIT_DENIED.format(what=what, why=why)[:_MESSAGE_MAX]
-    elif not fully_reviewable(replace(call, input=edited)):
+        return {fallback: texts.EDIT_DENIED.format(what=what, why=why)[:_MESSAGE_MAX]}
+    if not fully_reviewable(replace(call, input=edited)):
         # What Approve refuses, Edit must refuse too: submitted as it opened, or still too long.
-        errors[_longest(edited, view) or fallback] = texts.EDIT_STILL_NOT_REVIEWABLE[:_MESSAGE_MAX]
-    return edited, errors
+        return {_longest(edited, view) or fallback: texts.EDIT_STILL_NOT_REVIEWABLE[:_MESSAGE_MAX]}
+    return {}
 
 
 def _too_long_to_show(value: Any) -> bool:

@@ -17,10 +17,11 @@ import inspect
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from enum import StrEnum
+from typing import Any, Generic, TypeVar
 
 import rq
 from slack_bolt import Ack, BoltContext
@@ -29,12 +30,14 @@ from slack_sdk.errors import SlackApiError
 
 from gates import deciders
 from harness.config import Config
+from harness.state import StateError
 from messages import texts
 from messages.blocks import notice
 from observe import logs
 from runtime.queue import enqueue_run_job
 from runtime.reload import LiveConfig
 from store import (
+    BadId,
     RunRecord,
     Store,
 )
@@ -47,11 +50,13 @@ SHOW_NEW_EXPIRY = "workers.jobs.show_new_expiry"
 RETRY_RUN = "workers.jobs.retry_run"
 HONOUR_STOP = "workers.jobs.honour_stop"
 REPLY = "ephemeral_reply"  # context key: what the background reply tells the clicker
-Reply = str | tuple[str, dict[str, str]]  # a text, or a text and the users it names by placeholder
+# A text, or a text and the users (one id or several) it names by placeholder.
+Reply = str | tuple[str, Mapping[str, str | Sequence[str]]]
 AFTER_THREADS = "slack-after"  # the threads that make Slack calls after the answer
 # What a surface registers each listener with: a handler run before Slack gets its answer, and a
 # Slack call made after it (`listener`).
 Then = Callable[[Callable[..., None], Callable[..., None]], Callable[..., None]]
+R = TypeVar("R")  # what a button's value names besides its run
 
 
 class Background:
@@ -196,6 +201,82 @@ class Clicker:
         team = as_dict(body.get("team")).get("id") or user.get("team_id")
         uid = user.get("id")
         return cls(uid if isinstance(uid, str) else "", team if isinstance(team, str) else None)
+
+
+class Where(StrEnum):
+    """Where a click must come from to be let through."""
+
+    RUN_CHANNEL = "run_channel"  # the run's channel: a click naming no channel is refused
+    NO_CHANNEL_TOO = "no_channel_too"  # the run's channel, or none (a body that names no channel)
+    # As NO_CHANNEL_TOO; with none (a modal's submission), a refusal is told in the run's channel.
+    CARD = "card"
+
+
+@dataclass(frozen=True)
+class Click(Generic[R]):
+    """A click let through: who clicked, from which channel, the run its button names, and what
+    else the button names (`ref`, its parsed value)."""
+
+    clicker: Clicker
+    channel: str | None
+    record: RunRecord
+    ref: R
+
+
+@dataclass(frozen=True)
+class Opening(Generic[R]):
+    """How one kind of button is opened: its value parsed, the run it names, what must hold of the
+    click (in order; the first reply refuses it), and what the clicker hears at each refusal."""
+
+    parse: Callable[[Any], R]  # raises BadId
+    run_of: Callable[[R], str]
+    unknown: Reply  # a value that names no run (or not well formed)
+    checks: Sequence[Callable[[Click[R]], Reply | None]] = ()
+    where: Where = Where.NO_CHANNEL_TOO
+    unreadable: Reply = texts.UNREADABLE_RUN
+    wrong_team: Reply = texts.WRONG_TEAM
+    wrong_channel: Reply = texts.WRONG_CHANNEL
+
+
+def open_click(
+    deps: BotDeps,
+    opening: Opening[R],
+    value: Any,
+    clicker: Clicker,
+    channel: str | None,
+    context: BoltContext,
+) -> Click[R] | None:
+    """The click on a button of `value`, if the run it names is of the clicker's workspace and
+    channel and every check of `opening` passes; else the clicker's reply is set and None."""
+    try:
+        ref = opening.parse(value)
+        record = deps.store.load_run(opening.run_of(ref))
+    except BadId:
+        record = None
+    except StateError:
+        context[REPLY] = opening.unreadable
+        return None
+    if record is None:
+        context[REPLY] = opening.unknown
+        return None
+    click = Click(clicker, channel, record, ref)
+    refusal = _refusal(opening, click, context)
+    if refusal is not None:
+        context[REPLY] = refusal
+        return None
+    return click
+
+
+def _refusal(opening: Opening[R], click: Click[R], context: BoltContext) -> Reply | None:
+    """Why `click` may not go on: the workspace, the channel, then the opening's own checks."""
+    record, channel = click.record, click.channel
+    if click.clicker.team != record.team:
+        return opening.wrong_team
+    if channel is None and opening.where is Where.CARD:
+        context["reply_channel"] = record.channel  # a modal's submission: told where the card is
+    if channel != record.channel and (channel is not None or opening.where is Where.RUN_CHANNEL):
+        return opening.wrong_channel
+    return next((r for check in opening.checks if (r := check(click)) is not None), None)
 
 
 def as_dict(value: Any) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -79,50 +80,57 @@ def _who_decides(requester: str, approvers: Sequence[str]) -> str:
     return f"only {shown}"
 
 
-def approval_card(
-    *,
-    run_id: str,
-    call: PendingCall,
-    requester: str,
-    tier_source: str,
-    approvers: Sequence[str],
-    expires_at: datetime,
-    title: str | None = None,
-    annotations: Mapping[str, Any] | None = None,
-    intent: str = "",
-    preview: str | None = None,
-    required: int = 1,
-    votes: Sequence[str] = (),
-    self_approval: bool = True,
-    grant_minutes: float = 0,
-    grant_uses: int = 0,
-) -> Message:
-    """The card asking a human to approve or decline one `ask`-tier call.
+@dataclass(frozen=True)
+class CallCard:
+    """What an approval card is drawn from: the call and its run, who decides it under which rules
+    (the approvals in force, and the votes so far), and what the park kept of its tool and reply.
 
     `title` and `annotations` are what an MCP server says of its tool: hints, shown as such.
     `intent`: the model's own words in the reply that made the call. `preview`: what the call
     would change (a diff), as plain text. `required` > 1: a quorum, with `votes` so far. A call
     that always asks (`tier_source`) is offered no grant, and its card says so.
     """
+
+    run_id: str
+    call: PendingCall
+    requester: str
+    tier_source: str
+    approvers: Sequence[str]
+    expires_at: datetime
+    title: str | None = None
+    annotations: Mapping[str, Any] | None = None
+    intent: str = ""
+    preview: str | None = None
+    required: int = 1
+    votes: Sequence[str] = ()
+    self_approval: bool = True
+    grant_minutes: float = 0
+    grant_uses: int = 0
+
+
+def approval_card(card: CallCard) -> Message:
+    """The card asking a human to approve or decline one `ask`-tier call (`CallCard`)."""
+    run_id, call, requester, preview = card.run_id, card.call, card.requester, card.preview
+    required, votes, grant_minutes = card.required, card.votes, card.grant_minutes
     value = button_value(run_id, call)
-    expires = slack_date(expires_at)
-    described = _tool_described(title, annotations)
-    every_call = always_asks(tier_source)
+    expires = slack_date(card.expires_at)
+    described = _tool_described(card.title, card.annotations)
+    every_call = always_asks(card.tier_source)
     rules = [texts.CARD_ALWAYS_ASKS] if every_call else []
     if required > 1:
         so_far = ", ".join(mention(v) for v in votes[:20]) if votes else "nobody yet"
         rules.append(
             f"*Approvals:* {len(votes)} of {required} needed (so far: {so_far}); one decline declines"
         )
-    if not self_approval:
+    if not card.self_approval:
         rules.append(
             f"*Four eyes:* {mention(requester)} asked for this run and may decline it, not approve it"
         )
     details = "\n".join(
         [
             *described,
-            f"*Why it needs approval:* {plain_why(tier_source)}",
-            f"*Who may decide:* {_who_decides(requester, approvers)}",
+            f"*Why it needs approval:* {plain_why(card.tier_source)}",
+            f"*Who may decide:* {_who_decides(requester, card.approvers)}",
             *rules,
             f"*Expires:* {expires} (the call will not run if nobody decides by then)",
         ]
@@ -134,7 +142,9 @@ def approval_card(
         ButtonElement(text="Decline with reason…", action_id="decline_with_reason", value=value),
     ]
     if grant_minutes > 0 and required <= 1 and not every_call:
-        lasting = _duration(grant_minutes) + (f", {plural(grant_uses, 'use')}" if grant_uses else "")
+        lasting = _duration(grant_minutes) + (
+            f", {plural(card.grant_uses, 'use')}" if card.grant_uses else ""
+        )
         buttons.append(
             ButtonElement(
                 text=f"Approve for this thread ({lasting})",
@@ -182,8 +192,8 @@ def approval_card(
         more = [view_all] if shown.hidden or not reviewable or preview_cut else []
         actions = ActionsBlock(block_id="approval", elements=[*buttons, *more]).to_dict()
         said = []
-        if intent.strip():
-            words, room = answer_mrkdwn(intent), scaled(1200, scale, 80)
+        if card.intent.strip():
+            words, room = answer_mrkdwn(card.intent), scaled(1200, scale, 80)
             if units(words) > room:
                 words = words[: mrkdwn_prefix_len(words, room - len(ELLIPSIS))] + ELLIPSIS
             said = [section(f"*What the model said with it:*\n>{words.replace(chr(10), chr(10) + '>')}")]
@@ -320,34 +330,42 @@ def card_stopped(*, call: PendingCall, requester: str, by: str | None, at: datet
     return Message(text=with_tail(f"{call.name}{_target_text(args)}", outcome, ": "), blocks=fit(build))
 
 
-def limit_card(
-    *,
-    run_id: str,
-    question: str,
-    more: str,
-    requester: str,
-    deciders: Sequence[str],
-    expires_at: datetime,
-    required: int = 1,
-    votes: Sequence[str] = (),
-    self_approval: bool = True,
-) -> Message:
-    """A run waiting at a limit (`on_limit = "ask"`): Continue (one more allowance) or Stop.
+@dataclass(frozen=True)
+class LimitCard:
+    """What the card of a run waiting at a limit (`on_limit = "ask"`) is drawn from.
 
     Continue is an approval like any other: `required` > 1 needs that many people (`votes` so far,
     shown), and without `self_approval` the requester may Stop, never Continue.
     """
+
+    run_id: str
+    question: str
+    more: str
+    requester: str
+    deciders: Sequence[str]
+    expires_at: datetime
+    required: int = 1
+    votes: Sequence[str] = ()
+    self_approval: bool = True
+
+
+def limit_card(card: LimitCard) -> Message:
+    """A run waiting at a limit: Continue (one more allowance) or Stop (`LimitCard`)."""
+    run_id, question, more, requester = card.run_id, card.question, card.more, card.requester
+    deciders, required, votes = card.deciders, card.required, card.votes
     value = f"{run_id}:limit"
     if len(value) > BUTTON_VALUE_MAX:
         raise ValueError(f"button value of {len(value)} characters exceeds Slack's {BUTTON_VALUE_MAX}")
     who = ", ".join(mention(d) for d in deciders[:20]) or mention(requester)  # a group is named, never pinged
     head = f":raised_hand: {inert(question, SECTION_MAX - 20)}"
     choice = texts.LIMIT_CHOICE.format(more=inert(more, 200))
-    rules = texts.LIMIT_RULES.format(requester=mention(requester), who=who, expires=slack_date(expires_at))
+    rules = texts.LIMIT_RULES.format(
+        requester=mention(requester), who=who, expires=slack_date(card.expires_at)
+    )
     if required > 1:
         so_far = ", ".join(mention(v) for v in votes[:20]) if votes else "nobody yet"
         rules += "\n" + texts.LIMIT_VOTES.format(count=len(votes), required=required, so_far=so_far)
-    if not self_approval:
+    if not card.self_approval:
         rules += "\n" + texts.LIMIT_FOUR_EYES.format(requester=mention(requester))
     actions = ActionsBlock(
         block_id="limit",

@@ -128,41 +128,79 @@ def _list(tokens: Sequence[Token], out: _Out) -> str:
 
 def _inline(children: Sequence[Token], clean: Callable[[str], str], *, plain: bool = False) -> str:
     """Inline tokens as mrkdwn; `plain`: no emphasis or code markers (a heading, a table cell)."""
-    parts: list[str] = []
-    link: list[str] | None = None  # the label being collected inside a link, and its address
-    href = ""
+    line = _Line(clean, plain)
     for token in children:
-        kind = token.type
-        if kind == "text":
-            parts.append(clean(token.content))
-        elif kind in ("softbreak", "hardbreak"):
-            parts.append("\n")
-        elif kind == "code_inline":
-            body = token.content.replace("`", TICK_SAFE)
-            parts.append(f"`{clean(body)}`" if body.strip() and not plain else clean(body))
-        elif kind.endswith("_open") and kind[:-5] in _MARKS:
-            parts.append("" if plain else _MARKS[kind[:-5]])
-        elif kind.endswith("_close") and kind[:-6] in _MARKS:
-            parts.append("" if plain else _MARKS[kind[:-6]])
-        elif kind == "link_open":
-            href = str(token.attrGet("href") or "")
-            link = parts
-            parts = []
-        elif kind == "link_close" and link is not None:
-            label = "".join(parts)
-            parts = link
-            link = None
-            address = clean(href)
-            parts.append(label if not href or label == address else f"{label} ({address})")
-        elif kind == "image":
-            alt = clean(token.content or "")
-            src = clean(str(token.attrGet("src") or ""))
-            parts.append(f"{alt} ({src})" if alt else src)
-        elif kind == "html_inline":
-            parts.append(clean(token.content))
-    if link is not None:  # an unclosed link: keep what was collected
-        parts = [*link, *parts]
-    return "".join(parts)
+        _inline_token(token, line)
+    if line.link is not None:  # an unclosed link: keep what was collected
+        line.parts = [*line.link, *line.parts]
+    return "".join(line.parts)
+
+
+@dataclass
+class _Line:
+    """Inline mrkdwn being written: its parts so far, and inside a link, the parts before it."""
+
+    clean: Callable[[str], str]
+    plain: bool
+    parts: list[str] = field(default_factory=list)
+    link: list[str] | None = None  # the parts before the link whose label `parts` collects
+    href: str = ""
+
+
+def _inline_token(token: Token, line: _Line) -> None:
+    kind = token.type
+    write = _INLINE.get(kind)
+    if write is not None:
+        write(token, line)
+        return
+    name, _, end = kind.rpartition("_")
+    if end in ("open", "close") and name in _MARKS:  # emphasis: its mark opens and closes it
+        line.parts.append("" if line.plain else _MARKS[name])
+
+
+def _text(token: Token, line: _Line) -> None:
+    line.parts.append(line.clean(token.content))
+
+
+def _break(token: Token, line: _Line) -> None:
+    line.parts.append("\n")
+
+
+def _code(token: Token, line: _Line) -> None:
+    body = token.content.replace("`", TICK_SAFE)
+    line.parts.append(f"`{line.clean(body)}`" if body.strip() and not line.plain else line.clean(body))
+
+
+def _link_open(token: Token, line: _Line) -> None:
+    line.href = str(token.attrGet("href") or "")
+    line.link, line.parts = line.parts, []
+
+
+def _link_close(token: Token, line: _Line) -> None:
+    if line.link is None:
+        return
+    label = "".join(line.parts)
+    line.parts, line.link = line.link, None
+    address = line.clean(line.href)
+    line.parts.append(label if not line.href or label == address else f"{label} ({address})")
+
+
+def _image(token: Token, line: _Line) -> None:
+    alt = line.clean(token.content or "")
+    src = line.clean(str(token.attrGet("src") or ""))
+    line.parts.append(f"{alt} ({src})" if alt else src)
+
+
+_INLINE: dict[str, Callable[[Token, _Line], None]] = {
+    "text": _text,
+    "softbreak": _break,
+    "hardbreak": _break,
+    "code_inline": _code,
+    "link_open": _link_open,
+    "link_close": _link_close,
+    "image": _image,
+    "html_inline": _text,
+}
 
 
 def _table(tokens: Sequence[Token], clean: Callable[[str], str]) -> str:

@@ -27,7 +27,7 @@ from harness.tools import BUILTIN_TOOLS
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub, McpTool
 from harness.tools.relay import RelayServer
-from messages.cards import approval_card, batch_card
+from messages.cards import CallCard, approval_card, batch_card
 from messages.reasons import plain_why
 from ops.replay import rule_again
 from ops.suggestions import MIN_APPROVALS
@@ -208,13 +208,15 @@ def call(why: str, name: str = "write_file", n: int = 1) -> PendingCall:
 
 def card_of(why: str) -> dict[str, Any]:
     msg = approval_card(
-        run_id="r1",
-        call=call(why),
-        requester="UALICE",
-        tier_source=why,
-        approvers=[],
-        expires_at=datetime(2030, 1, 1, tzinfo=UTC),
-        grant_minutes=30,
+        CallCard(
+            run_id="r1",
+            call=call(why),
+            requester="UALICE",
+            tier_source=why,
+            approvers=[],
+            expires_at=datetime(2030, 1, 1, tzinfo=UTC),
+            grant_minutes=30,
+        )
     )
     return {"text": msg.text, "blocks": msg.blocks}
 

@@ -30,7 +30,7 @@ from harness.state import Decision, PendingCall, Verdict
 from harness.tools import ToolResult
 from messages.arguments import fully_reviewable, is_target
 from messages.blocks import Message, blocks_size, notice
-from messages.cards import approval_card, decided_card
+from messages.cards import CallCard, approval_card, decided_card
 from messages.endings import failed, final_answer, stopped
 from messages.limits import BLOCKS_JSON_MAX
 from messages.modals import arguments_modal, edit_modal
@@ -66,12 +66,14 @@ def pending(
 
 def card(call: PendingCall, run_id: str = "run") -> Message:
     return approval_card(
-        run_id=run_id,
-        call=call,
-        requester=REQ,
-        tier_source='policy.tools.write_file = "ask"',
-        approvers=[APP],
-        expires_at=AT,
+        CallCard(
+            run_id=run_id,
+            call=call,
+            requester=REQ,
+            tier_source='policy.tools.write_file = "ask"',
+            approvers=[APP],
+            expires_at=AT,
+        )
     )
 
 

@@ -7,7 +7,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from messages.cards import approval_card
+from messages.cards import CallCard, approval_card
 from messages.endings import final_answer
 from messages.markdown import to_mrkdwn
 from messages.text import escape, visible
@@ -62,13 +62,15 @@ def test_every_ping_and_link_payload_stays_inert_in_an_answer_and_a_card() -> No
         for text in (payload, f"**{payload}**", f"[{payload}]({payload})", f"- {payload}", f"> {payload}"):
             assert_inert(assert_valid(final_answer(text, 1, 2)))
             card = approval_card(
-                run_id="r",
-                call=call(),
-                requester=REQ,
-                tier_source="t",
-                approvers=[],
-                intent=text,
-                expires_at=AT,
+                CallCard(
+                    run_id="r",
+                    call=call(),
+                    requester=REQ,
+                    tier_source="t",
+                    approvers=[],
+                    intent=text,
+                    expires_at=AT,
+                )
             )
             assert_inert(assert_valid(card))
 

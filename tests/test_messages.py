@@ -17,7 +17,7 @@ from harness.policy import Tier
 from harness.state import Decision, PendingCall, Verdict, fingerprint
 from harness.tools import ToolResult
 from messages.blocks import Message, notice
-from messages.cards import approval_card, decided_card
+from messages.cards import CallCard, approval_card, decided_card
 from messages.endings import failed, final_answer, retried_card, stopped
 from messages.modals import decline_reason_modal
 from messages.text import code, cut, escape, mention
@@ -128,7 +128,7 @@ def every_message(s: str) -> list[Message]:
     card = {"call": call(s, {"content": s}), "requester": REQ}
     return [
         turn_summary(2, calls, 1234, 40_000),
-        approval_card(run_id="run", tier_source=s, approvers=[APP, REQ], expires_at=AT, **card),
+        approval_card(CallCard(run_id="run", tier_source=s, approvers=[APP, REQ], expires_at=AT, **card)),
         *(
             decided_card(verdict=v, by=APP, at=AT, reason=s, **card)
             for v in (Verdict.APPROVED, Verdict.DECLINED, Verdict.EXPIRED)
@@ -234,11 +234,13 @@ def test_approval_and_decided_cards_with_huge_arguments_fit() -> None:
     card = {"call": big, "requester": REQ}
     assert_valid(
         approval_card(
-            run_id="r" * 100,
-            tier_source=HUGE,
-            approvers=[f"U{i:05d}" for i in range(500)],
-            expires_at=AT,
-            **card,
+            CallCard(
+                run_id="r" * 100,
+                tier_source=HUGE,
+                approvers=[f"U{i:05d}" for i in range(500)],
+                expires_at=AT,
+                **card,
+            )
         )
     )
     for verdict in Verdict:
@@ -282,7 +284,9 @@ def test_untrusted_text_can_never_ping_or_link(s: str) -> None:
 @given(untrusted)
 def test_untrusted_requester_ids_are_not_mentions(s: str) -> None:
     msg = approval_card(
-        run_id="run", call=call(), requester="<@U1>" + s, tier_source="t", approvers=[s], expires_at=AT
+        CallCard(
+            run_id="run", call=call(), requester="<@U1>" + s, tier_source="t", approvers=[s], expires_at=AT
+        )
     )
     assert_valid(msg)
     assert_inert(msg)
@@ -293,12 +297,14 @@ def test_untrusted_requester_ids_are_not_mentions(s: str) -> None:
 
 def make_card(approvers: list[str]) -> Message:
     return approval_card(
-        run_id="run",
-        call=call(),
-        requester=REQ,
-        tier_source="policy.tools.write_file",
-        approvers=approvers,
-        expires_at=AT,
+        CallCard(
+            run_id="run",
+            call=call(),
+            requester=REQ,
+            tier_source="policy.tools.write_file",
+            approvers=approvers,
+            expires_at=AT,
+        )
     )
 
 
@@ -333,7 +339,9 @@ def test_approval_card_says_what_who_why_and_when() -> None:
 def test_button_value_too_long_is_refused() -> None:
     with pytest.raises(ValueError):
         approval_card(
-            run_id="r" * 2000, call=call(), requester=REQ, tier_source="t", approvers=[], expires_at=AT
+            CallCard(
+                run_id="r" * 2000, call=call(), requester=REQ, tier_source="t", approvers=[], expires_at=AT
+            )
         )
 
 

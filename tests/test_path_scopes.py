@@ -22,7 +22,7 @@ from harness.state import PendingCall, RunState
 from harness.tools import BUILTIN_TOOLS, ToolContext, ToolResult, tool
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import Listing, McpTool
-from messages.cards import approval_card
+from messages.cards import CallCard, approval_card
 
 COPY = PathArgs(("path", "destination"))
 Marked = Annotated[str, Field(description="A file", json_schema_extra={"format": "path"})]  # a module's way
@@ -217,13 +217,15 @@ def _ruled(tmp_path: Path, config: Any, host: Desk, name: str, arguments: dict[s
 
 def _offers_dir(call: PendingCall) -> bool:
     card = approval_card(
-        run_id="r1",
-        call=call,
-        requester="UALICE",
-        tier_source=call.why,
-        approvers=[],
-        expires_at=datetime.now(UTC),
-        grant_minutes=30,
+        CallCard(
+            run_id="r1",
+            call=call,
+            requester="UALICE",
+            tier_source=call.why,
+            approvers=[],
+            expires_at=datetime.now(UTC),
+            grant_minutes=30,
+        )
     )
     ids = [e.get("action_id") for b in card.blocks if b["type"] == "actions" for e in b["elements"]]
     return "approve_dir" in ids

@@ -28,6 +28,8 @@ from harness.valves import check_budget, check_progress, check_turn
 from messages import texts
 from messages.blocks import Message
 from messages.cards import (
+    CallCard,
+    LimitCard,
     approval_card,
     batch_card,
     batch_decided,
@@ -169,17 +171,19 @@ def every_message() -> list[Message]:
         for required, votes in ((1, ()), (2, ("UANN",))):  # grants are offered without a quorum
             messages.append(
                 approval_card(
-                    run_id=RUN,
-                    call=call,
-                    requester="UALICE",
-                    tier_source=call.why,
-                    approvers=["UANN"],
-                    expires_at=AT,
-                    required=required,
-                    votes=votes,
-                    self_approval=False,
-                    grant_minutes=30,
-                    grant_uses=1,
+                    CallCard(
+                        run_id=RUN,
+                        call=call,
+                        requester="UALICE",
+                        tier_source=call.why,
+                        approvers=["UANN"],
+                        expires_at=AT,
+                        required=required,
+                        votes=votes,
+                        self_approval=False,
+                        grant_minutes=30,
+                        grant_uses=1,
+                    )
                 )
             )
         for verdict in Verdict:
@@ -209,7 +213,9 @@ def every_message() -> list[Message]:
     more = harness_texts.LIMIT_MORE_TURNS.format(more=1, s="")
     messages.append(
         limit_card(
-            run_id=RUN, question=question, more=more, requester="UALICE", deciders=["UANN"], expires_at=AT
+            LimitCard(
+                run_id=RUN, question=question, more=more, requester="UALICE", deciders=["UANN"], expires_at=AT
+            )
         )
     )
     for verdict in Verdict:

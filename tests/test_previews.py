@@ -9,7 +9,7 @@ from harness.policy import Tier
 from harness.state import PendingCall
 from harness.tools import BUILTIN_TOOLS, ToolContext
 from messages.blocks import Message
-from messages.cards import approval_card
+from messages.cards import CallCard, approval_card
 from messages.modals import arguments_modal
 from tests.fakes.slack_api import validate_blocks
 
@@ -19,13 +19,15 @@ AT = datetime(2026, 12, 3, tzinfo=UTC)
 
 def card(preview: str) -> Message:
     return approval_card(
-        run_id="0" * 32,
-        call=CALL,
-        requester="UA",
-        tier_source="x",
-        approvers=[],
-        expires_at=AT,
-        preview=preview,
+        CallCard(
+            run_id="0" * 32,
+            call=CALL,
+            requester="UA",
+            tier_source="x",
+            approvers=[],
+            expires_at=AT,
+            preview=preview,
+        )
     )
 
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from harness.policy import Tier
 from harness.state import PendingCall, Verdict
 from messages.blocks import Message
-from messages.cards import card_stopped, limit_card, limit_decided
+from messages.cards import LimitCard, card_stopped, limit_card, limit_decided
 from messages.endings import stopped_by
 from messages.turns import working, working_closed
 from tests.fakes.slack_api import validate_blocks
@@ -45,12 +45,14 @@ def test_the_working_message_once_closed_has_no_button_and_says_how_it_ended() -
 
 def test_the_limit_card_asks_continue_or_stop_and_names_deciders_without_pinging_a_group() -> None:
     msg = limit_card(
-        run_id=RUN,
-        question="Reached max turns: <!channel> all 8 turns used.",
-        more="8 more turns of tool calls",
-        requester="UALICE",
-        deciders=["UANN", "S0OPS"],
-        expires_at=AT,
+        LimitCard(
+            run_id=RUN,
+            question="Reached max turns: <!channel> all 8 turns used.",
+            more="8 more turns of tool calls",
+            requester="UALICE",
+            deciders=["UANN", "S0OPS"],
+            expires_at=AT,
+        )
     )
     assert validate_blocks(msg.blocks) == []
     [actions] = [b for b in msg.blocks if b["type"] == "actions"]

@@ -72,7 +72,7 @@ def approval_card(
     approvals = svc.settings_of(record).approvals
     info = record.call_tools.get(call.id, {})
     expires_at = datetime.fromtimestamp(record.expires_at or time.time(), UTC)
-    return cards.approval_card(
+    card = cards.CallCard(
         run_id=record.run_id,
         call=call,
         requester=record.requester,
@@ -89,13 +89,14 @@ def approval_card(
         grant_minutes=approvals.grant_minutes,
         grant_uses=approvals.grant_uses,
     )
+    return cards.approval_card(card)
 
 
 def limit_card(svc: Services, record: RunRecord, votes: tuple[str, ...] = ()) -> Message:
     """The card of a run parked at a limit, from what the park kept; `votes`: Continues so far."""
     approvals = svc.settings_of(record).approvals
     info = record.call_tools.get(LIMIT_CALL, {})
-    return cards.limit_card(
+    card = cards.LimitCard(
         run_id=record.run_id,
         question=info.get("question", ""),
         more=info.get("more", ""),
@@ -106,6 +107,7 @@ def limit_card(svc: Services, record: RunRecord, votes: tuple[str, ...] = ()) ->
         votes=votes,
         self_approval=approvals.self_approval,
     )
+    return cards.limit_card(card)
 
 
 def decided_card(

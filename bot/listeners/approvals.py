@@ -24,11 +24,15 @@ from bot.listening import (
     REPLY,
     SHOW_NEW_EXPIRY,
     BotDeps,
+    Click,
     Clicker,
+    Opening,
     Reply,
     Then,
+    Where,
     as_dict,
     clicker_and_channel,
+    open_click,
     tell_clicker,
 )
 from gates import deciders
@@ -73,6 +77,28 @@ class CardRef:
         return cls(check_id("run", run_id), check_id("call", call_id), fingerprint)
 
 
+def card_opening(deps: BotDeps, *, viewing: bool = False) -> Opening[CardRef]:
+    """How a card's button (or its modal's submission) is opened: the run must still wait on a
+    decision, and the clicker be one who may decide it (or, `viewing`, its requester)."""
+
+    def still_open(click: Click[CardRef]) -> Reply | None:
+        if click.record.status is RunStatus.AWAITING_APPROVAL:
+            return None
+        return _moved_on(deps, click.record, click.ref, click.clicker.user)  # decided, resumed, maybe ended
+
+    def may_act(click: Click[CardRef]) -> Reply | None:
+        user, record = click.clicker.user, click.record
+        if deps.may_decide(user, record) or (viewing and user == record.requester):
+            return None
+        return (texts.NOT_ALLOWED, {"who": deps.deciders(record)})
+
+    return Opening(CardRef.parse, _run_of, texts.UNKNOWN_APPROVAL, (still_open, may_act), where=Where.CARD)
+
+
+def _run_of(ref: CardRef) -> str:
+    return ref.run_id
+
+
 def open_record(
     deps: BotDeps,
     value: Any,
@@ -81,37 +107,9 @@ def open_record(
     context: BoltContext,
     *,
     viewing: bool = False,
-) -> tuple[RunRecord, CardRef] | None:
-    """The run and call a button names, if the clicker may decide it; else a reply is set."""
-    user = clicker.user
-    try:
-        ref = CardRef.parse(value)
-    except BadId:
-        context[REPLY] = texts.UNKNOWN_APPROVAL
-        return None
-    try:
-        record = deps.store.load_run(ref.run_id)
-    except StateError:
-        context[REPLY] = texts.UNREADABLE_RUN
-        return None
-    if record is None:
-        context[REPLY] = texts.UNKNOWN_APPROVAL
-        return None
-    if clicker.team != record.team:
-        context[REPLY] = texts.WRONG_TEAM
-        return None
-    if channel is None:  # a modal's submission names no channel: a refusal is told where the card is
-        context["reply_channel"] = record.channel
-    if channel is not None and channel != record.channel:
-        context[REPLY] = texts.WRONG_CHANNEL
-        return None
-    if record.status is not RunStatus.AWAITING_APPROVAL:  # decided, resumed, maybe ended meanwhile
-        context[REPLY] = _moved_on(deps, record, ref, user)
-        return None
-    if not (deps.may_decide(user, record) or (viewing and user == record.requester)):
-        context[REPLY] = (texts.NOT_ALLOWED, {"who": deps.deciders(record)})
-        return None
-    return record, ref
+) -> Click[CardRef] | None:
+    """The click on a card's button, if the clicker may decide its call; else a reply is set."""
+    return open_click(deps, card_opening(deps, viewing=viewing), value, clicker, channel, context)
 
 
 def _moved_on(deps: BotDeps, record: RunRecord, ref: CardRef, user: str) -> Reply:
@@ -145,13 +143,15 @@ def set_going(deps: BotDeps, record: RunRecord, verdict: Verdict, result: Decide
 
 def decide(
     deps: BotDeps,
-    record: RunRecord,
-    ref: CardRef,
+    click: Click[CardRef],
     decision: Decision,
     context: BoltContext,
     *,
     grant: Grant | None = None,
 ) -> None:
+    """Record `decision` on the call `click` names (atomically), and have it shown or the run
+    resumed; else the clicker's reply is set."""
+    record, ref = click.record, click.ref
     try:
         call = next((c for c in record.run_state().pending if c.id == ref.call_id), None)
     except StateError:
@@ -196,14 +196,14 @@ def _on_decision(
         ack()
         clicker, channel = clicker_and_channel(body)
         context["reply_channel"], context["reply_user"] = channel, clicker.user
-        opened = open_record(deps, action.get("value"), clicker, channel, context)
-        if not opened:
+        click = open_record(deps, action.get("value"), clicker, channel, context)
+        if click is None:
             return
-        record, ref = opened
+        record, ref = click.record, click.ref
         if verdict is Verdict.APPROVED and not _may_approve(deps, record, ref, clicker.user, context):
             return
         if not grant:
-            decide(deps, record, ref, Decision(verdict, by=clicker.user), context)
+            decide(deps, click, Decision(verdict, by=clicker.user), context)
             return
         approvals = deps.settings_of(record).approvals
         call = awaiting_call(record, ref.call_id)
@@ -236,7 +236,7 @@ def _on_decision(
             uses=approvals.grant_uses,
         )
         decision = Decision(verdict, by=clicker.user, grant="given", grant_dir=directory or None)
-        decide(deps, record, ref, decision, context, grant=given)
+        decide(deps, click, decision, context, grant=given)
 
     return on_decision
 
@@ -271,23 +271,59 @@ def _reviewable(record: RunRecord, call_id: str) -> bool:
     return call is None or fully_reviewable(call)
 
 
+@dataclass(frozen=True)
+class GrantRef:
+    """What a Revoke button names: the run whose thread holds the grant, its tool and its scope."""
+
+    run_id: str
+    tool: str
+    slot: str  # "": the grant of the whole thread
+
+    @classmethod
+    def parse(cls, value: Any) -> GrantRef:
+        run_id, _, rest = str(value or "").partition(":")
+        tool, _, slot = rest.partition(":")
+        if slot:
+            check_id("slot", slot)
+        return cls(check_id("run", run_id), check_id("tool", tool), slot)
+
+
+def _grant_run(ref: GrantRef) -> str:
+    return ref.run_id
+
+
+# A Revoke: who may revoke depends on the grant, read after; every refusal before reads the same.
+_GRANT = Opening(
+    GrantRef.parse,
+    _grant_run,
+    texts.NO_SUCH_GRANT,
+    where=Where.RUN_CHANNEL,
+    unreadable=texts.NO_SUCH_GRANT,
+    wrong_team=texts.NO_SUCH_GRANT,
+    wrong_channel=texts.NO_SUCH_GRANT,
+)
+
+REVOKED = "revoked"  # context key: the grant a Revoke ended, for the message's update after
+
+
+@dataclass(frozen=True)
+class Revoked:
+    """A grant a click revoked: its tool, who revoked it, and its directory ("": the whole thread)."""
+
+    tool: str
+    by: str
+    directory: str
+
+
 def _on_revoke_grant(deps: BotDeps) -> Callable[..., None]:
     def on_revoke(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
         ack()
         clicker, channel = clicker_and_channel(body)
         context["reply_channel"], context["reply_user"] = channel, clicker.user
-        run_id, _, rest = str(action.get("value") or "").partition(":")
-        tool, _, slot = rest.partition(":")
-        try:
-            record = deps.store.load_run(check_id("run", run_id))
-            check_id("tool", tool)
-            if slot:
-                check_id("slot", slot)
-        except (BadId, StateError):
-            record = None
-        if record is None or clicker.team != record.team or channel != record.channel:
-            context[REPLY] = texts.NO_SUCH_GRANT
+        click = open_click(deps, _GRANT, action.get("value"), clicker, channel, context)
+        if click is None:
             return
+        record, tool, slot = click.record, click.ref.tool, click.ref.slot
         grant = deps.store.grant(record.team, record.channel, record.thread_ts, tool, slot)
         allowed = clicker.user in (record.requester, grant.by if grant else None)
         if not (allowed or deps.may_decide(clicker.user, record)):
@@ -298,19 +334,20 @@ def _on_revoke_grant(deps: BotDeps) -> Callable[..., None]:
         ):
             context[REPLY] = texts.NO_SUCH_GRANT
             return
-        context["revoked"] = (tool, clicker.user, grant.directory)
+        context[REVOKED] = Revoked(tool, clicker.user, grant.directory)
 
     return on_revoke
 
 
 def _after_revoke(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:
     """The grant's message loses its button and says who revoked it; or the clicker hears why not."""
-    revoked = context.get("revoked")
+    revoked = context.get(REVOKED)
     message = as_dict(body.get("message"))
     channel = context.get("reply_channel")
-    if revoked and channel and message.get("ts"):
-        tool, by, directory = revoked
-        msg = grant_revoked(tool=tool, by=by, at=datetime.now(UTC), directory=directory)
+    if isinstance(revoked, Revoked) and channel and message.get("ts"):
+        msg = grant_revoked(
+            tool=revoked.tool, by=revoked.by, at=datetime.now(UTC), directory=revoked.directory
+        )
         try:
             client.chat_update(channel=channel, ts=message["ts"], text=msg.text, blocks=msg.blocks)
         except SlackApiError as exc:
@@ -335,6 +372,17 @@ class ReminderRef:
         if not (park.isdigit() and seen.isdigit() and len(park) < 10 and len(seen) < 10):
             raise BadId("not a valid reminder value")
         return cls(check_id("run", run_id), int(park), int(seen))
+
+
+EXTENDED = "extended"  # context key: the Extend that moved a park's expiry, for the reminder's update
+
+
+@dataclass(frozen=True)
+class Extended:
+    """An Extend that moved a park's expiry: who clicked it, and the new expiry (epoch seconds)."""
+
+    by: str
+    expires_at: float
 
 
 def _on_extend(deps: BotDeps) -> Callable[..., None]:
@@ -384,7 +432,7 @@ def _on_extend(deps: BotDeps) -> Callable[..., None]:
         expires = slack_date(datetime.fromtimestamp(result.expires_at, UTC)) if result.expires_at else ""
         if result.outcome is ExtendOutcome.EXTENDED:
             log.info("run %s park %d: extended by %s", record.run_id, record.park_id, clicker.user)
-            context["extended"] = (clicker.user, result.expires_at)
+            context[EXTENDED] = Extended(clicker.user, result.expires_at)
             deps.enqueue(SHOW_NEW_EXPIRY, record.run_id, record.park_id)  # its cards show the new expiry
         elif result.outcome is ExtendOutcome.TAKEN:
             context[REPLY] = texts.EXTEND_TAKEN.format(expires=expires)
@@ -400,12 +448,12 @@ def _on_extend(deps: BotDeps) -> Callable[..., None]:
 
 def _after_extend(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:
     """The reminder loses its button and says who extended it, until when; or the clicker hears why not."""
-    extended = context.get("extended")
+    extended = context.get(EXTENDED)
     message = as_dict(body.get("message"))
     channel = context.get("reply_channel")
-    if extended and channel and message.get("ts"):
-        by, expires_at = extended
-        msg = reminder_extended(by=by, expires_at=datetime.fromtimestamp(expires_at, UTC))
+    if isinstance(extended, Extended) and channel and message.get("ts"):
+        expires_at = datetime.fromtimestamp(extended.expires_at, UTC)
+        msg = reminder_extended(by=extended.by, expires_at=expires_at)
         try:
             client.chat_update(channel=channel, ts=message["ts"], text=msg.text, blocks=msg.blocks)
         except SlackApiError as exc:

@@ -10,6 +10,7 @@ always asks (`harness.policy.always_asks`), and says so: a person approves it on
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from slack_bolt import Ack, App, BoltContext
@@ -18,10 +19,13 @@ from bot.listening import (
     APPLY_DECISIONS,
     REPLY,
     BotDeps,
-    Clicker,
+    Click,
+    Opening,
     Reply,
     Then,
+    Where,
     clicker_and_channel,
+    open_click,
     tell_clicker,
 )
 from gates import deciders
@@ -34,42 +38,42 @@ from observe import metrics
 from store import BadId, DecideOutcome, RunRecord, RunStatus, check_id
 
 
-def _parse(value: Any) -> tuple[str, int]:
-    run_id, _, park = str(value or "").partition(":")
-    if not park.isdigit() or len(park) > 12:
-        raise BadId(f"bad park id {park[:20]!r}")
-    return check_id("run", run_id), int(park)
+@dataclass(frozen=True)
+class ParkRef:
+    """What a batch button names: the run, and the park its message was posted for."""
+
+    run_id: str
+    park_id: int
+
+    @classmethod
+    def parse(cls, value: Any) -> ParkRef:
+        run_id, _, park = str(value or "").partition(":")
+        if not park.isdigit() or len(park) > 12:
+            raise BadId(f"bad park id {park[:20]!r}")
+        return cls(check_id("run", run_id), int(park))
 
 
-def _open_park(
-    deps: BotDeps, value: Any, clicker: Clicker, channel: str | None, context: BoltContext
-) -> tuple[RunRecord, tuple[PendingCall, ...]] | None:
-    """The run and the open calls of the park a batch button names, if the clicker may decide
-    them; else a reply is set."""
-    try:
-        run_id, park_id = _parse(value)
-        record = deps.store.load_run(run_id)
-    except BadId:
-        record, park_id = None, -1
-    except StateError:
-        context[REPLY] = texts.UNREADABLE_RUN
-        return None
-    if record is None:
-        context[REPLY] = texts.UNKNOWN_APPROVAL
-    elif clicker.team != record.team:
-        context[REPLY] = texts.WRONG_TEAM
-    elif channel != record.channel:
-        context[REPLY] = texts.WRONG_CHANNEL
-    elif not deps.may_decide(clicker.user, record):
-        context[REPLY] = (texts.NOT_ALLOWED, {"who": deps.deciders(record)})
-    elif record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park_id:
-        context[REPLY] = texts.BATCH_CLOSED
-    else:
-        try:
-            return record, record.run_state().awaiting
-        except StateError:
-            context[REPLY] = texts.UNREADABLE_RUN  # fail closed: no decision on what we cannot read
-    return None
+def _park_opening(deps: BotDeps) -> Opening[ParkRef]:
+    """How a batch button is opened: the clicker may decide the run, parked still at that park."""
+
+    def may_act(click: Click[ParkRef]) -> Reply | None:
+        if deps.may_decide(click.clicker.user, click.record):
+            return None
+        return (texts.NOT_ALLOWED, {"who": deps.deciders(click.record)})
+
+    def still_open(click: Click[ParkRef]) -> Reply | None:
+        record = click.record
+        if record.status is RunStatus.AWAITING_APPROVAL and record.park_id == click.ref.park_id:
+            return None
+        return texts.BATCH_CLOSED
+
+    return Opening(
+        ParkRef.parse, _run_of, texts.UNKNOWN_APPROVAL, (may_act, still_open), where=Where.RUN_CHANNEL
+    )
+
+
+def _run_of(ref: ParkRef) -> str:
+    return ref.run_id
 
 
 def decide_all(
@@ -137,10 +141,15 @@ def _on_batch(deps: BotDeps, verdict: Verdict) -> Callable[..., None]:
         ack()
         clicker, channel = clicker_and_channel(body)
         context["reply_channel"], context["reply_user"] = channel, clicker.user
-        opened = _open_park(deps, action.get("value"), clicker, channel, context)
-        if opened is None:
+        click = open_click(deps, _park_opening(deps), action.get("value"), clicker, channel, context)
+        if click is None:
             return
-        record, calls = opened
+        record = click.record
+        try:
+            calls = record.run_state().awaiting
+        except StateError:
+            context[REPLY] = texts.UNREADABLE_RUN  # fail closed: no decision on what we cannot read
+            return
         reply = decide_all(deps, record, calls, Decision(verdict, by=clicker.user))
         if reply is not None:
             context[REPLY] = reply

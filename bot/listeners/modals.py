@@ -50,11 +50,11 @@ def _modal_opener(
         ack()
         clicker, channel = clicker_and_channel(body)
         context["reply_channel"], context["reply_user"] = channel, clicker.user
-        opened = open_record(deps, action.get("value"), clicker, channel, context, viewing=viewing)
-        if not opened:
+        click = open_record(deps, action.get("value"), clicker, channel, context, viewing=viewing)
+        if click is None:
             return
-        record, ref = opened
-        call = awaiting_call(record, ref.call_id)
+        record = click.record
+        call = awaiting_call(record, click.ref.call_id)
         trigger_id = body.get("trigger_id")
         if call is None or not isinstance(trigger_id, str):
             context[REPLY] = texts.UNKNOWN_APPROVAL
@@ -86,13 +86,12 @@ def _on_decline_reason(deps: BotDeps) -> Callable[..., None]:
         values = as_dict(as_dict(view.get("state")).get("values"))
         raw_reason = as_dict(as_dict(values.get("reason")).get("reason")).get("value")
         reason = (raw_reason if isinstance(raw_reason, str) else "").strip()
-        opened = open_record(deps, view.get("private_metadata"), clicker, None, context)
+        click = open_record(deps, view.get("private_metadata"), clicker, None, context)
         context["reply_user"] = user
-        if not opened:
+        if click is None:
             return
-        record, ref = opened
-        context["reply_channel"] = record.channel
-        decide(deps, record, ref, Decision(Verdict.DECLINED, by=user, reason=reason[:500] or None), context)
+        context["reply_channel"] = click.record.channel
+        decide(deps, click, Decision(Verdict.DECLINED, by=user, reason=reason[:500] or None), context)
 
     return on_decline_reason
 
@@ -111,11 +110,11 @@ def _on_edit_submitted(deps: BotDeps) -> Callable[..., None]:
     def on_edit_submitted(ack: Ack, body: dict[str, Any], view: dict[str, Any], context: BoltContext) -> None:
         clicker = Clicker.of(body)
         context["reply_user"] = clicker.user
-        opened = open_record(deps, view.get("private_metadata"), clicker, None, context)
-        if not opened:
+        click = open_record(deps, view.get("private_metadata"), clicker, None, context)
+        if click is None:
             ack()
             return
-        record, ref = opened
+        record, ref = click.record, click.ref
         context["reply_channel"] = record.channel
         call = awaiting_call(record, ref.call_id)
         if call is None or call.fingerprint != ref.fingerprint:
@@ -135,7 +134,7 @@ def _on_edit_submitted(deps: BotDeps) -> Callable[..., None]:
             return
         ack()
         changed = edited if edited != call.input else None
-        decide(deps, record, ref, Decision(Verdict.APPROVED, by=clicker.user, edited_input=changed), context)
+        decide(deps, click, Decision(Verdict.APPROVED, by=clicker.user, edited_input=changed), context)
 
     return on_edit_submitted
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from slack_bolt import Ack, App, BoltContext
@@ -14,10 +15,15 @@ from bot.listening import (
     REPLY,
     RETRY_RUN,
     BotDeps,
+    Click,
     Clicker,
+    Opening,
+    Reply,
     Then,
+    Where,
     as_dict,
     clicker_and_channel,
+    open_click,
     tell_clicker,
 )
 from gates import deciders
@@ -75,39 +81,36 @@ def _on_continue(deps: BotDeps) -> Callable[..., None]:
     return on_continue
 
 
-def _clicked_run(
-    deps: BotDeps, run_id: str, clicker: Clicker, channel: str | None, context: BoltContext
-) -> RunRecord | None:
-    """The run a Stop or Continue names, if it is of this workspace and channel; else a reply is set."""
-    try:
-        record = deps.store.load_run(check_id("run", run_id))
-    except BadId:
-        record = None
-    except StateError:
-        context[REPLY] = texts.UNREADABLE_RUN
-        return None
-    if record is None:
-        context[REPLY] = texts.STOP_UNKNOWN
-    elif clicker.team != record.team:
-        context[REPLY] = texts.WRONG_TEAM
-    elif channel is not None and channel != record.channel:
-        context[REPLY] = texts.WRONG_CHANNEL
-    else:
-        return record
-    return None
+def _run_opening(*checks: Callable[[Click[str]], Reply | None]) -> Opening[str]:
+    """How a Stop or Continue is opened: its value names a run of this workspace and channel, and
+    `checks` hold."""
+    return Opening(_run_id, _same, texts.STOP_UNKNOWN, checks)
+
+
+def _run_id(value: Any) -> str:
+    return check_id("run", value)
+
+
+def _same(run_id: str) -> str:
+    return run_id
 
 
 def request_stop(
     deps: BotDeps, run_id: str, clicker: Clicker, channel: str | None, context: BoltContext
 ) -> None:
     """Record the first Stop of a run (by its requester or one who may decide) and have it acted on."""
-    record = _clicked_run(deps, run_id, clicker, channel, context)
-    if record is None:
-        return
-    if clicker.user != record.requester and not deps.may_decide(clicker.user, record):
+
+    def may_stop(click: Click[str]) -> Reply | None:
+        record = click.record
+        if click.clicker.user == record.requester or deps.may_decide(click.clicker.user, record):
+            return None
         stoppers = list(dict.fromkeys([record.requester, *deps.deciders(record)]))
-        context[REPLY] = (texts.STOP_NOT_ALLOWED, {"who": stoppers})
+        return (texts.STOP_NOT_ALLOWED, {"who": stoppers})
+
+    click = open_click(deps, _run_opening(may_stop), run_id, clicker, channel, context)
+    if click is None:
         return
+    record = click.record
     if record.status is RunStatus.STOPPED and record.stopped_by:
         context[REPLY] = (texts.STOP_ALREADY_STOPPED, {"who": record.stopped_by})
         return
@@ -122,20 +125,30 @@ def request_stop(
     deps.enqueue(HONOUR_STOP, record.run_id)
 
 
+def _limit_opening(deps: BotDeps) -> Opening[str]:
+    """How Continue or Stop on a limit card is opened: the run waits at its limit still, and the
+    clicker may decide it."""
+
+    def limit_open(click: Click[str]) -> Reply | None:
+        return None if click.record.status is RunStatus.AWAITING_APPROVAL else texts.LIMIT_NOT_OPEN
+
+    def may_act(click: Click[str]) -> Reply | None:
+        if deps.may_decide(click.clicker.user, click.record):
+            return None
+        return (texts.LIMIT_NOT_ALLOWED, {"who": deps.deciders(click.record)})
+
+    return _run_opening(limit_open, may_act)
+
+
 def _answer_limit(
     deps: BotDeps, run_id: str, verdict: Verdict, clicker: Clicker, channel: str | None, context: BoltContext
 ) -> None:
     """Record Continue (approved) or Stop (declined) for a run parked at a limit: the same deciders,
     four eyes and quorum as a call's approval (one Stop stops)."""
-    record = _clicked_run(deps, run_id, clicker, channel, context)
-    if record is None:
+    click = open_click(deps, _limit_opening(deps), run_id, clicker, channel, context)
+    if click is None:
         return
-    if record.status is not RunStatus.AWAITING_APPROVAL:
-        context[REPLY] = texts.LIMIT_NOT_OPEN
-        return
-    if not deps.may_decide(clicker.user, record):
-        context[REPLY] = (texts.LIMIT_NOT_ALLOWED, {"who": deps.deciders(record)})
-        return
+    record = click.record
     refused = deps.no_more_work(record) if verdict is Verdict.APPROVED else None  # Stop stays open
     if refused is not None:
         context[REPLY] = refused
@@ -237,6 +250,37 @@ def _failure_clicked(record: RunRecord | None, body: dict[str, Any]) -> str | No
         return None
 
 
+@dataclass(frozen=True)
+class FeedbackRef:
+    """What a feedback button names: good or bad, and the run whose answer it is under."""
+
+    verdict: str  # FEEDBACK_GOOD or FEEDBACK_BAD
+    run_id: str
+
+    @classmethod
+    def parse(cls, value: Any) -> FeedbackRef:
+        verdict, _, run = str(value or "").partition(":")
+        if verdict not in (FEEDBACK_GOOD, FEEDBACK_BAD):
+            raise BadId("not a feedback value")
+        return cls(verdict, check_id("run", run))
+
+
+def _feedback_run(ref: FeedbackRef) -> str:
+    return ref.run_id
+
+
+# Feedback on an answer: anyone in its channel may give it; every refusal reads the same.
+_FEEDBACK = Opening(
+    FeedbackRef.parse,
+    _feedback_run,
+    texts.FEEDBACK_UNKNOWN,
+    where=Where.RUN_CHANNEL,
+    unreadable=texts.FEEDBACK_UNKNOWN,
+    wrong_team=texts.FEEDBACK_UNKNOWN,
+    wrong_channel=texts.FEEDBACK_UNKNOWN,
+)
+
+
 def _on_feedback(deps: BotDeps) -> Callable[..., None]:
     """`feedback` (Slack's thumbs under an answer, value ``good:RUN`` or ``bad:RUN``): a click goes
     into the feedback stream (not the decisions' audit) with who, which answer and where, and into
@@ -248,15 +292,10 @@ def _on_feedback(deps: BotDeps) -> Callable[..., None]:
         ack()
         clicker, channel = clicker_and_channel(body)
         context["reply_channel"], context["reply_user"] = channel, clicker.user
-        verdict, _, run = str(action.get("value") or "").partition(":")
-        try:
-            good = verdict in (FEEDBACK_GOOD, FEEDBACK_BAD)
-            record = deps.store.load_run(check_id("run", run)) if good else None
-        except (BadId, StateError):
-            record = None
-        if record is None or clicker.team != record.team or channel != record.channel:
-            context[REPLY] = texts.FEEDBACK_UNKNOWN
+        click = open_click(deps, _FEEDBACK, action.get("value"), clicker, channel, context)
+        if click is None:
             return
+        record, verdict = click.record, click.ref.verdict
         try:
             user = check_id("user", clicker.user)
         except BadId:
