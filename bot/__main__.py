@@ -22,7 +22,6 @@ from runtime.clients import SettingsError, redis_connection, slack_client
 from runtime.connection import RedisTarget
 from runtime.queue import make_queue
 from runtime.reload import LiveConfig, reload_into
-from store import Store
 
 MISSING_SIGNING_SECRET = (
     "SLACK_SIGNING_SECRET is not set: copy the Signing Secret from your app's Basic Information "
@@ -128,7 +127,7 @@ def main() -> int:
     if warning := RedisTarget.from_env().open_warning():
         print(warning, file=sys.stderr)
     live = LiveConfig(config)  # SIGHUP reads HARNESS_CONFIG again (runtime.reload)
-    store = metrics.count_shortfalls(Store(connection))
+    store = metrics.counting_store(connection)
     deps = BotDeps(store=store, queue=make_queue(connection), config=live)
     try:
         app = create_app(deps, client=client, signing_secret=signing_secret)

@@ -201,8 +201,8 @@ IN_FLIGHT = Family(
 )
 REPLICA_SHORTFALLS = Family(
     "harness_replica_wait_shortfalls",
-    "Writes a promise rests on (a mention accepted, a decision, a Stop, a call's write-ahead mark, a run's "
-    "end) that no replica acknowledged within HARNESS_REPLICA_WAIT_MS: on the Redis master only.",
+    "Writes a promise rests on (a mention accepted, a decision, a Stop, a call's write-ahead mark, a park, "
+    "a run's end) that no replica acknowledged within HARNESS_REPLICA_WAIT_MS: on the Redis master only.",
     {"write": PROMISES},
 )
 FAMILIES = (
@@ -276,10 +276,10 @@ def _failed(what: str, exc: Exception) -> None:
     log.warning("metrics: cannot record %s (%s); going on without it (said once per process)", what, exc)
 
 
-def count_shortfalls(store: Store) -> Store:
-    """Have `store` count its writes no replica acknowledged in time (`store.replicas`)."""
-    store.replicas.shortfall = lambda promise: incr(store.redis, REPLICA_SHORTFALLS, write=promise)
-    return store
+def counting_store(connection: redis.Redis) -> Store:
+    """A store that counts its writes no replica acknowledged in time (`store.replicas`), built so
+    from the start: nothing is patched into it later, on whatever thread first touches it."""
+    return Store(connection, shortfall=lambda promise: incr(connection, REPLICA_SHORTFALLS, write=promise))
 
 
 def incr(connection: redis.Redis, family: Family, amount: int = 1, **labels: Any) -> None:

@@ -29,6 +29,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 import time
 import traceback
 import urllib.parse
@@ -86,22 +87,38 @@ class Tracing:
 
 
 _current: tuple[int, Tracing | None] | None = None  # (pid, its tracing): set up again after a fork
+_setting_up = threading.Lock()
+
+
+def _after_fork() -> None:
+    global _setting_up
+    _setting_up = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def current() -> Tracing | None:
-    """This process's tracing, set up on first use when `OTEL_*` asks for it; None when it does not."""
+    """This process's tracing, set up on first use when `OTEL_*` asks for it; None when it does not.
+
+    A work horse sets it up before its slots start; the lock makes it one provider all the same when
+    threads ask at once (a provider each would export each span's siblings apart)."""
     global _current
     pid = os.getpid()
-    if _current is not None and _current[0] == pid:
-        return _current[1]
-    tracing = None
-    if wanted():
-        try:
-            tracing = _set_up()
-        except Exception:  # a collector misconfigured is never worth a run
-            log.exception("traces are off: the OpenTelemetry SDK could not be set up")
-    _current = (pid, tracing)
-    return tracing
+    found = _current
+    if found is not None and found[0] == pid:
+        return found[1]
+    with _setting_up:
+        if _current is not None and _current[0] == pid:
+            return _current[1]
+        tracing = None
+        if wanted():
+            try:
+                tracing = _set_up()
+            except Exception:  # a collector misconfigured is never worth a run
+                log.exception("traces are off: the OpenTelemetry SDK could not be set up")
+        _current = (pid, tracing)
+        return tracing
 
 
 def _set_up() -> Tracing:

@@ -11,7 +11,7 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
-from store.replicas import Replicas
+from store.replicas import Replicas, Shortfall
 
 
 def as_text(value: Any) -> str:
@@ -38,10 +38,11 @@ class StorePart:
     sends them with `self._script(SOURCE)(keys=..., args=...)`.
     """
 
-    def __init__(self, connection: redis.Redis) -> None:
+    def __init__(self, connection: redis.Redis, *, shortfall: Shortfall | None = None) -> None:
+        """`shortfall`: what counts a promised write no replica acknowledged (the process's metrics)."""
         self.redis = connection
         self._scripts: dict[str, Script] = {}  # by source: each registered once, on first use
-        self.replicas = Replicas(connection)
+        self.replicas = Replicas(connection, shortfall=shortfall)
 
     def _script(self, source: str) -> Script:
         """`source` registered with the connection: sent by its SHA (EVALSHA), loaded again by

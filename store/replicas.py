@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 CHECK_SECONDS = 5.0  # how stale the count of replicas may be
 DEFAULT_WAIT_MS = 1000  # HARNESS_REPLICA_WAIT_MS: a mention's ack and a click's answer fit in Slack's 3 s
-PROMISES = ("mention", "retry", "decision", "stop", "write_ahead", "finish")
+PROMISES = ("mention", "retry", "decision", "stop", "write_ahead", "park", "finish")
 
 Shortfall = Callable[[str], None]  # told which promise's write no replica acknowledged in time
 
@@ -50,7 +50,9 @@ def wait_ms_setting(env: Mapping[str, str] | None = None) -> int:
 class Replicas:
     """How many replicas the master has (read now and then), and writes sent with a WAIT for one."""
 
-    def __init__(self, connection: redis.Redis, *, wait_ms: int | None = None) -> None:
+    def __init__(
+        self, connection: redis.Redis, *, wait_ms: int | None = None, shortfall: Shortfall | None = None
+    ) -> None:
         self.redis = connection
         if wait_ms is None:
             try:
@@ -58,7 +60,7 @@ class Replicas:
             except ValueError:
                 wait_ms = DEFAULT_WAIT_MS  # refused at start; a tool reading a store never fails on it
         self.wait_ms = wait_ms
-        self.shortfall: Shortfall | None = None  # set by the process: counts them in its metrics
+        self.shortfall = shortfall  # the process's: counts them in its metrics
         self._count = 0
         self._checked = float("-inf")
         self._lock = threading.Lock()

@@ -131,8 +131,9 @@ def test_a_promised_write_waits_for_the_replica_and_other_writes_do_not(group: S
 def test_a_replica_that_does_not_answer_delays_a_promise_boundedly_and_is_counted(
     group: SentinelGroup, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = Store(RedisTarget.from_env({**group.env(db=7), "HARNESS_REPLICA_WAIT_MS": "300"}).connect())
-    metrics.count_shortfalls(store)
+    store = metrics.counting_store(
+        RedisTarget.from_env({**group.env(db=7), "HARNESS_REPLICA_WAIT_MS": "300"}).connect()
+    )
     replica = next(n for n in group.nodes if n.port != group.master_port())
     run_id = new_run_id()
     store.redis.hset(Keys.approvals(run_id, 1), "c1", "")

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anthropic
@@ -46,6 +45,14 @@ class Services:
     model: anthropic.Anthropic
     # The tools offered: modules imported once at start; MCP tools through the worker's hub.
     catalog: Catalog | None = None
+    # Shared by every run a horse drives on its slot threads: built here, before any slot starts,
+    # never lazily on a slot (two threads would each build one and split the pacing).
+    live_streams: LiveStreams = field(default_factory=LiveStreams)
+    courtesy_slack: WebClient = field(default=None)  # type: ignore[assignment]  # built from `slack`
+
+    def __post_init__(self) -> None:
+        if self.courtesy_slack is None:
+            object.__setattr__(self, "courtesy_slack", _courtesy_client(self.slack))
 
     @classmethod
     def from_env(
@@ -54,7 +61,7 @@ class Services:
         connection = connection or redis_connection(env)
         config = load_config(env=env)
         return cls(
-            store=metrics.count_shortfalls(Store(connection)),
+            store=metrics.counting_store(connection),
             queue=make_queue(connection),
             slack=slack_client(env),
             config=config,
@@ -67,18 +74,6 @@ class Services:
         profile it started under while the channel still maps to it (as configured now), else the
         one the channel maps to now: a run never outlives its channel's rules."""
         return self.config.for_run(record.channel, record.team)
-
-    @functools.cached_property
-    def courtesy_slack(self) -> WebClient:
-        """The client for calls a run can do without (its status line): short timeout, short 429 waits."""
-        return KeepAliveWebClient(
-            token=self.slack.token,
-            base_url=self.slack.base_url,
-            timeout=COURTESY_TIMEOUT,
-            ssl=self.slack.ssl,
-            headers=self.slack.headers,
-            retry_handlers=[ConnectionErrorRetryHandler(max_retry_count=1), ShortRateLimitRetry()],
-        )
 
     def post(
         self,
@@ -152,11 +147,6 @@ class Services:
             return None
         return found
 
-    @functools.cached_property
-    def live_streams(self) -> LiveStreams:
-        """The process's live messages (`workers.live`) and the pacing of stream writes per thread."""
-        return LiveStreams()
-
     def settle_live(
         self,
         channel: str,
@@ -219,6 +209,18 @@ class Services:
             pass
         with contextlib.suppress(SlackApiError, OSError):
             self.slack.reactions_add(channel=channel, timestamp=ts, name=name)
+
+
+def _courtesy_client(slack: WebClient) -> WebClient:
+    """The client for calls a run can do without (its status line): short timeout, short 429 waits."""
+    return KeepAliveWebClient(
+        token=slack.token,
+        base_url=slack.base_url,
+        timeout=COURTESY_TIMEOUT,
+        ssl=slack.ssl,
+        headers=slack.headers,
+        retry_handlers=[ConnectionErrorRetryHandler(max_retry_count=1), ShortRateLimitRetry()],
+    )
 
 
 def file_key(key: str) -> str:
