@@ -246,7 +246,7 @@ def test_a_resume_save_forgets_the_expiry_and_takes_the_thread_in_its_own_round_
     with Driver(svc, record.run_id) as driver:
         assert driver is not None
         assert svc.store.park(parked, driver.token, driver.seconds, ["toolu_1"], ttl=3600)
-        driver.record = parked
+        driver.amend(status=parked.status, park_id=parked.park_id, expires_at=parked.expires_at)
         driver.save()  # Redis learns the save's script
         counted.script_load(svc.store.resumed(parked, 3600).script)  # and the resume's
         counted.expire(Keys.thread_lock(*record.thread), 5)  # as a long park leaves it

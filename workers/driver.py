@@ -15,9 +15,11 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
+
+import redis
 
 from harness.state import PendingCall, RunState, StateError
 from messages import texts, turns
@@ -28,12 +30,13 @@ from store import (
     LIMIT_CALL,
     Beside,
     FinishResult,
+    Keys,
     RecordEncoder,
     RunRecord,
     RunStatus,
     unpack,
 )
-from workers import outbox
+from workers import outbox, thread_status
 from workers.live import LiveView
 from workers.services import Services
 
@@ -71,7 +74,7 @@ class Driver:
     def __init__(self, svc: Services, run_id: str) -> None:
         self.svc = svc
         self.run_id = run_id
-        self.record: RunRecord
+        self._record: RunRecord  # read by all, changed only by the driver's verbs below
         self.token = uuid.uuid4().hex
         self.seconds = lease_seconds()
         self.released = False
@@ -84,7 +87,7 @@ class Driver:
         self._stop_seen: tuple[str | None, float] | None = None  # (who pressed Stop, when) per the last save
         self._beside: list[Beside] = []  # what the next save carries (a step's metrics)
         self._encoder = RecordEncoder()  # packs the conversation a message at a time, save after save
-        self.live: LiveView | None = None  # what Slack shows of the run as it happens (workers.live)
+        self._live: LiveView | None = None  # what Slack shows of the run as it happens (workers.live)
 
     def __enter__(self) -> Driver | None:
         took, raw = self.svc.store.acquire_and_read(self.run_id, self.token, self.seconds)
@@ -99,7 +102,7 @@ class Driver:
             self.svc.store.release_lease(self.run_id, self.token)
             self.svc.store.forget_active(self.run_id)
             return None
-        self.record = record
+        self._record = record
         # Debts found at the start may have been paid by a driver that died before saving so.
         self._reconcile = bool(record.outbox)
         self._beat = threading.Thread(target=self._heartbeat, name="lease", daemon=True)
@@ -107,8 +110,8 @@ class Driver:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
-        if self.live is not None:
-            self.live.close()  # its streams stopped: the job leaves no writer behind
+        if self._live is not None:
+            self._live.close()  # its streams stopped: the job leaves no writer behind
         if self._courier is not None:
             self._courier.close()  # what it still carries is paid first (the next driver would else)
         self._write_besides()
@@ -143,6 +146,20 @@ class Driver:
     def lost(self) -> bool:
         return self._lost.is_set()
 
+    @property
+    def record(self) -> RunRecord:
+        """The run as this driver knows it: what was saved, and what the next write carries.
+
+        Read-only: every change goes through a verb of the driver, so what a write carries, what
+        the courier owns meanwhile and what Slack was shown are decided in this one class.
+        """
+        return self._record
+
+    @property
+    def live(self) -> LiveView | None:
+        """The run's live view, once its first step made it (`live_view`)."""
+        return self._live
+
     # --- writes ---------------------------------------------------------------------------------
 
     def save(self, *, ttl: int = FINISHED_RUN_TTL, promise: str | None = None, **changes: Any) -> None:
@@ -160,7 +177,7 @@ class Driver:
         )
         if not saved:
             raise LostLease(self.run_id)
-        self.record = record
+        self._record = record
         self._stop_seen = (saved.stop_by, time.monotonic())
 
     def beside_next_save(self, write: Beside) -> None:
@@ -189,7 +206,30 @@ class Driver:
     ) -> None:
         """Owe Slack a post in the thread (settling live message `live`, if given); the next save
         stores the debt, `deliver` pays it."""
-        self.record = outbox.owe_post(self.record, msg, role, call, live=live)
+        self._record = outbox.owe_post(self.record, msg, role, call, live=live)
+
+    def owe_update(self, ts: str, msg: Message) -> None:
+        """Owe Slack the replacement of message `ts` (a card decided, the Working message closed)."""
+        self._record = outbox.owe_update(self._record, ts, msg)
+
+    def owe_decided(self, ts: str, call: PendingCall, at: float) -> None:
+        """Owe Slack card `ts` showing `call`'s decision, rendered when paid (`outbox.owe_decided`)."""
+        self._record = outbox.owe_decided(self._record, ts, call, at)
+
+    def owe_reaction(self, name: str, *, remove: str | None = None) -> None:
+        """Owe Slack a reaction on the message that started the run."""
+        self._record = outbox.owe_reaction(self._record, name, remove=remove)
+
+    def amend(self, **changes: Any) -> None:
+        """Change the run in memory only, for the next write to carry (a park's cards, an ending's
+        state). Fields the courier owns are taken back from it first, as `save` does."""
+        if _COURIERS_OWN.intersection(changes):
+            self.collect()
+        self._record = replace(self._record, **changes)
+
+    def show(self, phase: thread_status.Phase) -> None:
+        """Show where the run is (working, waiting, ended) in Slack's status of its thread."""
+        self._record = thread_status.show(self.svc, self._record, phase)
 
     def deliver(self) -> None:
         """Pay what the run owes Slack. Not saved here: the next write drops the paid debts."""
@@ -197,7 +237,7 @@ class Driver:
         self._owe_working()
         if self.record.outbox:
             self._stop_seen = None  # Slack takes its time: the next Stop check looks again
-        self.record = outbox.deliver(self.svc, self.record, reconcile=self._reconcile)
+        self._record = outbox.deliver(self.svc, self.record, reconcile=self._reconcile)
         self._reconcile = False
         self._keep_working_ts()
 
@@ -235,7 +275,7 @@ class Driver:
             self._reconcile = True  # some were paid, some not: look in the thread before paying again
             raise error
         if view is not None:
-            self.record = replace(
+            self._record = replace(
                 self.record,
                 outbox=self.record.outbox[handed:],
                 cards=view.cards,
@@ -247,7 +287,7 @@ class Driver:
     def _keep_working_ts(self) -> None:
         if WORKING in self.record.cards:  # the Working message rode along as a card: keep its ts apart
             cards = dict(self.record.cards)
-            self.record = replace(self.record, cards=cards, working_ts=cards.pop(WORKING))
+            self._record = replace(self.record, cards=cards, working_ts=cards.pop(WORKING))
 
     def _owe_working(self) -> None:
         """A working (or parked) run's "Working on it…" message with Stop, its first post.
@@ -259,7 +299,7 @@ class Driver:
         working = record.status in (RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL)
         if record.working_ts or not working or any(e.get("call") == WORKING for e in record.outbox):
             return
-        self.record = outbox.owe_post(record, turns.working(run_id=record.run_id), outbox.CARD, WORKING)
+        self._record = outbox.owe_post(record, turns.working(run_id=record.run_id), outbox.CARD, WORKING)
 
     def park_limit(self, state: RunState, ttl: int, expires_at: float) -> None:
         """Save the run waiting at a limit: one pseudo-call, `LIMIT_CALL`, decided Continue or Stop."""
@@ -276,7 +316,7 @@ class Driver:
         )
         if self.lost or not self.svc.store.park(record, self.token, self.seconds, [LIMIT_CALL], ttl=ttl):
             raise LostLease(self.run_id)
-        self.record = record
+        self._record = record
 
     def park(self, state: RunState, calls: tuple[PendingCall, ...], ttl: int, expires_at: float) -> None:
         """Save the run awaiting decisions on `calls`, its cards owed and its expiry scheduled."""
@@ -297,7 +337,7 @@ class Driver:
             record, self.token, self.seconds, ids, ttl=ttl, fingerprints=fingerprints, encoder=self._encoder
         ):
             raise LostLease(self.run_id)
-        self.record = record
+        self._record = record
 
     def settle(self) -> bool:
         """Let go of a parked run; True when every decision is already in (keep driving it)."""
@@ -359,6 +399,88 @@ class Driver:
     def refuse_text(self, reason: str) -> str:
         log.error("run %s refused: %s", self.run_id, reason)
         return texts.REFUSED_TO_CONTINUE.format(reason=reason)
+
+    # --- the live view: what Slack shows while the run steps (workers.live) ---------------------
+
+    def live_view(self) -> LiveView:
+        """The run's live view, made at its first step; a turn parked in its message keeps the
+        new view from showing tasks until its summary settles into it."""
+        if self._live is None:
+            record = self._record
+            where = (record.channel, record.thread_ts, record.team, record.requester)
+            self._live = LiveView(self.svc.courtesy_slack, self.svc.live_streams, where, opened=self._opened)
+            self._live.hold = record.live_ts is not None
+        return self._live
+
+    def _opened(self, ts: str) -> None:
+        """A live message opened: recorded before anything can owe its settlement, so a driver
+        after a crash finds it (`drop_orphans`)."""
+        key = Keys.live(self.run_id)
+        try:
+            with self.svc.store.redis.pipeline(transaction=False) as pipe:
+                pipe.sadd(key, ts)
+                pipe.expire(key, DAY)
+                pipe.execute()
+        except redis.RedisError as exc:  # Redis away (a failover): the stream goes on regardless
+            log.warning(
+                "run %s: live message %s is not recorded (%s): this driver settles it, but a "
+                "driver after a crash would not find it to delete",
+                self.run_id,
+                ts,
+                exc,
+            )
+
+    def seal_live(self) -> str | None:
+        """Seal the open live message, for a post to settle into: its ts, or None."""
+        return self._live.seal() if self._live is not None else None
+
+    def seal_turn(self) -> str | None:
+        """The live message a turn's summary settles into: the open one, or the one it parked in."""
+        ts = self.seal_live()
+        if self._record.live_ts:
+            ts = ts or self._record.live_ts
+            self._record = replace(self._record, live_ts=None)
+        if self._live is not None:
+            self._live.hold = False
+        return ts
+
+    def let_stand(self, *, discard: bool = False) -> None:
+        """Seal the open live message with nothing to settle into it: it stays as it stopped (what the
+        model wrote before a stop), or with `discard` goes (a reply that failed is asked for again)."""
+        ts = self.seal_live()
+        if ts is None:
+            return
+        if discard:
+            self.svc.discard_live(self._record.channel, ts)
+        else:
+            self.svc.live_streams.forget(ts)
+        self.svc.store.redis.srem(Keys.live(self.run_id), ts)
+
+    def seal_for_park(self, waiting: Sequence[PendingCall]) -> None:
+        """The parking turn's message stops, showing what waits; the park's record keeps it, for
+        the turn's summary to settle into after the decisions."""
+        if self._live is not None:
+            self._live.waiting(waiting)
+            live_ts = self._live.seal() or self._record.live_ts
+            self._record = replace(self._record, live_ts=live_ts)
+
+    def hand_parked_live(self) -> None:
+        """Once parked, the record keeps the turn's message, no longer the open set (its writer
+        stops it meanwhile): a later driver settles into it rather than deleting it."""
+        if self._record.live_ts:
+            self.svc.live_streams.forget(self._record.live_ts)
+            self.svc.store.redis.srem(Keys.live(self.run_id), self._record.live_ts)
+
+    def drop_orphans(self) -> None:
+        """Take out the live messages of a driver that died: those no saved step owes a settlement."""
+        record = self._record
+        key = Keys.live(record.run_id)
+        kept = {record.live_ts} | {e.get("live") for e in record.outbox}
+        for raw in self.svc.store.redis.smembers(key):
+            ts = raw.decode() if isinstance(raw, bytes) else str(raw)
+            if ts not in kept:
+                self.svc.discard_live(record.channel, ts)
+                self.svc.store.redis.srem(key, ts)
 
 
 class _Courier:

@@ -1,11 +1,12 @@
 """The RQ jobs: start, continue, resume, retry and recover runs; show decisions on their cards.
 
 Every job that drives a run does one thing: take the run's lease and do what the run needs next
-(`drive`). A queued run starts; a running one continues from its last checkpoint; a parked one
-resumes once every decision is in; a failed one with a Retry click retries; an ended one pays
-what it still owes Slack and lets its thread go. So a job may die anywhere: the run stays in
-`harness:active` with no lease, the watchdog enqueues `recover_run`, and the next driver carries
-on from the last write. No job ever waits for a human.
+(`drive`), one phase after another in one loop (`_life`) until the run is let go. A queued run
+starts; a running one continues from its last checkpoint; a parked one resumes once every decision
+is in; a failed one with a Retry click retries; an ended one pays what it still owes Slack and
+lets its thread go. So a job may die anywhere: the run stays in `harness:active` with no lease,
+the watchdog enqueues `recover_run`, and the next driver carries on from the last write. No job
+ever waits for a human.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ import functools
 import logging
 import re
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, assert_never
 
 import rq
 
 from gates import budgets
 from harness import texts as harness_texts
+from harness.config import Approvals
 from harness.loop import (
     Agent,
     AwaitingApproval,
@@ -30,6 +32,7 @@ from harness.loop import (
     Failed,
     Finished,
     Outcome,
+    Stopped,
     ToolsRequested,
     TurnDone,
     continue_at_limit,
@@ -59,13 +62,13 @@ from store import (
     BATCH,
     LIMIT_CALL,
     DecideOutcome,
-    Keys,
+    ParkView,
     RunRecord,
     RunStatus,
     Store,
     rulings_write,
 )
-from workers import granting, live, outbox, park_cards, thread_status
+from workers import granting, outbox, park_cards, thread_status
 from workers.driver import Driver, park_ttl
 from workers.services import Services
 
@@ -128,7 +131,7 @@ def apply_decisions(run_id: str) -> None:
     calls = _pending_by_id(record)
     decisions = granting.spread_grants(svc, record, calls, svc.store.decisions(run_id, record.park_id))
     if decisions and all(d is not None for d in decisions.values()):
-        drive(run_id)  # the resume updates every card
+        _drive(svc, run_id)  # the resume updates every card
         return
     votes = svc.store.votes(run_id, record.park_id)
     for call_id, decision in decisions.items():
@@ -160,6 +163,12 @@ def drive(run_id: str, *, recovering: bool = False) -> None:
     """Take the run's lease and do what it needs next; hand its thread on when it ends."""
     svc = services()
     svc.store.job_started(run_id)
+    _drive(svc, run_id, recovering)
+
+
+def _drive(svc: Services, run_id: str, recovering: bool = False) -> None:
+    """The job's part after `job_started` (once per job): the run's life under its lease, then the
+    thread's next run enqueued, once the lease is let go."""
     following = None
     with Driver(svc, run_id) as driver:
         if driver is None:
@@ -169,7 +178,7 @@ def drive(run_id: str, *, recovering: bool = False) -> None:
             logs.bound(**logs.run_fields(record)),  # every line logged meanwhile names the run
             tracing.job_span(record.trace, _job_name(), run_id),
         ):
-            following = _next_move(svc, driver, recovering)
+            following = _life(svc, driver, recovering)
     if following:
         enqueue(svc, start_run, following)
 
@@ -204,45 +213,211 @@ def expire_due(store: Store, queue: rq.Queue, now: float) -> int:
     return done
 
 
-# --- what a run needs next ------------------------------------------------------------------------
+# --- a run's life: one loop over phases -----------------------------------------------------------
+#
+# A job that holds a run's lease takes it from phase to phase (`_life`) until the run is let go:
+# parked, queued behind another run of its thread, or ended. Each phase does its work and names the
+# next; none calls another, and only `Finish` learns the run its thread starts next. A lost lease
+# (`LostLease`, raised by any write) ends the job wherever it stands: the next driver carries on.
 
 
-def _next_move(svc: Services, driver: Driver, recovering: bool) -> str | None:
+@dataclass(frozen=True)
+class Arrive:
+    """The lease just taken: pay what an earlier driver owed, then go where the record says."""
+
+    recovering: bool = False  # the watchdog sent this job: its driver died (counted)
+
+
+@dataclass(frozen=True)
+class Start:
+    """A queued run: it takes its thread and starts from the thread's memory, or waits its turn."""
+
+
+@dataclass(frozen=True)
+class Advance:
+    """A running run, stepped from `state` until it leaves the loop."""
+
+    state: RunState
+
+
+@dataclass(frozen=True)
+class Leave:
+    """The loop left with `outcome`: the run parks, or ends with what its thread is owed."""
+
+    state: RunState
+    agent: Agent
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class Park:
+    """`calls` ask for people (once the thread's standing grants took theirs): one card each."""
+
+    state: RunState
+    agent: Agent
+    calls: tuple[PendingCall, ...]
+
+
+@dataclass(frozen=True)
+class ParkAtLimit:
+    """A limit that asks: one card, Continue or Stop."""
+
+    state: RunState
+    outcome: AwaitingLimit
+
+
+@dataclass(frozen=True)
+class Parked:
+    """A parked run: stopped on a Stop, resumed once every decision is in, else let go."""
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Every call of the park is decided (`view`): the run goes on with the decisions in `state`."""
+
+    state: RunState
+    view: ParkView
+
+
+@dataclass(frozen=True)
+class ResumeAtLimit:
+    """The limit's card is answered: Continue goes on, Stop or the expiry ends the run."""
+
+    state: RunState
+    decisions: dict[str, Decision | None]
+
+
+@dataclass(frozen=True)
+class StopParked:
+    """Stop pressed (`by`) while the run waited for people."""
+
+    by: str
+
+
+@dataclass(frozen=True)
+class RetryIfClicked:
+    """A failed run: retried if its Retry was clicked, else its thread let go."""
+
+
+@dataclass(frozen=True)
+class End:
+    """The run ends as `status` (`valve`: what stopped it; `not_run`: calls a finished run left)."""
+
+    status: RunStatus
+    valve: str = ""
+    not_run: NotRun | None = None
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The ended run lets its thread go; a `failed` one first looks for a Retry clicked meanwhile."""
+
+    failed: bool = False
+
+
+@dataclass(frozen=True)
+class Gone:
+    """The run is let go: `next_run`, the run its thread starts next (only `Finish` knows one)."""
+
+    next_run: str | None = None
+
+
+Phase = (
+    Arrive
+    | Start
+    | Advance
+    | Leave
+    | Park
+    | ParkAtLimit
+    | Parked
+    | Resume
+    | ResumeAtLimit
+    | StopParked
+    | RetryIfClicked
+    | End
+    | Finish
+)
+
+
+def _life(svc: Services, driver: Driver, recovering: bool) -> str | None:
+    """A run's life under one lease, top to bottom; the run its thread starts next, if any."""
+    phase: Phase | Gone = Arrive(recovering)
+    while not isinstance(phase, Gone):
+        phase = _next(svc, driver, phase)
+    return phase.next_run
+
+
+def _next(svc: Services, driver: Driver, phase: Phase) -> Phase | Gone:
+    """Do what `phase` does; the phase it leads to. The one place phases are told apart."""
+    match phase:
+        case Arrive(recovering=recovering):
+            return _arrive(driver, recovering)
+        case Start():
+            return _start(svc, driver)
+        case Advance(state=state):
+            return _advance(svc, driver, state)
+        case Leave(state=state, agent=agent, outcome=outcome):
+            return _leave(svc, driver, state, agent, outcome)
+        case Park(state=state, agent=agent, calls=calls):
+            return _park(svc, driver, state, agent, calls)
+        case ParkAtLimit(state=state, outcome=limit):
+            return _park_at_limit(svc, driver, state, limit)
+        case Parked():
+            return _parked(svc, driver)
+        case Resume(state=state, view=view):
+            return _resume(svc, driver, state, view)
+        case ResumeAtLimit(state=state, decisions=decisions):
+            return _resume_at_limit(svc, driver, state, decisions)
+        case StopParked(by=by):
+            return _stop_parked(svc, driver, by)
+        case RetryIfClicked():
+            return _retry_if_clicked(svc, driver)
+        case End(status=status, valve=valve, not_run=not_run):
+            return _end(driver, status, valve, not_run)
+        case Finish(failed=failed):
+            return _finish(driver, failed)
+    assert_never(phase)
+
+
+def _arrive(driver: Driver, recovering: bool) -> Phase:
+    """Count a recovery (too many: the run stops), pay what an earlier driver still owed Slack,
+    and go where the run's status says."""
     if recovering:
         driver.save(recoveries=driver.record.recoveries + 1)
         if driver.record.recoveries > MAX_RECOVERIES:
             return _give_up(driver)
-    driver.deliver()  # whatever an earlier driver still owed Slack
+    driver.deliver()
     status = driver.record.status
     if status is RunStatus.QUEUED:
-        return _start(svc, driver)
+        return Start()
     if status is RunStatus.RUNNING:
-        try:
-            state = _checkpointed_state(driver.record)
-        except StateError as exc:
-            return _refuse(driver, str(exc))
-        live.drop_orphans(svc, driver.record)
-        return _advance(svc, driver, state)
+        return _from_checkpoint(driver)
     if status is RunStatus.AWAITING_APPROVAL:
-        return _resume_if_decided(svc, driver)
+        return Parked()
     if status is RunStatus.FAILED:
-        return _retry_if_clicked(svc, driver)
-    return driver.finish()
+        return RetryIfClicked()
+    return Finish()  # ended: its debts are paid, its thread still to hand on
 
 
-def _start(svc: Services, driver: Driver) -> str | None:
+def _from_checkpoint(driver: Driver) -> Phase:
+    """A running run goes on from its last save; live messages its dead driver left are taken out."""
+    try:
+        state = _checkpointed_state(driver.record)
+    except StateError as exc:
+        return _refuse(driver, str(exc))
+    driver.drop_orphans()
+    return Advance(state)
+
+
+def _start(svc: Services, driver: Driver) -> Phase | Gone:
+    """A queued run takes its thread and starts from the thread's memory, under its channel's profile."""
     record = driver.record
     task = _task_text(record.task)
     if not task:
         driver.notify(texts.EMPTY_TASK)
-        return _end(driver, RunStatus.FINISHED)
+        return End(RunStatus.FINISHED)
     if not svc.store.take_thread(record, RUN_JOB_TIMEOUT):
-        if record.posted == 0:
-            driver.notify(texts.QUEUED_IN_THREAD)
-        driver.save()
-        driver.deliver()
-        driver.leave()
-        return None
+        return _wait_for_thread(driver)
     try:
         history, seq = svc.store.load_history(*record.thread)
     except StateError as exc:
@@ -252,7 +427,36 @@ def _start(svc: Services, driver: Driver) -> str | None:
     driver.save(status=RunStatus.RUNNING, state=state.to_json(), history_seq=seq, profile=profile)
     if kept != profile:
         svc.store.keep_thread_profile(driver.record)
-    return _advance(svc, driver, state)  # the "Working on it…" message goes out with the first request
+    return Advance(state)  # the "Working on it…" message goes out with the first request
+
+
+def _wait_for_thread(driver: Driver) -> Gone:
+    """Another run holds the thread: this one stays queued (said once), and starts when it ends."""
+    if driver.record.posted == 0:
+        driver.notify(texts.QUEUED_IN_THREAD)
+    driver.save()
+    driver.deliver()
+    driver.leave()
+    return Gone()
+
+
+def _advance(svc: Services, driver: Driver, state: RunState) -> Leave:
+    """Step the run until it leaves the loop: after every step, save (with what it owes Slack); the
+    next step pays it meanwhile (a turn's summary goes out while the model reads its results)."""
+
+    agent = replace(_agent(svc, driver), live=driver.live_view())
+    working = functools.partial(thread_status.show, svc, phase=thread_status.Phase.WORKING)
+    while True:
+        driver.dispatch(then=working)  # the status after the posts: a post in a DM clears it
+        result = step(state, agent)
+        state = result.state
+        _record_rulings(svc, driver, result.events, agent)
+        _owe_summaries(driver, result.events, agent, state)
+        if result.outcome is not None:
+            driver.collect()
+            return Leave(state, agent, result.outcome)
+        if driver.owes() or not saves_first(state, agent):  # else the write-ahead mark saves it
+            driver.save(state=state.to_json())
 
 
 def _thread_profile(svc: Services, driver: Driver) -> tuple[str, str | None]:
@@ -269,25 +473,6 @@ def _thread_profile(svc: Services, driver: Driver) -> tuple[str, str | None]:
 
 def _profile_words(profile: str) -> str:
     return texts.PROFILE_NAMED.format(profile=profile) if profile else texts.PROFILE_TOP_LEVEL
-
-
-def _advance(svc: Services, driver: Driver, state: RunState) -> str | None:
-    """Step the run until it leaves the loop: after every step, save (with what it owes Slack); the
-    next step pays it meanwhile (a turn's summary goes out while the model reads its results)."""
-
-    agent = replace(_agent(svc, driver), live=live.view_of(svc, driver))
-    working = functools.partial(thread_status.show, svc, phase=thread_status.Phase.WORKING)
-    while True:
-        driver.dispatch(then=working)  # the status after the posts: a post in a DM clears it
-        result = step(state, agent)
-        state = result.state
-        _record_rulings(svc, driver, result.events, agent)
-        _owe_summaries(driver, result.events, agent, state)
-        if result.outcome is not None:
-            driver.collect()
-            return _leave_loop(svc, driver, state, agent, result.outcome)
-        if driver.owes() or not saves_first(state, agent):  # else the write-ahead mark saves it
-            driver.save(state=state.to_json())
 
 
 def _agent(svc: Services, driver: Driver) -> Agent:
@@ -358,7 +543,7 @@ def _owe_summaries(driver: Driver, events: tuple[Event, ...], agent: Agent, stat
         if isinstance(event, ToolsRequested) and driver.live is not None:
             driver.live.requested(event.calls)
         if isinstance(event, TurnDone):
-            settles = live.seal_turn(driver)
+            settles = driver.seal_turn()
             # The words it streamed stay in the summary it settles into.
             said = park_cards.intent(state) if settles else ""
             try:
@@ -388,39 +573,48 @@ def _count_step(driver: Driver, state: RunState, events: tuple[Event, ...]) -> N
         log.exception("run %s: the step's metrics could not be counted", driver.run_id)
 
 
-def _leave_loop(svc: Services, driver: Driver, state: RunState, agent: Agent, outcome: Outcome) -> str | None:
+def _leave(svc: Services, driver: Driver, state: RunState, agent: Agent, outcome: Outcome) -> Phase:
+    """Where the loop's outcome leads: a park, or the run's end with what its thread is owed."""
     if isinstance(outcome, AwaitingApproval):
-        return _park(svc, driver, state, agent, outcome)
+        return Park(state, agent, outcome.calls)
     if not isinstance(outcome, Finished):
-        live.let_stand(svc, driver, discard=isinstance(outcome, Failed))
+        driver.let_stand(discard=isinstance(outcome, Failed))
     if isinstance(outcome, AwaitingLimit):
-        return _park_at_limit(svc, driver, state, outcome)
-    not_run: NotRun | None = None
+        return ParkAtLimit(state, outcome)
     if isinstance(outcome, Failed):
         driver.owe(endings.failed(run_id=driver.run_id, error=outcome.error), role=outbox.FAILURE)
-        driver.record = replace(driver.record, state=state.to_json(), error=outcome.error, failure_ts=None)
-        return _end(driver, RunStatus.FAILED)
+        driver.amend(state=state.to_json(), error=outcome.error, failure_ts=None)
+        return End(RunStatus.FAILED)
     if isinstance(outcome, Finished):
-        answer = endings.final_answer(outcome.answer, state.turns, state.requests, run_id=driver.run_id)
-        driver.owe(answer, live=driver.live.seal() if driver.live is not None else None)
-        not_run = calls_not_run(state)  # declined, expired or denied: then it is not "Done", no ✅
-        status, reaction = RunStatus.FINISHED, "no_entry_sign" if not_run.total else "white_check_mark"
-    elif outcome.valve is Valve.STOPPED_BY_USER:
+        return _answered(driver, state, outcome)
+    return _stopped(svc, driver, state, outcome)
+
+
+def _answered(driver: Driver, state: RunState, outcome: Finished) -> End:
+    """The answer, settled into the message that streamed it; ✅ unless a call did not run."""
+    answer = endings.final_answer(outcome.answer, state.turns, state.requests, run_id=driver.run_id)
+    driver.owe(answer, live=driver.seal_live())
+    not_run = calls_not_run(state)  # declined, expired or denied: then it is not "Done", no ✅
+    driver.amend(state=state.to_json())
+    driver.owe_reaction("no_entry_sign" if not_run.total else "white_check_mark", remove="eyes")
+    return End(RunStatus.FINISHED, "", not_run)
+
+
+def _stopped(svc: Services, driver: Driver, state: RunState, outcome: Stopped) -> End:
+    """A valve stopped the run (Stop among them): the thread is told which."""
+    if outcome.valve is Valve.STOPPED_BY_USER:
         by = svc.store.stop_requested(driver.run_id)
         driver.owe(endings.stopped_by(by=by, turns=state.turns, requests=state.requests))
-        driver.record = replace(driver.record, stopped_by=by)
-        status, reaction = RunStatus.STOPPED, "octagonal_sign"
+        driver.amend(stopped_by=by)
     else:
         driver.owe(endings.stopped(outcome.reason, state.turns, state.requests))
-        status, reaction = RunStatus.STOPPED, "octagonal_sign"
-    driver.record = outbox.owe_reaction(
-        replace(driver.record, state=state.to_json()), reaction, remove="eyes"
-    )
-    return _end(driver, status, getattr(outcome, "valve", ""), not_run)
+    driver.amend(state=state.to_json())
+    driver.owe_reaction("octagonal_sign", remove="eyes")
+    return End(RunStatus.STOPPED, outcome.valve)
 
 
-def _end(driver: Driver, status: RunStatus, valve: str = "", not_run: NotRun | None = None) -> str | None:
-    """Save the run ended with what it owes, pay it, then let the thread go (`valve`: what stopped it;
+def _end(driver: Driver, status: RunStatus, valve: str, not_run: NotRun | None) -> Finish:
+    """Save the run ended with what it owes, pay it, close its status (`valve`: what stopped it;
     `not_run`: the calls of a finished run that did not run, for its Working message)."""
     record = driver.record
     if record.working_ts and record.status in (RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL):
@@ -428,47 +622,66 @@ def _end(driver: Driver, status: RunStatus, valve: str = "", not_run: NotRun | N
         if status is RunStatus.FINISHED:  # its last request was in flight when Stop was pressed
             by = driver.svc.store.stop_requested(record.run_id)
         closed = turns.working_closed(outcome=status.value, by=by, not_run=not_run)
-        driver.record = outbox.owe_update(record, record.working_ts, closed)  # its Stop button goes
+        driver.owe_update(record.working_ts, closed)  # its Stop button goes
     driver.save(status=status)
     metrics.run_ended(driver.svc.store.redis, driver.record, valve)
     driver.deliver()
-    driver.record = thread_status.show(driver.svc, driver.record, thread_status.Phase.ENDED)
-    if status is not RunStatus.FAILED:
-        return driver.finish()
+    driver.show(thread_status.Phase.ENDED)
+    return Finish(failed=status is RunStatus.FAILED)
+
+
+def _finish(driver: Driver, failed: bool) -> RetryIfClicked | Gone:
+    """Hand the thread on: the one place the run it starts next is learnt. A failure whose Retry
+    was clicked while its card was on its way is still this driver's, to retry now."""
+    if not failed:
+        return Gone(driver.finish())
     ended = driver.finish_failed()
-    if ended.retry_claimed:  # clicked while its card was on its way: the run is still ours
-        return _retry_if_clicked(driver.svc, driver)
-    return ended.next_run
+    return RetryIfClicked() if ended.retry_claimed else Gone(ended.next_run)
 
 
 def _park(
-    svc: Services, driver: Driver, state: RunState, agent: Agent, outcome: AwaitingApproval
-) -> str | None:
-    state, waiting = granting.apply_grants(svc, driver.record, state, outcome.calls)
+    svc: Services, driver: Driver, state: RunState, agent: Agent, calls: tuple[PendingCall, ...]
+) -> Advance | Parked:
+    """Park the run on the calls no standing grant covers: their cards owed in the park's own
+    write, its nudges scheduled before it; with none left, the run goes on."""
+    state, waiting = granting.apply_grants(svc, driver.record, state, calls)
     if not waiting:
         driver.save(state=state.to_json())
-        return _advance(svc, driver, state)
+        return Advance(state)
     approvals = svc.settings_of(driver.record).approvals
     minutes = approvals.expire_after_minutes
     expires_at = datetime.now(UTC) + timedelta(minutes=minutes)
-    if approvals.escalate_after_minutes:  # scheduled before the park: a driver dying between parks again
-        due = expires_at - timedelta(minutes=minutes - approvals.escalate_after_minutes)
-        svc.store.schedule_escalation(driver.run_id, driver.record.park_id + 1, due.timestamp())
-    if approvals.remind_before_minutes:  # the same: one reminder before the expiry, with Extend
-        due = expires_at - timedelta(minutes=approvals.remind_before_minutes)
-        svc.store.schedule_reminder(driver.run_id, driver.record.park_id + 1, due.timestamp())
+    _schedule_nudges(svc, driver, approvals, expires_at)
     intent = park_cards.intent(state)
     call_tools = {c.id: park_cards.call_tool_info(agent, c, intent) for c in waiting}
-    driver.record = replace(
-        driver.record, call_tools=call_tools, expires_at=expires_at.timestamp(), extensions=0
-    )
-    if driver.live is not None:  # its message stops, showing what waits; the summary settles into it
-        driver.live.waiting(waiting)
-        live_ts = driver.live.seal() or driver.record.live_ts
-        driver.record = replace(driver.record, live_ts=live_ts)
+    driver.amend(call_tools=call_tools, expires_at=expires_at.timestamp(), extensions=0)
+    driver.seal_for_park(waiting)  # its message stops, showing what waits; the summary settles into it
+    _owe_cards(svc, driver, waiting, expires_at)
+    driver.park(state, waiting, park_ttl(minutes), expires_at.timestamp())
+    driver.deliver()
+    driver.hand_parked_live()
+    driver.show(thread_status.Phase.WAITING)  # after the cards
+    return Parked()
+
+
+def _schedule_nudges(svc: Services, driver: Driver, approvals: Approvals, expires_at: datetime) -> None:
+    """The park's escalation and reminder, scheduled before the park: a driver dying between
+    parks again, and its next park finds them."""
+    minutes = approvals.expire_after_minutes
+    park_id = driver.record.park_id + 1
+    if approvals.escalate_after_minutes:
+        due = expires_at - timedelta(minutes=minutes - approvals.escalate_after_minutes)
+        svc.store.schedule_escalation(driver.run_id, park_id, due.timestamp())
+    if approvals.remind_before_minutes:  # one reminder before the expiry, with Extend
+        due = expires_at - timedelta(minutes=approvals.remind_before_minutes)
+        svc.store.schedule_reminder(driver.run_id, park_id, due.timestamp())
+
+
+def _owe_cards(svc: Services, driver: Driver, waiting: tuple[PendingCall, ...], expires_at: datetime) -> None:
+    """A card per waiting call, and with several an Approve all message (`park` numbers it next)."""
     for call in waiting:
         driver.owe(park_cards.approval_card(svc, driver.record, call), role=outbox.CARD, call=call.id)
-    if len(waiting) > 1:  # owed in the park's own write, like the cards; `park` numbers it next
+    if len(waiting) > 1:
         batch = cards.batch_card(
             run_id=driver.run_id,
             park_id=driver.record.park_id + 1,
@@ -477,27 +690,17 @@ def _park(
             expires_at=expires_at,
         )
         driver.owe(batch, role=outbox.CARD, call=BATCH)
-    driver.park(state, waiting, park_ttl(minutes), expires_at.timestamp())
-    driver.deliver()
-    if driver.record.live_ts:  # kept by the record now; its writer stops it meanwhile
-        svc.live_streams.forget(driver.record.live_ts)
-        svc.store.redis.srem(Keys.live(driver.run_id), driver.record.live_ts)
-    driver.record = thread_status.show(svc, driver.record, thread_status.Phase.WAITING)  # after the cards
-    return _resume_if_decided(svc, driver)
 
 
-def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
-    """Resume a parked run once every call is decided; else let it go (it stays parked)."""
-    while True:
-        record = driver.record
-        view = svc.store.park_view(record.run_id, record.park_id)
-        if view.stop_by is not None:
-            return _stop_parked(svc, driver, view.stop_by)
-        decisions = view.decisions
-        if decisions and all(d is not None for d in decisions.values()):
-            break
-        if not driver.settle():
-            return None
+def _parked(svc: Services, driver: Driver) -> Phase | Gone:
+    """A parked run: a Stop stops it, every decision in resumes it, else it is let go (parked)."""
+    record = driver.record
+    view = svc.store.park_view(record.run_id, record.park_id)
+    if view.stop_by is not None:
+        return StopParked(view.stop_by)
+    decisions = view.decisions
+    if not decisions or any(d is None for d in decisions.values()):
+        return Parked() if driver.settle() else Gone()  # settled "ready": decided meanwhile, look again
     # The click-to-resume time, written with the resume's save.
     driver.beside_next_save(metrics.resume_account(record.run_id, record.park_id, decisions))
     try:
@@ -505,7 +708,13 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
     except StateError as exc:
         return _refuse(driver, str(exc))
     if state.status is Status.AWAITING_LIMIT:
-        return _resume_at_limit(svc, driver, state, decisions)
+        return ResumeAtLimit(state, decisions)
+    return Resume(state, view)
+
+
+def _resume(svc: Services, driver: Driver, state: RunState, view: ParkView) -> Phase:
+    """Resume with every decision in the state; the cards show them while the approved calls run."""
+    record, decisions = driver.record, view.decisions
     if set(decisions) != {c.id for c in state.awaiting}:
         return _refuse(driver, texts.DECISIONS_DO_NOT_MATCH)
     waited = state.awaiting
@@ -513,14 +722,7 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
     for call in state.pending:  # a grant clicked before the park settled: its notice is still due
         if call.decision is not None and call.decision.grant == "given":
             granting.announce_grant(svc, record, call.name, call.decision.grant_dir or "")
-    if BATCH in record.cards:  # first the batch message (often the one clicked): buttons gone, outcomes
-        batch = [c for c in state.pending if c.id in decisions]
-        done = cards.batch_decided(calls=batch, decisions=decisions)
-        driver.record = outbox.owe_update(driver.record, record.cards[BATCH], done)
-    shown, now = view.cards_updated, time.time()
-    for call in state.pending:  # rendered by the courier, while the approved calls run
-        if call.decision is not None and call.id in record.cards and call.id not in shown:
-            driver.record = outbox.owe_decided(driver.record, record.cards[call.id], call, now)
+    _owe_decided_cards(driver, state, view)
     # Durably running before anything else: the decisions stay in Redis until the park's TTL. The
     # same round trip forgets the park's expiry and takes the thread again.
     driver.beside_next_save(svc.store.resumed(driver.record, RUN_JOB_TIMEOUT))
@@ -535,55 +737,64 @@ def _resume_if_decided(svc: Services, driver: Driver) -> str | None:
         parked_since=record.parked_since,
         decided_at=view.decided_at,
     )
-    return _advance(svc, driver, state)  # the decided cards are updated while the approved calls run
+    return Advance(state)
 
 
-def _retry_if_clicked(svc: Services, driver: Driver) -> str | None:
+def _owe_decided_cards(driver: Driver, state: RunState, view: ParkView) -> None:
+    """First the batch message (often the one clicked): buttons gone, outcomes; then each card not
+    yet updated, rendered by the courier while the approved calls run."""
+    record, decisions = driver.record, view.decisions
+    if BATCH in record.cards:
+        batch = [c for c in state.pending if c.id in decisions]
+        driver.owe_update(record.cards[BATCH], cards.batch_decided(calls=batch, decisions=decisions))
+    shown, now = view.cards_updated, time.time()
+    for call in state.pending:
+        if call.decision is not None and call.id in record.cards and call.id not in shown:
+            driver.owe_decided(record.cards[call.id], call, now)
+
+
+def _retry_if_clicked(svc: Services, driver: Driver) -> Phase:
+    """Retry a failed run whose Retry was clicked, from its last state; else its thread is let go."""
     record = driver.record
     by = svc.store.retry_claimed_by(record.run_id, record.failure_ts) if record.failure_ts else None
     if by is None or record.failure_ts is None:
-        return driver.finish()  # no Retry click: the failure stays as posted
+        return Finish()  # no Retry click: the failure stays as posted
     if not svc.store.take_thread(record, RUN_JOB_TIMEOUT, queue=False):
         svc.store.unclaim_retry(record.run_id, record.failure_ts)
         driver.notify(texts.RETRY_BUSY)
-        return _end(driver, RunStatus.FAILED)
+        return End(RunStatus.FAILED)
     try:
         state = record.run_state()
     except StateError as exc:
         return _refuse(driver, str(exc))
     retried = endings.retried_card(error=record.error or "", by=by, at=datetime.now(UTC))
-    driver.record = outbox.owe_update(record, record.failure_ts, retried)
+    driver.owe_update(record.failure_ts, retried)
     if record.working_ts:  # working again: its Stop button is back
-        driver.record = outbox.owe_update(
-            driver.record, record.working_ts, turns.working(run_id=record.run_id)
-        )
+        driver.owe_update(record.working_ts, turns.working(run_id=record.run_id))
     driver.save(status=RunStatus.RUNNING, failure_ts=None, error=None)
     driver.deliver()
-    return _advance(svc, driver, state)
+    return Advance(state)
 
 
 # --- limits that ask, and Stop --------------------------------------------------------------------
 
 
-def _park_at_limit(svc: Services, driver: Driver, state: RunState, outcome: AwaitingLimit) -> str | None:
+def _park_at_limit(svc: Services, driver: Driver, state: RunState, outcome: AwaitingLimit) -> Parked:
     """Park a run at a limit: its card asks Continue or Stop; it expires like an approval (then stops)."""
-    record = driver.record
-    minutes = svc.settings_of(record).approvals.expire_after_minutes
+    minutes = svc.settings_of(driver.record).approvals.expire_after_minutes
     expires_at = datetime.now(UTC) + timedelta(minutes=minutes)
     info = {"question": outcome.question, "reason": outcome.reason, "more": outcome.more}
-    driver.record = replace(
-        record, call_tools={LIMIT_CALL: info}, expires_at=expires_at.timestamp(), extensions=0
-    )
+    driver.amend(call_tools={LIMIT_CALL: info}, expires_at=expires_at.timestamp(), extensions=0)
     driver.owe(park_cards.limit_card(svc, driver.record), role=outbox.CARD, call=LIMIT_CALL)
     driver.park_limit(state, park_ttl(minutes), expires_at.timestamp())
     driver.deliver()
-    driver.record = thread_status.show(svc, driver.record, thread_status.Phase.WAITING)
-    return _resume_if_decided(svc, driver)
+    driver.show(thread_status.Phase.WAITING)
+    return Parked()
 
 
 def _resume_at_limit(
     svc: Services, driver: Driver, state: RunState, decisions: dict[str, Decision | None]
-) -> str | None:
+) -> Phase:
     """A limit answered: Continue grants one more allowance and goes on; Stop or expiry ends the run."""
     record = driver.record
     decision = decisions.get(LIMIT_CALL)
@@ -600,38 +811,72 @@ def _resume_at_limit(
             more=info.get("more", ""),
             approvers=decision.approvers,
         )
-        driver.record = outbox.owe_update(driver.record, record.cards[LIMIT_CALL], decided)
+        driver.owe_update(record.cards[LIMIT_CALL], decided)
     svc.store.forget_park(record)
     if decision.verdict is Verdict.APPROVED:
-        agent = _agent(svc, driver)
-        result = continue_at_limit(state, agent)
-        _record_rulings(svc, driver, result.events, agent)
-        driver.save(status=RunStatus.RUNNING, state=result.state.to_json(), expires_at=None)
-        svc.store.take_thread(driver.record, RUN_JOB_TIMEOUT)
-        driver.deliver()
-        _owe_summaries(driver, result.events, agent, result.state)
-        if result.outcome is not None:
-            return _leave_loop(svc, driver, result.state, agent, result.outcome)
-        return _advance(svc, driver, result.state)
+        return _continue_at_limit(svc, driver, state)
+    return _stop_at_limit(driver, state, info, decision)
+
+
+def _continue_at_limit(svc: Services, driver: Driver, state: RunState) -> Leave | Advance:
+    """Continue: one more allowance of the limit, and the turn it held starts now."""
+    agent = _agent(svc, driver)
+    result = continue_at_limit(state, agent)
+    _record_rulings(svc, driver, result.events, agent)
+    driver.save(status=RunStatus.RUNNING, state=result.state.to_json(), expires_at=None)
+    svc.store.take_thread(driver.record, RUN_JOB_TIMEOUT)
+    driver.deliver()
+    _owe_summaries(driver, result.events, agent, result.state)
+    if result.outcome is not None:
+        return Leave(result.state, agent, result.outcome)
+    return Advance(result.state)
+
+
+def _stop_at_limit(driver: Driver, state: RunState, info: dict[str, Any], decision: Decision) -> End:
+    """Stop, or nobody answered in time: the run ends as the limit's stop, saying which."""
     reason = info.get("reason") or harness_texts.STOP_BY_USER
     said = texts.LIMIT_EXPIRED_REASON if decision.verdict is Verdict.EXPIRED else texts.LIMIT_STOP_REASON
     valve = "expired" if decision.verdict is Verdict.EXPIRED else state.at_limit
     state = stop_run(state, Valve(state.at_limit), reason)
     driver.owe(endings.stopped(said.format(reason=reason), state.turns, state.requests))
-    driver.record = outbox.owe_reaction(
-        replace(driver.record, state=state.to_json()), "octagonal_sign", remove="eyes"
-    )
-    return _end(driver, RunStatus.STOPPED, valve)
+    driver.amend(state=state.to_json())
+    driver.owe_reaction("octagonal_sign", remove="eyes")
+    return End(RunStatus.STOPPED, valve)
 
 
-def _stop_parked(svc: Services, driver: Driver, by: str) -> str | None:
+def _stop_parked(svc: Services, driver: Driver, by: str) -> End:
     """Stop a parked run at once: its cards lose their buttons, its open calls are answered as not run."""
     record = driver.record
     try:
         state = record.run_state()
     except StateError as exc:
         return _refuse(driver, str(exc))
-    now = datetime.now(UTC)
+    _owe_stopped_cards(svc, driver, state, by)
+    svc.store.forget_park(record)
+    if tracing.current() is not None and state.status is Status.AWAITING_APPROVAL:
+        view = svc.store.park_view(record.run_id, record.park_id)
+        tracing.approvals_waited(
+            record.trace,
+            record.run_id,
+            state.awaiting,
+            view.decisions,
+            parked_since=record.parked_since,
+            decided_at=view.decided_at,
+            stopped_by=by,
+        )
+    if record.live_ts:  # the parked turn's message: no summary will settle into it now
+        driver.owe_update(record.live_ts, notice(texts.LIVE_ENDED))
+        driver.amend(live_ts=None)
+    state = stop_run(state, Valve.STOPPED_BY_USER, harness_texts.STOP_BY_USER)
+    driver.owe(endings.stopped_by(by=by, turns=state.turns, requests=state.requests))
+    driver.amend(state=state.to_json(), stopped_by=by)
+    driver.owe_reaction("octagonal_sign", remove="eyes")
+    return End(RunStatus.STOPPED, Valve.STOPPED_BY_USER)
+
+
+def _owe_stopped_cards(svc: Services, driver: Driver, state: RunState, by: str) -> None:
+    """Every card of the park not yet showing its decision shows the Stop, without buttons."""
+    record, now = driver.record, datetime.now(UTC)
     shown = svc.store.cards_updated(record.run_id, record.park_id)
     calls = {c.id: c for c in state.pending}
     for call_id, ts in record.cards.items():
@@ -648,37 +893,16 @@ def _stop_parked(svc: Services, driver: Driver, by: str) -> str | None:
             msg = cards.batch_stopped(calls=state.awaiting, by=by, at=now)
         else:
             continue
-        driver.record = outbox.owe_update(driver.record, ts, msg)
-    svc.store.forget_park(record)
-    if tracing.current() is not None and state.status is Status.AWAITING_APPROVAL:
-        view = svc.store.park_view(record.run_id, record.park_id)
-        tracing.approvals_waited(
-            record.trace,
-            record.run_id,
-            state.awaiting,
-            view.decisions,
-            parked_since=record.parked_since,
-            decided_at=view.decided_at,
-            stopped_by=by,
-        )
-    if record.live_ts:  # the parked turn's message: no summary will settle into it now
-        driver.record = outbox.owe_update(driver.record, record.live_ts, notice(texts.LIVE_ENDED))
-        driver.record = replace(driver.record, live_ts=None)
-    state = stop_run(state, Valve.STOPPED_BY_USER, harness_texts.STOP_BY_USER)
-    driver.owe(endings.stopped_by(by=by, turns=state.turns, requests=state.requests))
-    driver.record = outbox.owe_reaction(
-        replace(driver.record, state=state.to_json(), stopped_by=by), "octagonal_sign", remove="eyes"
-    )
-    return _end(driver, RunStatus.STOPPED, Valve.STOPPED_BY_USER)
+        driver.owe_update(ts, msg)
 
 
-def _refuse(driver: Driver, reason: str) -> str | None:
+def _refuse(driver: Driver, reason: str) -> End:
     """Fail closed: say so in the thread, stop the run, run nothing."""
     driver.notify(driver.refuse_text(reason))
-    return _end(driver, RunStatus.STOPPED, "refused")
+    return End(RunStatus.STOPPED, "refused")
 
 
-def _give_up(driver: Driver) -> str | None:
+def _give_up(driver: Driver) -> End:
     """A run whose driver died too often (a reply or tool that kills workers) is stopped."""
     record = driver.record
     log.error("run %s: driver died %d times; stopping it", record.run_id, record.recoveries)
@@ -690,10 +914,10 @@ def _give_up(driver: Driver) -> str | None:
         except StateError:
             state = None
     # What it still owed may be what kills the worker: past the limit it is dropped.
-    driver.record = replace(record, outbox=[], state=state)
+    driver.amend(outbox=[], state=state)
     if record.recoveries <= MAX_RECOVERIES + 2:
         driver.notify(text)
-    return _end(driver, RunStatus.STOPPED, Valve.CRASHES)
+    return End(RunStatus.STOPPED, Valve.CRASHES)
 
 
 # --- helpers ---------------------------------------------------------------------------------------

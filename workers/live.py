@@ -16,8 +16,9 @@ Streaming is a courtesy, never a condition. A workspace that refuses streams (or
 today's messages: the outbox posts the turn summary and the answer instead, and the run stops
 trying for the rest of its drive. A stream that breaks midway (Slack errors) stops growing; its
 message is then settled with the whole text, so the answer arrives whole, once. Every open stream
-is in `Keys.live(run_id)` (a set), so a driver that dies midway leaves its messages to the next
-driver, which stops and deletes those no saved step owes a settlement to.
+is in `Keys.live(run_id)` (a set, kept by the driver: `Driver.live_view`), so a driver that dies
+midway leaves its messages to the next driver, which stops and deletes those no saved step owes a
+settlement to (`Driver.drop_orphans`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,9 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
-import redis
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
@@ -41,11 +41,6 @@ from messages import texts
 from messages.arguments import args_json
 from messages.streamed import LinkShower
 from messages.text import cut, escape, inert, visible
-from store import DAY, Keys, RunRecord
-
-if TYPE_CHECKING:
-    from workers.driver import Driver
-    from workers.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -395,70 +390,3 @@ def _error(exc: Exception) -> str:
     if isinstance(exc, SlackApiError):
         return str(exc.response.get("error"))
     return type(exc).__name__
-
-
-# --- a driver's live view ----------------------------------------------------------------------------
-
-
-def view_of(svc: Services, driver: Driver) -> LiveView:
-    """The driver's live view of its run, made at its first step."""
-    if driver.live is None:
-        record = driver.record
-        key = Keys.live(record.run_id)
-
-        def opened(ts: str) -> None:  # known before anything can owe its settlement
-            try:
-                with svc.store.redis.pipeline(transaction=False) as pipe:
-                    pipe.sadd(key, ts)
-                    pipe.expire(key, DAY)
-                    pipe.execute()
-            except redis.RedisError as exc:  # Redis away (a failover): the stream goes on regardless
-                log.warning(
-                    "run %s: live message %s is not recorded (%s): this driver settles it, but a "
-                    "driver after a crash would not find it to delete",
-                    record.run_id,
-                    ts,
-                    exc,
-                )
-
-        where = (record.channel, record.thread_ts, record.team, record.requester)
-        driver.live = LiveView(svc.courtesy_slack, svc.live_streams, where, opened=opened)
-        driver.live.hold = record.live_ts is not None  # that turn's summary settles into its message
-    return driver.live
-
-
-def seal_turn(driver: Driver) -> str | None:
-    """The live message a turn's summary settles into: the open one, or the one it parked in."""
-    live = driver.live
-    ts = live.seal() if live is not None else None
-    if driver.record.live_ts:
-        ts = ts or driver.record.live_ts
-        driver.record = replace(driver.record, live_ts=None)
-    if live is not None:
-        live.hold = False
-    return ts
-
-
-def let_stand(svc: Services, driver: Driver, *, discard: bool = False) -> None:
-    """Seal the open live message with nothing to settle into it: it stays as it stopped (what the
-    model wrote before a stop), or with `discard` goes (a reply that failed is asked for again)."""
-    live = driver.live
-    ts = live.seal() if live is not None else None
-    if ts is None:
-        return
-    if discard:
-        svc.discard_live(driver.record.channel, ts)
-    else:
-        svc.live_streams.forget(ts)
-    svc.store.redis.srem(Keys.live(driver.run_id), ts)
-
-
-def drop_orphans(svc: Services, record: RunRecord) -> None:
-    """Take out the live messages of a driver that died: those no saved step owes a settlement."""
-    key = Keys.live(record.run_id)
-    kept = {record.live_ts} | {e.get("live") for e in record.outbox}
-    for raw in svc.store.redis.smembers(key):
-        ts = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if ts not in kept:
-            svc.discard_live(record.channel, ts)
-            svc.store.redis.srem(key, ts)

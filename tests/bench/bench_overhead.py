@@ -626,7 +626,7 @@ def _decide_all(svc: Any, run_id: str, calls: tuple[Any, ...]) -> None:
 
 
 def worker_resume(env: Env) -> Resume:
-    """What `workers.jobs._resume_if_decided` does up to the next request, without Slack."""
+    """What `workers.jobs._parked` and `_resume` do up to the next request, without Slack."""
     from harness.state import record_decisions
     from observe import metrics
     from runtime.queue import RUN_JOB_TIMEOUT
