@@ -124,7 +124,7 @@ def test_the_record_is_read_only_outside_the_driver() -> None:
     assert isinstance(Driver.record, property) and Driver.record.fset is None
 
 
-# --- a run's life: one loop over phases (workers/jobs.py) ------------------------------------------
+# --- a run's life: one loop over phases (workers/life.py) ------------------------------------------
 
 
 def functions_of(path: Path) -> dict[str, ast.FunctionDef]:
@@ -145,9 +145,9 @@ def called(node: ast.AST) -> set[str]:
 
 
 def test_no_phase_of_a_run_calls_another_phase() -> None:
-    """What a phase leads to is returned to the loop (`_life`), never called: the life reads top
+    """What a phase leads to is returned to the loop (`life`), never called: the life reads top
     to bottom, and no function of it recurses into another."""
-    functions = functions_of(ROOT / "workers" / "jobs.py")
+    functions = functions_of(ROOT / "workers" / "life.py")
     phases = called(functions["_next"]) & set(functions)
     assert {"_arrive", "_advance", "_park", "_parked", "_end", "_finish"} <= phases
     for phase in phases:
@@ -160,11 +160,11 @@ def test_no_phase_of_a_run_calls_another_phase() -> None:
         reached = (called(functions[phase]) | {c for h in seen for c in called(functions[h])}) & phases
         assert reached == set(), f"{phase} calls {reached}"
     callers = {name for name, fn in functions.items() if "_next" in called(fn)}
-    assert callers == {"_life"}
+    assert callers == {"life"}
 
 
 def test_only_finish_learns_the_run_a_thread_starts_next() -> None:
-    functions = functions_of(ROOT / "workers" / "jobs.py")
+    functions = functions_of(ROOT / "workers" / "life.py")
     finishing = {name for name, fn in functions.items() if called(fn) & {"finish", "finish_failed"}}
     assert finishing == {"_finish"}
 
@@ -204,9 +204,8 @@ class _NoLease:
 @pytest.mark.parametrize("job", ["apply_decisions", "drive", "start_run", "recover_run"])
 def test_a_job_marks_itself_started_once(job: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """`job_started` once per job: the last decision of a park resumes the run in the same job."""
-    from store import RunRecord, RunStatus
-
     from harness.state import new_run
+    from store import RunRecord, RunStatus
     from workers import jobs
 
     record = RunRecord(

@@ -26,7 +26,7 @@ from store import BATCH, Keys, RunRecord, RunStatus, Store, new_run_id, pack, un
 from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import RedisServer, Stack, wait_until
-from workers.jobs import MAX_RECOVERIES
+from workers.life import MAX_RECOVERIES
 
 pytestmark = pytest.mark.e2e
 FAST_LEASE = {"HARNESS_LEASE_SECONDS": "2"}

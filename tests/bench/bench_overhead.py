@@ -541,17 +541,17 @@ def ours_checkpointed_resume(env: Env) -> Resume:
 
 
 def _worker_steps(svc: Any, driver: Any, state: Any) -> tuple[Any, Any]:
-    """What `workers.jobs._advance` does per step, the Slack side left out (no turn summary is
+    """What `workers.life._advance` does per step, the Slack side left out (no turn summary is
     rendered, owed or posted): the worker's own agent (its write-ahead and Stop check), the step,
     its metrics, and a fenced checkpoint unless the next step's write-ahead mark saves it first."""
     from harness.loop import saves_first, step
-    from workers import jobs
+    from workers import stepping
 
-    agent = jobs._agent(svc, driver)
+    agent = stepping.agent_of(svc, driver)
     while True:
         result = step(state, agent)
         state = result.state
-        jobs._count_step(driver, state, result.events)
+        stepping.count_step(driver, state, result.events)
         if result.outcome is not None:
             return state, result.outcome
         if not saves_first(state, agent):
@@ -626,7 +626,7 @@ def _decide_all(svc: Any, run_id: str, calls: tuple[Any, ...]) -> None:
 
 
 def worker_resume(env: Env) -> Resume:
-    """What `workers.jobs._parked` and `_resume` do up to the next request, without Slack."""
+    """What `workers.life._parked` and `_resume` do up to the next request, without Slack."""
     from harness.state import record_decisions
     from observe import metrics
     from runtime.queue import RUN_JOB_TIMEOUT
