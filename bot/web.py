@@ -33,13 +33,13 @@ from slack_sdk.signature import SignatureVerifier
 
 from bot.access import OperatorAccess, Refusal
 from harness.config import Config
-from observe import health, logs, metrics
+from observe import families, health, logs, metrics, scrape
 from runtime.queue import make_queue
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1_000_000  # Slack's payloads are far smaller; bigger ones are not Slack
-ACK = metrics.ACK_SECONDS
+ACK = families.ACK_SECONDS
 MAX_DEPTH = 32  # Slack's deepest payloads (rich text in a message echoed in a click) nest about 12 levels
 
 StartResponse = Callable[..., Any]
@@ -67,7 +67,7 @@ def wsgi_app(
     `config`: the config in force now, which labels the gauges of approvers and budgets.
     """
     verifier = SignatureVerifier(signing_secret)
-    figures = metrics.registry(connection, make_queue(connection), config)
+    figures = scrape.registry(connection, make_queue(connection), config)
     acks = metrics.Gathered(connection)  # an answer's time, written with the others of its second
     access = operators or OperatorAccess()
 

@@ -26,240 +26,47 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import redis
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import CollectorRegistry
 
 from harness import texts as harness_texts
-from harness.config import Approvals, Config
+from harness.config import Approvals
 from harness.loop import TurnDone
 from harness.policy import Tier
 from harness.state import PendingCall, RunState, Verdict
 from harness.valves import Valve
-from observe import gauges
-from store import DAY, Accepted, Beside, Keys, Store
-from store.replicas import PROMISES
-
-log = logging.getLogger(__name__)
-
-OTHER = "other"  # the value a label takes when it is given one not in its list
-NONE = "none"
-RUN_MARK_TTL = 8 * DAY  # a run record lives 7 days after its last write; a retry can come until then
-CLICK_TTL = DAY
-
-
-@dataclass(frozen=True)
-class ToolNames:
-    """A label whose values are the names of the tools a config offers, as `tool_label` gives
-    them (a built-in's or a module tool's name, `SERVER__*` for all of an MCP server's tools,
-    `other`): the config bounds them, and the writer maps every name through `tool_label` first.
-    `shape` is all the scrape can check of them."""
-
-    shape: re.Pattern[str]
-
-
-@dataclass(frozen=True)
-class Family:
-    """One metric: its name, help, labels (each with the only values it may take) and buckets."""
-
-    name: str  # for a counter, without `_total` (prometheus_client adds it)
-    help: str
-    # Each label's allowed values: a fixed list, a pattern (values the config bounds: profile
-    # names), or `ToolNames` (the tools a config offers, as `tool_label` names them).
-    labels: Mapping[str, tuple[str, ...] | re.Pattern[str] | ToolNames] = field(default_factory=dict)
-    buckets: tuple[float, ...] = ()  # a histogram's upper bounds; empty: a counter
-
-    @property
-    def histogram(self) -> bool:
-        return bool(self.buckets)
-
-    def values(self, given: Mapping[str, Any]) -> tuple[str, ...]:
-        """The label values of `given`, each one of its label's allowed values, else `other`."""
-        out = []
-        for name, allowed in self.labels.items():
-            if isinstance(allowed, ToolNames):
-                value = str(given.get(name) or "")
-                out.append(value if allowed.shape.fullmatch(value) else OTHER)
-                continue
-            if isinstance(allowed, re.Pattern):
-                value = str(given.get(name) or "")
-                out.append(value if allowed.fullmatch(value) else OTHER)
-                continue
-            value = str(given.get(name) or NONE)
-            out.append(value if value in allowed else OTHER)
-        return tuple(out)
-
-
-RUN_OUTCOMES = ("finished", "stopped", "failed", NONE)
-RUN_VALVES = (*(v.value for v in Valve), "expired", "refused", NONE)
-TOKEN_KINDS = ("input", "output", "cache_creation", "cache_read")
-TIERS = tuple(t.value for t in Tier)
-CALL_OUTCOMES = ("ran", "error", "declined", "denied", "expired", "not_run", "unknown")
-MENTION_RESULTS = ("new", "duplicate", "user_busy", "channel_busy")
-VERDICTS = tuple(v.value for v in Verdict)
-ACK_KINDS = ("event", "interaction")
-
-RUNS = Family(
-    "harness_runs_ended",
-    "Runs that ended, by outcome (finished, stopped, failed) and the valve that stopped them.",
-    {"outcome": RUN_OUTCOMES, "valve": RUN_VALVES},
-)
-TURNS = Family("harness_turns", "Turns of tool calls taken by runs.")
-REQUESTS = Family("harness_model_requests", "Model requests made by runs.")
-TOKENS = Family("harness_tokens", "Tokens billed to runs, by kind.", {"kind": TOKEN_KINDS})
-TOOL_CALLS = Family(
-    "harness_tool_calls",
-    "Tool calls the model asked for, by policy tier and what became of them.",
-    {"tier": TIERS, "outcome": CALL_OUTCOMES},
-)
-MENTIONS = Family(
-    "harness_mentions",
-    "Mentions of the bot delivered by Slack: new (a run was started), duplicate, or refused by a bound.",
-    {"result": MENTION_RESULTS},
-)
-JOBS_RETRIED = Family("harness_jobs_retried", "RQ jobs that failed and were scheduled to run again.")
-JOBS_FAILED = Family("harness_jobs_failed", "RQ jobs that failed with no retry left.")
-HORSES_REPLACED = Family(
-    "harness_work_horses_replaced",
-    "Prefork work horses replaced, by why: crashed, memory, threads (one a tool left running), jobs, "
-    "loop (RQ quit on an error), stopped, reload (the config was read again).",
-    {"reason": ("crashed", "memory", "threads", "jobs", "loop", "stopped", "reload")},
-)
-RECOVERED = Family(
-    "harness_runs_recovered", "Runs whose driver died, handed to another worker by a watchdog."
-)
-DECISION_SECONDS = Family(
-    "harness_approval_decision_seconds",
-    "Time from a park (approval card or limit card posted) to the click that decided it.",
-    {"verdict": VERDICTS},
-    buckets=(5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, DAY),
-)
-RESUME_SECONDS = Family(
-    "harness_click_to_resume_seconds",
-    "Time from the click that completed a park to the worker resuming the run.",
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
-)
-ACK_SECONDS = Family(
-    "harness_ack_seconds",
-    "Time the bot took to answer a signed Slack request (events and interactivity), listeners included.",
-    {"kind": ACK_KINDS},
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5),
-)
-FEEDBACK = Family(
-    "harness_feedback",
-    "Clicks on the thumbs under an answer, by which one.",
-    {"feedback": ("good", "bad")},
-)
-# A profile's name (1-32 of a-z, 0-9, -) or "" for the top-level settings: what the config allows.
-PROFILE_LABEL = re.compile(r"[a-z0-9-]{0,32}")
-BUDGET_TOKENS = Family(
-    "harness_budget_tokens",
-    'Tokens spent by model requests (as [budgets] counts them), by the profile of the run; profile="" '
-    "is the top-level settings.",
-    {"profile": PROFILE_LABEL},
-)
-WAIT_SECONDS = Family(
-    "harness_approval_wait_seconds",
-    "Time from a park to the click that decided it (an expiry is no decision), by the run's profile; "
-    'profile="" is the top-level settings.',
-    {"profile": PROFILE_LABEL},
-    buckets=DECISION_SECONDS.buckets,
-)
-EXPIRATIONS = Family(
-    "harness_approval_expirations",
-    "Calls (and limit questions) nobody decided before their park expired, by the run's profile; "
-    'profile="" is the top-level settings.',
-    {"profile": PROFILE_LABEL},
-)
-# An API tool name (`^[a-zA-Z0-9_-]{1,64}$`), or an MCP server's (1-32 of a-z, 0-9, -) then `__*`.
-TOOL_LABEL = ToolNames(re.compile(r"[A-Za-z0-9_-]{1,64}|[a-z0-9-]{1,32}__\*"))
-MCP_SEPARATOR = "__"  # harness.tools.mcp.SEPARATOR: an MCP tool is named SERVER__TOOL
-DECISIONS = Family(
-    "harness_approval_decisions",
-    "Tool calls that asked for approval, by how they were decided (approved, declined, expired), the "
-    "tool (SERVER__* for an MCP server's) and the run's profile; counted when the run goes on.",
-    {"verdict": VERDICTS, "tool": TOOL_LABEL, "profile": PROFILE_LABEL},
-)
-SLOT_WAIT = Family(
-    "harness_job_slot_wait_seconds",
-    "Time a job waited in the queue until a worker's slot started it (enqueued, or retried, to start).",
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
-)
-IN_FLIGHT = Family(
-    "harness_horse_runs_in_flight",
-    "Jobs a work horse was driving at once, itself included, observed as each job started "
-    "(at most HARNESS_WORKER_CONCURRENCY).",
-    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
-)
-REPLICA_SHORTFALLS = Family(
-    "harness_replica_wait_shortfalls",
-    "Writes a promise rests on (a mention accepted, a decision, a Stop, a call's write-ahead mark, a park, "
-    "a run's end) that no replica acknowledged within HARNESS_REPLICA_WAIT_MS: on the Redis master only.",
-    {"write": PROMISES},
-)
-FAMILIES = (
-    RUNS,
-    TURNS,
+from observe.families import (
+    BUDGET_TOKENS,
+    CLICK_TTL,
+    DECISION_SECONDS,
+    DECISIONS,
+    IN_FLIGHT,
+    MENTIONS,
+    NONE,
+    REPLICA_SHORTFALLS,
     REQUESTS,
+    RESUME_SECONDS,
+    RUN_MARK_TTL,
+    RUNS,
+    SLOT_WAIT,
+    TOKEN_KINDS,
     TOKENS,
     TOOL_CALLS,
-    MENTIONS,
-    JOBS_RETRIED,
-    JOBS_FAILED,
-    HORSES_REPLACED,
-    RECOVERED,
-    DECISION_SECONDS,
-    RESUME_SECONDS,
-    ACK_SECONDS,
-    FEEDBACK,
-    BUDGET_TOKENS,
+    TURNS,
     WAIT_SECONDS,
-    EXPIRATIONS,
-    DECISIONS,
-    REPLICA_SHORTFALLS,
-    SLOT_WAIT,
-    IN_FLIGHT,
+    Family,
+    bucket_field,
+    counter_field,
+    sum_field,
+    tool_label,
 )
+from store import Accepted, Beside, Keys, Store
 
-
-def tool_label(name: str, source: str) -> str:
-    """How the metrics name tool `name`, from where the catalog says it comes (`Catalog.source`:
-    "builtin", a module, "mcp:SERVER", "" for a tool no config offers): its own name, its MCP
-    server's `SERVER__*` (a server may list any number of tools, and change them), else `other`."""
-    if source.startswith("mcp:"):
-        return f"{source[len('mcp:') :]}{MCP_SEPARATOR}*"
-    return name if source else OTHER
-
-
-# --- the hash's fields -------------------------------------------------------------------------------
-# counter   c|name|v1|v2…          histogram bucket   b|name|v1…|le      histogram sum   s|name|v1…
-
-
-def counter_field(family: Family, **labels: Any) -> str:
-    return "|".join(("c", family.name, *family.values(labels)))
-
-
-def _bucket_field(family: Family, values: tuple[str, ...], bound: float) -> str:
-    return "|".join(("b", family.name, *values, _le(bound)))
-
-
-def _sum_field(family: Family, values: tuple[str, ...]) -> str:
-    return "|".join(("s", family.name, *values))
-
-
-def _le(bound: float) -> str:
-    return "+Inf" if bound == float("inf") else repr(float(bound))
-
-
-# --- writes: never raise -----------------------------------------------------------------------------
+log = logging.getLogger(__name__)
 
 
 class _Warned:
@@ -268,7 +75,7 @@ class _Warned:
     done = False
 
 
-def _failed(what: str, exc: Exception) -> None:
+def failed(what: str, exc: Exception) -> None:
     if _Warned.done:
         log.debug("metrics: cannot record %s (%s)", what, exc)
         return
@@ -287,7 +94,7 @@ def incr(connection: redis.Redis, family: Family, amount: int = 1, **labels: Any
     try:
         connection.hincrby(Keys.metric_counters(), counter_field(family, **labels), amount)
     except Exception as exc:  # a figure is never worth a failed run or ack
-        _failed(family.name, exc)
+        failed(family.name, exc)
 
 
 def observe_slot_wait(connection: redis.Redis, waited: float | None, in_flight: int) -> None:
@@ -300,11 +107,11 @@ def observe_slot_wait(connection: redis.Redis, waited: float | None, in_flight: 
                 observations.append((SLOT_WAIT, max(0.0, waited)))
             for family, value in observations:
                 bound = next((b for b in family.buckets if value <= b), float("inf"))
-                pipe.hincrby(Keys.metric_counters(), _bucket_field(family, (), bound), 1)
-                pipe.hincrbyfloat(Keys.metric_counters(), _sum_field(family, ()), value)
+                pipe.hincrby(Keys.metric_counters(), bucket_field(family, (), bound), 1)
+                pipe.hincrbyfloat(Keys.metric_counters(), sum_field(family, ()), value)
             pipe.execute()
     except Exception as exc:
-        _failed(SLOT_WAIT.name, exc)
+        failed(SLOT_WAIT.name, exc)
 
 
 def observe(connection: redis.Redis, family: Family, seconds: float, **labels: Any) -> None:
@@ -314,11 +121,11 @@ def observe(connection: redis.Redis, family: Family, seconds: float, **labels: A
         seconds = max(0.0, float(seconds))
         bound = next((b for b in family.buckets if seconds <= b), float("inf"))
         with connection.pipeline(transaction=False) as pipe:
-            pipe.hincrby(Keys.metric_counters(), _bucket_field(family, values, bound), 1)
-            pipe.hincrbyfloat(Keys.metric_counters(), _sum_field(family, values), seconds)
+            pipe.hincrby(Keys.metric_counters(), bucket_field(family, values, bound), 1)
+            pipe.hincrbyfloat(Keys.metric_counters(), sum_field(family, values), seconds)
             pipe.execute()
     except Exception as exc:
-        _failed(family.name, exc)
+        failed(family.name, exc)
 
 
 class Gathered:
@@ -345,9 +152,9 @@ class Gathered:
             values = family.values(labels)
             seconds = max(0.0, float(seconds))
             bound = next((b for b in family.buckets if seconds <= b), float("inf"))
-            bucket, total = _bucket_field(family, values, bound), _sum_field(family, values)
+            bucket, total = bucket_field(family, values, bound), sum_field(family, values)
         except Exception as exc:
-            _failed(family.name, exc)
+            failed(family.name, exc)
             return
         with self._lock:
             self._counts[bucket] = self._counts.get(bucket, 0) + 1
@@ -374,7 +181,7 @@ class Gathered:
                     pipe.hincrbyfloat(Keys.metric_counters(), name, total)
                 pipe.execute()
         except Exception as exc:
-            _failed("gathered observations", exc)
+            failed("gathered observations", exc)
 
 
 # KEYS[1] the run's mark, KEYS[2] the counters. ARGV[1] mark TTL, ARGV[2] the turn whose calls follow
@@ -452,7 +259,7 @@ def stepped(
         write = step_account(run_id, state, events, profile=profile, source_of=source_of)
         connection.register_script(write.script)(keys=list(write.keys), args=list(write.args))
     except Exception as exc:
-        _failed("a run's step", exc)
+        failed("a run's step", exc)
 
 
 def call_outcome(call: PendingCall) -> str:
@@ -503,12 +310,12 @@ def decided(
                 (WAIT_SECONDS, {"profile": getattr(record, "profile", "")}),
             ):
                 values = family.values(labels)
-                pipe.hincrby(Keys.metric_counters(), _bucket_field(family, values, bound), calls)
-                pipe.hincrbyfloat(Keys.metric_counters(), _sum_field(family, values), seconds * calls)
+                pipe.hincrby(Keys.metric_counters(), bucket_field(family, values, bound), calls)
+                pipe.hincrbyfloat(Keys.metric_counters(), sum_field(family, values), seconds * calls)
             pipe.set(Keys.metric_clicked(record.run_id, record.park_id), repr(now), ex=CLICK_TTL)
             pipe.execute()
     except Exception as exc:
-        _failed(DECISION_SECONDS.name, exc)
+        failed(DECISION_SECONDS.name, exc)
 
 
 # KEYS[1] the click's note, KEYS[2] the counters. ARGV[1] now, ARGV[2] observe (1) or only forget (0),
@@ -537,11 +344,11 @@ def resume_account(run_id: str, park_id: int, decisions: Mapping[str, Any]) -> B
     carry. A park completed by its expiry is not a click's: its note is only forgotten."""
     expired = any(getattr(d, "verdict", None) is Verdict.EXPIRED for d in decisions.values())
     values = RESUME_SECONDS.values({})
-    args: list[Any] = [repr(time.time()), "0" if expired else "1", _sum_field(RESUME_SECONDS, values)]
+    args: list[Any] = [repr(time.time()), "0" if expired else "1", sum_field(RESUME_SECONDS, values)]
     for bound in (*RESUME_SECONDS.buckets, float("inf")):
         args += [
             "inf" if bound == float("inf") else repr(float(bound)),
-            _bucket_field(RESUME_SECONDS, values, bound),
+            bucket_field(RESUME_SECONDS, values, bound),
         ]
     keys = (Keys.metric_clicked(run_id, park_id), Keys.metric_counters())
     return Beside("the click-to-resume time", _RESUMED, keys, tuple(args))
@@ -553,7 +360,7 @@ def resumed(connection: redis.Redis, run_id: str, park_id: int, decisions: Mappi
         write = resume_account(run_id, park_id, decisions)
         connection.register_script(write.script)(keys=list(write.keys), args=list(write.args))
     except Exception as exc:
-        _failed(RESUME_SECONDS.name, exc)
+        failed(RESUME_SECONDS.name, exc)
 
 
 def mention(connection: redis.Redis, result: str) -> None:
@@ -574,128 +381,3 @@ def budget_counter(profile: str) -> tuple[str, str]:
 
 
 # --- the scrape ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class QueueKeys:
-    """The RQ keys the gauges read: the queue's list, its scheduled registry, its workers' set."""
-
-    queue: str
-    scheduled: str
-    workers: str
-
-    @classmethod
-    def of(cls, queue: Any) -> QueueKeys:
-        from rq.worker_registration import WORKERS_BY_QUEUE_KEY
-
-        return cls(queue.key, queue.scheduled_job_registry.key, WORKERS_BY_QUEUE_KEY % queue.name)
-
-
-class Collector:
-    """A prometheus_client collector of the figures in Redis plus gauges read at scrape time.
-
-    One round trip per scrape: HGETALL of the counters pipelined with the gauges' reads (those
-    whose labels the config gives, `observe.gauges`, with the config in force at the scrape). When
-    Redis does not answer, the scrape raises (the bot answers 503: no figures rather than zeros).
-    """
-
-    def __init__(
-        self, connection: redis.Redis, queue: QueueKeys, config: Callable[[], Config] | None = None
-    ) -> None:
-        self.connection = connection
-        self.queue = queue
-        default = Config()  # no config given (tests, tools): the built-in defaults
-        self.config = config or (lambda: default)
-
-    def collect(self) -> Iterator[Metric]:
-        now = time.time()
-        with self.connection.pipeline(transaction=False) as pipe:
-            pipe.hgetall(Keys.metric_counters())
-            pipe.zcount(Keys.expiries(), f"({now!r}", "+inf")
-            pipe.llen(self.queue.queue)
-            pipe.zcard(self.queue.scheduled)
-            pipe.zcard(Keys.active())
-            pipe.scard(self.queue.workers)
-            reads = gauges.queue_reads(pipe, self.config(), now)
-            raw, parked, depth, scheduled, active, workers, *configured = pipe.execute()
-        stored = {_text(k): _text(v) for k, v in raw.items()}
-        for family in FAMILIES:
-            yield _histogram(family, stored) if family.histogram else _counter(family, stored)
-        yield GaugeMetricFamily(
-            "harness_approvals_pending", "Parks waiting for a decision (approval or limit cards).", parked
-        )
-        yield GaugeMetricFamily("harness_queue_depth", "Jobs waiting in the RQ queue.", depth)
-        yield GaugeMetricFamily(
-            "harness_jobs_scheduled", "Jobs scheduled to run later (RQ retries).", scheduled
-        )
-        yield GaugeMetricFamily("harness_runs_active", "Runs that need a driver now, or have one.", active)
-        yield GaugeMetricFamily(
-            "harness_workers_registered", "RQ workers registered on the queue (see /healthz?deep=1).", workers
-        )
-        yield from gauges.families(reads, configured)
-
-
-def _counter(family: Family, stored: Mapping[str, str]) -> Metric:
-    metric = CounterMetricFamily(family.name, family.help, labels=list(family.labels))
-    prefix = f"c|{family.name}|" if family.labels else f"c|{family.name}"
-    for key, value in stored.items():
-        if family.labels and key.startswith(prefix):
-            values = key[len(prefix) :].split("|")
-            if _allowed(family, values):
-                metric.add_metric(values, float(value))
-        elif not family.labels and key == prefix:
-            metric.add_metric([], float(value))
-    if not family.labels and not metric.samples:
-        metric.add_metric([], 0.0)  # an unlabelled counter exists from the start
-    return metric
-
-
-def _histogram(family: Family, stored: Mapping[str, str]) -> Metric:
-    metric = HistogramMetricFamily(family.name, family.help, labels=list(family.labels))
-    bounds = [_le(b) for b in (*family.buckets, float("inf"))]
-    series: dict[tuple[str, ...], dict[str, float]] = {}
-    for key, value in stored.items():
-        parts = key.split("|")
-        if parts[0] == "b" and len(parts) == len(family.labels) + 3 and parts[1] == family.name:
-            values, bound = tuple(parts[2:-1]), parts[-1]
-            if _allowed(family, values) and bound in bounds:
-                series.setdefault(values, {})[bound] = float(value)
-    if not family.labels:
-        series.setdefault((), {})
-    for values, counts in sorted(series.items()):
-        running, buckets = 0.0, []
-        for bound in bounds:
-            running += counts.get(bound, 0.0)
-            buckets.append((bound, running))
-        total = float(stored.get(_sum_field(family, values), 0.0))
-        metric.add_metric(list(values), buckets, total)
-    return metric
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _allowed(family: Family, values: Sequence[str]) -> bool:
-    return len(values) == len(family.labels) and all(
-        v == OTHER or _fits(v, allowed) for v, allowed in zip(values, family.labels.values(), strict=True)
-    )
-
-
-def _fits(value: str, allowed: tuple[str, ...] | re.Pattern[str] | ToolNames) -> bool:
-    if isinstance(allowed, ToolNames):
-        return bool(allowed.shape.fullmatch(value))
-    if isinstance(allowed, re.Pattern):
-        return bool(allowed.fullmatch(value))
-    return value in allowed
-
-
-def registry(
-    connection: redis.Redis, queue: Any, config: Callable[[], Config] | None = None
-) -> CollectorRegistry:
-    """A registry holding only the product's collector (none of prometheus_client's process ones:
-    they would describe one gunicorn worker of several, picked at random by each scrape).
-    `config`: the config in force now (a reload may swap it), which labels some gauges."""
-    found = CollectorRegistry(auto_describe=False)
-    found.register(Collector(connection, QueueKeys.of(queue), config))
-    return found

@@ -19,7 +19,7 @@ from harness.config import Budgets, ConfigError, load_config
 from harness.loop import AwaitingLimit, Finished, Stopped, continue_at_limit, drive, step
 from harness.state import RunState, Status, Usage, new_run
 from harness.valves import Valve
-from observe import metrics
+from observe import metrics, scrape
 from runtime.queue import make_queue
 from store import Admission, Keys, Scope, Store, utc_day
 from tests.conftest import make_agent
@@ -255,7 +255,7 @@ def test_spend_per_profile_is_served_by_the_metrics(store: Store) -> None:
         store.budget_settle("2030-05-17", channel(0), rid(n), cost, profile=profile, counted_in=counted)
     from prometheus_client.exposition import generate_latest
 
-    text_out = generate_latest(metrics.registry(store.redis, make_queue(store.redis))).decode()
+    text_out = generate_latest(scrape.registry(store.redis, make_queue(store.redis))).decode()
     assert 'harness_budget_tokens_total{profile="ops"} 800.0' in text_out
     assert 'harness_budget_tokens_total{profile=""} 200.0' in text_out
 

@@ -21,7 +21,8 @@ from harness.policy import Tier
 from harness.state import Decision, PendingCall, RunState, Usage, Verdict
 from harness.tools import ToolResult
 from harness.valves import Valve
-from observe import metrics
+from observe import families, metrics
+from observe import scrape as scraping
 from runtime.queue import make_queue
 from store import Keys, RunRecord, RunStatus, new_run_id
 from tests.stack import free_port, wait_until
@@ -29,7 +30,7 @@ from tests.stack import free_port, wait_until
 
 def scrape(conn: redis.Redis) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of the collector's text, by (name, sorted labels)."""
-    text = generate_latest(metrics.registry(conn, make_queue(conn))).decode()
+    text = generate_latest(scraping.registry(conn, make_queue(conn))).decode()
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
@@ -88,7 +89,7 @@ def test_a_label_value_outside_its_list_counts_as_other_so_label_sets_stay_bound
     for _ in range(50):  # ids, free text: never a label value of their own
         metrics.mention(conn, new_run_id())
         metrics.incr(conn, metrics.RUNS, outcome="stopped", valve=f"U{time.time_ns()}")
-    metrics.observe(conn, metrics.ACK_SECONDS, 0.02, kind="C0123 channel")
+    metrics.observe(conn, families.ACK_SECONDS, 0.02, kind="C0123 channel")
 
     fields = {f.decode() if isinstance(f, bytes) else f for f in conn.hkeys(Keys.metric_counters())}
     assert fields == {
@@ -106,10 +107,10 @@ def test_a_label_value_outside_its_list_counts_as_other_so_label_sets_stay_bound
 
 def test_every_family_declares_only_fixed_label_values() -> None:
     """A fixed list, or a pattern of the config's own bounded names (a profile's): never an id."""
-    for family in metrics.FAMILIES:
+    for family in families.FAMILIES:
         for name, allowed in family.labels.items():
-            if isinstance(allowed, metrics.ToolNames):  # bounded by the config: `tool_label` maps first
-                assert metrics.tool_label("U0123ABCD", "") == metrics.OTHER, (family.name, name)
+            if isinstance(allowed, families.ToolNames):  # bounded by the config: `tool_label` maps first
+                assert metrics.tool_label("U0123ABCD", "") == families.OTHER, (family.name, name)
                 assert not allowed.shape.fullmatch("a|b") and not allowed.shape.fullmatch("a" * 65)
             elif isinstance(allowed, re.Pattern):
                 assert not allowed.fullmatch("a|b") and not allowed.fullmatch("a" * 33), (family.name, name)
@@ -216,13 +217,13 @@ def test_no_write_raises_when_redis_is_gone_and_the_failure_is_logged_once(
     state = RunState(messages=(), turns=1, requests=1)
     with caplog.at_level(logging.DEBUG, logger="observe.metrics"):
         metrics.mention(gone, "new")
-        metrics.observe(gone, metrics.ACK_SECONDS, 0.1, kind="event")
+        metrics.observe(gone, families.ACK_SECONDS, 0.1, kind="event")
         metrics.stepped(gone, record.run_id, state, (TurnDone(1, (call(Tier.ALLOW, result=OK),), 5),))
         metrics.run_ended(gone, record, "")
         metrics.decided(gone, record, Verdict.DECLINED, Approvals())
         metrics.resumed(gone, record.run_id, 1, {})
         gathered = metrics.Gathered(gone, every=3600)
-        gathered.observe(metrics.ACK_SECONDS, 0.1, kind="event")
+        gathered.observe(families.ACK_SECONDS, 0.1, kind="event")
         gathered.flush()
     warnings = [r for r in caplog.records if r.name == "observe.metrics" and r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "said once per process" in warnings[0].getMessage()
@@ -256,8 +257,8 @@ def test_accept_event_counts_each_mention_by_its_outcome_as_mention_would(conn: 
 def test_gathered_observations_are_written_together_and_count_as_one_by_one_would(conn: redis.Redis) -> None:
     gathered = metrics.Gathered(conn, every=3600)  # this test writes them itself
     for seconds in (0.002, 0.004, 0.02, 0.3, 7.0, 0.004):
-        gathered.observe(metrics.ACK_SECONDS, seconds, kind="event")
-    gathered.observe(metrics.ACK_SECONDS, 0.004, kind="interaction")
+        gathered.observe(families.ACK_SECONDS, seconds, kind="event")
+    gathered.observe(families.ACK_SECONDS, 0.004, kind="interaction")
     assert ("harness_ack_seconds_count", (("kind", "event"),)) not in scrape(conn)  # nothing yet
     gathered.flush()
     samples = scrape(conn)
@@ -267,15 +268,15 @@ def test_gathered_observations_are_written_together_and_count_as_one_by_one_woul
     assert samples[("harness_ack_seconds_count", (("kind", "interaction"),))] == 1
     gathered.flush()  # nothing gathered since: nothing written twice
     assert scrape(conn)[("harness_ack_seconds_count", (("kind", "event"),))] == 6
-    metrics.observe(conn, metrics.ACK_SECONDS, 0.004, kind="event")
+    metrics.observe(conn, families.ACK_SECONDS, 0.004, kind="event")
     assert scrape(conn)[("harness_ack_seconds_count", (("kind", "event"),))] == 7
 
 
 def test_gathered_observations_are_written_by_their_timer(conn: redis.Redis) -> None:
     gathered = metrics.Gathered(conn, every=0.05)
-    gathered.observe(metrics.ACK_SECONDS, 0.01, kind="interaction")
-    gathered.observe(metrics.ACK_SECONDS, 0.01, kind="interaction")
+    gathered.observe(families.ACK_SECONDS, 0.01, kind="interaction")
+    gathered.observe(families.ACK_SECONDS, 0.01, kind="interaction")
     key = ("harness_ack_seconds_count", (("kind", "interaction"),))
     wait_until(lambda: scrape(conn).get(key) == 2)
-    gathered.observe(metrics.ACK_SECONDS, 0.01, kind="interaction")  # the next second arms it again
+    gathered.observe(families.ACK_SECONDS, 0.01, kind="interaction")  # the next second arms it again
     wait_until(lambda: scrape(conn).get(key) == 3)

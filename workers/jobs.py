@@ -20,7 +20,7 @@ from harness.state import (
     Decision,
     Verdict,
 )
-from observe import logs, metrics, tracing
+from observe import families, logs, metrics, tracing
 from runtime.queue import enqueue_run_job
 from store import (
     LIMIT_CALL,
@@ -159,7 +159,7 @@ def expire_due(store: Store, queue: rq.Queue, now: float) -> int:
                         run_id, park_id, call_id, Decision(Verdict.EXPIRED), audit=audit, now=now
                     )
                     if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED):
-                        metrics.incr(store.redis, metrics.EXPIRATIONS, profile=record.profile)
+                        metrics.incr(store.redis, families.EXPIRATIONS, profile=record.profile)
             enqueue_run_job(store, queue, apply_decisions, run_id)
             done += 1
         if record is not None and record.park_id == park_id:

@@ -31,7 +31,7 @@ from harness.state import Decision, StateError, Verdict
 from messages import texts
 from messages.endings import FEEDBACK_BAD, FEEDBACK_GOOD
 from messages.text import plural
-from observe import metrics
+from observe import families, metrics
 from store import (
     ENDED,
     FEEDBACK_PER_MINUTE,
@@ -309,7 +309,7 @@ def _on_feedback(deps: BotDeps) -> Callable[..., None]:
             run_id=record.run_id,
         )
         if outcome is FeedbackOutcome.RECORDED:
-            metrics.incr(deps.store.redis, metrics.FEEDBACK, feedback=verdict)
+            metrics.incr(deps.store.redis, families.FEEDBACK, feedback=verdict)
         if outcome is not FeedbackOutcome.IGNORED:  # told once a minute that they are past their share
             context[REPLY] = {
                 FeedbackOutcome.RECORDED: texts.FEEDBACK_THANKS,

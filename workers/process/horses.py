@@ -36,7 +36,7 @@ from rq.timeouts import TimerDeathPenalty
 from rq.worker import WorkerStatus
 
 from harness.tools.registry import IDLE_LANE
-from observe import logs, metrics, tracing
+from observe import families, logs, metrics, tracing
 from workers.process.slots import Slots
 
 log = logging.getLogger("workers.process.horses")
@@ -240,7 +240,7 @@ class _Observed:
     def handle_job_failure(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> None:
         retried = job.should_retry and getattr(self, "_stopped_job_id", None) != job.id
         super().handle_job_failure(job, queue, *args, **kwargs)  # type: ignore[misc]
-        metrics.incr(self.connection, metrics.JOBS_RETRIED if retried else metrics.JOBS_FAILED)
+        metrics.incr(self.connection, families.JOBS_RETRIED if retried else families.JOBS_FAILED)
 
 
 class HarnessWorker(_Observed, _StopAware, _PromptUnsubscribe, Worker):
@@ -385,7 +385,7 @@ class Supervisor:
                 if self.stopping:
                     break
                 reason = _reason(status)
-                metrics.incr(self.connection, metrics.HORSES_REPLACED, reason=reason)
+                metrics.incr(self.connection, families.HORSES_REPLACED, reason=reason)
                 if reason in (CRASHED, LOOP):
                     log.error("work horse died (%s); forking a new one", _describe(status))
                     # A horse that dies young again and again (Redis gone, a broken install) is

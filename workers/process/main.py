@@ -36,7 +36,7 @@ from harness.tools.relay import RelayServer, private_directory
 from harness.tools.undumpable import protect_process
 from messages import text
 from messages.cards import escalation_reminder, expiry_reminder
-from observe import logs, metrics, tracing
+from observe import families, logs, metrics, tracing
 from observe.health import WORKER_TTL
 from ops import audit as audit_lines
 from ops import audit_chain, audit_export, audit_files, replay, status
@@ -87,7 +87,7 @@ def watchdog(
             for run_id in store.orphans(now - seconds, lambda job_id: job_waiting(queue, job_id)):
                 log.warning("run %s has no driver; continuing it on another worker", run_id)
                 enqueue_run_job(store, queue, jobs.recover_run, run_id)
-                metrics.incr(store.redis, metrics.RECOVERED)
+                metrics.incr(store.redis, families.RECOVERED)
             audit_files.audit_pass(store, audit_dir, token, now)
         except redis.RedisError as exc:
             log.warning("watchdog cannot reach Redis (%s); trying again", exc)
