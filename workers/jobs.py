@@ -12,6 +12,7 @@ ever waits for a human.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import rq
@@ -35,7 +36,11 @@ from workers.services import Services
 
 log = logging.getLogger(__name__)
 
+# The process's services: `python -m workers` builds them once and sets them here before it forks
+# its horse and the horse starts its slots, so every slot reads the same object. RQ calls a job by
+# its dotted name with the run id alone: this is how what the process built reaches the job.
 _services: Services | None = None
+_building = threading.Lock()
 
 
 def use_services(services: Services | None) -> None:
@@ -45,11 +50,17 @@ def use_services(services: Services | None) -> None:
 
 
 def services() -> Services:
+    """The process's services. Built here only for a job run outside `python -m workers` (a bare
+    RQ worker in tests), once, however many threads ask first."""
     global _services
-    if _services is None:  # a job run outside `python -m workers` (a bare Worker in tests)
-        job = rq.get_current_job()
-        _services = Services.from_env(job.connection if job else None)
-    return _services
+    found = _services
+    if found is not None:
+        return found
+    with _building:
+        if _services is None:
+            job = rq.get_current_job()
+            _services = Services.from_env(job.connection if job else None)
+        return _services
 
 
 def enqueue(svc: Services, func: Any, run_id: str, *args: Any) -> None:
