@@ -217,7 +217,8 @@ def test_every_line_is_json_run_lines_name_their_run_and_no_secret_shows(stack: 
     # Lines of the jobs (RQ's own included) name the run; those logged while driving it name its
     # team, channel and thread too, like the line that says how it ended.
     assert any(e["logger"].startswith("rq.") for e in ours)
-    driven = [e for e in ours if e["logger"].startswith("workers.")]
+    ours_floors = ("workers.", "observe.", "store", "ops.", "gates.", "runtime.", "harness.")
+    driven = [e for e in ours if e["logger"].startswith(ours_floors)]
     assert any(e["message"] == "run ended: finished" for e in driven)
     for entry in driven:
         assert (entry["team"], entry["channel"], entry["thread_ts"]) == ("T1", "C702", ts), entry
