@@ -22,7 +22,7 @@ from harness.policy import PathArgs, Tier, grant_directory, inside_directory, sc
 from harness.state import PendingCall, RunState
 from harness.tools import BUILTIN_TOOLS, ToolContext, ToolResult, tool
 from harness.tools.catalog import Catalog
-from harness.tools.mcp import Listing, McpTool
+from harness.tools.mcp_listing import Listing, McpTool
 from messages.cards import CallCard, approval_card
 
 COPY = PathArgs(("path", "destination"))
