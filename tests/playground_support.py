@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from harness.config import load_config
-from launch.local import PLAYGROUND_CONFIG
+from launch.modes import PLAYGROUND_CONFIG
 from playground.bot_client import Bot
 from playground.profiles import describe
 from playground.server import Playground, Server

@@ -25,7 +25,8 @@ from harness.state import Decision, PendingCall, Verdict, record_decisions
 from harness.texts import WHY_MCP_ALWAYS_ASK
 from harness.tools import BUILTIN_TOOLS
 from harness.tools.catalog import Catalog
-from harness.tools.mcp import McpHub, McpTool
+from harness.tools.mcp import McpHub
+from harness.tools.mcp_listing import McpTool
 from harness.tools.relay import RelayServer
 from messages.cards import CallCard, approval_card, batch_card
 from messages.reasons import plain_why

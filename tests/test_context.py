@@ -21,7 +21,8 @@ from harness.context import (
     messages_tokens,
     within_input_limit,
 )
-from harness.loop import Agent, Finished, build_request, drive
+from harness.loop import Agent, Finished, drive
+from harness.request import build_request
 from harness.state import RunState, new_run
 from tests.conftest import make_agent
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, thinking, tool_use

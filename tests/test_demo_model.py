@@ -240,7 +240,7 @@ def test_forever_repeats_the_same_turn_with_fresh_ids() -> None:
 
 
 def edited(arguments: dict[str, Any], output: Any) -> Any:
-    """A tool result as the harness reports a call a reviewer edited (`harness.loop._run_edited`)."""
+    """A tool result as the harness reports a call a reviewer edited (`harness.calls._run_edited`)."""
     note = texts.RESULT_EDITED.format(arguments=canonical_json(arguments))
     if isinstance(output, list):
         return [{"type": "text", "text": note}, *output]

@@ -20,14 +20,8 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from launch.local import (
-    check_settings,
-    find_redis,
-    playground_envs,
-    redis_answers,
-    start_private_redis,
-    wants_playground,
-)
+from launch.modes import check_settings, playground_envs, wants_playground
+from launch.redis_server import find_redis, redis_answers, start_private_redis
 from messages import texts
 from tests.sentinel_support import PASSWORD as SENTINEL_PASSWORD
 from tests.sentinel_support import SentinelGroup

@@ -24,15 +24,8 @@ from typing import Any
 
 import pytest
 
-from harness.tools.egress import (
-    EgressLimits,
-    EgressProxy,
-    IPAddress,
-    check_patterns,
-    host_allowed,
-    is_public,
-    resolve_host,
-)
+from harness.tools.egress import EgressLimits, EgressProxy
+from harness.tools.egress_hosts import IPAddress, check_patterns, host_allowed, is_public, resolve_host
 
 LOOPBACK = ipaddress.IPv4Address("127.0.0.1")
 WAIT = 5.0  # a bound on every wait: a broken proxy fails a test, it never hangs it

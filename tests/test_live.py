@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from slack_sdk import WebClient
 
-from harness.loop import CallRunning, TextWritten, ToolReturned
 from harness.policy import Tier
+from harness.signals import CallRunning, TextWritten, ToolReturned
 from harness.state import PendingCall
 from harness.tools import ToolResult
 from tests.fakes.slack_api import FakeSlackAPI

@@ -135,7 +135,7 @@ def test_a_slack_body_names_its_team_channel_thread_and_the_run_of_a_button() ->
 
 
 def test_workers_dev_with_log_format_json_writes_every_childs_line_as_json_naming_it() -> None:
-    from launch.local import PrefixedOutput
+    from launch.children import PrefixedOutput
 
     stream = io.StringIO()
     output = PrefixedOutput(stream, json_lines=True)

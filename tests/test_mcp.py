@@ -21,7 +21,8 @@ from harness.config import Config, load_config
 from harness.policy import Tier
 from harness.tools import ToolContext
 from harness.tools.catalog import Catalog
-from harness.tools.mcp import Listing, McpHub
+from harness.tools.mcp import McpHub
+from harness.tools.mcp_listing import Listing
 from harness.tools.relay import RelayClient, RelayServer
 from tests.mcp_support import TOKEN, HttpDesk, calls, http_table, server_pids, stdio_table
 from tests.stack import ROOT, wait_until
@@ -261,7 +262,7 @@ def test_a_relay_that_is_gone_answers_errors_not_exceptions(tmp_path: Path) -> N
 
 FORK_WAITS_FOR_SPAWN = """
 import os, threading
-from harness.tools.mcp import SPAWNING, guard_forks
+from harness.tools.mcp_transports import SPAWNING, guard_forks
 guard_forks()
 held, forking, order = threading.Event(), threading.Event(), []
 os.register_at_fork(before=forking.set)  # registered later, so it runs before the guard's hook

@@ -17,7 +17,7 @@ import pytest
 from harness.tools import ToolContext, ToolResult
 from harness.tools.base import BadInput, Tool
 from harness.tools.catalog import Catalog
-from harness.tools.mcp import Listing, McpTool, tools_of
+from harness.tools.mcp_listing import Listing, McpTool, tools_of
 from harness.tools.schemas import schema_problem
 
 TICKET = {

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.agent import SYSTEM_PROMPT
 from harness.client import make_client
 from harness.config import load_config
-from harness.loop import SYSTEM_PROMPT, Agent, step
+from harness.loop import Agent, step
 from harness.state import new_run
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text
 

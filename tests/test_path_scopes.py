@@ -15,13 +15,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import Field
 
+from harness.calls import calls_in
 from harness.config import ConfigError, load_config
-from harness.loop import Agent, _calls
+from harness.loop import Agent
 from harness.policy import PathArgs, Tier, grant_directory, inside_directory, schema_path_arguments
 from harness.state import PendingCall, RunState
 from harness.tools import BUILTIN_TOOLS, ToolContext, ToolResult, tool
 from harness.tools.catalog import Catalog
-from harness.tools.mcp import Listing, McpTool
+from harness.tools.mcp_listing import Listing, McpTool
 from messages.cards import CallCard, approval_card
 
 COPY = PathArgs(("path", "destination"))
@@ -211,7 +212,7 @@ def _ruled(tmp_path: Path, config: Any, host: Desk, name: str, arguments: dict[s
     """The call as the loop rules it, over the catalog `config` and `host` give."""
     registry = Catalog.from_config(config).with_host(host).registry()
     agent = Agent(client=cast(Any, None), tools=registry, context=ToolContext(tmp_path), policy=config.policy)
-    [call] = _calls([{"type": "tool_use", "id": "toolu_1", "name": name, "input": arguments}], agent)
+    [call] = calls_in([{"type": "tool_use", "id": "toolu_1", "name": name, "input": arguments}], agent)
     return call
 
 

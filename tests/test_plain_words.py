@@ -19,10 +19,10 @@ from jsonschema import Draft202012Validator
 from bot.edits import _reason
 from harness import texts as harness_texts
 from harness.config.settings import Limits
-from harness.loop import _terminal_stop
 from harness.outcomes import NotRun, calls_not_run
 from harness.policy import Policy, Rule, Tier
 from harness.state import Decision, PendingCall, RunState, Verdict, new_run
+from harness.stops import terminal_stop
 from harness.tools import ToolResult
 from harness.valves import check_budget, check_progress, check_turn
 from messages import texts
@@ -149,9 +149,9 @@ def stop_reasons() -> list[str]:
         check_budget(RunState(messages=()), Limits(token_budget=0)),
         check_progress(("a()", "a()"), 4),
         check_progress(("a()", "b()", "a()", "b()"), 4),
-        _terminal_stop("max_tokens", Limits(max_tokens=1), [{"type": "tool_use"}]),
-        _terminal_stop("refusal", Limits(), []),
-        _terminal_stop("something_new", Limits(), []),
+        terminal_stop("max_tokens", Limits(max_tokens=1), [{"type": "tool_use"}]),
+        terminal_stop("refusal", Limits(), []),
+        terminal_stop("something_new", Limits(), []),
     ]
     said = [r.reason for r in reasons if r is not None]
     assert len(said) == len(reasons)

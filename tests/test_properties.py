@@ -11,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.loop import AwaitingApproval, ToolReturned, build_request, drive
+from harness.loop import AwaitingApproval, ToolReturned, drive
 from harness.policy import Tier
+from harness.request import build_request
 from harness.state import Decision, RunState, Verdict, new_run, record_decisions
 from tests.conftest import make_agent
 from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_use, validate_request

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.config import load_config
-from harness.loop import Agent, Failed, Finished, TurnDone, build_request, drive, step
+from harness.loop import Agent, Failed, Finished, TurnDone, drive, step
+from harness.request import build_request
 from harness.state import RunState, new_run
 from harness.tools.catalog import Catalog
 from messages.endings import final_answer

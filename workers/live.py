@@ -35,7 +35,7 @@ from typing import Any
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
-from harness.loop import CallRunning, LiveEvent, TextWritten, ToolReturned
+from harness.signals import CallRunning, LiveEvent, TextWritten, ToolReturned
 from harness.state import PendingCall
 from messages import texts
 from messages.arguments import args_json

@@ -9,12 +9,12 @@ from contextlib import contextmanager
 from harness.config import Config, ConfigError
 from harness.tools.base import Tool
 from harness.tools.files import BUILTIN_TOOLS
-from harness.tools.mcp import (
+from harness.tools.mcp import McpHub
+from harness.tools.mcp_listing import (
     SEPARATOR,
     TOOL_NAME_RULE,
     Listing,
     McpHost,
-    McpHub,
     absent_answer,
     tools_of,
     valid_tool_name,

@@ -10,26 +10,9 @@ once, then sends one byte carrying one fd per connection (`socket.send_fds(door,
 This module serves the other side: it receives each socket and speaks HTTP proxy on it. The
 decisions are all made here, on the host, where the server cannot reach them.
 
-What a request may reach. The proxy resolves the host name itself and connects only to the very
-address it checked (no second resolution, so DNS rebinding between check and connect is moot):
-
-- every address the name resolves to must be public (`is_public`): if any one is not, the whole
-  name is refused, so a name cannot smuggle a private address in among public ones and rely on
-  which one a retry picks. Literal addresses go through the same resolution, so the forms the
-  resolver accepts (`2130706433`, `0x7f.1`, `[::ffff:127.0.0.1]`) are judged by what they mean;
-- public means routable on the internet: not loopback, private, link-local (the cloud metadata
-  address 169.254.169.254 included), CGNAT, multicast, reserved, unspecified, documentation or
-  benchmarking ranges, and not an IPv6 form that embeds such an IPv4 address (IPv4-mapped, 6to4,
-  NAT64 64:ff9b::/96). Teredo, the local NAT64 prefix, the rest of ::/8 and scoped addresses are
-  refused outright;
-- any port of a public address: what a public host serves on which port is its own business, and
-  a port list would only break servers that talk to, say, a database in the cloud;
-- with an allow-list (`open_door(server, hosts=[...])`), only the names listed, matched
-  case-insensitively on the name the client asked for, before any resolution. `api.github.com`
-  matches itself; `*.example.com` matches one label or more in front of `example.com`
-  (`a.example.com`, `a.b.example.com`) but not `example.com`. An address literal matches only a
-  pattern that spells it (never a wildcard). The allow-list narrows, it never widens: a listed
-  name must still resolve to public addresses only.
+What a request may reach is `harness.tools.egress_hosts` (public addresses only, and a server's
+allow-list); the HTTP it speaks is `harness.tools.egress_http`. This module holds the doors: their
+bounds, who may use them, and the thread that serves them all.
 
 What it speaks. `CONNECT host:port` (a tunnel: "200 Connection established", then bytes both ways,
 a half-close passed on as a half-close) and absolute-form `http://` requests, forwarded in origin
@@ -74,16 +57,22 @@ from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, TypeAlias
+from typing import Any
+
+from harness.tools.egress_hosts import (
+    IPAddress,
+    Resolver,
+    check_patterns,
+    host_allowed,
+    is_public,
+    resolve_host,
+)
+from harness.tools.egress_http import CHUNK, ProxyAnswer, Request, answer_bytes, discard, parse_head, relay
 
 log = logging.getLogger("harness.mcp")
 
-IPAddress: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
-Resolver: TypeAlias = Callable[[str, int], list[IPAddress]]
-
 _THREAD_NAME = "harness-egress"
 _CALL_SECONDS = 30.0  # how long a caller waits for the loop to open or close a door
-_CHUNK = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -99,229 +88,10 @@ class EgressLimits:
     linger_seconds: float = 1.0  # reading on after an error answer, so a reset does not eat it
 
 
-# Messages for the server (and its log); the host name in them has passed `_NAME` or is an address.
+# Messages for the server (and its log); the host name in them has passed `HOST_NAME` or is an address.
 _NOT_PUBLIC = "{address} is not a public address"
 _RESOLVES_PRIVATE = "{host} resolves to {address}, which is not a public address"
 _NOT_LISTED = "host {host} is not in this server's network allow-list"
-_REASONS = {
-    200: "Connection established",
-    400: "Bad Request",
-    403: "Forbidden",
-    408: "Request Timeout",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-}
-
-
-# --- What is public ---------------------------------------------------------------------------
-
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
-_RESERVED_V6 = ipaddress.IPv6Network("::/8")  # ::, ::1, IPv4-compatible, NAT64 (handled first)
-_TEREDO = ipaddress.IPv6Network("2001::/32")
-_CGNAT = ipaddress.IPv4Network("100.64.0.0/10")
-
-
-def is_public(address: IPAddress) -> bool:
-    """Whether a connection to `address` would leave for the public internet, and only there.
-
-    `is_global` alone is not enough on Python 3.11 (it calls multicast, fec0::/10 and ::7f00:1
-    global), so each special kind is refused by name as well, and an IPv6 form that carries an
-    IPv4 address is judged by that address.
-    """
-    if isinstance(address, ipaddress.IPv4Address):
-        return _public_v4(address)
-    if address.scope_id:
-        return False
-    embedded = address.ipv4_mapped or address.sixtofour
-    if embedded is None and address in _NAT64:
-        embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-    if embedded is not None:
-        return _public_v4(embedded)
-    if address in _RESERVED_V6 or address in _TEREDO:
-        return False
-    special = (
-        address.is_multicast
-        or address.is_private
-        or address.is_reserved
-        or address.is_loopback
-        or address.is_link_local
-        or address.is_site_local
-        or address.is_unspecified
-    )
-    return address.is_global and not special
-
-
-def _public_v4(address: ipaddress.IPv4Address) -> bool:
-    special = (
-        address.is_multicast
-        or address.is_private
-        or address.is_reserved
-        or address.is_loopback
-        or address.is_link_local
-        or address.is_unspecified
-        or address in _CGNAT
-    )
-    return address.is_global and not special
-
-
-def resolve_host(host: str, port: int) -> list[IPAddress]:
-    """Every address `getaddrinfo` gives for a TCP connection to `host` (blocking)."""
-    found: list[IPAddress] = []
-    for family, _, _, _, sockaddr in socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-    ):
-        if family in (socket.AF_INET, socket.AF_INET6):
-            try:
-                found.append(ipaddress.ip_address(sockaddr[0]))
-            except ValueError as error:  # never connect to what could not be checked
-                raise OSError(f"unreadable address for {host}") from error
-    return found
-
-
-# --- The allow-list ---------------------------------------------------------------------------
-
-_LABEL = r"[a-z0-9_-]{1,63}"
-_NAME = re.compile(rf"(?:{_LABEL}\.)*{_LABEL}")
-_PATTERN = re.compile(rf"(?:\*\.)?(?:{_LABEL}\.)*{_LABEL}")
-
-
-def _normal(host: str) -> str:
-    """A host as compared and resolved: lower case, no trailing dot, IPv6 in its short form."""
-    host = host.lower().removesuffix(".")
-    if ":" in host:
-        with contextlib.suppress(ValueError):
-            return ipaddress.IPv6Address(host).compressed
-    return host
-
-
-def _is_literal(host: str) -> bool:
-    """Whether the resolver would read `host` as an address (inet_aton's forms, or IPv6)."""
-    if ":" in host:
-        return True
-    try:
-        socket.inet_aton(host)
-    except OSError:
-        return False
-    return True
-
-
-def check_patterns(hosts: Sequence[str]) -> tuple[str, ...]:
-    """The allow-list in normal form; a ValueError names the first pattern that is none."""
-    patterns = []
-    for pattern in hosts:
-        normal = _normal(pattern)
-        if not (_PATTERN.fullmatch(normal) or ":" in normal and _is_v6(normal)):
-            raise ValueError(f"not a host name or pattern: {pattern!r}")
-        patterns.append(normal)
-    return tuple(patterns)
-
-
-def _is_v6(text: str) -> bool:
-    try:
-        ipaddress.IPv6Address(text)
-    except ValueError:
-        return False
-    return True
-
-
-def host_allowed(host: str, patterns: Sequence[str]) -> bool:
-    """Whether the name a client asked for is on the allow-list (patterns from `check_patterns`)."""
-    host = _normal(host)
-    literal = _is_literal(host)
-    for pattern in patterns:
-        if pattern.startswith("*."):
-            if not literal and host.endswith(pattern[1:]):
-                return True
-        elif host == pattern:
-            return True
-    return False
-
-
-# --- The request head -------------------------------------------------------------------------
-
-_TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
-_REQUEST_LINE = re.compile(rb"(" + _TOKEN + rb") ([\x21-\x7e]+) HTTP/1\.([01])")
-_HEADER = re.compile(rb"(" + _TOKEN + rb"):[^\r\n\x00]*")
-_AUTHORITY = re.compile(r"(?:\[([0-9a-f:.]+)\]|([a-z0-9._-]+))(?::([0-9]{1,5}))?")
-_ABSOLUTE = re.compile(r"http://([^/?#]*)([^#]*)", re.IGNORECASE)
-_HOP_BY_HOP = {b"host", b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization"}
-_HOP_BY_HOP |= {b"te", b"trailer", b"upgrade"}
-
-
-class _Answer(Exception):
-    """The proxy's answer instead of a connection: a status and why, for the client."""
-
-    def __init__(self, status: int, why: str) -> None:
-        super().__init__(why)
-        self.status = status
-        self.why = why
-
-
-@dataclass(frozen=True)
-class Request:
-    """Where a client asked to go, and what to send there first (nothing for a tunnel)."""
-
-    host: str  # normal form (`_normal`), brackets off
-    port: int
-    tunnel: bool
-    upstream_head: bytes
-
-
-def parse_head(head: bytes) -> Request:
-    """The request in a head that ends in CRLF CRLF; `_Answer(400)` when it is not one we serve."""
-    line, *fields = head[:-4].split(b"\r\n")
-    match = _REQUEST_LINE.fullmatch(line)
-    if match is None:
-        raise _Answer(400, "malformed request line")
-    method, target, minor = match.group(1), match.group(2).decode("ascii"), match.group(3)
-    for header in fields:
-        if _HEADER.fullmatch(header) is None:
-            raise _Answer(400, "malformed header line")
-    if method == b"CONNECT":
-        host, port = _authority(target, default_port=None)
-        return Request(host, port, tunnel=True, upstream_head=b"")
-    absolute = _ABSOLUTE.fullmatch(target)
-    if absolute is None:
-        raise _Answer(400, "a proxy request needs CONNECT host:port or an http:// URL")
-    host, port = _authority(absolute.group(1), default_port=80)
-    path = absolute.group(2)
-    path = path if path.startswith("/") else "/" + path
-    shown = f"[{host}]" if ":" in host else host
-    authority = shown if port == 80 else f"{shown}:{port}"
-    first = method + b" " + path.encode("ascii") + b" HTTP/1." + minor
-    return Request(host, port, tunnel=False, upstream_head=_origin_head(first, authority, fields))
-
-
-def _authority(text: str, default_port: int | None) -> tuple[str, int]:
-    match = _AUTHORITY.fullmatch(text.lower())
-    if match is None:
-        raise _Answer(400, "malformed host")
-    v6, name, digits = match.groups()
-    if v6 is not None:
-        if not _is_v6(v6):
-            raise _Answer(400, "malformed IPv6 address")
-        host = _normal(v6)
-    else:
-        host = _normal(name)
-        if len(host) > 253 or not _NAME.fullmatch(host):
-            raise _Answer(400, "malformed host")
-    port = int(digits) if digits is not None else default_port
-    if port is None or not 0 < port < 65536:
-        raise _Answer(400, "a port from 1 to 65535 is needed")
-    return host, port
-
-
-def _origin_head(first: bytes, authority: str, fields: list[bytes]) -> bytes:
-    """The head for the origin: `Host` from the URL, hop-by-hop fields dropped, one request."""
-    named: set[bytes] = set()
-    for header in fields:
-        name, _, value = header.partition(b":")
-        if name.lower() in (b"connection", b"proxy-connection"):
-            named |= {token.strip().lower() for token in value.split(b",")}
-    drop = _HOP_BY_HOP | named
-    kept = [header for header in fields if header.partition(b":")[0].lower() not in drop]
-    lines = [first, b"Host: " + authority.encode("ascii"), *kept, b"Connection: close"]
-    return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
 def _printable(text: str) -> str:
@@ -551,7 +321,7 @@ class EgressProxy:
                 door.active,
             )
             with contextlib.suppress(OSError):
-                sock.send(_answer_bytes(503, "too many connections at once"))
+                sock.send(answer_bytes(503, "too many connections at once"))
             sock.close()
             return
         door.active += 1
@@ -572,7 +342,7 @@ class EgressProxy:
         try:
             try:
                 request, (up_reader, up_writer) = await self._open(door, reader)
-            except _Answer as answer:
+            except ProxyAnswer as answer:
                 await self._refuse(reader, writer, answer)
                 return
             try:
@@ -580,7 +350,7 @@ class EgressProxy:
                     writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 else:
                     up_writer.write(request.upstream_head)
-                await _relay(reader, writer, up_reader, up_writer)
+                await relay(reader, writer, up_reader, up_writer)
             finally:
                 up_writer.close()
         except (OSError, asyncio.IncompleteReadError):
@@ -592,20 +362,20 @@ class EgressProxy:
     async def _open(
         self, door: _Door, reader: asyncio.StreamReader
     ) -> tuple[Request, tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
-        """The request and a connection to where it may go; `_Answer` when it may not."""
+        """The request and a connection to where it may go; `ProxyAnswer` when it may not."""
         limits = self.limits
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), limits.head_seconds)
         except asyncio.LimitOverrunError:
-            raise _Answer(400, f"request head over {limits.head_bytes} bytes") from None
+            raise ProxyAnswer(400, f"request head over {limits.head_bytes} bytes") from None
         except TimeoutError:
-            raise _Answer(408, f"no complete request head in {limits.head_seconds:g} s") from None
+            raise ProxyAnswer(408, f"no complete request head in {limits.head_seconds:g} s") from None
         request = parse_head(head)
         addresses = await self._destination(door, request)
         return request, await self._connect(request, addresses)
 
     async def _destination(self, door: _Door, request: Request) -> list[IPAddress]:
-        """The checked addresses to try, in order; `_Answer` when the request may not go out."""
+        """The checked addresses to try, in order; `ProxyAnswer` when the request may not go out."""
         host, port = request.host, request.port
         if door.hosts is not None and not host_allowed(host, door.hosts):
             raise _Refusal(door, request, _NOT_LISTED.format(host=host))
@@ -614,9 +384,9 @@ class EgressProxy:
             pending = loop.run_in_executor(self._pool, self._resolve, host, port)
             addresses = await asyncio.wait_for(pending, self.limits.resolve_seconds)
         except (OSError, TimeoutError, UnicodeError):
-            raise _Answer(502, f"cannot resolve {host}") from None
+            raise ProxyAnswer(502, f"cannot resolve {host}") from None
         if not addresses:
-            raise _Answer(502, f"cannot resolve {host}")
+            raise ProxyAnswer(502, f"cannot resolve {host}")
         for address in addresses:
             if not self._allowed(address):
                 literal = host == str(address)  # both in normal form
@@ -637,16 +407,16 @@ class EgressProxy:
             try:
                 connecting = loop.sock_connect(sock, (str(address), request.port))
                 await asyncio.wait_for(connecting, self.limits.connect_seconds)
-                return await asyncio.open_connection(sock=sock, limit=_CHUNK)
+                return await asyncio.open_connection(sock=sock, limit=CHUNK)
             except (OSError, TimeoutError):
                 sock.close()
             except BaseException:  # cancelled (the door closed): the socket is no one's
                 sock.close()
                 raise
-        raise _Answer(502, f"cannot reach {request.host} port {request.port}")
+        raise ProxyAnswer(502, f"cannot reach {request.host} port {request.port}")
 
     async def _refuse(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answer: _Answer
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answer: ProxyAnswer
     ) -> None:
         """Answer, log a refusal, and read on a moment so the answer is not lost to a reset."""
         if isinstance(answer, _Refusal):
@@ -658,17 +428,17 @@ class EgressProxy:
             if note is not None:
                 log.warning("MCP server %s: egress to %s port %d refused: %s", server, host, port, why)
         try:
-            writer.write(_answer_bytes(answer.status, answer.why))
+            writer.write(answer_bytes(answer.status, answer.why))
             await writer.drain()
             writer.write_eof()
-            await asyncio.wait_for(_discard(reader), self.limits.linger_seconds)
+            await asyncio.wait_for(discard(reader), self.limits.linger_seconds)
         except (OSError, TimeoutError):
             pass
         finally:
             writer.close()
 
 
-class _Refusal(_Answer):
+class _Refusal(ProxyAnswer):
     """A 403: the request was understood and may not go out; it is logged."""
 
     def __init__(self, door: _Door, request: Request, why: str) -> None:
@@ -682,56 +452,6 @@ def _shown(address: IPAddress) -> str:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return f"::ffff:{address.ipv4_mapped}"
     return str(address)
-
-
-def _answer_bytes(status: int, why: str) -> bytes:
-    body = f"harness egress: {why}\n".encode()
-    head = (
-        f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode("ascii") + body
-
-
-async def _relay(
-    client_reader: asyncio.StreamReader,
-    client_writer: asyncio.StreamWriter,
-    up_reader: asyncio.StreamReader,
-    up_writer: asyncio.StreamWriter,
-) -> None:
-    """Bytes both ways until both sides are done; a half-close is passed on, a failure ends both."""
-    loop = asyncio.get_running_loop()
-    pipes = {
-        loop.create_task(_pipe(client_reader, up_writer)),
-        loop.create_task(_pipe(up_reader, client_writer)),
-    }
-    try:
-        while pipes:
-            done, pipes = await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
-            if not all(task.result() for task in done):
-                return
-    finally:
-        for task in pipes:
-            task.cancel()
-        await asyncio.gather(*pipes, return_exceptions=True)
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-    """Copy until end of file and pass the end on; False when either side failed."""
-    try:
-        while data := await reader.read(_CHUNK):
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except OSError:
-        return False
-    return True
-
-
-async def _discard(reader: asyncio.StreamReader) -> None:
-    while await reader.read(_CHUNK):
-        pass
 
 
 async def _readable(sock: socket.socket) -> None:

@@ -43,8 +43,9 @@ from typing import Any
 
 from harness import texts
 from harness.tools.base import ToolResult
-from harness.tools.mcp import SEPARATOR, Listing, McpHub
+from harness.tools.mcp import McpHub
 from harness.tools.mcp_bounds import RELAY_LINE_MAX
+from harness.tools.mcp_listing import SEPARATOR, Listing
 
 log = logging.getLogger("harness.mcp")
 

@@ -31,7 +31,8 @@ from gates import deciders
 from harness.client import warm_up
 from harness.config import Config, ConfigError, ResolvedServer, load_config
 from harness.tools.catalog import Catalog
-from harness.tools.mcp import McpHub, guard_forks
+from harness.tools.mcp import McpHub
+from harness.tools.mcp_transports import guard_forks
 from harness.tools.relay import RelayServer, private_directory
 from harness.tools.undumpable import protect_process
 from messages import text
