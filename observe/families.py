@@ -148,7 +148,7 @@ EXPIRATIONS = Family(
 )
 # An API tool name (`^[a-zA-Z0-9_-]{1,64}$`), or an MCP server's (1-32 of a-z, 0-9, -) then `__*`.
 TOOL_LABEL = ToolNames(re.compile(r"[A-Za-z0-9_-]{1,64}|[a-z0-9-]{1,32}__\*"))
-MCP_SEPARATOR = "__"  # harness.tools.mcp.SEPARATOR: an MCP tool is named SERVER__TOOL
+MCP_SEPARATOR = "__"  # harness.tools.mcp_listing.SEPARATOR: an MCP tool is named SERVER__TOOL
 DECISIONS = Family(
     "harness_approval_decisions",
     "Tool calls that asked for approval, by how they were decided (approved, declined, expired), the "
