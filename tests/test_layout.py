@@ -21,18 +21,6 @@ from harness.tools.modules import OWN_PACKAGES
 ROOT = Path(__file__).resolve().parent.parent
 
 OURS = set(OWN_PACKAGES)  # the project's own top-level packages (tool modules may not take their names)
-    "harness",
-    "messages",
-    "store",
-    "observe",
-    "runtime",
-    "gates",
-    "ops",
-    "workers",
-    "bot",
-    "playground",
-    "launch",
-}
 # Which of our packages each may import (besides itself).
 ALLOWED = {
     "harness": set(),
