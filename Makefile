@@ -28,7 +28,7 @@ test-fast: $(STAMP)
 
 # The README's pictures of the playground, taken by its browser tests (Debian's chromium needed).
 screenshots: $(STAMP)
-	PLAYGROUND_SCREENSHOTS=docs $(BIN)/python -m pytest tests/test_playground_browser.py
+	PLAYGROUND_SCREENSHOTS=docs $(BIN)/python -m pytest tests/e2e/test_playground_browser.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -129,10 +129,10 @@ def store(conn: Any) -> Any:
 
 
 def _fault_figures() -> dict[str, int]:
-    """This process's tallies of faults injected (tests/test_faults.py counts them)."""
+    """This process's tallies of faults injected (tests/e2e/test_faults.py counts them)."""
     import sys
 
-    return dict(getattr(sys.modules.get("tests.test_faults"), "FIGURES", None) or {})
+    return dict(getattr(sys.modules.get("tests.e2e.test_faults"), "FIGURES", None) or {})
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
