@@ -383,11 +383,20 @@ def test_a_mention_job_is_written_as_rq_writes_the_job_it_enqueues(store: Store,
     assert conn.get(Keys.pending(run.run_id)) == job.job_id.encode()
 
 
+class Unsubscribed(rq.SimpleWorker):
+    """Stock RQ but for its command channel, which a burst never reads: once unsubscribed, stock
+    RQ's thread on it sleeps out its 60 s (`run_in_thread(sleep_time=60)`) before the worker may
+    leave (the product's worker does not; tests/e2e/test_horses.py)."""
+
+    def subscribe(self) -> None:
+        self.pubsub_thread = None
+
+
 def test_a_stock_rq_worker_runs_a_job_written_by_accept_event(store: Store, conn: redis.Redis) -> None:
     queue = make_queue(conn)
     run = record()
     job = queued_job(queue, "os.getpid", job_id=new_run_id())
     assert store.accept_event("T1", "EvWork", run, job, max_per_user=5, max_per_channel=5) is Accepted.NEW
-    worker = rq.SimpleWorker([queue], connection=conn, serializer=JSONSerializer)
+    worker = Unsubscribed([queue], connection=conn, serializer=JSONSerializer)
     assert worker.work(burst=True)
     assert rq.job.Job.fetch(job.job_id, connection=conn, serializer=JSONSerializer).get_status() == "finished"
