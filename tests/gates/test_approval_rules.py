@@ -63,6 +63,7 @@ def call(call_id: str, **arguments: Any) -> PendingCall:
     return PendingCall(call_id, "write_file", arguments, Tier.ASK, why="built-in tier of write_file")
 
 
+@pytest.mark.e2e
 def test_the_audit_command_reads_one_entry_of_every_kind_the_code_writes(
     store: Store, redis_url: str
 ) -> None:

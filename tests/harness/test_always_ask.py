@@ -128,6 +128,7 @@ def test_always_ask_is_read_from_policy_and_a_profile_adds_to_it(tmp_path: Path)
         ),
     ],
 )
+@pytest.mark.e2e
 def test_a_bad_always_ask_stops_the_process_with_one_line_naming_the_key(
     tmp_path: Path, toml: str, key: str
 ) -> None:
@@ -162,6 +163,7 @@ def desk_config(log: Path) -> str:
     )
 
 
+@pytest.mark.e2e
 def test_list_tools_says_why_a_tool_always_asks(tmp_path: Path) -> None:
     done = list_tools(tmp_path, desk_config(out(tmp_path, "calls.jsonl")))
     assert done.returncode == 0, done.stderr

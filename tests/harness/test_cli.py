@@ -15,6 +15,8 @@ import pytest
 
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 
+pytestmark = pytest.mark.e2e  # `python -m harness` as a process, in every test
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

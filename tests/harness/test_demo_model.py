@@ -472,6 +472,7 @@ def harness(
     return done
 
 
+@pytest.mark.e2e
 def test_cli_default_approved_writes_the_note(demo: DemoServer, folder: Path) -> None:
     done = harness(demo, folder, "Jot down what I asked", stdin="\n")
 
@@ -489,6 +490,7 @@ def test_cli_default_approved_writes_the_note(demo: DemoServer, folder: Path) ->
     assert lines[-2:] == [FOOTER, "That took 3 turns of tool calls across 4 model requests."]
 
 
+@pytest.mark.e2e
 def test_cli_default_declined_writes_nothing_and_says_so(demo: DemoServer, folder: Path) -> None:
     done = harness(demo, folder, "Jot down what I asked", stdin="n\n")
 
@@ -499,6 +501,7 @@ def test_cli_default_declined_writes_nothing_and_says_so(demo: DemoServer, folde
     assert done.stdout.splitlines()[-1] == "That took 2 turns of tool calls across 3 model requests."
 
 
+@pytest.mark.e2e
 def test_cli_forever_is_stopped_by_the_no_progress_valve(demo: DemoServer, folder: Path) -> None:
     done = harness(demo, folder, "keep looking forever")
 
@@ -507,6 +510,7 @@ def test_cli_forever_is_stopped_by_the_no_progress_valve(demo: DemoServer, folde
     assert done.stdout.splitlines()[-1] == "That took 1 turns of tool calls across 2 model requests."
 
 
+@pytest.mark.e2e
 def test_cli_secret_is_refused_by_a_deny_rule(demo: DemoServer, folder: Path, tmp_path: Path) -> None:
     config = tmp_path / "h.toml"
     config.write_text(

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # `python -m harness --list-tools` as a process, in every test
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = """
 [policy.tools]

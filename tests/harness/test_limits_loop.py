@@ -261,6 +261,7 @@ class _Recording:
 # --- the terminal --------------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_the_terminal_asks_at_a_limit_enter_continues_and_a_closed_stdin_stops(
     model: FakeMessagesAPI, workspace: Path, tmp_path: Path
 ) -> None:

@@ -134,6 +134,7 @@ def test_a_trusted_servers_read_only_claim_allows(tmp_path: Path, log: Path) -> 
         assert wipe is not None and wipe.side_effects is False
 
 
+@pytest.mark.e2e
 def test_list_tools_says_why_an_untrusted_read_only_claim_is_not_allow(tmp_path: Path, log: Path) -> None:
     config = tmp_path / "harness.toml"
     config.write_text(odd_table("odd", log) + odd_table("trusted", log, trust=True))

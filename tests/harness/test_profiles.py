@@ -303,6 +303,7 @@ def test_a_stored_record_whose_profile_is_not_text_is_refused() -> None:
 
 
 @pytest.mark.parametrize("command", [["harness", "--list-tools"], ["workers"], ["bot"]])
+@pytest.mark.e2e
 def test_each_process_refuses_a_bad_profile_at_start_in_one_line(tmp_path: Path, command: list[str]) -> None:
     """`python -m bot`, `python -m workers` and `python -m harness` stop with status 2 and one line
     naming the key, before they reach Slack, Redis or the model."""

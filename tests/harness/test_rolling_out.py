@@ -84,6 +84,7 @@ def test_the_readme_output_is_what_the_example_config_gives(monkeypatch: pytest.
             assert out.getvalue() == text, channel
 
 
+@pytest.mark.e2e
 def test_the_readme_output_is_what_the_command_prints() -> None:
     require_bwrap()
     env = {**example_environ(), "HARNESS_CONFIG": str(EXAMPLE.relative_to(ROOT))}

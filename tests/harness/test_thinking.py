@@ -8,6 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from harness.config import load_config
 from harness.loop import Agent, Failed, Finished, TurnDone, build_request, drive, step
 from harness.state import RunState, new_run
@@ -149,6 +151,7 @@ def test_thinking_text_never_reaches_the_slack_messages(model: FakeMessagesAPI, 
     assert "SECRET" not in outcome.answer and "# My project" in outcome.answer
 
 
+@pytest.mark.e2e
 def test_thinking_text_never_reaches_the_terminal(
     model: FakeMessagesAPI, workspace: Path, tmp_path: Path
 ) -> None:

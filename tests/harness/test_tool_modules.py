@@ -357,6 +357,7 @@ def module_env(model: FakeMessagesAPI, workspace: Path, tmp_path: Path, toml: st
     return env
 
 
+@pytest.mark.e2e
 def test_the_terminal_agent_runs_a_module_tool(
     model: FakeMessagesAPI, workspace: Path, tmp_path: Path
 ) -> None:
@@ -384,6 +385,7 @@ def test_the_terminal_agent_runs_a_module_tool(
     assert model.errors == []
 
 
+@pytest.mark.e2e
 def test_a_module_tool_with_no_tier_asks_by_default(
     model: FakeMessagesAPI, workspace: Path, tmp_path: Path
 ) -> None:
@@ -404,6 +406,7 @@ def test_a_module_tool_with_no_tier_asks_by_default(
     assert declined["is_error"] is True and "declined" in declined["content"]
 
 
+@pytest.mark.e2e
 def test_the_terminal_agent_stops_at_start_on_a_module_that_fails(
     model: FakeMessagesAPI, workspace: Path, tmp_path: Path
 ) -> None:

@@ -209,6 +209,7 @@ def run_dev(tmp_path: Path) -> Iterator[Callable[..., Dev]]:
                     os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.e2e
 def test_missing_settings_print_one_line_each_and_start_nothing(
     dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
 ) -> None:
@@ -290,6 +291,7 @@ def test_a_playground_model_other_than_demo_is_one_line_naming_it(value: str) ->
     )  # not the playground: not read
 
 
+@pytest.mark.e2e
 def test_a_playground_port_already_taken_is_one_line_naming_port_and_nothing_keeps_running(
     dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
 ) -> None:
@@ -316,6 +318,7 @@ def test_an_app_token_replaces_the_signing_secret() -> None:
     ]
 
 
+@pytest.mark.e2e
 def test_a_needed_redis_server_missing_from_path_exits_2(
     dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
 ) -> None:
@@ -327,6 +330,7 @@ def test_a_needed_redis_server_missing_from_path_exits_2(
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.e2e
 def test_private_redis_serves_the_children_and_ctrl_c_stops_everything_in_order(
     dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
 ) -> None:
@@ -349,6 +353,7 @@ def test_private_redis_serves_the_children_and_ctrl_c_stops_everything_in_order(
     assert dev.index(r"web  \| bye") < redis_told and dev.index(r"worker \| bye") < redis_told
 
 
+@pytest.mark.e2e
 def test_a_child_that_exits_stops_the_others_and_exits_1_naming_it(
     dev_env: dict[str, str], run_dev: Callable[..., Dev], given_redis: RedisServer
 ) -> None:
@@ -363,6 +368,7 @@ def test_a_child_that_exits_stops_the_others_and_exits_1_naming_it(
     assert not pid_alive(worker_pid)
 
 
+@pytest.mark.e2e
 def test_sigterm_stops_too_and_a_child_ignoring_it_is_killed_after_the_grace_period(
     dev_env: dict[str, str], run_dev: Callable[..., Dev], given_redis: RedisServer
 ) -> None:
@@ -484,6 +490,7 @@ def test_the_private_redis_has_a_fresh_password_that_the_readiness_probe_uses(tm
     assert urlsplit(urls[0]).password != urlsplit(urls[1]).password
 
 
+@pytest.mark.e2e
 def test_the_private_redis_refuses_strangers_and_its_password_shows_nowhere(
     dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
 ) -> None:
@@ -522,6 +529,7 @@ def test_the_private_redis_refuses_strangers_and_its_password_shows_nowhere(
     )
 
 
+@pytest.mark.e2e
 def test_the_bot_gets_a_workspace_folder_of_its_own_next_to_the_redis_data(
     dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
 ) -> None:
@@ -539,6 +547,7 @@ def test_the_bot_gets_a_workspace_folder_of_its_own_next_to_the_redis_data(
     assert dev.finish() == 0
 
 
+@pytest.mark.e2e
 def test_the_workspace_option_and_a_set_harness_workspace(
     dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev], given_redis: RedisServer
 ) -> None:
@@ -567,6 +576,7 @@ PASSWORD = "hunter2-not-to-be-printed"
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+@pytest.mark.e2e
 def test_a_redis_url_that_does_not_answer_stops_within_seconds_in_one_line_naming_it(
     host: str, dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
 ) -> None:
@@ -589,6 +599,7 @@ def test_a_redis_url_that_does_not_answer_stops_within_seconds_in_one_line_namin
     assert not (tmp_path / "data").exists() and not (tmp_path / "workspace").exists()
 
 
+@pytest.mark.e2e
 def test_a_redis_url_with_a_wrong_password_is_refused_the_same_way(
     dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
 ) -> None:
@@ -607,6 +618,7 @@ def test_a_redis_url_with_a_wrong_password_is_refused_the_same_way(
 
 
 @pytest.mark.parametrize("process", ["bot", "workers"])
+@pytest.mark.e2e
 def test_the_bot_and_the_worker_alone_exit_2_in_one_line_naming_redis_when_it_does_not_answer(
     process: str, tmp_path: Path
 ) -> None:
@@ -686,6 +698,7 @@ def test_the_socket_mode_manifest_is_the_http_one_with_socket_mode_on_and_no_url
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10", "example.org"])
+@pytest.mark.e2e
 def test_the_playground_refuses_an_address_other_than_loopback_in_one_line_and_starts_nothing(
     host: str, dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
 ) -> None:
@@ -733,6 +746,7 @@ def playground_alone_env(host: str, port: int) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+@pytest.mark.e2e
 def test_python_m_playground_alone_refuses_an_address_other_than_loopback(host: str, tmp_path: Path) -> None:
     port = unused_port()
     env = playground_alone_env(host, port)
@@ -745,6 +759,7 @@ def test_python_m_playground_alone_refuses_an_address_other_than_loopback(host: 
 
 
 @pytest.mark.parametrize("host", ["localhost", "::1"])
+@pytest.mark.e2e
 def test_python_m_playground_alone_listens_on_the_loopback_address_given(host: str, tmp_path: Path) -> None:
     import urllib.request
 
@@ -786,6 +801,7 @@ def playground_dev_env(dev_env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+@pytest.mark.e2e
 def test_the_playground_never_takes_the_redis_on_localhost_and_its_own_keeps_nothing_across_starts(
     dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
 ) -> None:
@@ -820,6 +836,7 @@ def test_the_playground_never_takes_the_redis_on_localhost_and_its_own_keeps_not
         machines_own.stop()
 
 
+@pytest.mark.e2e
 def test_a_redis_url_given_to_the_playground_is_named_on_start_with_the_runs_it_carries_over(
     dev_env: dict[str, str], run_dev: Callable[..., Dev], given_redis: RedisServer
 ) -> None:
@@ -841,6 +858,7 @@ def test_a_redis_url_given_to_the_playground_is_named_on_start_with_the_runs_it_
     assert dev.finish(30) == 0
 
 
+@pytest.mark.e2e
 def test_the_playground_without_redis_server_on_path_says_it_starts_its_own(
     dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
 ) -> None:
@@ -855,6 +873,7 @@ def test_the_playground_without_redis_server_on_path_says_it_starts_its_own(
     ]
 
 
+@pytest.mark.e2e
 def test_make_run_with_sentinels_starts_no_redis_and_hands_them_to_the_bot_and_the_worker(
     dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
 ) -> None:
@@ -879,6 +898,7 @@ def test_make_run_with_sentinels_starts_no_redis_and_hands_them_to_the_bot_and_t
     ("sentinels", "named"),
     [("127.0.0.1:{port}", "does not answer"), ("not-an-address", "REDIS_SENTINELS must be host:port")],
 )
+@pytest.mark.e2e
 def test_sentinels_that_do_not_answer_or_cannot_be_read_stop_make_run_in_one_line(
     dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev], sentinels: str, named: str
 ) -> None:

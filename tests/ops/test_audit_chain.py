@@ -25,6 +25,8 @@ from store import Keys, Store
 from tests.stack import ROOT, wait_until
 from tests.store.test_store import parked
 
+pytestmark = pytest.mark.e2e  # `python -m workers audit` as a process, in every test
+
 
 def cli(redis_url: str, *args: str, audit_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
     """`python -m workers audit ARGS` as an operator runs it."""

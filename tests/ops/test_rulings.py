@@ -234,6 +234,7 @@ def test_entries_of_other_kinds_or_unreadable_tiers_are_passed_over(tmp_path: Pa
     assert len(results) == 1 and replay.summary(results) == "1 calls, none would change"
 
 
+@pytest.mark.e2e
 def test_replay_reads_only_the_last_days(store: Store, redis_url: str, tmp_path: Path) -> None:
     old = int((time.time() - 3 * 86400) * 1000)
     entry = ruled("read_file", "allow", "builtin", channel="C9", profile="")
