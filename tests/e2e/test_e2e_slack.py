@@ -406,12 +406,21 @@ def test_healthz_answers_when_redis_answers(stack: Stack) -> None:
 
 
 def test_slack_429_and_500_are_retried(stack: Stack) -> None:
+    """A post answered 429, then 500, is sent a third time and lands. Without the client's retry
+    handlers Slack sees it once: the answer still reaches the thread by another post, so only the
+    attempts tell a retry from none."""
     channel = new_channel()
     stack.model.script_for("flaky", reply(text("flaky done")))
+    stack.settled()  # no other test's run may take the failures queued here
     stack.slack.fail_next("chat.postMessage", status=429, headers={"Retry-After": "0"})
     stack.slack.fail_next("chat.postMessage", status=500)
     _, ts, _ = stack.mention("flaky: hi", channel=channel)
     wait_post(stack, channel, ts, lambda m: "flaky done" in m["text"])
+    posts = [
+        c for c in stack.slack.calls if c.method == "chat.postMessage" and c.params.get("channel") == channel
+    ]
+    assert [c.status for c in posts[:3]] == [429, 500, 200]
+    assert posts[0].params == posts[1].params == posts[2].params  # one message, three attempts
 
 
 def test_model_failure_posts_a_retry_button_that_resumes(stack: Stack) -> None:
