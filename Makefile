@@ -22,7 +22,8 @@ XDIST := -n auto --maxprocesses 4 --dist loadfile
 test: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST)
 
-# The inner loop: everything but the end-to-end tests that start the bot and worker processes.
+# The inner loop: every test but those marked e2e, which start the product's processes (docs/testing.md);
+# under 2 minutes on 2 cores.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m "not e2e"
 
