@@ -22,13 +22,14 @@ XDIST := -n auto --maxprocesses 4 --dist loadfile
 test: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST)
 
-# The inner loop: everything but the end-to-end tests that start the bot and worker processes.
+# The inner loop: every test but those marked e2e, which start the product's processes (docs/testing.md);
+# under 2 minutes on 2 cores.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m "not e2e"
 
 # The README's pictures of the playground, taken by its browser tests (Debian's chromium needed).
 screenshots: $(STAMP)
-	PLAYGROUND_SCREENSHOTS=docs $(BIN)/python -m pytest tests/test_playground_browser.py
+	PLAYGROUND_SCREENSHOTS=docs $(BIN)/python -m pytest tests/e2e/test_playground_browser.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -18,6 +18,9 @@ from harness.policy import Policy, Tier
 from harness.tools import BUILTIN_TOOLS, ToolContext, ToolRegistry
 from tests.fakes.messages_api import FakeMessagesAPI
 
+# A test that starts the bot, a worker, `make run` (any `python -m` of ours) must be marked e2e.
+pytest_plugins = ["tests.e2e_guard"]
+
 # Timing is not what property tests check: on a loaded 2-core CI machine one example can take
 # longer than hypothesis's default 200 ms deadline, which would fail a test for nothing.
 settings.register_profile("harness", deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -129,10 +132,10 @@ def store(conn: Any) -> Any:
 
 
 def _fault_figures() -> dict[str, int]:
-    """This process's tallies of faults injected (tests/test_faults.py counts them)."""
+    """This process's tallies of faults injected (tests/e2e/test_faults.py counts them)."""
     import sys
 
-    return dict(getattr(sys.modules.get("tests.test_faults"), "FIGURES", None) or {})
+    return dict(getattr(sys.modules.get("tests.e2e.test_faults"), "FIGURES", None) or {})
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
