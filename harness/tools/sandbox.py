@@ -144,7 +144,14 @@ class Sandbox:
             env.update(_PROXY_ENVIRONMENT)
         needed = [program, *_venv(program), *_named(args, cwd), interpreter, sys.base_prefix, _INIT]
         try:
-            view = walls.plan(places, cwd=cwd, writable=server.writable, needed=needed, bound=bound)
+            view = walls.plan(
+                places,
+                cwd=cwd,
+                writable=server.writable,
+                needed=needed,
+                programs=[program, os.path.realpath(program)],
+                bound=bound,
+            )
         except walls.WallsRefused as exc:
             raise SandboxUnavailable(texts.SANDBOX_WALLS_REFUSED.format(why=exc)) from None
         flags = [*self._flags(), *view.args, "--chdir", view.cwd]

@@ -183,12 +183,16 @@ def plan(
     cwd: str,
     writable: Sequence[str] = (),
     needed: Iterable[str] = (),
+    programs: Iterable[str] = (),
     bound: Sequence[tuple[str, str]] = (),
 ) -> Plan:
     """The mounts that give a server its view: `WallsRefused` when it cannot have one.
 
     `cwd` and `writable` are absolute directories that exist; `needed` are paths (the command, the
     paths its arguments name, the sandbox's own program) to keep readable where they exist;
+    `programs` are where programs live (the command, as given and as its links resolve): under a
+    masked directory, the whole directory they stand in right below it stays readable, since a
+    program reads its neighbours (a Node package its `node_modules`, a venv its `lib`);
     `bound` are (source, target) pairs bound read-only at a target under `/run` (the egress door).
     """
     secrets = places.secrets()
@@ -196,6 +200,7 @@ def plan(
     for directory in writable:
         _check_writable(directory, secrets, places)
     shown = [os.path.realpath(p) for p in needed if os.path.lexists(p)]
+    shown += [top for p in programs if (top := _top_under_mask(p)) is not None]
     for path in shown:
         if (secret := _covering(path, secrets)) is not None:
             raise WallsRefused(
@@ -236,6 +241,16 @@ def plan(
     for directory in sorted(read_only, key=_depth, reverse=True):
         args += ["--remount-ro", directory]
     return Plan(tuple(args), writable[0], writable[1:])
+
+
+def _top_under_mask(path: str) -> str | None:
+    """`/tmp/checkout` for `/tmp/checkout/.venv/bin/python`: the directory right below the masked
+    one that holds `path`; None when `path` is under no mask."""
+    for masked in (*TEMPORARY, *RUNTIME):
+        if _inside(path, masked) and path != masked:
+            first = path[len(masked.rstrip("/")) + 1 :].split("/", 1)[0]
+            return os.path.join(masked, first)
+    return None
 
 
 def _rebuilt(

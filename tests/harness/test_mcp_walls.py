@@ -411,3 +411,33 @@ def test_the_walls_hold_for_a_worker_that_is_not_root(redis_url: str) -> None:
         assert seen["connect"].startswith("error"), seen
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_program_under_tmp_reads_its_neighbours_as_a_checkout_there_would(tmp_path: Path) -> None:
+    """A command that lives under /tmp (a checkout CI cloned there, its venv, its node_modules) keeps
+    the directory it stands in readable: a program reads its neighbours, not only its own file."""
+    require_bwrap()
+    from harness.tools.sandbox import Sandbox, Server
+
+    package = tmp_path / "checkout"
+    (package / "bin").mkdir(parents=True)
+    (package / "lib").mkdir()
+    (package / "lib" / "data.txt").write_text("a neighbour's data\n")
+    tool = package / "bin" / "tool"
+    tool.write_text('#!/bin/sh\ncat "$(dirname "$0")/../lib/data.txt"\n')
+    tool.chmod(0o755)
+    sandbox = Sandbox(state_dir=str(tmp_path / "state"))
+    try:
+        confined = sandbox.confine(Server(name="neighbours", command=str(tool)))
+        done = subprocess.run(
+            [confined.command, *confined.args],
+            env=dict(confined.env),
+            cwd=confined.cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        sandbox.close()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "a neighbour's data\n"
