@@ -1,4 +1,4 @@
-"""`python -m launch.local`: the web process, one worker and, if needed, a private Redis on this machine.
+"""`python -m launch`: the web process, one worker and, if needed, a private Redis on this machine.
 
 `make run` calls this. With no Slack setting at all (none of ``SLACK_BOT_TOKEN``,
 ``SLACK_SIGNING_SECRET``, ``SLACK_APP_TOKEN``) it starts the playground too (`python -m playground`:
@@ -114,8 +114,8 @@ def child_commands(env: Mapping[str, str]) -> dict[str, list[str]]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    """Command-line options of `python -m launch.local`."""
-    parser = argparse.ArgumentParser(prog="python -m launch.local", description=__doc__.splitlines()[0])
+    """Command-line options of `python -m launch`."""
+    parser = argparse.ArgumentParser(prog="python -m launch", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--data-dir",
         type=Path,

@@ -193,7 +193,7 @@ def lock_data_dir(data_dir: Path) -> IO[str]:
     except BlockingIOError:
         handle.close()
         raise DevError(
-            f"another `python -m launch.local` keeps its Redis data in {data_dir}; stop it first"
+            f"another `python -m launch` keeps its Redis data in {data_dir}; stop it first"
         ) from None
     return handle
 
