@@ -39,7 +39,7 @@ import re
 import stat
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # Under a user's home: the places tools keep credentials, tokens, keys and shell histories (which
 # hold passwords typed on a command line, `redis-cli -a`, `AUTH`).
@@ -174,7 +174,6 @@ class Plan:
 
     args: tuple[str, ...]
     cwd: str
-    writable: tuple[str, ...] = field(default=())
 
 
 def plan(
@@ -240,7 +239,7 @@ def plan(
         args += ["--bind", directory, directory]
     for directory in sorted(read_only, key=_depth, reverse=True):
         args += ["--remount-ro", directory]
-    return Plan(tuple(args), writable[0], writable[1:])
+    return Plan(tuple(args), writable[0])
 
 
 def _top_under_mask(path: str) -> str | None:
