@@ -82,6 +82,7 @@ class HttpDesk:
     proc: subprocess.Popen[bytes] | None = None
     sessions: bool = False
     forgetful: bool = False  # forgets each session at its first tool call (404), as a restart would
+    hold: Path | None = None  # while this file exists, a session's `initialize` waits (`.held` shows it)
     started: bool = False  # once: its port is fixed from then on (a restart keeps it)
 
     @property
@@ -113,6 +114,8 @@ class HttpDesk:
         env["MCP_HTTP_LOG"] = str(self.http_log)
         if self.forgetful:
             env["MCP_FORGET_SESSIONS"] = "1"
+        if self.hold is not None:
+            env["MCP_HOLD_INITIALIZE"] = str(self.hold)
         mode = "http-sessions" if self.sessions else "http"
         self.proc = subprocess.Popen(
             [sys.executable, str(SERVER), mode, str(self.port)],

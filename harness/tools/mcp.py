@@ -157,7 +157,9 @@ class McpHub:
             tools: list[McpTool] = []
             away: dict[str, str] = {}
             for server in self._servers.values():
-                if server.client is not None:
+                # A server that forgot its session keeps its tools while a new one opens: a call
+                # then waits for that session (`_session`) rather than being answered "away".
+                if server.client is not None or server.recovering:
                     tools.extend(server.tools)
                 else:
                     away[server.name] = server.reason
@@ -226,10 +228,12 @@ class McpHub:
                 raise
             except BaseException as exc:  # noqa: BLE001 - whatever a server does, the hub goes on
                 reason = lost or _describe(exc)  # why a session was lost, not how its closing failed
-            recovering, server.recovering = server.recovering and (steady or not reopened), False
+            recovering = server.recovering and (steady or not reopened) and not self._stopping.is_set()
             server.up.clear()
-            with self._lock:
-                server.client, server.tools, server.reason = None, (), reason
+            with self._lock:  # one step, as `listing` reads it: a recovering server is not away
+                server.client, server.reason, server.recovering = None, reason, recovering
+                if not recovering:
+                    server.tools = ()
             server.tried.set()
             if self._stopping.is_set():
                 return
@@ -237,8 +241,7 @@ class McpHub:
                 log.info(
                     "MCP server %s: %s; opening a new session", server.resolved.config.describe(), reason
                 )
-                server.recovering = True  # calls wait for it rather than answer "away"
-                reopened = True
+                reopened = True  # calls wait for the new session rather than answer "away"
                 continue
             reopened = False
             log.warning(
@@ -259,14 +262,15 @@ class McpHub:
         pinged now and then while it rests.
         """
         loop = asyncio.get_running_loop()
-        next_ping = loop.time() + _PING_SECONDS
+        pinged = loop.time()
         while not server.broken.is_set():
             if _closed(client):
                 server.reason = "the session closed (the server exited?)"
                 return
-            if server.guard is not None and server.guard.has_session and loop.time() >= next_ping:
+            due = loop.time() >= pinged + _PING_SECONDS  # read each time: a test shortens it
+            if server.guard is not None and server.guard.has_session and due:
                 await self._ping(server, client)
-                next_ping = loop.time() + _PING_SECONDS
+                pinged = loop.time()
             with suppress(TimeoutError):
                 await asyncio.wait_for(server.broken.wait(), _LIVENESS_SECONDS)
 
@@ -306,6 +310,7 @@ class McpHub:
         While a forgotten session is being replaced, wait for the new one (within `deadline`).
         """
         if server.recovering and not server.up.is_set():
+            log.info("MCP server %s: a call waits for the new session", server.resolved.config.describe())
             wait = min(deadline - asyncio.get_running_loop().time(), _RECOVER_SECONDS)
             with suppress(TimeoutError):
                 await asyncio.wait_for(server.up.wait(), max(0.0, wait))

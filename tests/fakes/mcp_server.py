@@ -21,12 +21,14 @@ to run as a task (`execution.taskSupport: "required"`) and `bad_schema`'s inputS
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import MCPServer
@@ -208,6 +210,11 @@ def _http_app(port: int, sessions: bool) -> Any:
         forgotten = forgetful and request.method == "POST" and request.headers.get("mcp-session-id")
         if forgotten and b'"tools/call"' in await request.body():  # as if it had restarted since
             return PlainTextResponse("session not found", status_code=404)
+        hold = os.environ.get("MCP_HOLD_INITIALIZE")  # a session's opening waits while this file is
+        if hold and request.method == "POST" and b'"initialize"' in await request.body():
+            while os.path.exists(hold):
+                Path(hold + ".held").touch()  # the test sees the opening held
+                await asyncio.sleep(0.02)
         if request.method == "DELETE" and os.environ.get("MCP_HTTP_LOG"):
             with open(os.environ["MCP_HTTP_LOG"], "a", encoding="utf-8") as handle:
                 handle.write(json.dumps({"delete": request.headers.get("mcp-session-id")}) + "\n")

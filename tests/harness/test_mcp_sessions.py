@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,48 @@ def test_an_http_server_restarted_while_idle_is_reconnected_and_the_next_call_ru
     ran = ["get_ticket", "comment"] if called_before else ["comment"]
     assert [c["tool"] for c in calls(log)] == ran  # a side effect, run once
     assert not hub.listing().away
+
+
+def test_a_call_made_while_a_forgotten_session_is_replaced_waits_for_the_new_one(
+    quick: None,
+    tmp_path: Path,
+    log: Path,
+    session_desk: HttpDesk,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seen in CI: the server restarted, the hub noticed on its own (the SDK's listening stream
+    reconnected and got 404) and was opening a new session when the call came; the call was
+    answered "not reachable", the server listed as away. While a new session opens, a call waits.
+
+    The restarted server holds the new session's `initialize` until the call is seen waiting."""
+    config = config_of(tmp_path, http_table("desk", session_desk.url) + "timeout_seconds = 20\n")
+    hold = tmp_path / "hold"
+    with (
+        caplog.at_level(logging.INFO, logger="harness.mcp"),
+        McpHub(config.resolved_servers({"DESK_TOKEN": TOKEN})) as hub,
+    ):
+        catalog = Catalog.from_config(config, host=hub)
+        session_desk.kill()
+        hold.touch()
+        session_desk.hold = hold
+        session_desk.start()
+        monkeypatch.setattr(mcp, "_PING_SECONDS", 0.1)  # the hub notices the restart without a call
+        wait_until(hold.with_suffix(".held").exists)  # the new session is being opened
+        assert not hub.listing().away  # not away: its session is being replaced
+        answer: list[Any] = []
+        caller = threading.Thread(
+            target=lambda: answer.append(
+                run(catalog, "desk__comment", {"id": "T-4", "text": "while reopening"}, tmp_path)
+            )
+        )
+        caller.start()
+        messages = lambda: [r.getMessage() for r in caplog.records]  # noqa: E731
+        wait_until(lambda: answer or any("a call waits for the new session" in m for m in messages()))
+        hold.unlink()
+        caller.join(30)
+    assert answer and not answer[0].is_error, answer
+    assert [c["tool"] for c in calls(log)] == ["comment"]
 
 
 def test_a_server_that_forgets_every_session_is_backed_off_from_and_nothing_runs(
