@@ -250,7 +250,7 @@ def open_click(
     channel and every check of `opening` passes; else the clicker's reply is set and None."""
     try:
         ref = opening.parse(value)
-        record = deps.store.load_run(opening.run_of(ref))
+        record = deps.store.runs.load(opening.run_of(ref))
     except BadId:
         record = None
     except StateError:

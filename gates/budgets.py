@@ -84,7 +84,7 @@ class Gate:
         give_up = time.monotonic() + self.hold_seconds
         while True:
             now = self.clock()
-            found = self.store.budget_admit(
+            found = self.store.budgets.admit(
                 self.scopes, request_id, estimate, granted=granted, now=now, hold_seconds=self.hold_seconds
             )
             if found.outcome is Admission.ADMITTED:
@@ -112,7 +112,7 @@ class Gate:
                 )
             )
         else:  # a hold to drop now: others may be waiting on it
-            self.store.budget_settle(
+            self.store.budgets.settle(
                 day,
                 self.scopes,
                 request_id,
@@ -153,7 +153,7 @@ def refusal(
     now = time.time() if now is None else now
     found = [s for s in scopes(settings.budgets, team, user, channel) if s.budget > 0]
     named = texts.BUDGET_PROFILE.format(profile=settings.profile) if settings.profile else ""
-    for scope, spent in zip(found, store.budget_spent(found, now), strict=True):
+    for scope, spent in zip(found, store.budgets.spent(found, now), strict=True):
         if spent < scope.budget:
             continue
         if scope.kind == USER_SCOPE:
@@ -185,7 +185,7 @@ def near(store: Store, config: Config, now: float | None = None, share: float = 
     (as configured now): one line each, so a budget of any of them that is nearly spent shows.
     """
     found = []
-    for line in store.budget_today(now):
+    for line in store.budgets.today(now):
         settings = config.settings(line.profile or None)
         budgets = settings.budgets
         budget = (

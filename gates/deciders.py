@@ -86,7 +86,7 @@ class GroupDirectory:
     def members(self, store: Store, team: str, group: str) -> frozenset[str]:
         """The members of `group`: from the cache, else from Slack (then cached); empty if unreadable."""
         try:
-            cached = store.cached_group(team, group)
+            cached = store.groups.cached(team, group)
         except BadId:
             return frozenset()
         if cached is not None:
@@ -103,7 +103,7 @@ class GroupDirectory:
             log.warning("user group %s came back without a list of users: nobody in it may decide", group)
             return frozenset()
         members = frozenset(u for u in users if isinstance(u, str) and USER_ID.fullmatch(u))
-        store.cache_group(team, group, members)
+        store.groups.cache(team, group, members)
         return members
 
     def includes(self, store: Store, team: str, user: str, names: Sequence[str]) -> bool:

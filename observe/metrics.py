@@ -369,13 +369,13 @@ def mention(connection: redis.Redis, result: str) -> None:
 
 
 def mention_counter() -> tuple[str, dict[Accepted, str]]:
-    """Where `Store.accept_event` counts a mention as `mention` would, in the same step as it
+    """Where `store.admission.accept_event` counts a mention as `mention` would, in the same step as it
     records it: the counters' hash and the field of each outcome."""
     return Keys.metric_counters(), {a: counter_field(MENTIONS, result=a.value) for a in Accepted}
 
 
 def budget_counter(profile: str) -> tuple[str, str]:
-    """Where `Store.budget_settle` counts a request's cost for `harness_budget_tokens`, in the same
+    """Where `store.budgets.settle` counts a request's cost for `harness_budget_tokens`, in the same
     step as it counts it against the budgets: the counters' hash and the field of `profile`."""
     return Keys.metric_counters(), counter_field(BUDGET_TOKENS, profile=profile)
 

@@ -5,7 +5,7 @@ The watchdog of each worker with the variable set runs `mirror`: one process at 
 Redis) reads the entries after the files' cursor (`harness:audit:mirrored`), appends them to
 `audit-YYYY-MM-DD.jsonl` (the UTC day the entry was appended), fsyncs the file (and the directory
 for a new file), and only then moves the cursor. Redis trims nothing above the cursor
-(`AuditStore.trim_audit`). A process killed at any step loses nothing: entries above the cursor
+(`store.audit.trim`). A process killed at any step loses nothing: entries above the cursor
 are still in Redis, and the next pass starts from the newest entry the files hold (a line cut off
 by the kill is dropped first, since its entry was never counted as written), so none is written
 twice either.
@@ -73,20 +73,20 @@ def mirror_batch(
 ) -> int:
     """One batch: read after the cursor, append, fsync, then move the cursor (if still the lease's
     holder); 0 when another process holds the lease or nothing is new."""
-    if not store.take_audit_mirror(token, lease):
+    if not store.audit.take_mirror(token, lease):
         return 0
-    cursor = store.audit_mirrored()
+    cursor = store.audit.mirrored()
     filed = newest_filed(directory)  # newer than the cursor: a mirror was killed before moving it
     start = max((i for i in (cursor, filed) if i), key=_id_key, default="-")
-    links = store.audit_links(start, count=BATCH)
+    links = store.audit.links(start, count=BATCH)
     if not links:
         if start != "-" and start != cursor:
-            store.advance_audit_mirror(token, start)
+            store.audit.advance_mirror(token, start)
         return 0
     _append(directory, links, step)
     if step:
         step("synced")
-    store.advance_audit_mirror(token, links[-1].id)
+    store.audit.advance_mirror(token, links[-1].id)
     return len(links)
 
 
@@ -204,7 +204,7 @@ def collect(store: Store, directory: Path | None) -> tuple[list[AuditLink], list
     Redis is read first, the files after: whatever a mirror appends and trims meanwhile is then in
     the files, so nothing falls between the two reads.
     """
-    held = list(store.all_audit_links())
+    held = list(store.audit.all_links())
     if directory is None:
         return held, []
     filed = read_links(directory)
@@ -222,4 +222,4 @@ def audit_pass(store: Store, directory: Path | None, token: str, now: float) -> 
             mirror(store, directory, token)
         except OSError:
             log.exception("cannot append the audit to %s; Redis keeps every entry until it can", directory)
-    store.trim_audit(mirrored=directory is not None, now=now)
+    store.audit.trim(mirrored=directory is not None, now=now)

@@ -52,12 +52,12 @@ def in_flight(store: Store) -> list[tuple[RunRecord, bool]]:
 def parked(store: Store, now: float, limit: int = 500) -> list[Parked]:
     """The open parks, the soonest to expire first, with what each still waits for."""
     found = []
-    for run_id, park_id in store.parked(now, limit):
+    for run_id, park_id in store.escalations.parked(now, limit):
         record = _load(store, run_id)
         if record is None or record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park_id:
             continue
         tools = {c.id: c.name for c in _pending(record)}
-        decisions = store.decisions(run_id, park_id)
+        decisions = store.parks.decisions(run_id, park_id)
         waiting = [
             "limit" if call_id == LIMIT_CALL else tools.get(call_id, call_id)
             for call_id, decision in decisions.items()
@@ -176,7 +176,7 @@ def _where(record: RunRecord) -> str:
 
 def _load(store: Store, run_id: str) -> RunRecord | None:
     try:
-        return store.load_run(run_id)
+        return store.runs.load(run_id)
     except (BadId, StateError):
         return None
 

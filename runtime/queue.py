@@ -35,7 +35,7 @@ def enqueue_job(
 
 def queued_job(queue: rq.Queue, func: str | Any, *args: Any, job_id: str) -> QueuedJob:
     """The job `enqueue_job` would enqueue, as the writes RQ makes for it, for a Lua script to make
-    along with writes of its own (`Store.accept_event`).
+    along with writes of its own (`store.admission.accept_event`).
 
     RQ builds the job and its hash (`Job.to_dict`, as RQ's own unique enqueue does); what is left
     is what `Queue.enqueue_job` sets on a job it enqueues: its queue, when, and its status. No
@@ -71,12 +71,12 @@ def enqueue_run_job(
     """Enqueue a job about `run_id`, marked pending in the same step so the watchdog sends no other."""
     job_id = uuid.uuid4().hex
     if pipeline is not None:
-        store.mark_pending(run_id, job_id, pipeline=pipeline)
+        store.runs.mark_pending(run_id, job_id, pipeline=pipeline)
         enqueue_job(queue, func, run_id, *args, pipeline=pipeline, job_id=job_id)
         return
     with store.redis.pipeline() as pipe:
         pipe.multi()
-        store.mark_pending(run_id, job_id, pipeline=pipe)
+        store.runs.mark_pending(run_id, job_id, pipeline=pipe)
         enqueue_job(queue, func, run_id, *args, pipeline=pipe, job_id=job_id)
         pipe.execute()
 

@@ -16,10 +16,13 @@ in the module of the record it writes, beside the method that sends it:
 - `audit`: the audit stream of decisions (a hash chain, trimmed behind its files), the feedback
   stream of answers.
 
-`Store` is one object on one connection, made of one part per module (`base.StorePart`).
+`Store` is one object on one connection, holding one part per module (`base.StorePart`):
+`store.parks`, `store.runs`, `store.threads`, ...
 """
 
 from __future__ import annotations
+
+import redis
 
 from store.admission import EVENT_TTL, RUN_COUNT_HORIZON, Accepted, AdmissionStore, QueuedJob
 from store.audit import (
@@ -75,27 +78,31 @@ from store.records import (
     pack,
     unpack,
 )
+from store.replicas import Replicas, Shortfall
 from store.runs import PENDING_TTL, FinishResult, RunStore, Saved
 from store.threads import HISTORY_VERSION, THREAD_TTL, ThreadStore
 
 
-class Store(
-    AdmissionStore,
-    RunStore,
-    ThreadStore,
-    ParkStore,
-    EscalationStore,
-    GrantStore,
-    GroupStore,
-    AuditStore,
-    BudgetStore,
-):
+class Store:
     """Runs, threads, decisions and dedup marks in Redis: one part per kind of record, one connection.
 
-    The parts are mixins rather than objects the Store holds, so every call site keeps its one
-    `store` and its calls (`svc.store.decide(...)`), mypy sees each method where it is defined, and
-    a part is still read on its own, its scripts beside the methods that send them.
+    A call site names the part it uses (`store.parks.decide(...)`, `store.runs.save(...)`), so the
+    file a behaviour lives in is in the call; the parts share the connection and `replicas`.
     """
+
+    def __init__(self, connection: redis.Redis, *, shortfall: Shortfall | None = None) -> None:
+        """`shortfall`: what counts a promised write no replica acknowledged (the process's metrics)."""
+        self.redis = connection
+        self.replicas = Replicas(connection, shortfall=shortfall)
+        self.admission = AdmissionStore(connection, self.replicas)
+        self.runs = RunStore(connection, self.replicas)
+        self.threads = ThreadStore(connection, self.replicas)
+        self.parks = ParkStore(connection, self.replicas)
+        self.escalations = EscalationStore(connection, self.replicas)
+        self.grants = GrantStore(connection, self.replicas)
+        self.groups = GroupStore(connection, self.replicas)
+        self.audit = AuditStore(connection, self.replicas)
+        self.budgets = BudgetStore(connection, self.replicas)
 
 
 __all__ = [

@@ -182,35 +182,35 @@ def rulings_write(run_id: str, entries: list[dict[str, Any]], *, now: float | No
 class AuditStore(StorePart):
     """The decisions' audit, the calls' tier decisions and the answers' feedback, each a capped stream."""
 
-    def append_audit(self, entry: dict[str, Any], *, now: float | None = None) -> None:
+    def append(self, entry: dict[str, Any], *, now: float | None = None) -> None:
         """One audit entry written outside a decision (a call a grant let run), chained."""
         now = time.time() if now is None else now
         text = json.dumps({"at": now, **entry}, ensure_ascii=False)
         self._script(_APPEND)(keys=[Keys.audit(), Keys.audit_head()], args=[text])
 
-    def audit_links(self, after: str = "-", *, count: int = AUDIT_PAGE) -> list[AuditLink]:
+    def links(self, after: str = "-", *, count: int = AUDIT_PAGE) -> list[AuditLink]:
         """Up to `count` entries of the decisions' audit after stream id `after` (exclusive;
         "-": from the first), oldest first, with their chain fields."""
         start = after if after == "-" else "(" + after
         rows: list[Any] = self.redis.xrange(Keys.audit(), min=start, count=count) or []
         return [_link(as_text(id_), fields_) for id_, fields_ in rows]
 
-    def all_audit_links(self, after: str = "-") -> Iterator[AuditLink]:
+    def all_links(self, after: str = "-") -> Iterator[AuditLink]:
         """Every entry of the decisions' audit after `after`, oldest first, a page at a time."""
         while True:
-            page = self.audit_links(after)
+            page = self.links(after)
             yield from page
             if len(page) < AUDIT_PAGE:
                 return
             after = page[-1].id
 
-    def audit_head(self) -> tuple[int, str] | None:
+    def head(self) -> tuple[int, str] | None:
         """The chain's head (seq, hash) as Redis holds it; None if there is none (or it is not one)."""
         raw = self.redis.get(Keys.audit_head())
         seq, _, digest = as_text(raw or b"").partition(" ")
         return (int(seq), digest) if seq.isdigit() and digest else None
 
-    def trim_audit(self, *, mirrored: bool, now: float | None = None, most: int = AUDIT_MAX_ENTRIES) -> int:
+    def trim(self, *, mirrored: bool, now: float | None = None, most: int = AUDIT_MAX_ENTRIES) -> int:
         """Trim the decisions' audit to `most` entries and `AUDIT_MAX_AGE`, never above the files'
         cursor (`mirrored`: this process keeps the files, so without a cursor nothing goes); how
         many entries went."""
@@ -220,22 +220,22 @@ class AuditStore(StorePart):
         args: list[Any] = [most, oldest, "1" if mirrored else "0", TRIM_MOST]
         return int(self._script(_TRIM)(keys=keys, args=args))
 
-    def audit_mirrored(self) -> str | None:
+    def mirrored(self) -> str | None:
         """The newest stream id the JSONL files hold, or None before the first is written."""
         raw = self.redis.get(Keys.audit_mirrored())
         return as_text(raw) if raw else None
 
-    def take_audit_mirror(self, token: str, seconds: float) -> bool:
+    def take_mirror(self, token: str, seconds: float) -> bool:
         """Hold (or renew) the lease of the one process appending to the files now."""
         args: list[Any] = [token, int(seconds * 1000)]
         return bool(self._script(_LEASE)(keys=[Keys.audit_mirror_lock()], args=args))
 
-    def advance_audit_mirror(self, token: str, newest: str) -> bool:
+    def advance_mirror(self, token: str, newest: str) -> bool:
         """Move the files' cursor to `newest` (fsynced there already), if the lease is still ours."""
         keys = [Keys.audit_mirrored(), Keys.audit_mirror_lock()]
         return bool(self._script(_ADVANCE)(keys=keys, args=[token, newest]))
 
-    def audit_entries(self, count: int = 100) -> list[dict[str, Any]]:
+    def entries(self, count: int = 100) -> list[dict[str, Any]]:
         """The newest `count` audit entries, oldest first (see `_stream_entries`)."""
         return self._stream_entries(Keys.audit(), count)
 

@@ -11,7 +11,7 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
-from store.replicas import Replicas, Shortfall
+from store.replicas import Replicas
 
 
 def as_text(value: Any) -> str:
@@ -33,16 +33,17 @@ class Beside:
 class StorePart:
     """One part of the `Store`: a kind of record, its keys and its scripts, on the Store's connection.
 
-    The parts are mixins of `Store`, so a call site reads `store.decide(...)` whichever part owns
-    it. A part keeps its Lua scripts as module constants beside the methods that send them, and
-    sends them with `self._script(SOURCE)(keys=..., args=...)`.
+    The `Store` holds one of each (`store.parks`, `store.runs`, ...), so a call site says which
+    part it uses: `store.parks.decide(...)` is in `parks.py`. A part keeps its Lua scripts as
+    module constants beside the methods that send them, and sends them with
+    `self._script(SOURCE)(keys=..., args=...)`.
     """
 
-    def __init__(self, connection: redis.Redis, *, shortfall: Shortfall | None = None) -> None:
-        """`shortfall`: what counts a promised write no replica acknowledged (the process's metrics)."""
+    def __init__(self, connection: redis.Redis, replicas: Replicas) -> None:
+        """`replicas`: the Store's, shared by its parts (how a promised write waits for a replica)."""
         self.redis = connection
         self._scripts: dict[str, Script] = {}  # by source: each registered once, on first use
-        self.replicas = Replicas(connection, shortfall=shortfall)
+        self.replicas = replicas
 
     def _script(self, source: str) -> Script:
         """`source` registered with the connection: sent by its SHA (EVALSHA), loaded again by

@@ -161,7 +161,7 @@ return 1
 class BudgetStore(StorePart):
     """The daily budgets' spend and holds: admitted and settled atomically, read by the bot and status."""
 
-    def budget_admit(
+    def admit(
         self,
         scopes: Sequence[Scope],
         request_id: str,
@@ -190,7 +190,7 @@ class BudgetStore(StorePart):
         scope = scopes[index - 1] if index > 0 else None
         return Admitted(Admission(outcome), day, scope, spent, held)
 
-    def budget_settle(
+    def settle(
         self,
         day: str,
         scopes: Sequence[Scope],
@@ -208,7 +208,7 @@ class BudgetStore(StorePart):
         write = budget_settled(day, scopes, request_id, tokens, profile=profile, counted_in=counted_in)
         return bool(self._script(write.script)(keys=list(write.keys), args=list(write.args)))
 
-    def budget_spent(self, scopes: Sequence[Scope], now: float | None = None) -> list[int]:
+    def spent(self, scopes: Sequence[Scope], now: float | None = None) -> list[int]:
         """What each of `scopes` spent today (UTC)."""
         if not scopes:
             return []
@@ -216,7 +216,7 @@ class BudgetStore(StorePart):
         raw = self.redis.hmget(Keys.budget_spent(day), [s.field for s in scopes])
         return [int(v) if v is not None else 0 for v in raw]
 
-    def budget_today(self, now: float | None = None) -> list[SpentToday]:
+    def today(self, now: float | None = None) -> list[SpentToday]:
         """Every user's and channel's spend today (UTC), one line per profile they spent under."""
         day = utc_day(time.time() if now is None else now)
         stored = {as_text(k): int(v) for k, v in self.redis.hgetall(Keys.budget_spent(day)).items()}

@@ -151,10 +151,10 @@ class GrantStore(StorePart):
         found = [_parse(raw, key) for raw, key in zip(self.redis.mget(keys), keys, strict=True)]
         return [g for g in found if g is not None and g.left != 0 and g.covers(call_input, path_args)]
 
-    def take_grant(self, grant: Grant, use: str) -> Grant | None:
+    def take(self, grant: Grant, use: str) -> Grant | None:
         """Spend one use of `grant` for the call `use` ("run:call"), atomically: the grant as it
         stands after, or None when it is gone or spent (then the call asks)."""
         return _parse(self._script(_TAKE)(keys=[grant.key], args=[use]), grant.key)
 
-    def revoke_grant(self, team: str, channel: str, thread_ts: str, tool: str, slot: str = "") -> bool:
+    def revoke(self, team: str, channel: str, thread_ts: str, tool: str, slot: str = "") -> bool:
         return bool(self.redis.delete(Keys.grant(team, channel, thread_ts, tool, slot)))

@@ -14,7 +14,7 @@ GROUP_TTL = 60  # seconds a user group's members are trusted before they are rea
 class GroupStore(StorePart):
     """A short-lived cache of user groups' members."""
 
-    def cached_group(self, team: str, group: str) -> frozenset[str] | None:
+    def cached(self, team: str, group: str) -> frozenset[str] | None:
         """The members of `group` read from Slack less than `GROUP_TTL` ago, or None (read it again)."""
         raw = self.redis.get(Keys.group_members(team, group))
         if raw is None:
@@ -27,5 +27,5 @@ class GroupStore(StorePart):
             return None
         return frozenset(members)
 
-    def cache_group(self, team: str, group: str, members: frozenset[str], ttl: int = GROUP_TTL) -> None:
+    def cache(self, team: str, group: str, members: frozenset[str], ttl: int = GROUP_TTL) -> None:
         self.redis.set(Keys.group_members(team, group), json.dumps(sorted(members)), ex=max(1, int(ttl)))

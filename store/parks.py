@@ -325,7 +325,7 @@ class ParkStore(StorePart):
         # card whose park the new master never had (the run would park again, a second card).
         return bool(self.replicas.run(self._script(_PARK), keys, args, "park"))
 
-    def settle_park(self, record: RunRecord, token: str, seconds: float, *, ttl: int) -> str:
+    def settle(self, record: RunRecord, token: str, seconds: float, *, ttl: int) -> str:
         """'ready' (every decision is in: keep driving), 'parked' (let go) or 'lost' (not ours)."""
         keys = [
             Keys.lease(record.run_id),
@@ -337,7 +337,7 @@ class ParkStore(StorePart):
         args: list[Any] = [token, pack(record.to_json()), ttl, record.run_id, int(seconds * 1000)]
         return as_text(self._script(_SETTLE)(keys=keys, args=args))
 
-    def park_view(self, run_id: str, park_id: int) -> ParkView:
+    def view(self, run_id: str, park_id: int) -> ParkView:
         """Who pressed Stop, the park's decisions and the cards already updated: one round trip."""
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.get(Keys.stop_request(run_id))
@@ -351,7 +351,7 @@ class ParkStore(StorePart):
             decided_at_of(raw),
         )
 
-    def forget_park(self, record: RunRecord) -> None:
+    def forget(self, record: RunRecord) -> None:
         """Park `record.park_id` is over (stopped, expired, answered at a limit): out of `expiries`
         and of the Home tab's indexes, in one round trip."""
         member = f"{check_id('run', record.run_id)}:{int(record.park_id)}"

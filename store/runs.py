@@ -122,7 +122,7 @@ return {1, nxt, saved}
 class RunStore(StorePart):
     """Run records, their leases and saves, stop requests, a run's end, and runs without a driver."""
 
-    def load_run(self, run_id: str) -> RunRecord | None:
+    def load(self, run_id: str) -> RunRecord | None:
         raw = self.redis.get(Keys.run(run_id))
         return None if raw is None else RunRecord.from_json(unpack(raw))
 

@@ -58,12 +58,12 @@ class ThreadStore(StorePart):
             raise StateError("stored thread has an unknown format version; refusing to use it")
         return tuple(parsed["messages"]), int(seq or 0)
 
-    def thread_profile(self, team: str, channel: str, thread_ts: str) -> str | None:
+    def profile(self, team: str, channel: str, thread_ts: str) -> str | None:
         """The profile the thread's first run started under ("": the top level); None: none yet."""
         raw = self.redis.hget(Keys.history(team, channel, thread_ts), "profile")
         return None if raw is None else as_text(raw)
 
-    def keep_thread_profile(self, record: RunRecord) -> None:
+    def keep_profile(self, record: RunRecord) -> None:
         """Remember `record`'s profile as its thread's: later mentions there continue under it."""
         key = Keys.history(*record.thread)
         with self.redis.pipeline() as pipe:
@@ -71,13 +71,13 @@ class ThreadStore(StorePart):
             pipe.expire(key, THREAD_TTL)
             pipe.execute()
 
-    def take_thread(self, record: RunRecord, ttl: int, *, queue: bool = True) -> bool:
+    def take(self, record: RunRecord, ttl: int, *, queue: bool = True) -> bool:
         """Make `record` the active run of its thread, or (`queue`) queue it behind the one that is."""
         keys = [Keys.thread_lock(*record.thread), Keys.thread_waiting(*record.thread)]
         args: list[Any] = [record.run_id, ttl, THREAD_TTL, "1" if queue else "0"]
         return bool(self._script(_TAKE_THREAD)(keys=keys, args=args))
 
-    def thread_holder(self, record: RunRecord) -> str | None:
+    def holder(self, record: RunRecord) -> str | None:
         raw = self.redis.get(Keys.thread_lock(*record.thread))
         return as_text(raw) if raw else None
 

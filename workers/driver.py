@@ -90,7 +90,7 @@ class Driver:
         self._live: LiveView | None = None  # what Slack shows of the run as it happens (workers.live)
 
     def __enter__(self) -> Driver | None:
-        took, raw = self.svc.store.acquire_and_read(self.run_id, self.token, self.seconds)
+        took, raw = self.svc.store.runs.acquire_and_read(self.run_id, self.token, self.seconds)
         if not took:
             return None
         try:  # read under the lease: nobody else writes it now
@@ -99,8 +99,8 @@ class Driver:
             log.error("run %s cannot be read: %s", self.run_id, exc)  # nowhere to post: refuse quietly
             record = None
         if record is None:
-            self.svc.store.release_lease(self.run_id, self.token)
-            self.svc.store.forget_active(self.run_id)
+            self.svc.store.runs.release_lease(self.run_id, self.token)
+            self.svc.store.runs.forget_active(self.run_id)
             return None
         self._record = record
         # Debts found at the start may have been paid by a driver that died before saving so.
@@ -120,7 +120,7 @@ class Driver:
             self._beat.join(5)
         if not self.released:
             # Whatever happened, the run stays active: the watchdog hands it to another worker.
-            self.svc.store.release_lease(self.run_id, self.token)
+            self.svc.store.runs.release_lease(self.run_id, self.token)
 
     def _heartbeat(self) -> None:
         """Renews the lease while a long model request or tool runs between saves.
@@ -131,7 +131,7 @@ class Driver:
         renewed = time.monotonic()
         while not self._stop.wait(self.seconds / 3):
             try:
-                if not self.svc.store.renew_lease(self.run_id, self.token, self.seconds):
+                if not self.svc.store.runs.renew_lease(self.run_id, self.token, self.seconds):
                     break
                 renewed = time.monotonic()
             except Exception as exc:  # a dead heartbeat must never go unnoticed
@@ -164,7 +164,7 @@ class Driver:
 
     def save(self, *, ttl: int = FINISHED_RUN_TTL, promise: str | None = None, **changes: Any) -> None:
         """Write the run with `changes` (fenced by the lease), outbox included. `promise`: what rests
-        on this write (a call's write-ahead mark), which then waits for a replica (`Store.save`)."""
+        on this write (a call's write-ahead mark), which then waits for a replica (`store.runs.save`)."""
         if _COURIERS_OWN.intersection(changes):
             self.collect()
         record = replace(self.record, **changes)
@@ -172,7 +172,7 @@ class Driver:
         if self.lost:
             raise LostLease(self.run_id)
         store = self.svc.store
-        saved = store.save(
+        saved = store.runs.save(
             record, self.token, self.seconds, ttl=ttl, beside=beside, encoder=self._encoder, promise=promise
         )
         if not saved:
@@ -188,7 +188,7 @@ class Driver:
     def _write_besides(self) -> None:
         beside, self._beside = self._beside, []
         if beside:
-            self.svc.store.write_besides(beside)
+            self.svc.store.runs.write_besides(beside)
 
     def stop_requested(self) -> str | None:
         """Who pressed Stop, if anyone: as the last save read it when that was just now, else from Redis.
@@ -199,7 +199,7 @@ class Driver:
         seen, self._stop_seen = self._stop_seen, None
         if seen is not None and time.monotonic() - seen[1] <= STOP_SEEN_SECONDS:
             return seen[0]
-        return self.svc.store.stop_requested(self.run_id)
+        return self.svc.store.runs.stop_requested(self.run_id)
 
     def owe(
         self, msg: Message, role: str = outbox.MESSAGE, call: str | None = None, *, live: str | None = None
@@ -314,7 +314,9 @@ class Driver:
             cards={},
             parked_since=time.time(),
         )
-        if self.lost or not self.svc.store.park(record, self.token, self.seconds, [LIMIT_CALL], ttl=ttl):
+        if self.lost or not self.svc.store.parks.park(
+            record, self.token, self.seconds, [LIMIT_CALL], ttl=ttl
+        ):
             raise LostLease(self.run_id)
         self._record = record
 
@@ -333,7 +335,7 @@ class Driver:
         )
         fingerprints = {c.id: c.fingerprint for c in calls}
         ids = [c.id for c in calls]
-        if self.lost or not self.svc.store.park(
+        if self.lost or not self.svc.store.parks.park(
             record, self.token, self.seconds, ids, ttl=ttl, fingerprints=fingerprints, encoder=self._encoder
         ):
             raise LostLease(self.run_id)
@@ -343,7 +345,7 @@ class Driver:
         """Let go of a parked run; True when every decision is already in (keep driving it)."""
         self.collect()
         ttl = park_ttl(self.svc.settings_of(self.record).approvals.expire_after_minutes)
-        outcome = self.svc.store.settle_park(self.record, self.token, self.seconds, ttl=ttl)
+        outcome = self.svc.store.parks.settle(self.record, self.token, self.seconds, ttl=ttl)
         if outcome == "lost":
             raise LostLease(self.run_id)
         self.released = outcome == "parked"
@@ -376,7 +378,7 @@ class Driver:
         history = None
         if record.status in (RunStatus.FINISHED, RunStatus.STOPPED) and record.state is not None:
             history = tuple(record.state["messages"])
-        result = self.svc.store.finish(record, self.token, history=history, failure_ts=failure_ts)
+        result = self.svc.store.runs.finish(record, self.token, history=history, failure_ts=failure_ts)
         if result is None:
             raise LostLease(self.run_id)
         if result.retry_claimed:
@@ -389,7 +391,7 @@ class Driver:
     def leave(self) -> None:
         """Let go of a run queued behind another in its thread."""
         self.collect()
-        self.svc.store.leave(self.record, self.token)
+        self.svc.store.threads.leave(self.record, self.token)
         self.released = True
 
     def notify(self, text: str) -> None:

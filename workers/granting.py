@@ -32,7 +32,7 @@ def spread_grants(
             used = use_grant(svc, record, sibling, [grant])
             if used is None:
                 continue
-            result = svc.store.decide(
+            result = svc.store.parks.decide(
                 record.run_id,
                 record.park_id,
                 other_id,
@@ -48,12 +48,14 @@ def announce_grant(svc: Services, record: RunRecord, tool: str, directory: str) 
     """The thread's standing grant of `tool` (under `directory`); the first to see it posts the
     notice with Revoke."""
     try:
-        grant = svc.store.grant(record.team, record.channel, record.thread_ts, tool, grant_slot(directory))
+        grant = svc.store.grants.grant(
+            record.team, record.channel, record.thread_ts, tool, grant_slot(directory)
+        )
     except BadId:
         return None
     if grant is None or grant.requester != record.requester:
         return None
-    if svc.store.first_card_update(record.run_id, record.park_id, f"grant-{tool}-{grant.slot}"[:128]):
+    if svc.store.parks.first_card_update(record.run_id, record.park_id, f"grant-{tool}-{grant.slot}"[:128]):
         note = cards.grant_notice(
             tool=tool,
             by=grant.by,
@@ -81,7 +83,7 @@ def apply_grants(
         if used is None:
             continue
         grant, granted[call.id] = used
-        svc.store.append_audit(
+        svc.store.audit.append(
             {
                 "run_id": record.run_id,
                 "call_id": call.id,
@@ -99,7 +101,7 @@ def apply_grants(
 def grants_for(svc: Services, record: RunRecord, call: PendingCall) -> list[Grant]:
     """The thread's standing grants of the call's tool whose scope holds it, given for this requester."""
     try:
-        found = svc.store.covering(
+        found = svc.store.grants.covering(
             record.team, record.channel, record.thread_ts, call.name, call.input, call.path_args
         )
     except BadId:
@@ -118,7 +120,7 @@ def use_grant(
     for grant in grants:
         if grant.tool != call.name or not grant.covers(call.input, call.path_args):
             continue
-        spent = svc.store.take_grant(grant, f"{record.run_id}:{call.id}")
+        spent = svc.store.grants.take(grant, f"{record.run_id}:{call.id}")
         if spent is None:
             continue
         decision = Decision(

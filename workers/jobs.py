@@ -91,16 +91,16 @@ def honour_stop(run_id: str) -> None:
 def apply_decisions(run_id: str) -> None:
     """Show new decisions on their cards; once every call of the park is decided, resume."""
     svc = services()
-    svc.store.job_started(run_id)
+    svc.store.runs.job_started(run_id)
     record = load_record(svc.store, run_id)
     if record is None or record.status is not RunStatus.AWAITING_APPROVAL:
         return
     calls = pending_by_id(record)
-    decisions = granting.spread_grants(svc, record, calls, svc.store.decisions(run_id, record.park_id))
+    decisions = granting.spread_grants(svc, record, calls, svc.store.parks.decisions(run_id, record.park_id))
     if decisions and all(d is not None for d in decisions.values()):
         _drive(svc, run_id)  # the resume updates every card
         return
-    votes = svc.store.votes(run_id, record.park_id)
+    votes = svc.store.parks.votes(run_id, record.park_id)
     for call_id, decision in decisions.items():
         card = record.cards.get(call_id)
         if card and call_id == LIMIT_CALL and decision is None and call_id in votes:  # Continues so far
@@ -112,7 +112,7 @@ def apply_decisions(run_id: str) -> None:
         if decision is None and call_id in votes:  # a quorum filling up: the card shows who so far
             msg = park_cards.approval_card(svc, record, calls[call_id], votes[call_id])
             svc.update(record.channel, card, msg.text, msg.blocks)
-        elif decision is not None and svc.store.first_card_update(run_id, record.park_id, call_id):
+        elif decision is not None and svc.store.parks.first_card_update(run_id, record.park_id, call_id):
             msg = park_cards.decided_card(record, calls[call_id], decision)
             svc.update(record.channel, card, msg.text, msg.blocks)
 
@@ -129,7 +129,7 @@ def show_new_expiry(run_id: str, park_id: int) -> None:
 def drive(run_id: str, *, recovering: bool = False) -> None:
     """Take the run's lease and do what it needs next; hand its thread on when it ends."""
     svc = services()
-    svc.store.job_started(run_id)
+    svc.store.runs.job_started(run_id)
     _drive(svc, run_id, recovering)
 
 
@@ -159,14 +159,14 @@ def _job_name() -> str:
 def expire_due(store: Store, queue: rq.Queue, now: float) -> int:
     """Answer every undecided call of every park past its expiry as expired; returns how many parks."""
     done = 0
-    for run_id, park_id in store.due_expiries(now):
+    for run_id, park_id in store.escalations.due_expiries(now):
         record = load_record(store, run_id)
         if record is not None and record.status is RunStatus.AWAITING_APPROVAL and record.park_id == park_id:
             calls = pending_by_id(record)
-            for call_id, decision in store.decisions(run_id, park_id).items():
+            for call_id, decision in store.parks.decisions(run_id, park_id).items():
                 if decision is None:
                     audit = record.audit_fields(calls.get(call_id))
-                    result = store.decide(
+                    result = store.parks.decide(
                         run_id, park_id, call_id, Decision(Verdict.EXPIRED), audit=audit, now=now
                     )
                     if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED):
@@ -174,7 +174,7 @@ def expire_due(store: Store, queue: rq.Queue, now: float) -> int:
             enqueue_run_job(store, queue, apply_decisions, run_id)
             done += 1
         if record is not None and record.park_id == park_id:
-            store.forget_park(record)  # its Home tab indexes too
+            store.parks.forget(record)  # its Home tab indexes too
         else:
-            store.forget_expiry(run_id, park_id)
+            store.escalations.forget_expiry(run_id, park_id)
     return done

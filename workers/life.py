@@ -161,17 +161,17 @@ def _start(svc: Services, driver: Driver) -> Phase | Gone:
     if not task:
         driver.notify(texts.EMPTY_TASK)
         return End(RunStatus.FINISHED)
-    if not svc.store.take_thread(record, RUN_JOB_TIMEOUT):
+    if not svc.store.threads.take(record, RUN_JOB_TIMEOUT):
         return _wait_for_thread(driver)
     try:
-        history, seq = svc.store.load_history(*record.thread)
+        history, seq = svc.store.threads.load_history(*record.thread)
     except StateError as exc:
         return _refuse(driver, str(exc))
     state = new_run(task, history)
     profile, kept = thread_profile(svc, driver)
     driver.save(status=RunStatus.RUNNING, state=state.to_json(), history_seq=seq, profile=profile)
     if kept != profile:
-        svc.store.keep_thread_profile(driver.record)
+        svc.store.threads.keep_profile(driver.record)
     return Advance(state)  # the "Working on it…" message goes out with the first request
 
 
@@ -234,7 +234,7 @@ def _answered(driver: Driver, state: RunState, outcome: Finished) -> End:
 def _stopped(svc: Services, driver: Driver, state: RunState, outcome: Stopped) -> End:
     """A valve stopped the run (Stop among them): the thread is told which."""
     if outcome.valve is Valve.STOPPED_BY_USER:
-        by = svc.store.stop_requested(driver.run_id)
+        by = svc.store.runs.stop_requested(driver.run_id)
         driver.owe(endings.stopped_by(by=by, turns=state.turns, requests=state.requests))
         driver.amend(stopped_by=by)
     else:
@@ -251,7 +251,7 @@ def _end(driver: Driver, status: RunStatus, valve: str, not_run: NotRun | None) 
     if record.working_ts and record.status in (RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL):
         by = record.stopped_by
         if status is RunStatus.FINISHED:  # its last request was in flight when Stop was pressed
-            by = driver.svc.store.stop_requested(record.run_id)
+            by = driver.svc.store.runs.stop_requested(record.run_id)
         closed = turns.working_closed(outcome=status.value, by=by, not_run=not_run)
         driver.owe_update(record.working_ts, closed)  # its Stop button goes
     driver.save(status=status)
@@ -302,10 +302,10 @@ def _schedule_nudges(svc: Services, driver: Driver, approvals: Approvals, expire
     park_id = driver.record.park_id + 1
     if approvals.escalate_after_minutes:
         due = expires_at - timedelta(minutes=minutes - approvals.escalate_after_minutes)
-        svc.store.schedule_escalation(driver.run_id, park_id, due.timestamp())
+        svc.store.escalations.schedule_escalation(driver.run_id, park_id, due.timestamp())
     if approvals.remind_before_minutes:  # one reminder before the expiry, with Extend
         due = expires_at - timedelta(minutes=approvals.remind_before_minutes)
-        svc.store.schedule_reminder(driver.run_id, park_id, due.timestamp())
+        svc.store.escalations.schedule_reminder(driver.run_id, park_id, due.timestamp())
 
 
 def _owe_cards(svc: Services, driver: Driver, waiting: tuple[PendingCall, ...], expires_at: datetime) -> None:
@@ -326,7 +326,7 @@ def _owe_cards(svc: Services, driver: Driver, waiting: tuple[PendingCall, ...], 
 def _parked(svc: Services, driver: Driver) -> Phase | Gone:
     """A parked run: a Stop stops it, every decision in resumes it, else it is let go (parked)."""
     record = driver.record
-    view = svc.store.park_view(record.run_id, record.park_id)
+    view = svc.store.parks.view(record.run_id, record.park_id)
     if view.stop_by is not None:
         return StopParked(view.stop_by)
     decisions = view.decisions
@@ -356,7 +356,7 @@ def _resume(svc: Services, driver: Driver, state: RunState, view: ParkView) -> P
     _owe_decided_cards(driver, state, view)
     # Durably running before anything else: the decisions stay in Redis until the park's TTL. The
     # same round trip forgets the park's expiry and takes the thread again.
-    driver.beside_next_save(svc.store.resumed(driver.record, RUN_JOB_TIMEOUT))
+    driver.beside_next_save(svc.store.threads.resumed(driver.record, RUN_JOB_TIMEOUT))
     # What the park kept of its calls' tools serves its cards and modals only: every save of the
     # turn would carry it (with ten calls, a quarter of each write-ahead save).
     driver.save(status=RunStatus.RUNNING, state=state.to_json(), expires_at=None, call_tools={})
@@ -387,11 +387,11 @@ def _owe_decided_cards(driver: Driver, state: RunState, view: ParkView) -> None:
 def _retry_if_clicked(svc: Services, driver: Driver) -> Phase:
     """Retry a failed run whose Retry was clicked, from its last state; else its thread is let go."""
     record = driver.record
-    by = svc.store.retry_claimed_by(record.run_id, record.failure_ts) if record.failure_ts else None
+    by = svc.store.admission.retry_claimed_by(record.run_id, record.failure_ts) if record.failure_ts else None
     if by is None or record.failure_ts is None:
         return Finish()  # no Retry click: the failure stays as posted
-    if not svc.store.take_thread(record, RUN_JOB_TIMEOUT, queue=False):
-        svc.store.unclaim_retry(record.run_id, record.failure_ts)
+    if not svc.store.threads.take(record, RUN_JOB_TIMEOUT, queue=False):
+        svc.store.admission.unclaim_retry(record.run_id, record.failure_ts)
         driver.notify(texts.RETRY_BUSY)
         return End(RunStatus.FAILED)
     try:
@@ -429,7 +429,7 @@ def _resume_at_limit(
     if decision is None or set(decisions) != {LIMIT_CALL} or state.at_limit not in tuple(Valve):
         return _refuse(driver, texts.DECISIONS_DO_NOT_MATCH)
     info = record.call_tools.get(LIMIT_CALL, {})
-    shown = svc.store.cards_updated(record.run_id, record.park_id)
+    shown = svc.store.parks.cards_updated(record.run_id, record.park_id)
     if LIMIT_CALL in record.cards and LIMIT_CALL not in shown:
         decided = cards.limit_decided(
             question=info.get("question", ""),
@@ -440,7 +440,7 @@ def _resume_at_limit(
             approvers=decision.approvers,
         )
         driver.owe_update(record.cards[LIMIT_CALL], decided)
-    svc.store.forget_park(record)
+    svc.store.parks.forget(record)
     if decision.verdict is Verdict.APPROVED:
         return _continue_at_limit(svc, driver, state)
     return _stop_at_limit(driver, state, info, decision)
@@ -452,7 +452,7 @@ def _continue_at_limit(svc: Services, driver: Driver, state: RunState) -> Leave 
     result = continue_at_limit(state, agent)
     record_rulings(svc, driver, result.events, agent)
     driver.save(status=RunStatus.RUNNING, state=result.state.to_json(), expires_at=None)
-    svc.store.take_thread(driver.record, RUN_JOB_TIMEOUT)
+    svc.store.threads.take(driver.record, RUN_JOB_TIMEOUT)
     driver.deliver()
     owe_summaries(driver, result.events, agent, result.state)
     if result.outcome is not None:
@@ -480,9 +480,9 @@ def _stop_parked(svc: Services, driver: Driver, by: str) -> End:
     except StateError as exc:
         return _refuse(driver, str(exc))
     _owe_stopped_cards(svc, driver, state, by)
-    svc.store.forget_park(record)
+    svc.store.parks.forget(record)
     if tracing.current() is not None and state.status is Status.AWAITING_APPROVAL:
-        view = svc.store.park_view(record.run_id, record.park_id)
+        view = svc.store.parks.view(record.run_id, record.park_id)
         tracing.approvals_waited(
             record.trace,
             record.run_id,
@@ -505,7 +505,7 @@ def _stop_parked(svc: Services, driver: Driver, by: str) -> End:
 def _owe_stopped_cards(svc: Services, driver: Driver, state: RunState, by: str) -> None:
     """Every card of the park not yet showing its decision shows the Stop, without buttons."""
     record, now = driver.record, datetime.now(UTC)
-    shown = svc.store.cards_updated(record.run_id, record.park_id)
+    shown = svc.store.parks.cards_updated(record.run_id, record.park_id)
     calls = {c.id: c for c in state.pending}
     for call_id, ts in record.cards.items():
         if call_id in shown:
@@ -550,7 +550,7 @@ def _give_up(driver: Driver) -> End:
 
 def load_record(store: Store, run_id: str) -> RunRecord | None:
     try:
-        return store.load_run(run_id)
+        return store.runs.load(run_id)
     except StateError as exc:
         log.error("run %s cannot be read: %s", run_id, exc)  # nowhere to post: refuse quietly
         return None

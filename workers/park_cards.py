@@ -35,9 +35,9 @@ def redraw_open(svc: Services, record: RunRecord) -> None:
         calls = {c.id: c for c in record.run_state().pending}
     except StateError:
         return
-    votes = svc.store.votes(run_id, park_id)
+    votes = svc.store.parks.votes(run_id, park_id)
     open_calls = [c for c in calls.values() if c.id in record.cards and c.awaiting]
-    decided_before = svc.store.cards_updated(run_id, park_id)
+    decided_before = svc.store.parks.cards_updated(run_id, park_id)
     for call_id, ts in record.cards.items():
         if call_id in decided_before:
             continue
@@ -57,8 +57,8 @@ def redraw_open(svc: Services, record: RunRecord) -> None:
         else:
             continue
         svc.update(record.channel, ts, msg.text, msg.blocks)
-    decisions = svc.store.decisions(run_id, park_id)
-    for call_id in svc.store.cards_updated(run_id, park_id):  # decided meanwhile: shown decided again
+    decisions = svc.store.parks.decisions(run_id, park_id)
+    for call_id in svc.store.parks.cards_updated(run_id, park_id):  # decided meanwhile: shown decided again
         decision, card = decisions.get(call_id), record.cards.get(call_id)
         if decision is not None and card and call_id in calls:
             msg = decided_card(record, calls[call_id], decision)

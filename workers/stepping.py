@@ -39,7 +39,7 @@ def thread_profile(svc: Services, driver: Driver) -> tuple[str, str | None]:
     it: when its last run had another, the thread is told so in one line (the next save owes it)."""
     record = driver.record
     now = svc.settings_of(record).profile_label
-    kept = svc.store.thread_profile(*record.thread)
+    kept = svc.store.threads.profile(*record.thread)
     if kept is not None and kept != now:
         driver.notify(texts.THREAD_PROFILE_CHANGED.format(now=profile_words(now), was=profile_words(kept)))
     return now, kept

@@ -120,7 +120,7 @@ def _moved_on(deps: BotDeps, record: RunRecord, ref: CardRef, user: str) -> Repl
     """
     if not deps.may_decide(user, record):
         return texts.UNKNOWN_APPROVAL
-    standing = deps.store.decisions(record.run_id, record.park_id).get(ref.call_id)
+    standing = deps.store.parks.decisions(record.run_id, record.park_id).get(ref.call_id)
     if standing is None:  # a call of an earlier park, or never decided (stopped, expired unrecorded)
         return texts.UNKNOWN_APPROVAL
     if standing.verdict is Verdict.EXPIRED:
@@ -157,7 +157,7 @@ def decide(
     except StateError:
         context[REPLY] = texts.UNREADABLE_RUN  # fail closed: no decision on what we cannot read
         return
-    result = deps.store.decide(
+    result = deps.store.parks.decide(
         record.run_id,
         record.park_id,
         ref.call_id,
@@ -324,12 +324,12 @@ def _on_revoke_grant(deps: BotDeps) -> Callable[..., None]:
         if click is None:
             return
         record, tool, slot = click.record, click.ref.tool, click.ref.slot
-        grant = deps.store.grant(record.team, record.channel, record.thread_ts, tool, slot)
+        grant = deps.store.grants.grant(record.team, record.channel, record.thread_ts, tool, slot)
         allowed = clicker.user in (record.requester, grant.by if grant else None)
         if not (allowed or deps.may_decide(clicker.user, record)):
             context[REPLY] = (texts.NOT_ALLOWED_REVOKE, {"who": deps.deciders(record)})
             return
-        if grant is None or not deps.store.revoke_grant(
+        if grant is None or not deps.store.grants.revoke(
             record.team, record.channel, record.thread_ts, tool, slot
         ):
             context[REPLY] = texts.NO_SUCH_GRANT
@@ -392,7 +392,7 @@ def _on_extend(deps: BotDeps) -> Callable[..., None]:
         context["reply_channel"], context["reply_user"] = channel, clicker.user
         try:
             ref = ReminderRef.parse(action.get("value"))
-            read = deps.store.read_run(ref.run_id)
+            read = deps.store.escalations.read_run(ref.run_id)
         except (BadId, StateError):
             context[REPLY] = texts.UNKNOWN_APPROVAL
             return
@@ -415,7 +415,7 @@ def _on_extend(deps: BotDeps) -> Callable[..., None]:
                 context[REPLY] = texts.EXTEND_EXPIRED
                 return
             approvals = deps.settings_of(record).approvals
-            result = deps.store.extend_park(
+            result = deps.store.escalations.extend_park(
                 raw,
                 record,
                 seen=ref.seen,
@@ -425,7 +425,7 @@ def _on_extend(deps: BotDeps) -> Callable[..., None]:
             )
             if result.outcome is not ExtendOutcome.MOVED:
                 break
-            read = deps.store.read_run(ref.run_id)
+            read = deps.store.escalations.read_run(ref.run_id)
         else:
             context[REPLY] = texts.EXTEND_EXPIRED  # the record kept changing: nothing was changed
             return

@@ -41,7 +41,7 @@ def _on_assistant_thread_started(deps: BotDeps) -> Callable[..., None]:
         except BadId as exc:
             log.warning("ignoring a malformed assistant_thread_started: %s", exc)
             return
-        if deps.store.first_delivery(team, event_id):
+        if deps.store.admission.first_delivery(team, event_id):
             context["suggest_in"] = (channel, thread_ts)
 
     return on_thread_started
@@ -75,10 +75,10 @@ def _on_session_stopped(deps: BotDeps) -> Callable[..., None]:
         except BadId as exc:
             log.warning("ignoring a malformed agent_session_stopped: %s", exc)
             return
-        if not deps.store.first_delivery(team, event_id):
+        if not deps.store.admission.first_delivery(team, event_id):
             return  # a retry of a delivery already acted on
         context["reply_channel"], context["reply_user"], context["reply_thread"] = channel, user, thread_ts
-        run_id = deps.store.thread_run(team, channel, thread_ts)
+        run_id = deps.store.threads.thread_run(team, channel, thread_ts)
         if run_id is None:
             context[REPLY] = texts.STOP_NOTHING_RUNNING
             return

@@ -87,7 +87,7 @@ def decide_all(
         return texts.NO_SELF_APPROVAL  # their Decline all still counts
     if approving and (refused := deps.no_more_work(record)):
         return refused  # the requester may no longer start model work here
-    open_, votes = deps.store.ballot(record.run_id, record.park_id)
+    open_, votes = deps.store.parks.ballot(record.run_id, record.park_id)
     unreadable, todo, left_open = [], [], []
     for call in calls:
         if open_.get(call.id, "gone") is not None or (approving and user in votes.get(call.id, ())):
@@ -100,7 +100,9 @@ def decide_all(
             continue
         todo.append((call.id, record.audit_fields(call), call.fingerprint))
     results = (
-        deps.store.decide_each(record.run_id, record.park_id, todo, decision, required=approvals.required)
+        deps.store.parks.decide_each(
+            record.run_id, record.park_id, todo, decision, required=approvals.required
+        )
         if todo
         else []
     )

@@ -65,7 +65,7 @@ def waiting_on(deps: BotDeps, team: str, user: str) -> tuple[list[HomeItem], boo
     """The undecided calls of open parks that `user` may decide now, soonest expiry first; and
     whether there are more than the Home tab shows.
 
-    Read from the index of what waits on whom (`Store.open_parks`), never by scanning every parked
+    Read from the index of what waits on whom (`store.parks.open_parks`), never by scanning every parked
     run: an approver's candidates are the team's open parks, a requester's (with no `approvers`)
     their own runs' parks, an `escalate_to`'s the team's parks past their escalation time (those
     expiring soonest: escalation comes a fixed time after a park). At most `HOME_SCAN` candidates
@@ -81,7 +81,7 @@ def waiting_on(deps: BotDeps, team: str, user: str) -> tuple[list[HomeItem], boo
         return [], False  # a team id of a shape we never write: nothing is parked there
     for start in range(0, len(candidates), HOME_BATCH):
         batch = candidates[start : start + HOME_BATCH]
-        for park, (record, decisions) in zip(batch, deps.store.read_parks(batch), strict=True):
+        for park, (record, decisions) in zip(batch, deps.store.parks.read_parks(batch), strict=True):
             if record is not None:
                 requesters[park.run_id] = record.requester
             if not _still_open(record, park, decisions):
@@ -101,7 +101,7 @@ def waiting_on(deps: BotDeps, team: str, user: str) -> tuple[list[HomeItem], boo
                     items.append(HomeItem(call, record.requester, record.channel, expires_at, card))
         if len(items) > HOME_ITEMS_MAX:
             break  # enough to fill the tab and to know there is more
-    deps.store.drop_from_index(team, over, requesters)
+    deps.store.parks.drop_from_index(team, over, requesters)
     return items[:HOME_ITEMS_MAX], len(items) > HOME_ITEMS_MAX
 
 
@@ -116,8 +116,8 @@ def suggested_rules(deps: BotDeps, team: str, user: str) -> tuple[list[Suggested
     mine = {name for name, a in levels.items() if a.approvers and _is_named(deps, team, user, a.approvers)}
     if not mine:
         return [], None
-    decisions = deps.store.audit_entries(suggestions.SCAN_MAX)
-    calls = deps.store.call_entries(suggestions.SCAN_MAX)
+    decisions = deps.store.audit.entries(suggestions.SCAN_MAX)
+    calls = deps.store.audit.call_entries(suggestions.SCAN_MAX)
     found = suggestions.suggest(config, decisions, calls, now=time.time(), team=team, profiles=mine)
     capped = max(len(decisions), len(calls)) >= suggestions.SCAN_MAX
     return [SuggestedRule(s.snippet, s.effect) for s in found], suggestions.SCAN_MAX if capped else None
@@ -130,14 +130,14 @@ def _home_candidates(deps: BotDeps, team: str, user: str, now: float) -> list[Op
     # Each profile may name its own approvers: the candidates of every level are read, once each.
     levels = {a: None for a in (config.approvals, *(p.settings.approvals for p in config.profiles))}
     if any(not approvals.approvers for approvals in levels):  # each run's requester decides it
-        found += deps.store.open_parks(team, requester=user, now=now, limit=HOME_SCAN)
+        found += deps.store.parks.open_parks(team, requester=user, now=now, limit=HOME_SCAN)
     if any(a.approvers and _is_named(deps, team, user, a.approvers) for a in levels):
-        found += deps.store.open_parks(team, now=now, limit=HOME_SCAN)
+        found += deps.store.parks.open_parks(team, now=now, limit=HOME_SCAN)
     for approvals in levels:
         if approvals.escalate_after_minutes and _is_named(deps, team, user, approvals.escalate_to):
             # `deciders.escalated`: parked at expires_at - expire_after, escalated escalate_after later
             horizon = now + (approvals.expire_after_minutes - approvals.escalate_after_minutes) * 60
-            found += deps.store.open_parks(team, now=now, until=horizon, limit=HOME_SCAN)
+            found += deps.store.parks.open_parks(team, now=now, until=horizon, limit=HOME_SCAN)
     unique = {(p.run_id, p.park_id): p for p in found}
     return sorted(unique.values(), key=lambda p: p.expires_at)[:HOME_SCAN]
 

@@ -85,7 +85,7 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
         spent = budgets.refusal(deps.store, settings, team, user, channel)
         if spent is not None:
             log.info("app_mention %s in %s: a daily budget is spent; nothing started", event_id, channel)
-            if deps.store.first_delivery(team, _message_key(channel, ts) if direct else event_id):
+            if deps.store.admission.first_delivery(team, _message_key(channel, ts) if direct else event_id):
                 context["refusal"] = (channel, thread_ts, user, spent, {})  # one reply, Slack's retries aside
             return
         run_id = new_run_id()
@@ -106,7 +106,7 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
                 trace=root.traceparent,
             )
             limits = settings.limits
-            accepted = deps.store.accept_event(
+            accepted = deps.store.admission.accept_event(
                 team,
                 _message_key(channel, ts) if direct else event_id,
                 record,
@@ -124,7 +124,7 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
         if accepted in busy:
             text = texts.BUSY_USER if accepted is Accepted.USER_BUSY else texts.BUSY_CHANNEL
             said = text.format(requests=plural(busy[accepted], "request"))
-            if deps.store.first_busy_notice(team, user):
+            if deps.store.admission.first_busy_notice(team, user):
                 context["busy_notice"] = (channel, thread_ts, said)
             else:  # told in a thread within the minute: this one only to them, never silently
                 context["refusal"] = (channel, thread_ts, user, said, {})

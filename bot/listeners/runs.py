@@ -117,7 +117,7 @@ def request_stop(
     if record.status in ENDED:
         context[REPLY] = texts.STOP_ENDED
         return
-    first = deps.store.request_stop(record.run_id, clicker.user)
+    first = deps.store.runs.request_stop(record.run_id, clicker.user)
     if first is not None:
         context[REPLY] = (texts.STOP_ALREADY, {"who": first})
         return
@@ -164,7 +164,7 @@ def _answer_limit(
         return
     audit = {**record.audit_fields(None), "limit": at_limit}
     decision = Decision(verdict, by=clicker.user)
-    result = deps.store.decide(
+    result = deps.store.parks.decide(
         record.run_id, record.park_id, LIMIT_CALL, decision, audit=audit, required=approvals.required
     )
     if set_going(deps, record, verdict, result):  # a Continue that counted: the card shows it
@@ -190,7 +190,7 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
         user = clicker.user
         context["reply_channel"], context["reply_user"] = channel, user
         try:
-            record = deps.store.load_run(check_id("run", action.get("value")))
+            record = deps.store.runs.load(check_id("run", action.get("value")))
         except (BadId, StateError):
             record = None
         failure_ts = _failure_clicked(record, body)
@@ -211,7 +211,7 @@ def _on_retry(deps: BotDeps) -> Callable[..., None]:
             context[REPLY] = refused
             return
         limits = deps.settings_of(record).limits
-        claimed = deps.store.claim_retry(
+        claimed = deps.store.admission.claim_retry(
             record,
             failure_ts,
             user,
@@ -302,7 +302,7 @@ def _on_feedback(deps: BotDeps) -> Callable[..., None]:
             return  # Slack always names a user: nobody to record, nobody to tell
         where = {"team": record.team, "channel": record.channel, "thread_ts": record.thread_ts}
         entry = {"event": "feedback", "run_id": record.run_id, "feedback": verdict, "by": user}
-        outcome = deps.store.record_feedback(
+        outcome = deps.store.audit.record_feedback(
             {**entry, **where, "requester": record.requester},
             team=record.team,
             user=user,

@@ -1,7 +1,7 @@
 """The Home tab with many parked runs: what one open costs the bot, from its index of what waits on whom.
 
 A private redis-server holds `PARKS` parked runs of one team (each a short conversation with one
-`ask` call, parked through `Store.park` as a worker parks them, by 200 requesters). One open is
+`ask` call, parked through `store.parks.park` as a worker parks them, by 200 requesters). One open is
 what the bot does for `app_home_opened` before it calls Slack: read the candidates from the index,
 the records and decisions of those it needs, check who may decide, build the view
 (`bot.listeners.home.waiting_on` and `messages.home.home_view`; the permalinks and `views.publish` are Slack's
@@ -85,23 +85,23 @@ def _park_many(store: Store, parks: int) -> None:
     for i in range(parks):
         record, calls = _record(f"UREQ{i % 200}", 3600 + i)
         token = uuid.uuid4().hex
-        store.acquire_lease(record.run_id, token, 30)
-        store.park(record, token, 30, calls, ttl=DAY)
-        store.release_lease(record.run_id, token)
+        store.runs.acquire_lease(record.run_id, token, 30)
+        store.parks.park(record, token, 30, calls, ttl=DAY)
+        store.runs.release_lease(record.run_id, token)
 
 
 def _old_scan(store: Store, deps: BotDeps, user: str) -> int:
     """The Home tab before its index (bot/app.py until issue 19): the soonest 500 parks of all."""
     found = 0
-    for run_id, park_id in store.parked(time.time(), OLD_SCAN):
-        record = store.load_run(run_id)
+    for run_id, park_id in store.escalations.parked(time.time(), OLD_SCAN):
+        record = store.runs.load(run_id)
         if record is None or record.park_id != park_id or not deps.may_decide(user, record):
             continue
         try:
             awaiting = record.run_state().awaiting
         except StateError:
             continue
-        decisions = store.decisions(run_id, park_id)
+        decisions = store.parks.decisions(run_id, park_id)
         found += sum(1 for c in awaiting if c.id in decisions and decisions[c.id] is None)
         if found > HOME_ITEMS_MAX:
             break
@@ -126,8 +126,8 @@ def measure(parks: int = PARKS, opens: int = OPENS) -> Figures:
         for i in range(3):  # UALICE's own three runs, expiring after everyone else's
             record, calls = _record("UALICE", 3600 + parks + i)
             token = uuid.uuid4().hex
-            store.acquire_lease(record.run_id, token, 30)
-            store.park(record, token, 30, calls, ttl=DAY)
+            store.runs.acquire_lease(record.run_id, token, 30)
+            store.parks.park(record, token, 30, calls, ttl=DAY)
         client = WebClient(token="xoxb-bench", base_url="http://127.0.0.1:9/")  # never called: no groups
 
         def deps(**approvals: object) -> BotDeps:

@@ -423,7 +423,7 @@ def park_runs(r: Rig, turns: int, runs: int) -> ParkedRow:
     new = sorted(set(r.conn.scan_iter("harness:run:*")) - runs_before)
     assert len(new) == runs, (len(new), runs)
     run_id = new[0].decode().rsplit(":", 1)[1]
-    record = Store(r.conn).load_run(run_id)
+    record = Store(r.conn).runs.load(run_id)
     assert record is not None and record.status is RunStatus.AWAITING_APPROVAL, record
     thread = ":".join(record.thread)
     names = sorted(

@@ -256,7 +256,7 @@ def _new_record(svc: Any, task: str, status: Any) -> str:
     from store import RunRecord, new_run_id
 
     record = RunRecord(new_run_id(), "T1", "C1", f"1700000000.{next(_TS):06d}", "UREQ", task, status=status)
-    svc.store.save_run(record)
+    svc.store.runs.save_run(record)
     return record.run_id
 
 
@@ -619,10 +619,10 @@ def _decide_all(svc: Any, run_id: str, calls: tuple[Any, ...]) -> None:
     """Record an approval of every parked call as a click does (the decide script)."""
     from harness.state import Decision, Verdict
 
-    record = svc.store.load_run(run_id)
+    record = svc.store.runs.load(run_id)
     for call in calls:
         decision = Decision(Verdict.APPROVED, by="UAPP")
-        svc.store.decide(run_id, record.park_id, call.id, decision, fingerprint=call.fingerprint)
+        svc.store.parks.decide(run_id, record.park_id, call.id, decision, fingerprint=call.fingerprint)
 
 
 def worker_resume(env: Env) -> Resume:
@@ -642,12 +642,12 @@ def worker_resume(env: Env) -> Resume:
         with _driving(svc, run_id) as driver:
             assert driver is not None
             record = driver.record
-            view = svc.store.park_view(run_id, record.park_id)
+            view = svc.store.parks.view(run_id, record.park_id)
             if view.stop_by is not None:
                 raise RuntimeError("a Stop nobody pressed")
             driver.beside_next_save(metrics.resume_account(run_id, record.park_id, view.decisions))
             state = record_decisions(record.run_state(), {k: v for k, v in view.decisions.items() if v})
-            driver.beside_next_save(svc.store.resumed(driver.record, RUN_JOB_TIMEOUT))
+            driver.beside_next_save(svc.store.threads.resumed(driver.record, RUN_JOB_TIMEOUT))
             driver.save(status=RunStatus.RUNNING, state=state.to_json(), expires_at=None)
             _worker_finish(driver, *_worker_steps(svc, driver, state))
         return _arrival_since(mark, started)
@@ -666,10 +666,10 @@ def full_job(env: Env) -> Run:
         run_id = _new_record(svc, _task(turns, approve), RunStatus.QUEUED)
         jobs.drive(run_id)
         if approve:
-            record = svc.store.load_run(run_id)
+            record = svc.store.runs.load(run_id)
             _decide_all(svc, run_id, record.run_state().awaiting)
             jobs.drive(run_id)
-        if svc.store.load_run(run_id).status is not RunStatus.FINISHED:
+        if svc.store.runs.load(run_id).status is not RunStatus.FINISHED:
             raise RuntimeError("the job's run did not finish")
 
     return run
@@ -685,14 +685,14 @@ def full_job_resume(env: Env) -> Resume:
     def resume(after: int) -> float:
         run_id = _new_record(svc, _task(after + 1, after), RunStatus.QUEUED)
         jobs.drive(run_id)
-        record = svc.store.load_run(run_id)
+        record = svc.store.runs.load(run_id)
         if record.status is not RunStatus.AWAITING_APPROVAL:
             raise RuntimeError("the job's run did not park")
         _decide_all(svc, run_id, record.run_state().awaiting)
         gc.collect()
         started, mark = _start(), len(ARRIVALS)
         jobs.drive(run_id)
-        if svc.store.load_run(run_id).status is not RunStatus.FINISHED:
+        if svc.store.runs.load(run_id).status is not RunStatus.FINISHED:
             raise RuntimeError("the job's run did not finish")
         return _arrival_since(mark, started)
 

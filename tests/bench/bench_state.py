@@ -61,9 +61,9 @@ def record_of(state: RunState) -> RunRecord:
 def park(store: Store, state: RunState) -> RunRecord:
     """Park a run the way a driver does: under its lease, in one fenced step."""
     record = record_of(state)
-    assert store.acquire_lease(record.run_id, "bench", 30)
-    assert store.park(record, "bench", 30, [c.id for c in state.awaiting], ttl=3600)
-    assert store.settle_park(record, "bench", 30, ttl=3600) == "parked"
+    assert store.runs.acquire_lease(record.run_id, "bench", 30)
+    assert store.parks.park(record, "bench", 30, [c.id for c in state.awaiting], ttl=3600)
+    assert store.parks.settle(record, "bench", 30, ttl=3600) == "parked"
     return record
 
 
@@ -94,7 +94,7 @@ def run() -> str:
                 for _ in range(min(500, PARKED - batch)):
                     record = record_of(template)
                     run_ids.append(record.run_id)
-                    store.save_run(record, ttl=3600, pipeline=pipe)
+                    store.runs.save_run(record, ttl=3600, pipeline=pipe)
                     call_id = template.awaiting[0].id
                     pipe.hset(Keys.approvals(record.run_id, 1), call_id, "")
                     pipe.expire(Keys.approvals(record.run_id, 1), 3600)
@@ -106,13 +106,13 @@ def run() -> str:
         decide = []
         for run_id in run_ids[:200]:
             t0 = time.perf_counter()
-            store.decide(run_id, 1, call_id, Decision(Verdict.APPROVED, by="UALICE"))
-            store.decisions(run_id, 1)
+            store.parks.decide(run_id, 1, call_id, Decision(Verdict.APPROVED, by="UALICE"))
+            store.parks.decisions(run_id, 1)
             decide.append(time.perf_counter() - t0)
         load = []
         for run_id in run_ids[200:400]:
             t0 = time.perf_counter()
-            record = store.load_run(run_id)
+            record = store.runs.load(run_id)
             assert record is not None
             record.run_state()
             load.append(time.perf_counter() - t0)

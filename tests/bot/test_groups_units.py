@@ -163,17 +163,19 @@ def test_a_due_escalation_is_claimed_by_exactly_one_of_many_watchdogs(
     runs = [new_run_id() for _ in range(20)]
     now = time.time()
     for run_id in runs:
-        store.schedule_escalation(run_id, 1, now - 1)
-    store.schedule_escalation(
+        store.escalations.schedule_escalation(run_id, 1, now - 1)
+    store.escalations.schedule_escalation(
         runs[0], 1, now + 1000
     )  # scheduled again (a re-driven park): the first time stays
-    store.schedule_escalation(new_run_id(), 1, now + 60)  # not due yet
+    store.escalations.schedule_escalation(new_run_id(), 1, now + 60)  # not due yet
     claims: list[list[tuple[str, int]]] = []
     start = threading.Barrier(8)
 
     def claim() -> None:
         start.wait()
-        claims.append(Store(redis.Redis(connection_pool=conn.connection_pool)).claim_due_escalations(now))
+        claims.append(
+            Store(redis.Redis(connection_pool=conn.connection_pool)).escalations.claim_due_escalations(now)
+        )
 
     threads = [threading.Thread(target=claim) for _ in range(8)]
     for t in threads:
@@ -183,24 +185,24 @@ def test_a_due_escalation_is_claimed_by_exactly_one_of_many_watchdogs(
     claimed = [c for batch in claims for c in batch]
     assert sorted(claimed) == sorted((run_id, 1) for run_id in runs)  # every one once, none twice
     assert conn.zcard(Keys.escalations()) == 1  # the one not yet due is still there
-    assert store.claim_due_escalations(now) == []
+    assert store.escalations.claim_due_escalations(now) == []
 
 
 def test_group_members_are_cached_under_the_prefix_for_a_short_time(store: Store, conn: redis.Redis) -> None:
-    assert store.cached_group("T1", "SOPS") is None
-    store.cache_group("T1", "SOPS", frozenset({"UANN", "UBEN"}))
-    assert store.cached_group("T1", "SOPS") == {"UANN", "UBEN"}
+    assert store.groups.cached("T1", "SOPS") is None
+    store.groups.cache("T1", "SOPS", frozenset({"UANN", "UBEN"}))
+    assert store.groups.cached("T1", "SOPS") == {"UANN", "UBEN"}
     key = Keys.group_members("T1", "SOPS")
     assert key.startswith("harness:") and 0 < conn.ttl(key) <= GROUP_TTL
     conn.set(key, "not json")
-    assert store.cached_group("T1", "SOPS") is None  # unreadable: read from Slack again
+    assert store.groups.cached("T1", "SOPS") is None  # unreadable: read from Slack again
 
 
 def test_parked_lists_open_parks_soonest_first(store: Store, conn: redis.Redis) -> None:
     now = time.time()
     late, soon, gone = new_run_id(), new_run_id(), new_run_id()
     conn.zadd(Keys.expiries(), {f"{late}:2": now + 600, f"{soon}:1": now + 60, f"{gone}:1": now - 1})
-    assert store.parked(now) == [(soon, 1), (late, 2)]
+    assert store.escalations.parked(now) == [(soon, 1), (late, 2)]
 
 
 # --- who may decide, and when ----------------------------------------------------------------------

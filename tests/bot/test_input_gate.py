@@ -52,7 +52,7 @@ def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -
 
 def run_tasks(redis_url: str) -> list[str]:
     conn = redis.Redis.from_url(redis_url)
-    records = [Store(conn).load_run(k.decode().rsplit(":", 1)[1]) for k in conn.scan_iter("harness:run:*")]
+    records = [Store(conn).runs.load(k.decode().rsplit(":", 1)[1]) for k in conn.scan_iter("harness:run:*")]
     return [r.task for r in records if r is not None]
 
 

@@ -140,7 +140,7 @@ def result_text(block: dict[str, Any]) -> str:
 
 def audit(stack: Stack, call: str) -> list[dict[str, Any]]:
     """The audit entries about one call."""
-    entries = Store(redis.Redis.from_url(stack.redis_url)).audit_entries(count=10_000)
+    entries = Store(redis.Redis.from_url(stack.redis_url)).audit.entries(count=10_000)
     return [e for e in entries if e.get("call_id") == call]
 
 
@@ -156,7 +156,7 @@ def grant_keys(stack: Stack, channel: str | None = None) -> list[str]:
 
 
 def record_of(stack: Stack, run_id: str) -> RunRecord:
-    record = Store(redis.Redis.from_url(stack.redis_url)).load_run(run_id)
+    record = Store(redis.Redis.from_url(stack.redis_url)).runs.load(run_id)
     assert record is not None
     return record
 
@@ -576,7 +576,7 @@ def test_approve_for_this_thread_runs_the_siblings_and_later_calls_of_the_reques
     summary = next(m for m in thread(stack, channel, ts) if "g3.txt" in shown(m) and "Turn" in m["text"])
     assert "<@UANN>'s grant" in shown(summary)
     [entry] = [
-        e for e in Store(redis.Redis.from_url(stack.redis_url)).audit_entries(10_000) if "g3.txt" in str(e)
+        e for e in Store(redis.Redis.from_url(stack.redis_url)).audit.entries(10_000) if "g3.txt" in str(e)
     ]
     assert entry["verdict"] == "approved" and entry["grant"] == "used" and entry["by"] == "UANN"
     assert entry["requester"] == "UALICE" and entry["grant_until"] > 0
@@ -622,7 +622,7 @@ def test_a_grant_covers_only_its_requester_and_never_lifts_deny(stack: Stack) ->
     )
     assert denied["is_error"] is True
     assert not [
-        e for e in Store(redis.Redis.from_url(stack.redis_url)).audit_entries(10_000) if "key.txt" in str(e)
+        e for e in Store(redis.Redis.from_url(stack.redis_url)).audit.entries(10_000) if "key.txt" in str(e)
     ]
 
 
@@ -731,7 +731,7 @@ def test_a_grant_clicked_before_the_park_settles_still_posts_its_notice(stack: S
         status, _ = stack.click_value(somewhere, "approve_thread", f"{run_id}:{call.id}:{call.fingerprint}")
         assert status == 200
         store = Store(redis.Redis.from_url(stack.redis_url))
-        wait_until(lambda: store.decisions(run_id, record.park_id)[call.id])
+        wait_until(lambda: store.parks.decisions(run_id, record.park_id)[call.id])
     finally:
         hold.release.set()
     done(stack, channel, ts, marker)
@@ -744,7 +744,7 @@ def _parked_run(stack: Stack, channel: str) -> str | None:
     client = redis.Redis.from_url(stack.redis_url)
     store = Store(client)
     for key in client.scan_iter("harness:run:*"):
-        record = store.load_run(key.decode().rsplit(":", 1)[1])
+        record = store.runs.load(key.decode().rsplit(":", 1)[1])
         if record and record.channel == channel and record.status.value == "awaiting_approval":
             return record.run_id
     return None

@@ -78,7 +78,7 @@ def runs_in(stack: Stack, channel: str) -> list[RunRecord]:
     """Every run Redis holds for `channel` (the bot writes it before it answers Slack)."""
     client = redis.Redis.from_url(stack.redis_url)
     store = Store(client)
-    records = (store.load_run(key.decode().rsplit(":", 1)[1]) for key in client.scan_iter("harness:run:*"))
+    records = (store.runs.load(key.decode().rsplit(":", 1)[1]) for key in client.scan_iter("harness:run:*"))
     return [r for r in records if r is not None and r.channel == channel]
 
 

@@ -69,7 +69,7 @@ def runs_in(stack: Stack, channel: str) -> list[RunRecord]:
     """Every run record Redis holds for `channel`: what a mention that started a run leaves behind."""
     client = redis.Redis.from_url(stack.redis_url)
     store = Store(client)
-    records = (store.load_run(key.decode().rsplit(":", 1)[1]) for key in client.scan_iter("harness:run:*"))
+    records = (store.runs.load(key.decode().rsplit(":", 1)[1]) for key in client.scan_iter("harness:run:*"))
     return [r for r in records if r is not None and r.channel == channel]
 
 
@@ -451,9 +451,9 @@ def test_a_retry_clicked_before_the_failure_is_saved_still_retries_once(stack: S
     assert held.arrived.wait(30)
     store = Store(redis.Redis.from_url(stack.redis_url))
     run_id = next(e["value"] for b in failure["blocks"] if b["type"] == "actions" for e in b["elements"])
-    assert store.load_run(run_id).failure_ts is None  # type: ignore[union-attr]
+    assert store.runs.load(run_id).failure_ts is None  # type: ignore[union-attr]
     assert stack.click(failure, "retry") == 200
-    wait_until(lambda: store.retry_claimed_by(run_id, failure["ts"]) == "UALICE")
+    wait_until(lambda: store.admission.retry_claimed_by(run_id, failure["ts"]) == "UALICE")
     assert stack.click(failure, "retry") == 200  # a second click: the first one has it
     told = wait_until(lambda: [e["text"] for e in stack.slack.ephemerals if e["channel"] == channel])
     held.release.set()
@@ -495,9 +495,9 @@ def test_a_markdown_answer_reads_as_written_and_feedback_on_it_is_recorded(stack
     thanked = wait_until(lambda: [e for e in stack.slack.ephemerals if e["user"] == "UBOB"])
     assert "feedback" in thanked[-1]["text"]
     store = Store(redis.Redis.from_url(stack.redis_url))
-    (entry,) = [e for e in store.feedback_entries() if e["thread_ts"] == ts]
+    (entry,) = [e for e in store.audit.feedback_entries() if e["thread_ts"] == ts]
     assert (entry["feedback"], entry["by"], entry["channel"]) == ("bad", "UBOB", channel)
-    assert not [e for e in store.audit_entries(10_000) if e.get("event") == "feedback"]  # decisions only
+    assert not [e for e in store.audit.entries(10_000) if e.get("event") == "feedback"]  # decisions only
     with urllib.request.urlopen(f"{stack.url}/metrics", timeout=10) as scrape:
         scraped = scrape.read().decode()
     assert re.search(r'^harness_feedback_total\{feedback="bad"\} [1-9]', scraped, re.MULTILINE)

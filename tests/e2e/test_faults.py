@@ -214,8 +214,8 @@ def test_a_side_effecting_call_whose_worker_died_is_never_run_again(stack: Stack
         status=RunStatus.RUNNING,
         state=state.to_json(),
     )
-    store.save_run(record)
-    store.take_thread(record, 60)
+    store.runs.save_run(record)
+    store.threads.take(record, 60)
     conn.zadd(Keys.active(), {record.run_id: time.time() - 60})  # its driver went silent a minute ago
     stack.model.script(reply(text("I will check the file first.")))
 
@@ -262,9 +262,9 @@ def test_a_worker_killed_as_the_resume_starts_loses_no_decision(stack: Stack) ->
 
     # Whatever step it died at, the decision was not consumed before the run was durably running.
     store = Store(redis.Redis.from_url(stack.redis_url))
-    record = store.load_run(run_id)
+    record = store.runs.load(run_id)
     assert record is not None
-    approved = store.decisions(run_id, 1).get(call_id)
+    approved = store.parks.decisions(run_id, 1).get(call_id)
     assert record.status is RunStatus.RUNNING or (approved and approved.verdict is Verdict.APPROVED)
     stack.model.responder = None
     stack.model.script(reply(text("resumed after the crash")))
@@ -449,7 +449,7 @@ def test_a_run_that_keeps_killing_its_workers_is_stopped_with_a_message(stack: S
         new_run_id(), "T1", "C26", "1700000000.000026", "UANN", "crashloop: hi",
         status=RunStatus.RUNNING, state=task.to_json(), recoveries=MAX_RECOVERIES,
     )  # fmt: skip
-    Store(conn).save_run(record)
+    Store(conn).runs.save_run(record)
     conn.zadd(Keys.active(), {record.run_id: time.time() - 60})
     stack.start_worker()
     notice = wait_text(stack, "C26", record.thread_ts, "worker died", timeout=RECOVERY_BOUND)
@@ -601,7 +601,7 @@ def test_ten_concurrent_clicks_by_two_approvers_are_one_decision_and_one_executi
         t.join()
     count("duplicate clicks absorbed", 9)
     wait_text(stack, "C7", ts, "ten done")
-    entries = Store(redis.Redis.from_url(stack.redis_url)).audit_entries()
+    entries = Store(redis.Redis.from_url(stack.redis_url)).audit.entries()
     assert len([e for e in entries if e["call_id"] == value_of(card).split(":")[1]]) == 1
     assert len(stack.model.requests) == 2
 
@@ -618,7 +618,7 @@ def test_the_same_resume_job_enqueued_twice_runs_once(stack: Stack) -> None:
     card = card_of(stack, "C8", ts)
     store = Store(redis.Redis.from_url(stack.redis_url))
     run_id, call_id, _ = value_of(card).split(":")
-    store.decide(run_id, 1, call_id, Decision(Verdict.APPROVED, by="UANN"))
+    store.parks.decide(run_id, 1, call_id, Decision(Verdict.APPROVED, by="UANN"))
     queue = make_queue(store.redis)
     enqueue_run_job(store, queue, "workers.jobs.apply_decisions", run_id)
     enqueue_run_job(store, queue, "workers.jobs.apply_decisions", run_id)
@@ -758,7 +758,7 @@ def test_every_decision_is_in_the_audit_log_and_the_cli_prints_it(stack: Stack) 
     assert "channel=C15" in line and "asked_by=UANN" in line
     # The stream keeps a hash and a bounded preview of each input, never the input whole.
     [entry] = [
-        e for e in Store(redis.Redis.from_url(stack.redis_url)).audit_entries() if e["tool"] == "delete_file"
+        e for e in Store(redis.Redis.from_url(stack.redis_url)).audit.entries() if e["tool"] == "delete_file"
     ]
     assert "input" not in entry and entry["input_preview"] == '{"path":"README.md"}'
     assert entry["input_sha256"] == hashlib.sha256(b'{"path":"README.md"}').hexdigest()
@@ -781,7 +781,7 @@ def test_a_click_replayed_into_another_channel_or_naming_no_run_changes_nothing(
     assert len(stack.model.requests) == 1
     assert not (stack.workspace / "x.txt").exists()
     run_id, call_id, _ = value_of(card).split(":")
-    assert Store(redis.Redis.from_url(stack.redis_url)).decisions(run_id, 1) == {call_id: None}
+    assert Store(redis.Redis.from_url(stack.redis_url)).parks.decisions(run_id, 1) == {call_id: None}
     count("forged clicks refused", 3)
 
 

@@ -130,7 +130,7 @@ def run_tasks(connection: redis.Redis, keys: set[bytes] | None = None) -> list[s
     store = Store(connection)
     tasks = []
     for key in run_keys(connection) if keys is None else keys:
-        record = store.load_run(key.decode().rsplit(":", 1)[1])
+        record = store.runs.load(key.decode().rsplit(":", 1)[1])
         assert record is not None
         tasks.append(record.task)
     return tasks

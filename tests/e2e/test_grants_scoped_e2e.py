@@ -112,7 +112,7 @@ def grant_keys(stack: Stack) -> list[str]:
 
 
 def entries_about(stack: Stack, needle: str) -> list[dict[str, Any]]:
-    return [e for e in Store(redis.Redis.from_url(stack.redis_url)).audit_entries(10_000) if needle in str(e)]
+    return [e for e in Store(redis.Redis.from_url(stack.redis_url)).audit.entries(10_000) if needle in str(e)]
 
 
 def summary_of(stack: Stack, channel: str, ts: str, path: str) -> dict[str, Any]:

@@ -100,7 +100,7 @@ def lookups(stack: Stack, group: str) -> int:
 def record_of(stack: Stack, channel: str) -> RunRecord:
     client = redis.Redis.from_url(stack.redis_url)
     store = Store(client)
-    records = [store.load_run(k.decode().rsplit(":", 1)[1]) for k in client.scan_iter("harness:run:*")]
+    records = [store.runs.load(k.decode().rsplit(":", 1)[1]) for k in client.scan_iter("harness:run:*")]
     found = [r for r in records if r is not None and r.channel == channel]
     assert len(found) == 1
     return found[0]
@@ -297,7 +297,7 @@ def test_suggested_rules_show_on_approvers_home_tabs_only(stack: Stack) -> None:
         ruled = {**ids, "event": "ruled", "at": time.time(), "profile": "", "tool": "write_file"}
         ruled |= {"source": "builtin", "tier": "ask", "why": "policy.default", "input": arguments}
         client.xadd(Keys.audit_calls(), {"entry": json.dumps(ruled)})
-        store.append_audit({**ids, "verdict": "approved", "by": "UANN", "tool": "write_file"})
+        store.audit.append({**ids, "verdict": "approved", "by": "UANN", "tool": "write_file"})
     home = home_of(stack, "UANN")
     assert texts.HOME_SUGGESTED_TITLE in home
     assert '```\\n[[policy.rules]]\\ntool = "write_file"\\nargs = { path = "sug&lt;b&gt;&amp;/**" }' in home

@@ -234,7 +234,7 @@ def test_every_line_is_json_run_lines_name_their_run_and_no_secret_shows(stack: 
 def _runs(stack: Stack) -> list[Any]:
     client = redis.Redis.from_url(stack.redis_url)
     store = Store(client)
-    records = (store.load_run(k.decode().rsplit(":", 1)[1]) for k in client.scan_iter("harness:run:*"))
+    records = (store.runs.load(k.decode().rsplit(":", 1)[1]) for k in client.scan_iter("harness:run:*"))
     return [r for r in records if r is not None]
 
 

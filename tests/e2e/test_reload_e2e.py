@@ -144,7 +144,7 @@ def test_sighup_reloads_bot_and_worker_and_a_bad_config_changes_nothing(stack: S
     answered(stack, "CRL1", new_ts, "rlfresh done")
 
     # The run parked under A is still parked; the watchdog's reminder names B's escalate_to.
-    record = Store(redis.Redis.from_url(stack.redis_url)).load_run(_run_of(stack, parked_ts))
+    record = Store(redis.Redis.from_url(stack.redis_url)).runs.load(_run_of(stack, parked_ts))
     assert record is not None and record.status is RunStatus.AWAITING_APPROVAL and record.profile == "desk"
     due_now(stack, record.run_id)
     reminder = wait_post(stack, "CRL1", parked_ts, lambda m: "UESC" in m["text"])
@@ -186,7 +186,7 @@ def _run_of(stack: Stack, mention_ts: str) -> str:
     store = Store(conn)
     for key in conn.scan_iter("harness:run:*"):
         run_id = key.decode().rsplit(":", 1)[1]
-        record = store.load_run(run_id)
+        record = store.runs.load(run_id)
         if record is not None and record.thread_ts == mention_ts:
             return run_id
     raise AssertionError(f"no run for the mention at {mention_ts}: {thread(stack, 'CRL1', mention_ts)}")

@@ -82,7 +82,7 @@ def replies_to(stack: Stack, user: str, channel: str) -> list[str]:
 def record_of(stack: Stack, channel: str) -> RunRecord:
     client = redis.Redis.from_url(stack.redis_url)
     store = Store(client)
-    records = [store.load_run(k.decode().rsplit(":", 1)[1]) for k in client.scan_iter("harness:run:*")]
+    records = [store.runs.load(k.decode().rsplit(":", 1)[1]) for k in client.scan_iter("harness:run:*")]
     found = [r for r in records if r is not None and r.channel == channel]
     assert len(found) == 1
     return found[0]
@@ -98,7 +98,7 @@ def expiries(stack: Stack, record: RunRecord) -> dict[str, float | None]:
         "expiries": client.zscore(Keys.expiries(), member),
         "team": client.zscore(Keys.team_parks(record.team), member),
         "user": client.zscore(Keys.user_parks(record.team, record.requester), member),
-        "record": Store(client).load_run(record.run_id).expires_at,  # type: ignore[union-attr]
+        "record": Store(client).runs.load(record.run_id).expires_at,  # type: ignore[union-attr]
     }
 
 

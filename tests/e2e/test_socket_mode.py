@@ -153,7 +153,7 @@ def test_a_mention_over_socket_mode_starts_a_run_and_gets_its_eyes(bot: SocketBo
     ack = bot.server.wait_acked([envelope_id])[envelope_id]
     assert ack.at - bot.server.sent[envelope_id] <= SLACK_WAITS
     tasks = [
-        Store(bot.redis).load_run(k.decode().rsplit(":", 1)[1]) for k in bot.redis.scan_iter("harness:run:*")
+        Store(bot.redis).runs.load(k.decode().rsplit(":", 1)[1]) for k in bot.redis.scan_iter("harness:run:*")
     ]
     assert any(r is not None and r.task == "<@UBOT> over the socket" for r in tasks)
     assert bot.slack.wait_for(lambda s: ("CSOCK", ts, "eyes") in [r[:3] for r in s.reactions])

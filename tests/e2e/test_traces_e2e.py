@@ -210,7 +210,7 @@ def test_with_nothing_set_nothing_is_sent_and_the_sdk_is_never_loaded(
             stack.settled()
             client = redis.Redis.from_url(url, decode_responses=True)
             run_ids = [str(k).rsplit(":", 1)[-1] for k in client.keys("harness:run:*")]
-            records = [Store(redis.Redis.from_url(url)).load_run(r) for r in run_ids]
+            records = [Store(redis.Redis.from_url(url)).runs.load(r) for r in run_ids]
         finally:
             stack.stop()
     assert receiver.requests == 0 and receiver.received() == []

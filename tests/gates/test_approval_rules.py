@@ -73,7 +73,7 @@ def test_the_audit_command_reads_one_entry_of_every_kind_the_code_writes(
 
     def decide(n: int, decision: Decision, **kw: Any) -> None:
         c = calls[n]
-        store.decide(run.run_id, run.park_id, c.id, decision, audit=fields[c.id], fingerprint="*", **kw)
+        store.parks.decide(run.run_id, run.park_id, c.id, decision, audit=fields[c.id], fingerprint="*", **kw)
 
     decide(0, Decision(Verdict.APPROVED, by="UANN"))
     decide(1, Decision(Verdict.DECLINED, by="UBEN", reason="not today"))
@@ -88,7 +88,7 @@ def test_the_audit_command_reads_one_entry_of_every_kind_the_code_writes(
         time.time() + 60,
     )
     decide(4, Decision(Verdict.APPROVED, by="UANN", grant="given"), grant=grant)
-    store.append_audit(  # a call a standing grant let run (workers.granting.apply_grants)
+    store.audit.append(  # a call a standing grant let run (workers.granting.apply_grants)
         {
             "run_id": run.run_id,
             "call_id": "toolu_9",
@@ -98,20 +98,25 @@ def test_the_audit_command_reads_one_entry_of_every_kind_the_code_writes(
         }
     )
     limit = {**run.audit_fields(None), "limit": "max_turns"}
-    store.decide(run.run_id, run.park_id, LIMIT_CALL, Decision(Verdict.APPROVED, by="UANN"), audit=limit)
+    store.parks.decide(
+        run.run_id, run.park_id, LIMIT_CALL, Decision(Verdict.APPROVED, by="UANN"), audit=limit
+    )
     decide(5, Decision(Verdict.APPROVED, by="UCAROL"), now=time.time() + 3600)  # a late click: expired
     # Written by versions before feedback had its own stream, and by something this version does not know.
-    store.append_audit({"event": "feedback", "run_id": run.run_id, "feedback": "good", "by": "UBOB"})
-    store.append_audit({"kind": "from-a-newer-version", "verdict": "escalated", "note": "\x1b[31mred"})
+    store.audit.append({"event": "feedback", "run_id": run.run_id, "feedback": "good", "by": "UBOB"})
+    store.audit.append({"kind": "from-a-newer-version", "verdict": "escalated", "note": "\x1b[31mred"})
     store.redis.xadd(Keys.audit(), {"entry": "not json \x1b]0;owned\x07"})
     store.redis.xadd(Keys.audit(), {"other": "no entry field"})
     entry = {"event": "feedback", "run_id": run.run_id, "feedback": "bad", "by": "UBOB", "channel": "C1"}
-    assert store.record_feedback(entry, team="T1", user="UBOB", run_id=run.run_id) is FeedbackOutcome.RECORDED
+    assert (
+        store.audit.record_feedback(entry, team="T1", user="UBOB", run_id=run.run_id)
+        is FeedbackOutcome.RECORDED
+    )
 
     done = run_audit(redis_url, "--limit", "1000")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert len(lines) == len(store.audit_entries(1000)) == 13
+    assert len(lines) == len(store.audit.entries(1000)) == 13
     out = done.stdout
     assert "approved by UANN write_file(" in out and '"path":"f0.txt"' in out
     assert "declined by UBEN" in out and 'reason="not today"' in out
@@ -139,18 +144,18 @@ def test_feedback_goes_to_its_own_bounded_stream_once_per_answer_and_person(stor
 
     def give(verdict: str, user: str = "UBOB", run: str = run_id) -> FeedbackOutcome:
         entry = {"event": "feedback", "run_id": run, "feedback": verdict, "by": user}
-        return store.record_feedback(entry, team="T1", user=user, run_id=run)
+        return store.audit.record_feedback(entry, team="T1", user=user, run_id=run)
 
     assert give("good") is FeedbackOutcome.RECORDED
     assert give("good") is FeedbackOutcome.SAME  # a double click, or Slack sending it again
     assert give("bad") is FeedbackOutcome.RECORDED  # a change of mind counts
     assert give("good", user="UCAROL") is FeedbackOutcome.RECORDED  # someone else's is their own
-    assert [(e["by"], e["feedback"]) for e in store.feedback_entries()] == [
+    assert [(e["by"], e["feedback"]) for e in store.audit.feedback_entries()] == [
         ("UBOB", "good"),
         ("UBOB", "bad"),
         ("UCAROL", "good"),
     ]
-    assert store.audit_entries() == []  # never in the decisions' audit
+    assert store.audit.entries() == []  # never in the decisions' audit
     info = store.redis.xinfo_stream(Keys.feedback())
     assert info["length"] == 3
     assert store.redis.ttl(Keys.feedback_given(run_id, "UBOB")) > 0  # every mark expires
@@ -158,7 +163,7 @@ def test_feedback_goes_to_its_own_bounded_stream_once_per_answer_and_person(stor
 
 def test_one_person_is_recorded_at_most_their_share_of_a_minute(store: Store) -> None:
     outcomes = [
-        store.record_feedback(
+        store.audit.record_feedback(
             {"event": "feedback", "run_id": run, "feedback": "good", "by": "UBOB"},
             team="T1",
             user="UBOB",
@@ -169,11 +174,11 @@ def test_one_person_is_recorded_at_most_their_share_of_a_minute(store: Store) ->
     assert outcomes.count(FeedbackOutcome.RECORDED) == FEEDBACK_PER_MINUTE
     past = outcomes[FEEDBACK_PER_MINUTE:]  # told once, then nothing more
     assert past == [FeedbackOutcome.LIMITED] + [FeedbackOutcome.IGNORED] * (299 - FEEDBACK_PER_MINUTE)
-    assert len(store.feedback_entries(1000)) == FEEDBACK_PER_MINUTE
+    assert len(store.audit.feedback_entries(1000)) == FEEDBACK_PER_MINUTE
     assert 0 < store.redis.ttl(Keys.feedback_rate("T1", "UBOB")) <= 60  # the share comes back
     other = {"event": "feedback", "run_id": new_run_id(), "feedback": "bad", "by": "UCAROL"}
     assert (
-        store.record_feedback(other, team="T1", user="UCAROL", run_id=other["run_id"])
+        store.audit.record_feedback(other, team="T1", user="UCAROL", run_id=other["run_id"])
         is FeedbackOutcome.RECORDED
     )
 
@@ -188,15 +193,17 @@ def test_a_retry_is_counted_against_the_channels_bound_too_and_claimed_once(stor
         store.redis.zadd(Keys.channel_runs("T1", "C7"), {other.run_id: time.time()})
 
     def claim(**bounds: int) -> Accepted:
-        return store.claim_retry(
+        return store.admission.claim_retry(
             failed, "1.000200", "UANN", **{"max_per_user": 5, "max_per_channel": 2, **bounds}
         )
 
     assert claim() is Accepted.CHANNEL_BUSY
-    assert store.retry_claimed_by(failed.run_id, "1.000200") is None  # nothing written: still retryable
+    assert (
+        store.admission.retry_claimed_by(failed.run_id, "1.000200") is None
+    )  # nothing written: still retryable
     assert store.redis.zscore(Keys.active(), failed.run_id) is None
     assert claim(max_per_channel=3) is Accepted.NEW
-    assert store.retry_claimed_by(failed.run_id, "1.000200") == "UANN"
+    assert store.admission.retry_claimed_by(failed.run_id, "1.000200") == "UANN"
     assert store.redis.zscore(Keys.user_runs("T1", "UCAROL"), failed.run_id) is not None
     assert store.redis.zscore(Keys.channel_runs("T1", "C7"), failed.run_id) is not None
     assert store.redis.zscore(Keys.active(), failed.run_id) is not None
@@ -207,21 +214,24 @@ def test_a_failure_retried_before_it_was_saved_is_not_ended_but_kept_for_its_dri
     """The card of a failure reaches Slack before the run's end records its ts: a Retry claimed in
     between keeps the run with its driver (lease, thread, counts), which retries it at once."""
     failed = replace(record(requester="UCAROL", channel="C8"), status=RunStatus.FAILED, failure_ts="1.000300")
-    assert store.acquire_lease(failed.run_id, "tok", 30)
-    assert store.take_thread(failed, 60)
-    assert store.claim_retry(failed, "1.000300", "UANN", max_per_user=5, max_per_channel=5) is Accepted.NEW
-    ended = store.finish(failed, "tok", history=None, failure_ts="1.000300")
+    assert store.runs.acquire_lease(failed.run_id, "tok", 30)
+    assert store.threads.take(failed, 60)
+    assert (
+        store.admission.claim_retry(failed, "1.000300", "UANN", max_per_user=5, max_per_channel=5)
+        is Accepted.NEW
+    )
+    ended = store.runs.finish(failed, "tok", history=None, failure_ts="1.000300")
     assert ended is not None and ended.retry_claimed and ended.next_run is None
-    assert store.load_run(failed.run_id) == failed  # written, with the card's ts
+    assert store.runs.load(failed.run_id) == failed  # written, with the card's ts
     assert store.redis.get(Keys.lease(failed.run_id)) == b"tok"
-    assert store.thread_holder(failed) == failed.run_id
+    assert store.threads.holder(failed) == failed.run_id
     assert store.redis.zscore(Keys.active(), failed.run_id) is not None
     assert store.redis.zscore(Keys.user_runs("T1", "UCAROL"), failed.run_id) is not None
-    store.unclaim_retry(failed.run_id, "1.000300")  # no claim (or another card's): the run ends
-    ended = store.finish(failed, "tok", history=None, failure_ts="1.000300")
+    store.admission.unclaim_retry(failed.run_id, "1.000300")  # no claim (or another card's): the run ends
+    ended = store.runs.finish(failed, "tok", history=None, failure_ts="1.000300")
     assert ended is not None and not ended.retry_claimed
     assert store.redis.get(Keys.lease(failed.run_id)) is None
-    assert store.thread_holder(failed) is None
+    assert store.threads.holder(failed) is None
     assert store.redis.zscore(Keys.active(), failed.run_id) is None
 
 
@@ -326,7 +336,7 @@ def test_continue_at_a_limit_takes_two_approvers_and_never_the_requester_alone(s
     assert buttons(decided) == [] and "<@UANN>" in shown(decided) and "<@UBEN>" in shown(decided)
     [entry] = [
         e
-        for e in Store(redis.Redis.from_url(stack.redis_url)).audit_entries(1000)
+        for e in Store(redis.Redis.from_url(stack.redis_url)).audit.entries(1000)
         if e.get("limit") and e.get("verdict") == "approved" and e.get("channel") == channel
     ]
     assert entry["approvers"] == ["UANN", "UBEN"]
@@ -426,10 +436,10 @@ def test_300_feedback_clicks_of_one_person_record_10_and_tell_them_once_and_othe
     assert len(told) == FEEDBACK_PER_MINUTE + 1  # the other 289 clicks changed nothing, quietly
 
     store = Store(redis.Redis.from_url(stack.redis_url))
-    mine = [e for e in store.feedback_entries(1000) if e.get("channel") == channel]
+    mine = [e for e in store.audit.feedback_entries(1000) if e.get("channel") == channel]
     assert [e["by"] for e in mine] == ["UBOB"] * (FEEDBACK_PER_MINUTE - 1) + ["UCAROL"]
     assert [e["feedback"] for e in mine[:3]] == ["good", "bad", "good"]
-    assert not [e for e in store.audit_entries(10_000) if e.get("event") == "feedback"]
+    assert not [e for e in store.audit.entries(10_000) if e.get("event") == "feedback"]
     with urllib.request.urlopen(f"{stack.url}/metrics", timeout=10) as scrape:
         scraped = scrape.read().decode()
     counted = re.findall(r'^harness_feedback_total\{feedback="(?:good|bad)"\} (\d+)', scraped, re.MULTILINE)

@@ -39,7 +39,7 @@ def rid(n: int) -> str:
 
 
 def spent(store: Store, scopes: list[Scope], now: float = NOON) -> list[int]:
-    return store.budget_spent(scopes, now)
+    return store.budgets.spent(scopes, now)
 
 
 # --- the scripts -----------------------------------------------------------------------------------
@@ -47,12 +47,12 @@ def spent(store: Store, scopes: list[Scope], now: float = NOON) -> list[int]:
 
 def test_an_admitted_request_holds_its_bound_until_it_settles_with_what_it_cost(store: Store) -> None:
     scopes = [Scope("user", T, U, 10_000), *channel(5_000)]
-    found = store.budget_admit(scopes, rid(1), 1_200, now=NOON)
+    found = store.budgets.admit(scopes, rid(1), 1_200, now=NOON)
     assert found.outcome is Admission.ADMITTED and found.day == "2030-05-17"
     holds = store.redis.hgetall(scopes[1].holds(found.day))
     assert list(holds) == [rid(1).encode()] and holds[rid(1).encode()].startswith(b"1200 ")
 
-    assert store.budget_settle(found.day, scopes, rid(1), 700, profile="ops")
+    assert store.budgets.settle(found.day, scopes, rid(1), 700, profile="ops")
     assert spent(store, scopes) == [700, 700]
     assert not store.redis.exists(scopes[0].holds(found.day), scopes[1].holds(found.day))
     stored = store.redis.hgetall(Keys.budget_spent(found.day))
@@ -65,50 +65,50 @@ def test_an_admitted_request_holds_its_bound_until_it_settles_with_what_it_cost(
 
 def test_a_settle_sent_twice_counts_once_and_an_admit_sent_twice_holds_once(store: Store) -> None:
     scopes = channel(5_000)
-    assert store.budget_admit(scopes, rid(1), 3_000, now=NOON).outcome is Admission.ADMITTED
-    again = store.budget_admit(scopes, rid(1), 3_000, now=NOON)  # its reply lost, redis-py sent it again
+    assert store.budgets.admit(scopes, rid(1), 3_000, now=NOON).outcome is Admission.ADMITTED
+    again = store.budgets.admit(scopes, rid(1), 3_000, now=NOON)  # its reply lost, redis-py sent it again
     assert again.outcome is Admission.ADMITTED  # its own hold does not count against it
-    assert store.budget_admit(scopes, rid(2), 100, now=NOON).outcome is Admission.ADMITTED
+    assert store.budgets.admit(scopes, rid(2), 100, now=NOON).outcome is Admission.ADMITTED
     counter = metrics.budget_counter("ops")
-    assert store.budget_settle("2030-05-17", scopes, rid(1), 2_500, profile="ops", counted_in=counter)
-    assert not store.budget_settle("2030-05-17", scopes, rid(1), 2_500, profile="ops", counted_in=counter)
+    assert store.budgets.settle("2030-05-17", scopes, rid(1), 2_500, profile="ops", counted_in=counter)
+    assert not store.budgets.settle("2030-05-17", scopes, rid(1), 2_500, profile="ops", counted_in=counter)
     assert spent(store, scopes) == [2_500]
     assert store.redis.hget(*counter) == b"2500"
 
 
 def test_spent_refuses_and_the_holds_of_others_make_it_wait(store: Store) -> None:
     scopes = channel(5_000)
-    assert store.budget_admit(scopes, rid(1), 4_000, now=NOON).outcome is Admission.ADMITTED
-    assert store.budget_admit(scopes, rid(2), 900, now=NOON).outcome is Admission.ADMITTED  # 4,000 < 5,000
-    waiting = store.budget_admit(scopes, rid(3), 100, now=NOON)  # 4,900 < 5,000 but its own would pass it
+    assert store.budgets.admit(scopes, rid(1), 4_000, now=NOON).outcome is Admission.ADMITTED
+    assert store.budgets.admit(scopes, rid(2), 900, now=NOON).outcome is Admission.ADMITTED  # 4,000 < 5,000
+    waiting = store.budgets.admit(scopes, rid(3), 100, now=NOON)  # 4,900 < 5,000 but its own would pass it
     assert (waiting.outcome, waiting.spent, waiting.held) == (Admission.ADMITTED, 0, 0)
-    waiting = store.budget_admit(scopes, rid(4), 100, now=NOON)
+    waiting = store.budgets.admit(scopes, rid(4), 100, now=NOON)
     assert (waiting.outcome, waiting.spent, waiting.held) == (Admission.WAIT, 0, 5_000)
     assert store.redis.hlen(scopes[0].holds("2030-05-17")) == 3  # a waiting request holds nothing
     for n, cost in ((1, 3_900), (2, 900), (3, 400)):  # within their bounds; the last one passes the budget
-        store.budget_settle("2030-05-17", scopes, rid(n), cost)
-    refused = store.budget_admit(scopes, rid(4), 100, now=NOON)
+        store.budgets.settle("2030-05-17", scopes, rid(n), cost)
+    refused = store.budgets.admit(scopes, rid(4), 100, now=NOON)
     assert (refused.outcome, refused.spent, refused.scope) == (Admission.SPENT, 5_200, scopes[0])
-    granted = store.budget_admit(scopes, rid(3), 100, now=NOON, granted=True)  # Continue past it
+    granted = store.budgets.admit(scopes, rid(3), 100, now=NOON, granted=True)  # Continue past it
     assert granted.outcome is Admission.ADMITTED
 
 
 def test_a_spent_budget_stops_rather_than_waits_on_another(store: Store) -> None:
     user, chan = Scope("user", T, U, 1_000), Scope("channel", T, C, 9_000)
-    store.budget_admit([chan], rid(1), 9_000, now=NOON)  # the channel is full of holds
-    store.budget_settle("2030-05-17", [user], rid(2), 1_000)  # and the user spent theirs
-    found = store.budget_admit([user, chan], rid(3), 10, now=NOON)
+    store.budgets.admit([chan], rid(1), 9_000, now=NOON)  # the channel is full of holds
+    store.budgets.settle("2030-05-17", [user], rid(2), 1_000)  # and the user spent theirs
+    found = store.budgets.admit([user, chan], rid(3), 10, now=NOON)
     assert (found.outcome, found.scope) == (Admission.SPENT, user)
 
 
 def test_a_hold_left_by_a_dead_worker_lapses_at_its_deadline(store: Store) -> None:
     scopes = channel(5_000)
-    store.budget_admit(scopes, rid(1), 5_000, now=NOON, hold_seconds=30)  # its worker dies
-    assert store.budget_admit(scopes, rid(2), 100, now=NOON + 29).outcome is Admission.WAIT
-    assert store.budget_admit(scopes, rid(2), 100, now=NOON + 30).outcome is Admission.ADMITTED
+    store.budgets.admit(scopes, rid(1), 5_000, now=NOON, hold_seconds=30)  # its worker dies
+    assert store.budgets.admit(scopes, rid(2), 100, now=NOON + 29).outcome is Admission.WAIT
+    assert store.budgets.admit(scopes, rid(2), 100, now=NOON + 30).outcome is Admission.ADMITTED
     assert list(store.redis.hgetall(scopes[0].holds("2030-05-17"))) == [rid(2).encode()]
     # Its reply came after all (a slow request, not a dead worker): what it cost is still counted.
-    assert store.budget_settle("2030-05-17", scopes, rid(1), 900)
+    assert store.budgets.settle("2030-05-17", scopes, rid(1), 900)
     assert spent(store, scopes) == [900]
 
 
@@ -116,15 +116,17 @@ def test_the_day_boundary_a_new_day_starts_at_zero_and_a_late_reply_counts_in_it
     store: Store,
 ) -> None:
     scopes = channel(5_000)
-    store.budget_settle("2030-05-17", scopes, rid(1), 5_000)
-    assert store.budget_admit(scopes, rid(2), 100, now=MIDNIGHT - 1).outcome is Admission.SPENT
-    late = store.budget_admit(scopes, rid(3), 4_000, now=MIDNIGHT - 0.5, granted=True)
+    store.budgets.settle("2030-05-17", scopes, rid(1), 5_000)
+    assert store.budgets.admit(scopes, rid(2), 100, now=MIDNIGHT - 1).outcome is Admission.SPENT
+    late = store.budgets.admit(scopes, rid(3), 4_000, now=MIDNIGHT - 0.5, granted=True)
     assert late.day == "2030-05-17"
-    fresh = store.budget_admit(scopes, rid(4), 100, now=MIDNIGHT)
+    fresh = store.budgets.admit(scopes, rid(4), 100, now=MIDNIGHT)
     assert (
         fresh.outcome is Admission.ADMITTED and fresh.day == "2030-05-18"
     )  # the 17th's hold is not the 18th's
-    store.budget_settle(late.day, scopes, rid(3), 3_000)  # settled after midnight, in the day it was admitted
+    store.budgets.settle(
+        late.day, scopes, rid(3), 3_000
+    )  # settled after midnight, in the day it was admitted
     assert spent(store, scopes, MIDNIGHT - 1) == [8_000] and spent(store, scopes, MIDNIGHT) == [0]
     assert utc_day(MIDNIGHT - 0.001) == "2030-05-17" and utc_day(MIDNIGHT) == "2030-05-18"
 
@@ -155,7 +157,7 @@ def test_many_threads_racing_on_one_budget_never_overspend_by_more_than_one_requ
         worker.start()
     for worker in workers:
         worker.join(120)
-    total = Store(redis.Redis.from_url(redis_url)).budget_spent(channel(budget))[0]
+    total = Store(redis.Redis.from_url(redis_url)).budgets.spent(channel(budget))[0]
     assert total == sum(costs)  # every request counted once
     assert budget <= total <= budget + max(costs), (total, len(costs))
     # The naive check (spent < budget, count after) would let all 16 in at the last step: the
@@ -172,7 +174,7 @@ def gate(store: Store, budget: int = 2_000, **kwargs: Any) -> budgets.Gate:
 def test_a_spent_budget_stops_the_run_before_its_request_and_names_the_budget(
     model: FakeMessagesAPI, workspace: Path, store: Store
 ) -> None:
-    store.budget_settle(utc_day(datetime.now(UTC).timestamp()), channel(2_000), rid(1), 2_000)
+    store.budgets.settle(utc_day(datetime.now(UTC).timestamp()), channel(2_000), rid(1), 2_000)
     agent = agent_with(model, workspace, gate(store))
     result = step(new_run("do the task"), agent)
 
@@ -198,13 +200,13 @@ def test_a_run_that_spends_the_budget_mid_way_stops_at_its_next_request(
     assert isinstance(outcome, Stopped) and outcome.valve is Valve.BUDGET
     assert len(model.requests) == 1 and state.requests == 1 and state.status is Status.STOPPED
     assert "2,100 tokens used today" in outcome.reason
-    assert store.budget_spent(channel(2_000)) == [2_100]
+    assert store.budgets.spent(channel(2_000)) == [2_100]
 
 
 def test_at_the_budget_an_asking_run_parks_and_continue_lets_it_go_past_by_one_token_budget(
     model: FakeMessagesAPI, workspace: Path, store: Store
 ) -> None:
-    store.budget_settle(utc_day(datetime.now(UTC).timestamp()), channel(2_000), rid(1), 2_500)
+    store.budgets.settle(utc_day(datetime.now(UTC).timestamp()), channel(2_000), rid(1), 2_500)
     model.script(reply(text("done"), usage={"input_tokens": 300, "output_tokens": 20}))
     agent = agent_with(model, workspace, gate(store), on_limit="ask", token_budget=5_000)
     result = step(new_run("do the task"), agent)
@@ -221,7 +223,7 @@ def test_at_the_budget_an_asking_run_parks_and_continue_lets_it_go_past_by_one_t
     assert RunState.loads(resumed.dumps()).past_budget_until == 5_000  # survives a park
     state, done = drive(resumed, agent, lambda _: None)
     assert isinstance(done, Finished) and len(model.requests) == 1
-    assert store.budget_spent(channel(2_000)) == [2_820]  # counted all the same
+    assert store.budgets.spent(channel(2_000)) == [2_820]  # counted all the same
 
 
 def test_a_failed_request_releases_its_hold_and_costs_nothing(
@@ -231,28 +233,28 @@ def test_a_failed_request_releases_its_hold_and_costs_nothing(
     agent = agent_with(model, workspace, gate(store))
     step(new_run("do the task"), agent)
     day = utc_day(datetime.now(UTC).timestamp())
-    assert store.budget_spent(channel(2_000)) == [0]
+    assert store.budgets.spent(channel(2_000)) == [0]
     assert not store.redis.exists(channel(2_000)[0].holds(day))
 
 
 def test_while_others_hold_the_rest_a_request_waits_and_a_stop_is_heard(store: Store) -> None:
     from harness.valves import Stop
 
-    store.budget_admit(channel(2_000), rid(1), 2_000)  # another worker's request in flight
+    store.budgets.admit(channel(2_000), rid(1), 2_000)  # another worker's request in flight
     pauses: list[float] = []
     stop = Stop(Valve.STOPPED_BY_USER, "stopped")
     the_gate = gate(store, stop_check=lambda: stop if len(pauses) >= 3 else None, sleep=pauses.append)
     assert the_gate.admit(500, granted=False) is stop
     assert pauses == [0.05, 0.1, 0.2]  # a poll backing off, not a busy loop
 
-    store.budget_settle(utc_day(datetime.now(UTC).timestamp()), channel(2_000), rid(1), 300)
+    store.budgets.settle(utc_day(datetime.now(UTC).timestamp()), channel(2_000), rid(1), 300)
     assert gate(store).admit(500, granted=False) is None  # settled: room again
 
 
 def test_spend_per_profile_is_served_by_the_metrics(store: Store) -> None:
     for n, (profile, cost) in enumerate([("ops", 700), ("", 200), ("ops", 100)]):
         counted = metrics.budget_counter(profile)
-        store.budget_settle("2030-05-17", channel(0), rid(n), cost, profile=profile, counted_in=counted)
+        store.budgets.settle("2030-05-17", channel(0), rid(n), cost, profile=profile, counted_in=counted)
     from prometheus_client.exposition import generate_latest
 
     text_out = generate_latest(scrape.registry(store.redis, make_queue(store.redis))).decode()
@@ -274,8 +276,8 @@ def test_near_lists_users_and_channels_past_80_percent_of_their_profiles_budget(
     )
     config = load_config(path, env={})
     day = utc_day(NOON)
-    store.budget_settle(day, [Scope("user", T, "UBOB", 0), *channel(0)], rid(1), 4_100, profile="ops")
-    store.budget_settle(day, [Scope("user", T, U, 0)], rid(2), 700, profile="")  # 70%: not near
+    store.budgets.settle(day, [Scope("user", T, "UBOB", 0), *channel(0)], rid(1), 4_100, profile="ops")
+    store.budgets.settle(day, [Scope("user", T, U, 0)], rid(2), 700, profile="")  # 70%: not near
     found = budgets.near(store, config, NOON)
     assert [(n.kind, n.who, n.profile, n.spent, n.budget) for n in found] == [
         ("user", "UBOB", "ops", 4_100, 1_000),

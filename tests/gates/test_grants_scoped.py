@@ -93,23 +93,23 @@ def _grant(store: Store, directory: str, uses: int) -> Grant:
 
 def test_a_scoped_grant_is_found_only_for_calls_inside_it(store: Store) -> None:
     _grant(store, "docs/", 0)
-    found = store.covering("T1", "C1", "1.2", "write_file", {"path": "docs/sub/a.txt"}, WRITE)
+    found = store.grants.covering("T1", "C1", "1.2", "write_file", {"path": "docs/sub/a.txt"}, WRITE)
     assert [g.directory for g in found] == ["docs/"]
     for outside in ("docs/../secret", "/docs/a", "other/a.txt", "a.txt"):
-        assert store.covering("T1", "C1", "1.2", "write_file", {"path": outside}, WRITE) == []
-    assert store.covering("T1", "C1", "1.2", "delete_file", {"path": "docs/a.txt"}, WRITE) == []
+        assert store.grants.covering("T1", "C1", "1.2", "write_file", {"path": outside}, WRITE) == []
+    assert store.grants.covering("T1", "C1", "1.2", "delete_file", {"path": "docs/a.txt"}, WRITE) == []
 
 
 def test_uses_are_spent_once_per_call_and_then_run_out(store: Store) -> None:
     grant = _grant(store, "docs/", 2)
-    first = store.take_grant(grant, "r:c1")
+    first = store.grants.take(grant, "r:c1")
     assert first is not None and first.left == 1
-    again = store.take_grant(grant, "r:c1")  # the same call again (a lost reply): nothing more spent
+    again = store.grants.take(grant, "r:c1")  # the same call again (a lost reply): nothing more spent
     assert again is not None and again.left == 1
-    second = store.take_grant(grant, "r:c2")
+    second = store.grants.take(grant, "r:c2")
     assert second is not None and second.left == 0
-    assert store.take_grant(grant, "r:c3") is None
-    assert store.covering("T1", "C1", "1.2", "write_file", {"path": "docs/a.txt"}, WRITE) == []
+    assert store.grants.take(grant, "r:c3") is None
+    assert store.grants.covering("T1", "C1", "1.2", "write_file", {"path": "docs/a.txt"}, WRITE) == []
     assert 0 < store.redis.ttl(grant.key) <= 60  # spending keeps the grant's expiry
 
 
@@ -127,7 +127,7 @@ def test_two_runs_racing_on_the_last_use_exactly_one_spends_it(redis_url: str) -
         ) -> None:
             store = Store(redis.Redis.from_url(redis_url))  # a connection each, as two workers have
             barrier.wait()
-            if store.take_grant(grant, f"{name}:call") is not None:
+            if store.grants.take(grant, f"{name}:call") is not None:
                 won.append(name)
 
         racers = [threading.Thread(target=run, args=(f"run{i}",)) for i in range(2)]

@@ -241,7 +241,7 @@ def test_accept_event_counts_each_mention_by_its_outcome_as_mention_would(conn: 
             run_id=new_run_id(), team="T1", channel="C1", thread_ts="1.1", requester="UA", task=""
         )
         job = queued_job(queue, "workers.jobs.start_run", run.run_id, job_id=new_run_id())
-        store.accept_event(
+        store.admission.accept_event(
             "T1", event, run, job, max_per_user=1, max_per_channel=5, counted_in=metrics.mention_counter()
         )
 

@@ -142,9 +142,9 @@ def park(store: Store, profile_name: str, *, expires_in: float = 3600, requester
         profile=profile_name,
     )
     token = uuid.uuid4().hex
-    assert store.acquire_lease(record.run_id, token, 30)
-    assert store.park(record, token, 30, ["toolu_1"], ttl=DAY)
-    store.release_lease(record.run_id, token)
+    assert store.runs.acquire_lease(record.run_id, token, 30)
+    assert store.parks.park(record, token, 30, ["toolu_1"], ttl=DAY)
+    store.runs.release_lease(record.run_id, token)
     return record
 
 
@@ -169,9 +169,9 @@ def test_runs_waiting_are_counted_per_approver_from_the_parks_of_each_profile(co
         park(store, "")
     park(store, "", expires_in=-5)  # expired: waits on nobody
     resumed = park(store, "")
-    store.write_besides([store.resumed(resumed, 60)])  # what the resume's save carries
+    store.runs.write_besides([store.threads.resumed(resumed, 60)])  # what the resume's save carries
     stopped = park(store, "")
-    store.forget_park(stopped)
+    store.parks.forget(stopped)
     park(store, "ops", expires_in=50 * 60)  # parked 10 minutes ago
     park(store, "ops", expires_in=55 * 60)
     park(store, "ops", expires_in=20 * 60)  # parked 40 minutes ago: escalated
@@ -186,8 +186,8 @@ def test_runs_waiting_are_counted_per_approver_from_the_parks_of_each_profile(co
 def test_an_extended_park_waits_on_until_its_new_expiry_and_leaves_escalation(conn: redis.Redis) -> None:
     store = Store(conn)
     record = park(store, "ops", expires_in=20 * 60)  # escalated
-    raw, read = store.read_run(record.run_id) or (b"", record)
-    extended = store.extend_park(raw, read, seen=0, most=1, seconds=3600, remind_before=0)
+    raw, read = store.escalations.read_run(record.run_id) or (b"", record)
+    extended = store.escalations.extend_park(raw, read, seen=0, most=1, seconds=3600, remind_before=0)
     assert extended.outcome is ExtendOutcome.EXTENDED
     waiting = series(scrape(conn, WAITING_CONFIG), "harness_runs_waiting")
     assert waiting[(("approvers", REQUESTER),)] == 1
@@ -233,7 +233,7 @@ def spend(
 ) -> None:
     scopes = (Scope(USER_SCOPE, TEAM, user, 0), Scope(CHANNEL_SCOPE, TEAM, channel, 0))
     day = day or utc_day(time.time())
-    assert store.budget_settle(day, scopes, uuid.uuid4().hex, tokens, profile=profile_name)
+    assert store.budgets.settle(day, scopes, uuid.uuid4().hex, tokens, profile=profile_name)
 
 
 def test_budget_use_is_the_fullest_user_and_channel_of_each_profile_today(conn: redis.Redis) -> None:

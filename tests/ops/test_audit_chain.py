@@ -48,12 +48,16 @@ def decisions(store: Store) -> int:
     expiry a late click met) and a call a grant let run; how many."""
     run = parked(store, ["toolu_1", "toolu_2", "toolu_3"], expires_in=60)
     audit = {"tool": "write_file", "input_sha256": "ab" * 32, "fingerprint": "0123456789abcdef"}
-    store.decide(run.run_id, run.park_id, "toolu_1", Decision(Verdict.APPROVED, by="UANN"), audit)
-    store.decide(run.run_id, run.park_id, "toolu_2", Decision(Verdict.APPROVED, by="UBEN"), audit, required=2)
-    store.decide(run.run_id, run.park_id, "toolu_2", Decision(Verdict.DECLINED, by="UCAT"), audit)
+    store.parks.decide(run.run_id, run.park_id, "toolu_1", Decision(Verdict.APPROVED, by="UANN"), audit)
+    store.parks.decide(
+        run.run_id, run.park_id, "toolu_2", Decision(Verdict.APPROVED, by="UBEN"), audit, required=2
+    )
+    store.parks.decide(run.run_id, run.park_id, "toolu_2", Decision(Verdict.DECLINED, by="UCAT"), audit)
     late = time.time() + 61
-    store.decide(run.run_id, run.park_id, "toolu_3", Decision(Verdict.APPROVED, by="UDAN"), audit, now=late)
-    store.append_audit({"run_id": run.run_id, "call_id": "toolu_4", "verdict": "approved", "grant": "used"})
+    store.parks.decide(
+        run.run_id, run.park_id, "toolu_3", Decision(Verdict.APPROVED, by="UDAN"), audit, now=late
+    )
+    store.audit.append({"run_id": run.run_id, "call_id": "toolu_4", "verdict": "approved", "grant": "used"})
     return 5
 
 
@@ -73,10 +77,10 @@ def test_verify_passes_on_a_chain_written_by_real_decisions(store: Store, redis_
     done = cli(redis_url, "verify")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == f"{written} entries, chain intact"
-    links = list(store.all_audit_links())
+    links = list(store.audit.all_links())
     assert [link.seq for link in links] == list(range(1, written + 1))
     assert links[0].prev == "" and all(b.prev == a.hash for a, b in zip(links, links[1:], strict=False))
-    assert store.audit_head() == (written, links[-1].hash)
+    assert store.audit.head() == (written, links[-1].hash)
 
 
 def test_concurrent_appends_from_many_processes_extend_one_chain(store: Store, redis_url: str) -> None:
@@ -86,14 +90,14 @@ def test_concurrent_appends_from_many_processes_extend_one_chain(store: Store, r
     def append(part: Store, n: int) -> None:
         barrier.wait()
         for i in range(25):
-            part.append_audit({"verdict": "approved", "by": f"U{n}", "call_id": f"toolu_{n}_{i}"})
+            part.audit.append({"verdict": "approved", "by": f"U{n}", "call_id": f"toolu_{n}_{i}"})
 
     threads = [threading.Thread(target=append, args=(c, n)) for n, c in enumerate(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert [link.seq for link in store.all_audit_links()] == list(range(1, 201))
+    assert [link.seq for link in store.audit.all_links()] == list(range(1, 201))
     done = cli(redis_url, "verify")
     assert (done.returncode, done.stdout.strip()) == (0, "200 entries, chain intact")
 
@@ -166,7 +170,7 @@ def test_export_writes_every_entry_since_a_date_as_jsonl_and_csv(store: Store, r
     day = 24 * 3600
     start = time.time() - 3 * day
     for n in range(3):
-        store.append_audit(
+        store.audit.append(
             {
                 "verdict": "approved",
                 "by": f"U{n}",
@@ -206,21 +210,21 @@ def test_with_audit_dir_nothing_is_trimmed_before_its_daily_file_holds_it(
     store: Store, conn: redis.Redis, redis_url: str, tmp_path: Path
 ) -> None:
     for n in range(30):
-        store.append_audit({"verdict": "approved", "by": f"U{n}"})
-    assert store.trim_audit(mirrored=True, most=10) == 0  # the files hold nothing yet
+        store.audit.append({"verdict": "approved", "by": f"U{n}"})
+    assert store.audit.trim(mirrored=True, most=10) == 0  # the files hold nothing yet
     assert conn.xlen(Keys.audit()) == 30
     assert audit_files.mirror(store, tmp_path, "t") == 30
     [daily] = audit_files.files(tmp_path)
     assert daily.name == time.strftime("audit-%Y-%m-%d.jsonl", time.gmtime())
     assert [line["seq"] for line in lines_of(tmp_path)] == list(range(1, 31))
     for n in range(30, 50):
-        store.append_audit({"verdict": "approved", "by": f"U{n}"})
-    store.trim_audit(mirrored=True, most=5)  # the 20 newest are not in the files: they stay
-    assert [link.seq for link in store.all_audit_links()] == list(range(31, 51))
-    assert store.trim_audit(mirrored=False, most=5) == 0  # a worker without the files obeys the cursor too
+        store.audit.append({"verdict": "approved", "by": f"U{n}"})
+    store.audit.trim(mirrored=True, most=5)  # the 20 newest are not in the files: they stay
+    assert [link.seq for link in store.audit.all_links()] == list(range(31, 51))
+    assert store.audit.trim(mirrored=False, most=5) == 0  # a worker without the files obeys the cursor too
     audit_files.mirror(store, tmp_path, "t")
-    store.trim_audit(mirrored=True, most=5)
-    assert [link.seq for link in store.all_audit_links()] == list(range(46, 51))
+    store.audit.trim(mirrored=True, most=5)
+    assert [link.seq for link in store.audit.all_links()] == list(range(46, 51))
     assert [line["seq"] for line in lines_of(tmp_path)] == list(range(1, 51))
     anchored = cli(redis_url, "verify", audit_dir=tmp_path)
     assert (anchored.returncode, anchored.stdout.strip()) == (0, "50 entries, chain intact")
@@ -233,9 +237,9 @@ def test_with_audit_dir_nothing_is_trimmed_before_its_daily_file_holds_it(
 
 def test_without_audit_dir_redis_trims_by_count(store: Store, redis_url: str) -> None:
     for n in range(12):
-        store.append_audit({"verdict": "declined", "by": f"U{n}"})
-    assert store.trim_audit(mirrored=False, most=4) == 8
-    assert [link.seq for link in store.all_audit_links()] == [9, 10, 11, 12]
+        store.audit.append({"verdict": "declined", "by": f"U{n}"})
+    assert store.audit.trim(mirrored=False, most=4) == 8
+    assert [link.seq for link in store.audit.all_links()] == [9, 10, 11, 12]
     assert cli(redis_url, "verify").returncode == 0
 
 
@@ -260,7 +264,7 @@ def test_a_mirror_killed_at_any_step_loses_no_entry_and_writes_none_twice(
     step: str, store: Store, redis_url: str, tmp_path: Path
 ) -> None:
     for n in range(7):
-        store.append_audit({"verdict": "approved", "by": f"U{n}"})
+        store.audit.append({"verdict": "approved", "by": f"U{n}"})
     hang_at = "written" if step == "cut" else step
     proc = subprocess.Popen(
         [sys.executable, "-c", _MIRROR_THEN_HANG, redis_url, str(tmp_path), hang_at],
@@ -278,11 +282,11 @@ def test_a_mirror_killed_at_any_step_loses_no_entry_and_writes_none_twice(
     [daily] = audit_files.files(tmp_path)
     if step == "cut":  # killed inside the write: half a line
         daily.write_bytes(daily.read_bytes()[:-25])
-    assert store.audit_mirrored() is None  # the cursor never moved: Redis keeps every entry
-    assert store.trim_audit(mirrored=True, most=1) == 0
-    store.append_audit({"verdict": "approved", "by": "U7"})
+    assert store.audit.mirrored() is None  # the cursor never moved: Redis keeps every entry
+    assert store.audit.trim(mirrored=True, most=1) == 0
+    store.audit.append({"verdict": "approved", "by": "U7"})
     wait_until(lambda: audit_files.mirror(store, tmp_path, "heir") > 0)  # once the dead one's lease ends
     assert [line["seq"] for line in lines_of(tmp_path)] == list(range(1, 9))
-    assert store.audit_mirrored() == list(store.all_audit_links())[-1].id
+    assert store.audit.mirrored() == list(store.audit.all_links())[-1].id
     done = cli(redis_url, "verify", audit_dir=tmp_path)
     assert (done.returncode, done.stdout.strip()) == (0, "8 entries, chain intact")

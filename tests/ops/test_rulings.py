@@ -109,11 +109,11 @@ def test_an_mcp_tool_records_its_read_only_claim() -> None:
 def test_the_write_records_each_call_once_however_often_it_is_sent(store: Store) -> None:
     entries = [ruling_entry(record(), call(id=f"toolu_{i}"), WRITE, "builtin") for i in range(3)]
     write = rulings_write(RUN, entries)
-    store.write_besides([write, write])
-    store.write_besides([rulings_write(RUN, entries[:1])])
-    got = list(store.calls_since(0))
+    store.runs.write_besides([write, write])
+    store.runs.write_besides([rulings_write(RUN, entries[:1])])
+    got = list(store.audit.calls_since(0))
     assert [e["call_id"] for e in got] == ["toolu_0", "toolu_1", "toolu_2"]
-    assert store.call_entries(2) == got[1:] and store.audit_entries() == []  # decisions' audit apart
+    assert store.audit.call_entries(2) == got[1:] and store.audit.entries() == []  # decisions' audit apart
     assert store.redis.ttl(Keys.audit_ruled(RUN)) > 0  # the ids are forgotten in time
 
 
@@ -123,7 +123,7 @@ def test_calls_since_pages_through_everything_newer(store: Store) -> None:
     for n in range(2500):
         store.redis.xadd(Keys.audit_calls(), {"entry": json.dumps({"event": "ruled", "n": n})})
     store.redis.xadd(Keys.audit_calls(), {"entry": b"not json"})
-    got = list(store.calls_since(time.time() - 86400))
+    got = list(store.audit.calls_since(time.time() - 86400))
     assert [e.get("n") for e in got[:-1]] == list(range(2500))
     assert "unreadable" in got[-1]
 

@@ -117,14 +117,14 @@ def test_a_promised_write_waits_for_the_replica_and_other_writes_do_not(group: S
     master = redis.Redis.from_url(group.url(db=6))
     replica_port = next(n.port for n in group.nodes if n.port != group.master_port())
     replica = redis.Redis(port=replica_port, password=PASSWORD, db=6)
-    store.request_stop(new_run_id(), "UANN")  # Redis learns the script (a NOSCRIPT, then the write)
+    store.runs.request_stop(new_run_id(), "UANN")  # Redis learns the script (a NOSCRIPT, then the write)
     before = waits_sent(master)
     run_id = new_run_id()
-    assert store.request_stop(run_id, "UANN") is None  # a Stop: promised
+    assert store.runs.request_stop(run_id, "UANN") is None  # a Stop: promised
     assert waits_sent(master) == before + 1
     assert replica.get(f"harness:stop:{run_id}") == b"UANN"  # there when the answer came
     store.redis.set("harness:test:plain", "1")  # not a promise: no wait
-    store.stop_requested(run_id)
+    store.runs.stop_requested(run_id)
     assert waits_sent(master) == before + 1
 
 
@@ -140,7 +140,7 @@ def test_a_replica_that_does_not_answer_delays_a_promise_boundedly_and_is_counte
     os.kill(replica.proc.pid, signal.SIGSTOP)  # connected, but acknowledging nothing
     try:
         with caplog.at_level(logging.WARNING, logger="store.replicas"):
-            result = store.decide(run_id, 1, "c1", Decision(Verdict.APPROVED, by="UANN"))
+            result = store.parks.decide(run_id, 1, "c1", Decision(Verdict.APPROVED, by="UANN"))
     finally:
         os.kill(replica.proc.pid, signal.SIGCONT)
     assert result.outcome.value == "recorded"  # the decision stands, on the master
@@ -155,7 +155,7 @@ def test_a_master_with_no_replica_is_never_asked_to_wait(redis_server: RedisServ
     store = Store(RedisTarget.from_env({"REDIS_URL": url}).connect())
     before = waits_sent(store.redis)
     for _ in range(3):
-        store.request_stop(new_run_id(), "UANN")
+        store.runs.request_stop(new_run_id(), "UANN")
     assert waits_sent(store.redis) == before
 
 

@@ -1,7 +1,7 @@
 """The Home tab's index of what waits on whom, on a real Redis through the store's own scripts.
 
-Parks are made as a worker makes them (`Store.park` under a lease), closed as a resume, a stop, an
-expiry or a limit's answer closes them (`Store.resumed`, `Store.forget_park`, `expire_due`), and
+Parks are made as a worker makes them (`store.parks.park` under a lease), closed as a resume, a stop, an
+expiry or a limit's answer closes them (`store.threads.resumed`, `store.parks.forget`, `expire_due`), and
 the Home tab is read as the bot reads it (`bot.listeners.home.waiting_on`), with approvers, user groups,
 `escalate_to` and requesters.
 """
@@ -73,9 +73,9 @@ def park(
         expires_at=time.time() + expires_in,
     )
     token = uuid.uuid4().hex
-    assert store.acquire_lease(record.run_id, token, 30)
-    assert store.park(record, token, 30, [c.id for c in pending], ttl=DAY)
-    store.release_lease(record.run_id, token)
+    assert store.runs.acquire_lease(record.run_id, token, 30)
+    assert store.parks.park(record, token, 30, [c.id for c in pending], ttl=DAY)
+    store.runs.release_lease(record.run_id, token)
     return record
 
 
@@ -108,8 +108,8 @@ def test_a_resume_a_stop_and_an_answered_limit_take_the_park_out_of_every_index(
     store: Store, conn: redis.Redis
 ) -> None:
     resumed, stopped, other = park(store, "UALICE"), park(store, "UALICE"), park(store, "UBOB")
-    store.write_besides([store.resumed(resumed, 60)])  # what the resume's save carries
-    store.forget_park(stopped)  # `_stop_parked`, `_resume_at_limit`
+    store.runs.write_besides([store.threads.resumed(resumed, 60)])  # what the resume's save carries
+    store.parks.forget(stopped)  # `_stop_parked`, `_resume_at_limit`
     assert members(conn, Keys.team_parks(TEAM)) == {member(other)}
     assert members(conn, Keys.user_parks(TEAM, "UALICE")) == set()
     assert members(conn, Keys.expiries()) == {member(other)}
@@ -148,9 +148,9 @@ def test_each_person_sees_exactly_the_calls_waiting_on_them(
         assert sorted(shown(approvers, who)) == ["n0.txt@UALICE", "n0.txt@UBOB", "n1.txt@UALICE"]
     assert shown(approvers, "UALICE") == [] and shown(approvers, "UDAVE") == []
 
-    store.decide(alice.run_id, 1, "toolu_0", Decision(Verdict.APPROVED, by="UANN"))
+    store.parks.decide(alice.run_id, 1, "toolu_0", Decision(Verdict.APPROVED, by="UANN"))
     assert sorted(shown(approvers, "UANN")) == ["n0.txt@UBOB", "n1.txt@UALICE"]  # the decided call goes
-    store.decide(alice.run_id, 1, "toolu_1", Decision(Verdict.DECLINED, by="UANN"))
+    store.parks.decide(alice.run_id, 1, "toolu_1", Decision(Verdict.DECLINED, by="UANN"))
     assert shown(approvers, "UANN") == ["n0.txt@UBOB"]
     # every call decided, its resume not yet run: the read took it out of the index
     assert members(conn, Keys.team_parks(TEAM)) == {member(bob)}
@@ -213,8 +213,8 @@ def test_parks_made_before_the_index_existed_join_it_once_the_worker_starts(
     deps = deps_for(store, slack, approvers=("UANN",))
     assert shown(deps, "UANN") == []
 
-    assert store.index_open_parks(time.time()) == 2  # the open one and UBOB's current park
-    assert store.index_open_parks(time.time()) == 2
+    assert store.parks.index_open_parks(time.time()) == 2  # the open one and UBOB's current park
+    assert store.parks.index_open_parks(time.time()) == 2
     assert members(conn, Keys.team_parks(TEAM)) == {member(open_park), member(moved_on)}
     assert members(conn, Keys.user_parks(TEAM, "UALICE")) == {member(open_park)}
     assert conn.zscore(Keys.team_parks(TEAM), member(open_park)) == pytest.approx(open_park.expires_at)
@@ -222,6 +222,6 @@ def test_parks_made_before_the_index_existed_join_it_once_the_worker_starts(
     assert sorted(shown(deps, "UANN")) == ["n0.txt@UALICE", "n0.txt@UBOB"]
 
     # A worker's start makes the pass once per Redis: later starts read no run record for it.
-    assert store.index_older_parks(time.time()) == 2
-    assert store.index_older_parks(time.time()) is None
+    assert store.parks.index_older_parks(time.time()) == 2
+    assert store.parks.index_older_parks(time.time()) is None
     assert members(conn, Keys.team_parks(TEAM)) == {member(open_park), member(moved_on)}

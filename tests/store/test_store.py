@@ -33,12 +33,12 @@ def parked(store: Store, call_ids: list[str], *, expires_in: float = 60, **overr
     """A run parked the way a driver parks it: under its lease, in one fenced step."""
     run = record(state={"x": 1}, **overrides)
     token = "driver-token"
-    assert store.acquire_lease(run.run_id, token, 30)
+    assert store.runs.acquire_lease(run.run_id, token, 30)
     run = replace(
         run, status=RunStatus.AWAITING_APPROVAL, park_id=run.park_id + 1, expires_at=time.time() + expires_in
     )
-    assert store.park(run, token, 30, call_ids, ttl=120)
-    assert store.settle_park(run, token, 30, ttl=120) == "parked"
+    assert store.parks.park(run, token, 30, call_ids, ttl=120)
+    assert store.parks.settle(run, token, 30, ttl=120) == "parked"
     return run
 
 
@@ -50,7 +50,7 @@ def test_concurrent_decisions_on_one_call_yield_exactly_one(store: Store) -> Non
     def click(i: int) -> None:
         barrier.wait()
         verdict = Verdict.APPROVED if i % 2 else Verdict.DECLINED
-        results.append(store.decide(run.run_id, run.park_id, "toolu_1", Decision(verdict, by=f"U{i}")))
+        results.append(store.parks.decide(run.run_id, run.park_id, "toolu_1", Decision(verdict, by=f"U{i}")))
 
     threads = [threading.Thread(target=click, args=(i,)) for i in range(10)]
     for t in threads:
@@ -60,26 +60,30 @@ def test_concurrent_decisions_on_one_call_yield_exactly_one(store: Store) -> Non
     recorded = [r for r in results if r.outcome is DecideOutcome.RECORDED]
     assert len(recorded) == 1
     assert all(r.decision == recorded[0].decision for r in results)
-    assert store.decisions(run.run_id, run.park_id) == {"toolu_1": recorded[0].decision}
+    assert store.parks.decisions(run.run_id, run.park_id) == {"toolu_1": recorded[0].decision}
 
 
 def test_the_same_decision_twice_is_idempotent_and_unknown_calls_are_refused(store: Store) -> None:
     run = parked(store, ["toolu_1"])
     decision = Decision(Verdict.APPROVED, by="UA")
-    assert store.decide(run.run_id, run.park_id, "toolu_1", decision).outcome is DecideOutcome.RECORDED
-    assert store.decide(run.run_id, run.park_id, "toolu_1", decision).outcome is DecideOutcome.RECORDED
-    assert store.decide(run.run_id, run.park_id, "toolu_2", decision).outcome is DecideOutcome.UNKNOWN
-    assert store.decide(run.run_id, run.park_id + 1, "toolu_1", decision).outcome is DecideOutcome.UNKNOWN
-    assert store.decide(new_run_id(), 1, "toolu_1", decision).outcome is DecideOutcome.UNKNOWN
+    assert store.parks.decide(run.run_id, run.park_id, "toolu_1", decision).outcome is DecideOutcome.RECORDED
+    assert store.parks.decide(run.run_id, run.park_id, "toolu_1", decision).outcome is DecideOutcome.RECORDED
+    assert store.parks.decide(run.run_id, run.park_id, "toolu_2", decision).outcome is DecideOutcome.UNKNOWN
+    assert (
+        store.parks.decide(run.run_id, run.park_id + 1, "toolu_1", decision).outcome is DecideOutcome.UNKNOWN
+    )
+    assert store.parks.decide(new_run_id(), 1, "toolu_1", decision).outcome is DecideOutcome.UNKNOWN
 
 
 def test_a_click_after_the_expiry_time_records_the_expiry_not_the_click(store: Store) -> None:
     run = parked(store, ["toolu_1"], expires_in=5)
     late = time.time() + 6  # after expires_at, before any expiry job could have run
-    result = store.decide(run.run_id, run.park_id, "toolu_1", Decision(Verdict.APPROVED, by="UA"), now=late)
+    result = store.parks.decide(
+        run.run_id, run.park_id, "toolu_1", Decision(Verdict.APPROVED, by="UA"), now=late
+    )
     assert result.outcome is DecideOutcome.EXPIRED
-    assert store.decisions(run.run_id, run.park_id) == {"toolu_1": Decision(Verdict.EXPIRED)}
-    [entry] = store.audit_entries()
+    assert store.parks.decisions(run.run_id, run.park_id) == {"toolu_1": Decision(Verdict.EXPIRED)}
+    [entry] = store.audit.entries()
     assert entry["verdict"] == "expired" and entry["late_click_by"] == "UA"
 
 
@@ -88,56 +92,60 @@ def test_the_decision_completing_a_park_marks_the_run_active_for_recovery(
 ) -> None:
     run = parked(store, ["toolu_1", "toolu_2"])
     assert conn.zscore(Keys.active(), run.run_id) is None  # parked, undecided: nobody needs to drive it
-    store.decide(run.run_id, run.park_id, "toolu_1", Decision(Verdict.APPROVED, by="UA"))
+    store.parks.decide(run.run_id, run.park_id, "toolu_1", Decision(Verdict.APPROVED, by="UA"))
     assert conn.zscore(Keys.active(), run.run_id) is None
-    store.decide(run.run_id, run.park_id, "toolu_2", Decision(Verdict.DECLINED, by="UA"))
+    store.parks.decide(run.run_id, run.park_id, "toolu_2", Decision(Verdict.DECLINED, by="UA"))
     assert conn.zscore(Keys.active(), run.run_id) is not None
-    assert store.orphans(time.time() + 1, lambda job_id: False) == [run.run_id]  # no lease, no job on its way
+    assert store.runs.orphans(time.time() + 1, lambda job_id: False) == [
+        run.run_id
+    ]  # no lease, no job on its way
 
 
 def test_a_settle_racing_the_last_decision_keeps_the_driver(store: Store, conn: redis.Redis) -> None:
     run = record(state={"x": 1})
-    assert store.acquire_lease(run.run_id, "tok", 30)
+    assert store.runs.acquire_lease(run.run_id, "tok", 30)
     run = replace(run, status=RunStatus.AWAITING_APPROVAL, park_id=1, expires_at=time.time() + 60)
-    assert store.park(run, "tok", 30, ["toolu_1"], ttl=120)
-    store.decide(run.run_id, 1, "toolu_1", Decision(Verdict.APPROVED, by="UA"))  # a click while cards post
-    assert store.settle_park(run, "tok", 30, ttl=120) == "ready"
+    assert store.parks.park(run, "tok", 30, ["toolu_1"], ttl=120)
+    store.parks.decide(
+        run.run_id, 1, "toolu_1", Decision(Verdict.APPROVED, by="UA")
+    )  # a click while cards post
+    assert store.parks.settle(run, "tok", 30, ttl=120) == "ready"
     assert conn.get(Keys.lease(run.run_id)) == b"tok"  # still driven: it resumes at once
 
 
 def test_a_new_park_never_touches_an_older_parks_decisions(store: Store) -> None:
     run = parked(store, ["toolu_1"])
-    store.decide(run.run_id, run.park_id, "toolu_1", Decision(Verdict.APPROVED, by="UA"))
+    store.parks.decide(run.run_id, run.park_id, "toolu_1", Decision(Verdict.APPROVED, by="UA"))
     token = "second-driver"
-    assert store.acquire_lease(run.run_id, token, 30)
+    assert store.runs.acquire_lease(run.run_id, token, 30)
     second = replace(run, park_id=run.park_id + 1)
-    assert store.park(second, token, 30, ["toolu_9"], ttl=120)
-    assert store.decisions(run.run_id, run.park_id) == {"toolu_1": Decision(Verdict.APPROVED, by="UA")}
-    assert store.decisions(run.run_id, second.park_id) == {"toolu_9": None}
+    assert store.parks.park(second, token, 30, ["toolu_9"], ttl=120)
+    assert store.parks.decisions(run.run_id, run.park_id) == {"toolu_1": Decision(Verdict.APPROVED, by="UA")}
+    assert store.parks.decisions(run.run_id, second.park_id) == {"toolu_9": None}
 
 
 def test_writes_without_the_lease_change_nothing(store: Store, conn: redis.Redis) -> None:
     run = record(state={"x": 1})
-    store.save_run(run)
-    assert store.acquire_lease(run.run_id, "holder", 30)
+    store.runs.save_run(run)
+    assert store.runs.acquire_lease(run.run_id, "holder", 30)
     stale = replace(run, status=RunStatus.AWAITING_APPROVAL, park_id=1, expires_at=time.time() + 60)
-    assert not store.save(stale, "stale-driver", 30)
-    assert not store.park(stale, "stale-driver", 30, ["toolu_1"], ttl=120)
-    assert store.settle_park(stale, "stale-driver", 30, ttl=120) == "lost"
-    assert store.finish(stale, "stale-driver", history=({"role": "user", "content": "x"},)) is None
-    assert store.load_run(run.run_id) == run
+    assert not store.runs.save(stale, "stale-driver", 30)
+    assert not store.parks.park(stale, "stale-driver", 30, ["toolu_1"], ttl=120)
+    assert store.parks.settle(stale, "stale-driver", 30, ttl=120) == "lost"
+    assert store.runs.finish(stale, "stale-driver", history=({"role": "user", "content": "x"},)) is None
+    assert store.runs.load(run.run_id) == run
     assert not conn.exists(Keys.approvals(run.run_id, 1), Keys.history(*run.thread))
 
 
 def test_an_older_run_never_overwrites_the_history_a_newer_run_saved(store: Store) -> None:
     old, new = record(state={"x": 1}), record(state={"x": 2})
     for run in (old, new):
-        assert store.acquire_lease(run.run_id, "t", 30)
+        assert store.runs.acquire_lease(run.run_id, "t", 30)
     # Both began on an empty thread; the newer one finishes first.
-    assert store.finish(replace(new, status=RunStatus.FINISHED), "t", history=("newer",)).history_saved  # type: ignore[arg-type]
-    result = store.finish(replace(old, status=RunStatus.FINISHED), "t", history=("older",))  # type: ignore[arg-type]
+    assert store.runs.finish(replace(new, status=RunStatus.FINISHED), "t", history=("newer",)).history_saved  # type: ignore[arg-type]
+    result = store.runs.finish(replace(old, status=RunStatus.FINISHED), "t", history=("older",))  # type: ignore[arg-type]
     assert result is not None and not result.history_saved
-    assert store.load_history(*old.thread) == (("newer",), 1)
+    assert store.threads.load_history(*old.thread) == (("newer",), 1)
 
 
 def test_an_event_is_accepted_once_even_when_delivered_concurrently(store: Store, conn: redis.Redis) -> None:
@@ -149,7 +157,7 @@ def test_an_event_is_accepted_once_even_when_delivered_concurrently(store: Store
         barrier.wait()
         run = record()
         job = queued_job(queue, "workers.jobs.start_run", run.run_id, job_id=new_run_id())
-        ok = store.accept_event("T1", "Ev1", run, job, max_per_user=10, max_per_channel=10)
+        ok = store.admission.accept_event("T1", "Ev1", run, job, max_per_user=10, max_per_channel=10)
         accepted.append(ok)
 
     threads = [threading.Thread(target=deliver) for _ in range(5)]
@@ -174,7 +182,7 @@ def test_a_requester_and_a_channel_have_a_bound_of_runs(store: Store, conn: redi
     def mention(event: str, user: str, channel: str) -> Accepted:
         run = record(requester=user, channel=channel)
         job = queued_job(queue, "workers.jobs.start_run", run.run_id, job_id=new_run_id())
-        return store.accept_event("T1", event, run, job, max_per_user=2, max_per_channel=3)
+        return store.admission.accept_event("T1", event, run, job, max_per_user=2, max_per_channel=3)
 
     assert [mention(f"Ev{i}", "UA", "C1") for i in range(3)] == [
         Accepted.NEW,
@@ -190,26 +198,26 @@ def test_a_requester_and_a_channel_have_a_bound_of_runs(store: Store, conn: redi
 
 def test_a_thread_has_one_active_run_and_queues_the_rest(store: Store) -> None:
     first, second = record(state={"x": 1}), record(state={"x": 2})
-    assert store.take_thread(first, 60)
-    assert not store.take_thread(second, 60)
-    assert not store.take_thread(second, 60)  # queued once, not twice
-    assert store.thread_holder(first) == first.run_id
-    assert store.acquire_lease(first.run_id, "t", 30)
-    result = store.finish(replace(first, status=RunStatus.FINISHED), "t", history=None)
+    assert store.threads.take(first, 60)
+    assert not store.threads.take(second, 60)
+    assert not store.threads.take(second, 60)  # queued once, not twice
+    assert store.threads.holder(first) == first.run_id
+    assert store.runs.acquire_lease(first.run_id, "t", 30)
+    result = store.runs.finish(replace(first, status=RunStatus.FINISHED), "t", history=None)
     assert result is not None and result.next_run == second.run_id
-    assert store.take_thread(second, 60)
+    assert store.threads.take(second, 60)
 
 
 def test_parked_runs_carry_a_ttl_and_every_key_is_under_the_prefix(store: Store, conn: redis.Redis) -> None:
     run = parked(store, ["toolu_1"])
-    store.take_thread(run, 60)
-    store.decide(run.run_id, run.park_id, "toolu_1", Decision(Verdict.APPROVED, by="UA"))
+    store.threads.take(run, 60)
+    store.parks.decide(run.run_id, run.park_id, "toolu_1", Decision(Verdict.APPROVED, by="UA"))
     for key in conn.keys("*"):
         assert key.startswith(b"harness:"), key
         if key not in {k.encode() for k in (Keys.active(), Keys.expiries(), Keys.audit(), Keys.audit_head())}:
             assert 0 < conn.ttl(key) <= 30 * 24 * 3600, key
     assert 0 < conn.ttl(Keys.run(run.run_id)) <= 120
-    loaded = store.load_run(run.run_id)
+    loaded = store.runs.load(run.run_id)
     assert loaded is not None and loaded.status is RunStatus.AWAITING_APPROVAL and loaded.park_id == 1
 
 
@@ -285,7 +293,7 @@ def test_the_key_check_finds_a_key_spelled_elsewhere(tmp_path: Path) -> None:
 def test_ids_from_outside_are_validated_before_they_become_keys(kind: str, value: object) -> None:
     builders = {
         "run": lambda v: Keys.run(v),
-        "call": lambda v: Store(redis.Redis()).first_card_update(new_run_id(), 1, v),
+        "call": lambda v: Store(redis.Redis()).parks.first_card_update(new_run_id(), 1, v),
         "ts": lambda v: Keys.retry_claim(new_run_id(), v),
         "channel": lambda v: Keys.history("T1", v, "1.1"),
         "team": lambda v: Keys.event(v, "Ev1"),
@@ -298,26 +306,26 @@ def test_an_unreadable_record_is_refused(store: Store, conn: redis.Redis) -> Non
     run_id = new_run_id()
     conn.set(Keys.run(run_id), '{"version": 99}')
     with pytest.raises(StateError):
-        store.load_run(run_id)
+        store.runs.load(run_id)
 
 
 def test_big_records_are_stored_compressed_and_read_back(store: Store, conn: redis.Redis) -> None:
     run = record(task="x" * 5000)
-    store.save_run(run)
+    store.runs.save_run(run)
     stored = conn.get(Keys.run(run.run_id))
     assert stored.startswith(b"z1:") and len(stored) < 1000
-    assert store.load_run(run.run_id) == run
+    assert store.runs.load(run.run_id) == run
     small = record()
-    store.save_run(small)
+    store.runs.save_run(small)
     assert conn.get(Keys.run(small.run_id)).startswith(b"{")
-    assert store.load_run(small.run_id) == small
+    assert store.runs.load(small.run_id) == small
 
 
 def test_a_corrupt_compressed_record_is_refused(store: Store, conn: redis.Redis) -> None:
     run_id = new_run_id()
     conn.set(Keys.run(run_id), b"z1:not zlib at all")
     with pytest.raises(StateError):
-        store.load_run(run_id)
+        store.runs.load(run_id)
 
 
 def test_a_queue_that_would_pickle_jobs_is_refused(conn: redis.Redis) -> None:
@@ -339,7 +347,9 @@ def test_concurrent_mentions_of_one_requester_start_no_more_runs_than_the_bound(
         run = record(requester="UA", channel=f"C{i}")
         job = queued_job(queue, "workers.jobs.start_run", run.run_id, job_id=new_run_id())
         barrier.wait()
-        accepted.append(store.accept_event("T1", f"Ev{i}", run, job, max_per_user=3, max_per_channel=3))
+        accepted.append(
+            store.admission.accept_event("T1", f"Ev{i}", run, job, max_per_user=3, max_per_channel=3)
+        )
 
     threads = [threading.Thread(target=deliver, args=(i,)) for i in range(8)]
     for t in threads:
@@ -356,12 +366,14 @@ def test_an_accept_run_again_after_a_lost_reply_answers_new_and_writes_nothing_m
     queue = make_queue(conn)
     run = record()
     job = queued_job(queue, "workers.jobs.start_run", run.run_id, job_id=new_run_id())
-    first = store.accept_event("T1", "EvLost", run, job, max_per_user=5, max_per_channel=5)
+    first = store.admission.accept_event("T1", "EvLost", run, job, max_per_user=5, max_per_channel=5)
     # redis-py sends the script again when its reply was lost
-    again = store.accept_event("T1", "EvLost", run, job, max_per_user=5, max_per_channel=5)
+    again = store.admission.accept_event("T1", "EvLost", run, job, max_per_user=5, max_per_channel=5)
     other = record()
     retry = queued_job(queue, "workers.jobs.start_run", other.run_id, job_id=new_run_id())
-    slack_retry = store.accept_event("T1", "EvLost", other, retry, max_per_user=5, max_per_channel=5)
+    slack_retry = store.admission.accept_event(
+        "T1", "EvLost", other, retry, max_per_user=5, max_per_channel=5
+    )
     assert (first, again, slack_retry) == (Accepted.NEW, Accepted.NEW, Accepted.DUPLICATE)
     assert queue.count == 1 and conn.zcard(Keys.user_runs("T1", "UA")) == 1
 
@@ -370,7 +382,10 @@ def test_a_mention_job_is_written_as_rq_writes_the_job_it_enqueues(store: Store,
     queue = make_queue(conn)
     run = record()
     job = queued_job(queue, "workers.jobs.start_run", run.run_id, job_id=new_run_id())
-    assert store.accept_event("T1", "EvSame", run, job, max_per_user=5, max_per_channel=5) is Accepted.NEW
+    assert (
+        store.admission.accept_event("T1", "EvSame", run, job, max_per_user=5, max_per_channel=5)
+        is Accepted.NEW
+    )
     theirs = enqueue_job(queue, "workers.jobs.start_run", run.run_id, job_id=new_run_id())
     ours_hash, their_hash = conn.hgetall(job.key), conn.hgetall(theirs.key)
     for stamp in (b"created_at", b"enqueued_at"):  # when each was made: moments apart
@@ -396,7 +411,10 @@ def test_a_stock_rq_worker_runs_a_job_written_by_accept_event(store: Store, conn
     queue = make_queue(conn)
     run = record()
     job = queued_job(queue, "os.getpid", job_id=new_run_id())
-    assert store.accept_event("T1", "EvWork", run, job, max_per_user=5, max_per_channel=5) is Accepted.NEW
+    assert (
+        store.admission.accept_event("T1", "EvWork", run, job, max_per_user=5, max_per_channel=5)
+        is Accepted.NEW
+    )
     worker = Unsubscribed([queue], connection=conn, serializer=JSONSerializer)
     assert worker.work(burst=True)
     assert rq.job.Job.fetch(job.job_id, connection=conn, serializer=JSONSerializer).get_status() == "finished"

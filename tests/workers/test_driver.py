@@ -22,7 +22,7 @@ def test_a_heartbeat_that_cannot_reach_redis_marks_the_lease_lost(monkeypatch: p
         store = Store(conn)
         svc = Services(store, make_queue(conn), WebClient(token="xoxb-unused"), Config(), model=None)  # type: ignore[arg-type]
         record = RunRecord(new_run_id(), "T1", "C1", "1.000001", "UA", "hi", status=RunStatus.RUNNING)
-        store.save_run(record)
+        store.runs.save_run(record)
         with Driver(svc, record.run_id) as driver:
             assert driver is not None and not driver.lost
             server.stop()  # every renewal now fails with a connection error

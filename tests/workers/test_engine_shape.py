@@ -175,14 +175,13 @@ class _Store:
     def __init__(self, record: Any) -> None:
         self.record = record
         self.started = 0
+        self.runs = SimpleNamespace(job_started=self._job_started, load=lambda run_id: self.record)
+        self.parks = SimpleNamespace(decisions=self._decisions)
 
-    def job_started(self, run_id: str) -> None:
+    def _job_started(self, run_id: str) -> None:
         self.started += 1
 
-    def load_run(self, run_id: str) -> Any:
-        return self.record
-
-    def decisions(self, run_id: str, park_id: int) -> dict[str, Any]:
+    def _decisions(self, run_id: str, park_id: int) -> dict[str, Any]:
         from harness.state import Decision, Verdict
 
         return {"toolu_1": Decision(Verdict.APPROVED, by="UAPP")}

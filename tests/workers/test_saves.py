@@ -64,7 +64,7 @@ def services(conn: redis.Redis) -> Services:
 
 def a_run(store: Store) -> RunRecord:
     record = RunRecord(new_run_id(), "T1", "C1", "1.000001", "UA", "hi", status=RunStatus.RUNNING)
-    store.save_run(record)
+    store.runs.save_run(record)
     return record
 
 
@@ -93,7 +93,7 @@ def test_a_steps_metrics_ride_in_its_save_one_round_trip(counted: redis.Redis) -
         before = Counted.sends
         driver.save(state=state.to_json())
         assert Counted.sends - before == 1  # the save and the metrics, one pipeline
-    saved = svc.store.load_run(record.run_id)
+    saved = svc.store.runs.load(record.run_id)
     assert saved is not None and saved.state == state.to_json()
     got = counts(counted)
     assert got[metrics.counter_field(metrics.TURNS)] == 1
@@ -112,7 +112,7 @@ def test_scripts_redis_forgot_are_loaded_again_and_each_write_applies_once(count
         driver.save(state=state.to_json())
         driver.beside_next_save(account)  # the same step again (a driver redoing it): counted once
         driver.save(state=state.to_json())
-    saved = svc.store.load_run(record.run_id)
+    saved = svc.store.runs.load(record.run_id)
     assert saved is not None and saved.state == state.to_json()
     assert counts(counted)[metrics.counter_field(metrics.TURNS)] == 1
     assert counts(counted)[metrics.counter_field(metrics.TOOL_CALLS, tier="allow", outcome="ran")] == 1
@@ -130,7 +130,7 @@ def test_a_write_beside_that_fails_is_logged_and_the_save_stands(
         driver.beside_next_save(broken)
         with caplog.at_level(logging.WARNING):
             driver.save(status=RunStatus.RUNNING, error="saved anyway")
-    saved = svc.store.load_run(record.run_id)
+    saved = svc.store.runs.load(record.run_id)
     assert saved is not None and saved.error == "saved anyway"
     assert any("a broken figure was not recorded" in r.getMessage() for r in caplog.records)
 
@@ -217,7 +217,7 @@ def test_a_run_saved_turn_after_turn_and_its_results_cleared_loads_as_saved(coun
                 messages = cleared
             state = RunState(messages=messages, turns=turn, requests=turn)
             driver.save(state=state.to_json())
-            loaded = svc.store.load_run(record.run_id)
+            loaded = svc.store.runs.load(record.run_id)
             assert loaded is not None and loaded.run_state() == state
         stored = counted.get(Keys.run(record.run_id))
         assert stored is not None and stored.startswith(b"z2:")
@@ -242,16 +242,16 @@ def test_a_resume_save_forgets_the_expiry_and_takes_the_thread_in_its_own_round_
     svc = services(counted)
     record = a_run(svc.store)
     parked = replace(record, status=RunStatus.AWAITING_APPROVAL, park_id=1, expires_at=time.time() + 600)
-    svc.store.take_thread(record, 60)
+    svc.store.threads.take(record, 60)
     with Driver(svc, record.run_id) as driver:
         assert driver is not None
-        assert svc.store.park(parked, driver.token, driver.seconds, ["toolu_1"], ttl=3600)
+        assert svc.store.parks.park(parked, driver.token, driver.seconds, ["toolu_1"], ttl=3600)
         driver.amend(status=parked.status, park_id=parked.park_id, expires_at=parked.expires_at)
         driver.save()  # Redis learns the save's script
-        counted.script_load(svc.store.resumed(parked, 3600).script)  # and the resume's
+        counted.script_load(svc.store.threads.resumed(parked, 3600).script)  # and the resume's
         counted.expire(Keys.thread_lock(*record.thread), 5)  # as a long park leaves it
         assert counted.zscore(Keys.expiries(), f"{record.run_id}:1") is not None
-        driver.beside_next_save(svc.store.resumed(parked, 3600))
+        driver.beside_next_save(svc.store.threads.resumed(parked, 3600))
         before = Counted.sends
         driver.save(status=RunStatus.RUNNING, expires_at=None)
         assert Counted.sends - before == 1

@@ -85,7 +85,7 @@ def watchdog(
                 services = svc()
                 escalate_due(services, now)
                 remind_due(services, now)
-            for run_id in store.orphans(now - seconds, lambda job_id: job_waiting(queue, job_id)):
+            for run_id in store.runs.orphans(now - seconds, lambda job_id: job_waiting(queue, job_id)):
                 log.warning("run %s has no driver; continuing it on another worker", run_id)
                 enqueue_run_job(store, queue, jobs.recover_run, run_id)
                 metrics.incr(store.redis, families.RECOVERED)
@@ -103,8 +103,10 @@ def escalate_due(svc: Services, now: float) -> int:
     one posts. A park decided (or expired) meanwhile gets no reminder. A post Slack refused is
     tried again later (before the expiry), unless the thread shows it did arrive.
     """
-    claimed = svc.store.claim_due_escalations(now)
-    return _post_due(svc, claimed, _reminder, svc.store.schedule_escalation, "escalation reminder", now)
+    claimed = svc.store.escalations.claim_due_escalations(now)
+    return _post_due(
+        svc, claimed, _reminder, svc.store.escalations.schedule_escalation, "escalation reminder", now
+    )
 
 
 Due = tuple[str, str, Any, float, str]  # channel, thread, message, the park's expiry, its outbox key
@@ -144,12 +146,12 @@ def _post_due(
 
 def _reminder(svc: Services, run_id: str, park_id: int, now: float) -> Due | None:
     """Where to post the reminder of park `park_id` of `run_id`, and what; None if it is not due one."""
-    record = svc.store.load_run(run_id)
+    record = svc.store.runs.load(run_id)
     if record is None or record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park_id:
         return None  # resumed, ended or parked again since: decided (or expired) in time
     if record.expires_at is None or now >= record.expires_at:
         return None  # the expiry answers it now
-    decisions = svc.store.decisions(run_id, park_id)
+    decisions = svc.store.parks.decisions(run_id, park_id)
     undecided = [c for c in record.run_state().awaiting if c.id in decisions and decisions[c.id] is None]
     if not undecided:
         return None
@@ -167,21 +169,21 @@ def remind_due(svc: Services, now: float) -> int:
     """Post the reminder, with Extend, of every park whose time before expiry has come; returns how
     many. Claimed as escalations are (one watchdog posts); a park decided or expired meanwhile gets
     none; one Slack refused is tried again later (before the expiry)."""
-    claimed = svc.store.claim_due_reminders(now)
+    claimed = svc.store.escalations.claim_due_reminders(now)
     return _post_due(
-        svc, claimed, _expiry_reminder, svc.store.schedule_reminder, "reminder before expiry", now
+        svc, claimed, _expiry_reminder, svc.store.escalations.schedule_reminder, "reminder before expiry", now
     )
 
 
 def _expiry_reminder(svc: Services, run_id: str, park_id: int, now: float) -> Due | None:
     """Where to post park `park_id`'s reminder before expiry, and what; None if it is due none."""
-    record = svc.store.load_run(run_id)
+    record = svc.store.runs.load(run_id)
     if record is None or record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != park_id:
         return None
-    expires, extensions = svc.store.extensions(run_id, park_id)  # what a click reads: the truth
+    expires, extensions = svc.store.escalations.extensions(run_id, park_id)  # what a click reads: the truth
     if not expires or now >= expires:
         return None  # the expiry answers it now
-    decisions = svc.store.decisions(run_id, park_id)
+    decisions = svc.store.parks.decisions(run_id, park_id)
     undecided = [c for c in record.run_state().awaiting if c.id in decisions and decisions[c.id] is None]
     if not undecided:
         return None
@@ -243,7 +245,7 @@ def work() -> int:
         svc = replace(svc, catalog=_relayed(svc, relay))
     jobs.use_services(svc)  # forked work horses inherit it: no per-job setup
     try:  # parks made before the Home tab's index existed (an upgrade) join it now
-        svc.store.index_older_parks(time.time())
+        svc.store.parks.index_older_parks(time.time())
     except redis.RedisError:
         log.exception("could not index the open parks for the Home tab; they join it when parked again")
     warm_up()  # both before any fork: every horse inherits them ready
@@ -384,9 +386,9 @@ def audit(limit: int, *, feedback: bool = False, calls: bool = False) -> int:
     try:
         store = Store(redis_connection())
         if feedback:
-            entries = store.feedback_entries(limit)
+            entries = store.audit.feedback_entries(limit)
         else:
-            entries = store.call_entries(limit) if calls else store.audit_entries(limit)
+            entries = store.audit.call_entries(limit) if calls else store.audit.entries(limit)
     except (redis.RedisError, SettingsError) as exc:
         print(redis_problem(exc), file=sys.stderr)
         return 2
@@ -417,7 +419,7 @@ def _audit_read() -> tuple[Any, Any, Any] | None:
     try:
         store = Store(redis_connection())
         links, copies = audit_files.collect(store, audit_files.directory_from_env())
-        return links, copies, store.audit_head()
+        return links, copies, store.audit.head()
     except (redis.RedisError, SettingsError) as exc:
         print(redis_problem(exc), file=sys.stderr)
     except OSError as exc:
@@ -446,7 +448,7 @@ def replay_draft(path: str, days: float) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        entries = Store(redis_connection()).calls_since(time.time() - days * DAY)
+        entries = Store(redis_connection()).audit.calls_since(time.time() - days * DAY)
         tally = replay.Tally()
         for result in replay.replay(draft, entries):
             tally.add(result)
