@@ -12,7 +12,6 @@ ever waits for a human.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 import rq
@@ -32,35 +31,20 @@ from store import (
 from workers import granting, park_cards
 from workers.driver import Driver
 from workers.life import life, load_record, pending_by_id
-from workers.services import Services
+from workers.services import Services, handed_services, keep_handed
 
 log = logging.getLogger(__name__)
 
-# The process's services: `python -m workers` builds them once and sets them here before it forks
-# its horse and the horse starts its slots, so every slot reads the same object. RQ calls a job by
-# its dotted name with the run id alone: this is how what the process built reaches the job.
-_services: Services | None = None
-_building = threading.Lock()
-
-
-def use_services(services: Services | None) -> None:
-    """Set the services jobs of this process use (the worker does this before it starts)."""
-    global _services
-    _services = services
-
 
 def services() -> Services:
-    """The process's services. Built here only for a job run outside `python -m workers` (a bare
-    RQ worker in tests), once, however many threads ask first."""
-    global _services
-    found = _services
-    if found is not None:
-        return found
-    with _building:
-        if _services is None:
-            job = rq.get_current_job()
-            _services = Services.from_env(job.connection if job else None)
-        return _services
+    """The services the worker handed this job (`workers.services.handed`). A job run by a worker
+    that hands none (a plain RQ worker) builds them from the environment, once for its thread."""
+    found = handed_services()
+    if found is None:
+        job = rq.get_current_job()
+        found = Services.from_env(job.connection if job else None)
+        keep_handed(found)
+    return found
 
 
 def enqueue(svc: Services, func: Any, run_id: str, *args: Any) -> None:

@@ -1,11 +1,16 @@
-"""What a job needs, built once per worker process from the environment and passed explicitly."""
+"""What a job needs, built once per worker process from the environment and handed to each job.
+
+RQ calls a job by its dotted name with the run id alone, so the worker hands the job its services
+around the call (`handed`, a context variable: each slot thread has its own), from the `InForce`
+the process built before any horse or slot started. No job builds or caches shared state itself."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +34,8 @@ from store import RunRecord, Store
 from workers.live import LiveStreams
 
 log = logging.getLogger(__name__)
+
+_HANDED: ContextVar[Services | None] = ContextVar("harness_services", default=None)
 
 MESSAGE_EVENT_TYPE = "harness_message"  # Slack message metadata that names a run's post
 
@@ -238,3 +245,31 @@ def _slack_error(exc: Exception) -> str:
     if isinstance(exc, SlackApiError):
         return str(exc.response.get("error"))
     return f"{type(exc).__name__}: {exc}"
+
+
+@dataclass
+class InForce:
+    """The services in force in a worker process: built once before any horse or slot starts, handed
+    by the worker to each job; a reload (SIGHUP) replaces them for the jobs that start after it."""
+
+    services: Services
+
+
+@contextlib.contextmanager
+def handed(services: Services) -> Iterator[None]:
+    """Within the block (one job, on this thread), `handed_services()` is `services`."""
+    token = _HANDED.set(services)
+    try:
+        yield
+    finally:
+        _HANDED.reset(token)
+
+
+def handed_services() -> Services | None:
+    """The services handed to the job running on this thread, if a worker handed any."""
+    return _HANDED.get()
+
+
+def keep_handed(services: Services) -> None:
+    """Hand `services` to this thread's jobs from now on (a worker that hands none: `jobs.services`)."""
+    _HANDED.set(services)

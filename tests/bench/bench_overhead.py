@@ -224,8 +224,7 @@ class Env:
             from store import Store
             from tests.fakes.slack_api import FakeSlackAPI
             from tests.stack import RedisServer
-            from workers import jobs
-            from workers.services import Services
+            from workers.services import Services, keep_handed
 
             server = RedisServer().start()
             self._stack.callback(server.cleanup)
@@ -244,7 +243,7 @@ class Env:
                 model=make_client(base_url=self.base_url, api_key="x", max_retries=0),
                 catalog=Catalog.from_config(config),
             )
-            jobs.use_services(self._svc)
+            keep_handed(self._svc)  # as a worker hands them to its jobs
         return self._svc
 
 

@@ -73,3 +73,41 @@ def test_the_store_counts_shortfalls_from_the_start_with_nothing_patched_in(conn
     assert store.replicas.shortfall is not None
     store.replicas.shortfall("park")
     assert any(b"park" in k for k in conn.hkeys("harness:metrics:counters"))
+
+
+def services_seen() -> str:
+    """A job: which services it was handed (as RQ calls it, by its dotted name)."""
+    from workers import jobs
+
+    return str(id(jobs.services()))
+
+
+def test_a_worker_hands_each_job_the_services_in_force_and_a_reload_reaches_the_next_job(
+    conn: redis.Redis,
+) -> None:
+    """No module global: the worker hands the job the services the process built (`InForce`); a
+    reload replaces them in the holder, and the next job gets the new ones."""
+    from rq.serializers import JSONSerializer
+
+    from workers.process.horses import HarnessSimpleWorker
+    from workers.services import InForce, handed_services
+
+    def services() -> Services:
+        return Services(
+            metrics.counting_store(conn), make_queue(conn), WebClient(token="x"), Config(), model=None
+        )  # type: ignore[arg-type]
+
+    first, second = services(), services()
+    in_force = InForce(first)
+    queue = first.queue
+    worker = HarnessSimpleWorker([queue], connection=conn, serializer=JSONSerializer)
+    worker.in_force = in_force
+    seen = []
+    for now in (first, second):
+        in_force.services = now  # what a SIGHUP's reload does
+        job = queue.enqueue(services_seen)
+        assert worker.work(burst=True)
+        job.refresh()
+        seen.append(job.return_value())
+    assert seen == [str(id(first)), str(id(second))]
+    assert handed_services() is None  # handed for the job only, not left on the thread

@@ -38,6 +38,7 @@ from rq.worker import WorkerStatus
 from harness.tools.registry import IDLE_LANE
 from observe import families, logs, metrics, tracing
 from workers.process.slots import Slots
+from workers.services import InForce, handed
 
 log = logging.getLogger("workers.process.horses")
 
@@ -228,13 +229,19 @@ class _PromptUnsubscribe:
 
 
 class _Observed:
-    """A job's log lines name its run; a failed job counts as retried or failed in the metrics."""
+    """A job gets the services in force handed to it; its log lines name its run; a failed job
+    counts as retried or failed in the metrics."""
 
     connection: redis.Redis
+    in_force: InForce | None = None  # set by `python -m workers` before the worker starts
 
     def perform_job(self, job: Any, queue: Any, execution: Any) -> bool:
         run_id = job.args[0] if job.args and isinstance(job.args[0], str) else None
-        with logs.bound(run_id=run_id):  # the driver adds the run's team, channel and thread
+        in_force = self.in_force
+        with (
+            logs.bound(run_id=run_id),  # the driver adds the run's team, channel and thread
+            handed(in_force.services) if in_force is not None else contextlib.nullcontext(),
+        ):
             return bool(super().perform_job(job, queue, execution))  # type: ignore[misc]
 
     def handle_job_failure(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> None:

@@ -50,7 +50,7 @@ from workers import jobs
 from workers.driver import lease_seconds
 from workers.process import horses
 from workers.process.slots import Slots
-from workers.services import Services
+from workers.services import InForce, Services
 
 log = logging.getLogger("workers.watchdog")
 
@@ -243,7 +243,7 @@ def work() -> int:
     hub, relay = _start_mcp(svc, servers)
     if relay is not None:
         svc = replace(svc, catalog=_relayed(svc, relay))
-    jobs.use_services(svc)  # forked work horses inherit it: no per-job setup
+    in_force = InForce(svc)  # every worker hands it to its jobs; forked horses inherit it
     try:  # parks made before the Home tab's index existed (an upgrade) join it now
         svc.store.parks.index_older_parks(time.time())
     except redis.RedisError:
@@ -255,7 +255,7 @@ def work() -> int:
     # The watchdog posts escalation reminders with the worker's client, under the config in force.
     threading.Thread(
         target=watchdog,
-        args=(watch_store, stop, lambda: replace(jobs.services(), store=watch_store), audit_dir),
+        args=(watch_store, stop, lambda: replace(in_force.services, store=watch_store), audit_dir),
         name="watchdog",
         daemon=True,
     ).start()
@@ -263,13 +263,13 @@ def work() -> int:
         if kind == "prefork":
             scheduler = RQScheduler([svc.queue], connection=svc.store.redis, serializer=JSONSerializer)
             supervisor = horses.Supervisor(
-                lambda: _serve_horse(jobs.services(), limits, slots), svc.store.redis, scheduler
+                lambda: _serve_horse(in_force, limits, slots), svc.store.redis, scheduler
             )
-            Hangup(lambda: _reload(supervisor.replace_horse)).install()
+            Hangup(lambda: _reload(in_force, supervisor.replace_horse)).install()
             supervisor.run()
         else:
-            Hangup(_reload).install()  # `fork`: the next job's fork has it; `simple`: the next job
-            _serve(svc, horses.HarnessSimpleWorker if kind == "simple" else horses.HarnessWorker)
+            Hangup(lambda: _reload(in_force)).install()  # `fork`: the next job's fork; `simple`: the next job
+            _serve(in_force, horses.HarnessSimpleWorker if kind == "simple" else horses.HarnessWorker)
     finally:
         stop.set()
         if relay is not None:
@@ -279,13 +279,13 @@ def work() -> int:
     return 0
 
 
-def _reload(then: Callable[[], None] = lambda: None) -> bool:
+def _reload(in_force: InForce, then: Callable[[], None] = lambda: None) -> bool:
     """SIGHUP: read the config again and hand the new services to the next job (`then`: have the
     prefork horse replaced after its job); a bad config changes nothing (`runtime.reload`)."""
-    running = jobs.services()
+    running = in_force.services
 
     def install(fresh: Services) -> None:
-        jobs.use_services(fresh)
+        in_force.services = fresh
         servers_kept(running.config, fresh.config)
         then()
 
@@ -302,13 +302,15 @@ def _services_for(running: Services, config: Config) -> Services:
     return replace(running, config=config, catalog=catalog if host is None else catalog.with_host(host))
 
 
-def _serve(svc: Services, worker_class: type[horses.HarnessWorker | horses.HarnessSimpleWorker]) -> None:
+def _serve(in_force: InForce, worker_class: type[horses.HarnessWorker | horses.HarnessSimpleWorker]) -> None:
     """Work the queue in this process (`simple`, or RQ's `fork` per job) until asked to stop."""
     backoff = 1.0
     while True:
+        svc = in_force.services
         worker = worker_class(
             [svc.queue], connection=svc.store.redis, serializer=JSONSerializer, worker_ttl=WORKER_TTL
         )
+        worker.in_force = in_force
         worker.work(with_scheduler=True, logging_level="INFO")
         if worker.stop_requested:
             return
@@ -319,13 +321,14 @@ def _serve(svc: Services, worker_class: type[horses.HarnessWorker | horses.Harne
         backoff = min(backoff * 2, 10.0)
 
 
-def _serve_horse(svc: Services, limits: horses.Limits, slots: int = 1) -> int:
+def _serve_horse(in_force: InForce, limits: horses.Limits, slots: int = 1) -> int:
     """A prefork horse's life: work the queue until asked to stop or until `limits` says leave,
     driving up to `slots` jobs at once (`workers.process.slots`); it leaves only once they have ended."""
+    svc = in_force.services
     worker = horses.HarnessHorseWorker(
         [svc.queue], connection=svc.store.redis, serializer=JSONSerializer, worker_ttl=WORKER_TTL
     )
-    worker.limits = limits
+    worker.in_force, worker.limits = in_force, limits
     if slots > 1:
         worker.slots = Slots(slots)
         worker.death_penalty_class = horses.SlotDeathPenalty
