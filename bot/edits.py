@@ -28,6 +28,7 @@ from messages.arguments import fully_reviewable
 from messages.modals import EDIT_VALUE_MAX, edit_value
 from messages.reasons import denied_subject, plain_quote, plain_why
 from messages.text import plural
+from store import CallTool
 
 _MESSAGE_MAX = 150  # Slack shows a short line under the input
 
@@ -39,11 +40,10 @@ def first_block(view: Mapping[str, Any], call: PendingCall) -> str:
 
 
 def read(
-    view: Mapping[str, Any], call: PendingCall, tool: Mapping[str, Any], config: Config
+    view: Mapping[str, Any], call: PendingCall, tool: CallTool, config: Config
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """The edited arguments, and the errors to show by block_id (empty when the edit may run)."""
-    found = tool.get("schema")
-    schema: dict[str, Any] = found if isinstance(found, dict) else {}
+    schema: dict[str, Any] = tool.schema or {}
     edited, errors = _typed(_values(view), call, schema)
     if not errors:
         errors = _schema_errors(view, call, schema, edited)
@@ -114,14 +114,13 @@ def _schema_errors(
 def _policy_errors(
     view: Mapping[str, Any],
     call: PendingCall,
-    tool: Mapping[str, Any],
+    tool: CallTool,
     config: Config,
     edited: dict[str, Any],
 ) -> dict[str, str]:
     """The refusal of an edit the policy now denies, or of one still too large to review."""
-    own = tool.get("own_tier")
-    why_own = str(tool.get("own_why") or "")
-    ruling = config.policy.decide(call.name, edited, Tier(own) if own else None, why_own)
+    own = Tier(tool.own_tier) if tool.own_tier in set(Tier) else None  # as kept: anything else is none
+    ruling = config.policy.decide(call.name, edited, own, tool.own_why)
     fallback = first_block(view, call)
     if ruling.tier is Tier.DENY:
         what = denied_subject(call.name, ruling.why, edited, plain_quote)

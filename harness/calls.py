@@ -14,7 +14,7 @@ from harness import texts
 from harness.agent import Agent
 from harness.policy import Tier, always_asks, read_why
 from harness.request import DUPLICATE_ID_MARK
-from harness.state import PendingCall, RunState, Status, Verdict, canonical_json
+from harness.state import GrantUse, PendingCall, RunState, Status, Verdict, canonical_json
 from harness.tools import ToolResult
 from harness.tools.base import BadInput
 
@@ -83,7 +83,7 @@ def _ruled_again(agent: Agent, call: PendingCall) -> PendingCall:
         return replace(now, why=_changed_why(call, now))
     if now.tier is Tier.DENY:
         return replace(now, why=_changed_why(call, now), result=ToolResult(_denied_text(call), True))
-    if call.decision is not None and call.decision.grant == "used" and always_asks(now.why):
+    if call.decision is not None and call.decision.grant is GrantUse.USED and always_asks(now.why):
         return replace(now, decision=None, why=_changed_why(call, now))
     if call.decision is not None and call.tier is Tier.ASK:
         return replace(now, tier=Tier.ASK)  # decided as an `ask`: answer_call reads its decision

@@ -43,6 +43,13 @@ class Verdict(StrEnum):
     EXPIRED = "expired"
 
 
+class GrantUse(StrEnum):
+    """How a grant ("Approve for this thread", or for a directory) bears on a decision."""
+
+    GIVEN = "given"  # this click granted it
+    USED = "used"  # an earlier such grant let the call run
+
+
 @dataclass(frozen=True)
 class Decision:
     """Who decided an `ask` call, how, and optionally why.
@@ -59,7 +66,7 @@ class Decision:
     reason: str | None = None
     edited_input: dict[str, Any] | None = None
     approvers: tuple[str, ...] = ()
-    grant: str | None = None  # None, "given" (this click granted the thread) or "used"
+    grant: GrantUse | None = None
     grant_dir: str | None = None
     grant_uses: int = 0  # 0: not limited
     grant_left: int | None = None
@@ -89,7 +96,7 @@ class Decision:
             data.get("reason"),
             edited_input=edited if isinstance(edited, dict) else None,
             approvers=tuple(str(a) for a in data.get("approvers") or ()),
-            grant=data.get("grant") or None,
+            grant=GrantUse(data["grant"]) if data.get("grant") in set(GrantUse) else None,
             grant_dir=str(data["grant_dir"]) if data.get("grant_dir") else None,
             grant_uses=int(data.get("grant_uses") or 0),
             grant_left=int(data["grant_left"]) if data.get("grant_left") is not None else None,

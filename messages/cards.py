@@ -18,7 +18,7 @@ from typing import Any
 from slack_sdk.models.blocks import ActionsBlock, ButtonElement
 
 from harness.policy import always_asks, grant_directory
-from harness.state import Decision, PendingCall, Verdict
+from harness.state import Decision, GrantUse, PendingCall, Verdict
 from messages import texts
 from messages.arguments import Arg, Shown, args_reviewable, arguments_of, pack, present
 from messages.blocks import Message, context, fit, scaled, section, with_tail
@@ -245,7 +245,7 @@ def decided_card(
     reason: str | None = None,
     edited_input: Mapping[str, Any] | None = None,
     approvers: Sequence[str] = (),
-    grant: str | None = None,
+    grant: GrantUse | None = None,
     grant_until: datetime | None = None,
     grant_dir: str | None = None,
 ) -> Message:
@@ -261,9 +261,9 @@ def decided_card(
             changes = _changes(call.input if isinstance(call.input, dict) else {}, edited_input)
             return f"✏️ Approved with edits{who} at {when}\n{cut(changes, scaled(2400, scale, 100))}"
         where = f" under {inline(grant_dir, 200)}" if grant_dir else ""
-        if verdict is Verdict.APPROVED and grant == "used":
+        if verdict is Verdict.APPROVED and grant is GrantUse.USED:
             return f"✅ Run under a grant for this thread{where}{who} at {when}"
-        if verdict is Verdict.APPROVED and grant == "given":
+        if verdict is Verdict.APPROVED and grant is GrantUse.GIVEN:
             until = f" until {slack_date(grant_until)}" if grant_until else ""
             return f"✅ Approved{who} at {when}, with later calls of this tool{where} in this thread{until}"
         if verdict is Verdict.APPROVED:

@@ -15,7 +15,7 @@ from slack_sdk.models.blocks import ActionsBlock, ButtonElement, ConfirmObject
 
 from harness.outcomes import NotRun
 from harness.policy import Tier
-from harness.state import Decision, PendingCall, Verdict
+from harness.state import Decision, GrantUse, PendingCall, Verdict
 from harness.texts import WHY_UNKNOWN_TOOL
 from messages import texts
 from messages.arguments import args_json
@@ -51,7 +51,7 @@ def _outcome(call: PendingCall, limit: int) -> str:
     shown = quoted(result.text, limit) if result.text.strip() else "_(empty)_"
     if result.is_error:
         shown = f"✗ {shown}"
-    if decision is not None and decision.verdict is Verdict.APPROVED and decision.grant == "used":
+    if decision is not None and decision.verdict is Verdict.APPROVED and decision.grant is GrantUse.USED:
         shown += f" ({_grant_used(call.name, decision)})"
     elif decision is not None and decision.verdict is Verdict.APPROVED and decision.edited_input is not None:
         shown += f" (approved with edits by {mention(decision.by)})"

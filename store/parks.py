@@ -23,8 +23,16 @@ from store.grants import Grant
 from store.keys import DAY, Keys, check_id, park_member
 from store.records import RecordEncoder, RunRecord, RunStatus, pack, unpack
 
+
+class Settled(StrEnum):
+    """What settling a park did (the words `_SETTLE` answers)."""
+
+    READY = "ready"  # every decision is in already: the driver keeps the run and resumes it
+    PARKED = "parked"  # let go: it waits, no lease held
+    LOST = "lost"  # the lease is not ours: another driver has the run
+
+
 EXPIRES_FIELD = "~expires"  # never a call id: those are [A-Za-z0-9_-]
-LIMIT_CALL = "limit"  # the one "call" of a park at a limit (on_limit = "ask"); tool_use ids are toolu_…
 BATCH = "~batch"  # RunRecord.cards key of a park's Approve all / Decline all message (never a call id)
 
 
@@ -325,8 +333,8 @@ class ParkStore(StorePart):
         # card whose park the new master never had (the run would park again, a second card).
         return bool(self.replicas.run(self._script(_PARK), keys, args, "park"))
 
-    def settle(self, record: RunRecord, token: str, seconds: float, *, ttl: int) -> str:
-        """'ready' (every decision is in: keep driving), 'parked' (let go) or 'lost' (not ours)."""
+    def settle(self, record: RunRecord, token: str, seconds: float, *, ttl: int) -> Settled:
+        """Whether the parked run is let go, still driven (every decision is in), or not ours."""
         keys = [
             Keys.lease(record.run_id),
             Keys.run(record.run_id),
@@ -335,7 +343,7 @@ class ParkStore(StorePart):
             Keys.stop_request(record.run_id),
         ]
         args: list[Any] = [token, pack(record.to_json()), ttl, record.run_id, int(seconds * 1000)]
-        return as_text(self._script(_SETTLE)(keys=keys, args=args))
+        return Settled(as_text(self._script(_SETTLE)(keys=keys, args=args)))
 
     def view(self, run_id: str, park_id: int) -> ParkView:
         """Who pressed Stop, the park's decisions and the cards already updated: one round trip."""

@@ -36,6 +36,69 @@ class RunStatus(StrEnum):
 ENDED = (RunStatus.FINISHED, RunStatus.STOPPED, RunStatus.FAILED)
 
 
+LIMIT_CALL = "limit"  # the one "call" of a park at a limit (on_limit = "ask"); tool_use ids are toolu_…
+
+
+def _text(value: Any, default: str = "") -> str:
+    return value if isinstance(value, str) else default
+
+
+def _optional_text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _mapping(value: Any) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
+@dataclass(frozen=True)
+class CallTool:
+    """What a parked call's card and edit modal need of its tool and of the reply, kept from the
+    park (`RunRecord.call_tools`): read back field by field, a stored value of the wrong type as unset."""
+
+    intent: str = ""  # the model's own words in the reply that made the call
+    schema: dict[str, Any] | None = None  # the tool's input schema
+    own_tier: str | None = None  # the tool's own tier (an MCP read-only hint believed), if any
+    own_why: str = ""
+    title: str | None = None
+    annotations: dict[str, Any] | None = None
+    preview: str | None = None  # what the call would change, drawn by the tool's `preview`
+
+    def to_json(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: v for k, v in data.items() if v not in (None, "")}
+
+    @classmethod
+    def from_json(cls, data: Any) -> CallTool:
+        found = data if isinstance(data, dict) else {}
+        return cls(
+            intent=_text(found.get("intent")),
+            schema=_mapping(found.get("schema")),
+            own_tier=_optional_text(found.get("own_tier")),
+            own_why=_text(found.get("own_why")),
+            title=_optional_text(found.get("title")),
+            annotations=_mapping(found.get("annotations")),
+            preview=_optional_text(found.get("preview")),
+        )
+
+
+@dataclass(frozen=True)
+class LimitAsk:
+    """What the card of a run parked at a limit asks, kept from the park (`call_tools[LIMIT_CALL]`)."""
+
+    question: str = ""
+    reason: str = ""  # the stop's own words, used if the answer is Stop (or none comes)
+    more: str = ""  # what Continue would allow
+
+    def to_json(self) -> dict[str, Any]:
+        return {"question": self.question, "reason": self.reason, "more": self.more}
+
+    @classmethod
+    def from_json(cls, data: Any) -> LimitAsk:
+        found = data if isinstance(data, dict) else {}
+        return cls(_text(found.get("question")), _text(found.get("reason")), _text(found.get("more")))
+
+
 @dataclass
 class RunRecord:
     """A run as the Slack side knows it: where it talks, who asked, its harness state, what it owes Slack."""
@@ -87,6 +150,14 @@ class RunRecord:
         if self.expires_at is None:
             return None
         return self.expires_at - expire_after_minutes * 60 * (1 + max(0, int(self.extensions)))
+
+    def call_tool(self, call_id: str) -> CallTool:
+        """What the park kept for the card of call `call_id` (nothing kept: an empty `CallTool`)."""
+        return CallTool.from_json(self.call_tools.get(call_id))
+
+    def limit_ask(self) -> LimitAsk:
+        """What the park at a limit kept for its card (under `LIMIT_CALL`)."""
+        return LimitAsk.from_json(self.call_tools.get(LIMIT_CALL))
 
     @property
     def thread(self) -> tuple[str, str, str]:

@@ -34,6 +34,7 @@ from store import (
     RecordEncoder,
     RunRecord,
     RunStatus,
+    Settled,
     unpack,
 )
 from workers import outbox, thread_status
@@ -346,10 +347,10 @@ class Driver:
         self.collect()
         ttl = park_ttl(self.svc.settings_of(self.record).approvals.expire_after_minutes)
         outcome = self.svc.store.parks.settle(self.record, self.token, self.seconds, ttl=ttl)
-        if outcome == "lost":
+        if outcome is Settled.LOST:
             raise LostLease(self.run_id)
-        self.released = outcome == "parked"
-        return outcome == "ready"
+        self.released = outcome is Settled.PARKED
+        return outcome is Settled.READY
 
     def finish(self) -> str | None:
         """End the run: its history saved (if no newer run saved one), its thread handed on.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from harness.policy import always_asks
-from harness.state import Decision, PendingCall, RunState, Verdict, record_decisions
+from harness.state import Decision, GrantUse, PendingCall, RunState, Verdict, record_decisions
 from messages import cards
 from store import BadId, Grant, RunRecord, grant_slot
 from workers.services import Services
@@ -22,7 +22,7 @@ def spread_grants(
     spending a use), say so once."""
     out = dict(decisions)
     for call_id, decision in decisions.items():
-        if decision is None or decision.grant != "given" or call_id not in calls:
+        if decision is None or decision.grant is not GrantUse.GIVEN or call_id not in calls:
             continue
         grant = announce_grant(svc, record, calls[call_id].name, decision.grant_dir or "")
         for other_id, other in decisions.items():
@@ -126,7 +126,7 @@ def use_grant(
         decision = Decision(
             Verdict.APPROVED,
             by=spent.by,
-            grant="used",
+            grant=GrantUse.USED,
             grant_dir=spent.directory or None,
             grant_uses=spent.uses,
             grant_left=spent.left,

@@ -10,7 +10,7 @@ import re
 import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, assert_never
+from typing import assert_never
 
 from harness import texts as harness_texts
 from harness.config import Approvals
@@ -30,6 +30,7 @@ from harness.loop import (
 from harness.outcomes import NotRun, calls_not_run
 from harness.state import (
     Decision,
+    GrantUse,
     PendingCall,
     RunState,
     StateError,
@@ -47,6 +48,7 @@ from runtime.queue import RUN_JOB_TIMEOUT
 from store import (
     BATCH,
     LIMIT_CALL,
+    LimitAsk,
     ParkView,
     RunRecord,
     RunStatus,
@@ -284,7 +286,7 @@ def _park(
     expires_at = datetime.now(UTC) + timedelta(minutes=minutes)
     _schedule_nudges(svc, driver, approvals, expires_at)
     intent = park_cards.intent(state)
-    call_tools = {c.id: park_cards.call_tool_info(agent, c, intent) for c in waiting}
+    call_tools = {c.id: park_cards.call_tool_info(agent, c, intent).to_json() for c in waiting}
     driver.amend(call_tools=call_tools, expires_at=expires_at.timestamp(), extensions=0)
     driver.seal_for_park(waiting)  # its message stops, showing what waits; the summary settles into it
     _owe_cards(svc, driver, waiting, expires_at)
@@ -351,7 +353,7 @@ def _resume(svc: Services, driver: Driver, state: RunState, view: ParkView) -> P
     waited = state.awaiting
     state = record_decisions(state, {k: v for k, v in decisions.items() if v is not None})
     for call in state.pending:  # a grant clicked before the park settled: its notice is still due
-        if call.decision is not None and call.decision.grant == "given":
+        if call.decision is not None and call.decision.grant is GrantUse.GIVEN:
             granting.announce_grant(svc, record, call.name, call.decision.grant_dir or "")
     _owe_decided_cards(driver, state, view)
     # Durably running before anything else: the decisions stay in Redis until the park's TTL. The
@@ -411,8 +413,8 @@ def _park_at_limit(svc: Services, driver: Driver, state: RunState, outcome: Awai
     """Park a run at a limit: its card asks Continue or Stop; it expires like an approval (then stops)."""
     minutes = svc.settings_of(driver.record).approvals.expire_after_minutes
     expires_at = datetime.now(UTC) + timedelta(minutes=minutes)
-    info = {"question": outcome.question, "reason": outcome.reason, "more": outcome.more}
-    driver.amend(call_tools={LIMIT_CALL: info}, expires_at=expires_at.timestamp(), extensions=0)
+    ask = LimitAsk(question=outcome.question, reason=outcome.reason, more=outcome.more)
+    driver.amend(call_tools={LIMIT_CALL: ask.to_json()}, expires_at=expires_at.timestamp(), extensions=0)
     driver.owe(park_cards.limit_card(svc, driver.record), role=outbox.CARD, call=LIMIT_CALL)
     driver.park_limit(state, park_ttl(minutes), expires_at.timestamp())
     driver.deliver()
@@ -428,22 +430,22 @@ def _resume_at_limit(
     decision = decisions.get(LIMIT_CALL)
     if decision is None or set(decisions) != {LIMIT_CALL} or state.at_limit not in tuple(Valve):
         return _refuse(driver, texts.DECISIONS_DO_NOT_MATCH)
-    info = record.call_tools.get(LIMIT_CALL, {})
+    ask = record.limit_ask()
     shown = svc.store.parks.cards_updated(record.run_id, record.park_id)
     if LIMIT_CALL in record.cards and LIMIT_CALL not in shown:
         decided = cards.limit_decided(
-            question=info.get("question", ""),
+            question=ask.question,
             verdict=decision.verdict,
             by=decision.by,
             at=datetime.now(UTC),
-            more=info.get("more", ""),
+            more=ask.more,
             approvers=decision.approvers,
         )
         driver.owe_update(record.cards[LIMIT_CALL], decided)
     svc.store.parks.forget(record)
     if decision.verdict is Verdict.APPROVED:
         return _continue_at_limit(svc, driver, state)
-    return _stop_at_limit(driver, state, info, decision)
+    return _stop_at_limit(driver, state, ask, decision)
 
 
 def _continue_at_limit(svc: Services, driver: Driver, state: RunState) -> Leave | Advance:
@@ -460,9 +462,9 @@ def _continue_at_limit(svc: Services, driver: Driver, state: RunState) -> Leave 
     return Advance(result.state)
 
 
-def _stop_at_limit(driver: Driver, state: RunState, info: dict[str, Any], decision: Decision) -> End:
+def _stop_at_limit(driver: Driver, state: RunState, ask: LimitAsk, decision: Decision) -> End:
     """Stop, or nobody answered in time: the run ends as the limit's stop, saying which."""
-    reason = info.get("reason") or harness_texts.STOP_BY_USER
+    reason = ask.reason or harness_texts.STOP_BY_USER
     said = texts.LIMIT_EXPIRED_REASON if decision.verdict is Verdict.EXPIRED else texts.LIMIT_STOP_REASON
     valve = "expired" if decision.verdict is Verdict.EXPIRED else state.at_limit
     state = stop_run(state, Valve(state.at_limit), reason)
@@ -511,9 +513,8 @@ def _owe_stopped_cards(svc: Services, driver: Driver, state: RunState, by: str) 
         if call_id in shown:
             continue  # already shows its decision, with no buttons
         if call_id == LIMIT_CALL:
-            info = record.call_tools.get(LIMIT_CALL, {})
             msg = cards.limit_decided(
-                question=info.get("question", ""), verdict=Verdict.DECLINED, by=by, at=now, more=""
+                question=record.limit_ask().question, verdict=Verdict.DECLINED, by=by, at=now, more=""
             )
         elif call_id in calls:
             msg = cards.card_stopped(call=calls[call_id], requester=record.requester, by=by, at=now)

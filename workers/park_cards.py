@@ -10,14 +10,13 @@ from __future__ import annotations
 import logging
 import time
 from datetime import UTC, datetime
-from typing import Any
 
 from gates import deciders
 from harness.loop import Agent
 from harness.state import Decision, PendingCall, RunState, StateError
 from messages import cards
 from messages.blocks import Message
-from store import BATCH, LIMIT_CALL, RunRecord
+from store import BATCH, LIMIT_CALL, CallTool, RunRecord
 from workers.services import Services
 
 log = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ def approval_card(
 ) -> Message:
     """The card of one parked call, from what the park kept of its tool and reply."""
     approvals = svc.settings_of(record).approvals
-    info = record.call_tools.get(call.id, {})
+    info = record.call_tool(call.id)
     expires_at = datetime.fromtimestamp(record.expires_at or time.time(), UTC)
     card = cards.CallCard(
         run_id=record.run_id,
@@ -79,10 +78,10 @@ def approval_card(
         tier_source=call.why,
         approvers=list(approvals.approvers),
         expires_at=expires_at,
-        title=info.get("title"),
-        annotations=info.get("annotations"),
-        intent=info.get("intent", ""),
-        preview=info.get("preview"),
+        title=info.title,
+        annotations=info.annotations,
+        intent=info.intent,
+        preview=info.preview,
         required=approvals.required,
         votes=votes,
         self_approval=approvals.self_approval,
@@ -95,11 +94,11 @@ def approval_card(
 def limit_card(svc: Services, record: RunRecord, votes: tuple[str, ...] = ()) -> Message:
     """The card of a run parked at a limit, from what the park kept; `votes`: Continues so far."""
     approvals = svc.settings_of(record).approvals
-    info = record.call_tools.get(LIMIT_CALL, {})
+    ask = record.limit_ask()
     card = cards.LimitCard(
         run_id=record.run_id,
-        question=info.get("question", ""),
-        more=info.get("more", ""),
+        question=ask.question,
+        more=ask.more,
         requester=record.requester,
         deciders=deciders.named(approvals, record.requester),
         expires_at=datetime.fromtimestamp(record.expires_at or time.time(), UTC),
@@ -130,24 +129,23 @@ def intent(state: RunState) -> str:
     return "\n\n".join(b["text"] for b in last["content"] if b.get("type") == "text").strip()
 
 
-def call_tool_info(agent: Agent, call: PendingCall, intent: str) -> dict[str, Any]:
+def call_tool_info(agent: Agent, call: PendingCall, intent: str) -> CallTool:
+    """What the park keeps for the card of `call`: of its tool, and the reply's words (`intent`)."""
     found = agent.tools.get(call.name)
-    info: dict[str, Any] = {"intent": intent[:4000]}
     if found is None:
-        return info
-    info.update(
-        schema=dict(found.input_schema),
-        own_tier=found.own_tier.value if found.own_tier else None,
-        own_why=found.own_tier_why,
-        title=found.title,
-        annotations=dict(found.annotations) or None,
-    )
+        return CallTool(intent=intent[:4000])
+    preview = None
     if found.preview is not None and isinstance(call.input, dict):
         try:
             preview = found.preview(agent.context, call.input)
         except Exception:  # a preview is a courtesy: the card goes out without it
             log.exception("preview of %s failed", call.name)
-            preview = None
-        if preview:
-            info["preview"] = preview[:20_000]
-    return info
+    return CallTool(
+        intent=intent[:4000],
+        schema=dict(found.input_schema),
+        own_tier=found.own_tier.value if found.own_tier else None,
+        own_why=found.own_tier_why,
+        title=found.title,
+        annotations=dict(found.annotations) or None,
+        preview=preview[:20_000] if preview else None,
+    )

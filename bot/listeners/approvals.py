@@ -37,7 +37,7 @@ from bot.listening import (
 )
 from gates import deciders
 from harness.policy import always_asks, grant_directory
-from harness.state import Decision, PendingCall, StateError, Verdict
+from harness.state import Decision, GrantUse, PendingCall, StateError, Verdict
 from messages import texts
 from messages.arguments import fully_reviewable
 from messages.cards import grant_revoked, reminder_extended
@@ -235,7 +235,7 @@ def _on_decision(
             directory=directory,
             uses=approvals.grant_uses,
         )
-        decision = Decision(verdict, by=clicker.user, grant="given", grant_dir=directory or None)
+        decision = Decision(verdict, by=clicker.user, grant=GrantUse.GIVEN, grant_dir=directory or None)
         decide(deps, click, decision, context, grant=given)
 
     return on_decision
@@ -385,36 +385,59 @@ class Extended:
     expires_at: float
 
 
+def _extend_opening(deps: BotDeps) -> Opening[ReminderRef]:
+    """How Extend on a reminder is opened: by the requester or one who may decide, while the park
+    it names still waits. A reminder from another workspace or channel reads as unknown."""
+
+    def may_extend(click: Click[ReminderRef]) -> Reply | None:
+        record, user = click.record, click.clicker.user
+        if user == record.requester or deps.may_decide(user, record):
+            return None
+        return (texts.EXTEND_NOT_ALLOWED, {"who": deps.deciders(record)})
+
+    def more_work(click: Click[ReminderRef]) -> Reply | None:
+        return deps.no_more_work(click.record)
+
+    def still_waits(click: Click[ReminderRef]) -> Reply | None:
+        return None if _waits(click.record, click.ref) else texts.EXTEND_EXPIRED
+
+    return Opening(
+        parse=ReminderRef.parse,
+        run_of=lambda ref: ref.run_id,
+        unknown=texts.UNKNOWN_APPROVAL,
+        checks=(may_extend, more_work, still_waits),
+        where=Where.RUN_CHANNEL,
+        unreadable=texts.UNKNOWN_APPROVAL,
+        wrong_team=texts.UNKNOWN_APPROVAL,
+        wrong_channel=texts.UNKNOWN_APPROVAL,
+    )
+
+
+def _waits(record: RunRecord, ref: ReminderRef) -> bool:
+    return record.status is RunStatus.AWAITING_APPROVAL and record.park_id == ref.park_id
+
+
 def _on_extend(deps: BotDeps) -> Callable[..., None]:
     def on_extend(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
         ack()
         clicker, channel = clicker_and_channel(body)
         context["reply_channel"], context["reply_user"] = channel, clicker.user
-        try:
-            ref = ReminderRef.parse(action.get("value"))
-            read = deps.store.escalations.read_run(ref.run_id)
-        except (BadId, StateError):
-            context[REPLY] = texts.UNKNOWN_APPROVAL
+        click = open_click(deps, _extend_opening(deps), action.get("value"), clicker, channel, context)
+        if click is None:
             return
-        for _ in range(MAX_EXTEND_TRIES):
+        ref, approvals = click.ref, deps.settings_of(click.record).approvals
+        for _ in range(MAX_EXTEND_TRIES):  # the expiry is moved on the record as read (compare-and-set)
+            try:
+                read = deps.store.escalations.read_run(ref.run_id)
+            except StateError:
+                read = None
             if read is None:
                 context[REPLY] = texts.UNKNOWN_APPROVAL
                 return
             raw, record = read
-            if clicker.team != record.team or channel != record.channel:
-                context[REPLY] = texts.UNKNOWN_APPROVAL
-                return
-            if not (clicker.user == record.requester or deps.may_decide(clicker.user, record)):
-                context[REPLY] = (texts.EXTEND_NOT_ALLOWED, {"who": deps.deciders(record)})
-                return
-            refused = deps.no_more_work(record)
-            if refused is not None:
-                context[REPLY] = refused
-                return
-            if record.status is not RunStatus.AWAITING_APPROVAL or record.park_id != ref.park_id:
+            if not _waits(record, ref):
                 context[REPLY] = texts.EXTEND_EXPIRED
                 return
-            approvals = deps.settings_of(record).approvals
             result = deps.store.escalations.extend_park(
                 raw,
                 record,
@@ -425,7 +448,6 @@ def _on_extend(deps: BotDeps) -> Callable[..., None]:
             )
             if result.outcome is not ExtendOutcome.MOVED:
                 break
-            read = deps.store.escalations.read_run(ref.run_id)
         else:
             context[REPLY] = texts.EXTEND_EXPIRED  # the record kept changing: nothing was changed
             return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from slack_bolt import App, BoltContext
@@ -27,6 +28,14 @@ from store import (
 
 log = logging.getLogger(__name__)
 
+SUGGEST_IN = "suggest_in"  # context key: the new assistant thread to suggest prompts in
+
+
+@dataclass(frozen=True)
+class SuggestIn:
+    channel: str
+    thread_ts: str
+
 
 def _on_assistant_thread_started(deps: BotDeps) -> Callable[..., None]:
     """A person opened a new thread in the assistant pane: note where to suggest prompts (once)."""
@@ -42,17 +51,17 @@ def _on_assistant_thread_started(deps: BotDeps) -> Callable[..., None]:
             log.warning("ignoring a malformed assistant_thread_started: %s", exc)
             return
         if deps.store.admission.first_delivery(team, event_id):
-            context["suggest_in"] = (channel, thread_ts)
+            context[SUGGEST_IN] = SuggestIn(channel, thread_ts)
 
     return on_thread_started
 
 
 def _suggest_prompts(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:
     """After Slack has its answer: the suggested prompts of a new assistant thread."""
-    where = context.get("suggest_in")
-    if not where:
+    where = context.get(SUGGEST_IN)
+    if not isinstance(where, SuggestIn):
         return
-    channel, thread_ts = where
+    channel, thread_ts = where.channel, where.thread_ts
     prompts = [{"title": title, "message": message} for title, message in texts.SUGGESTED_PROMPTS]
     try:
         client.assistant_threads_setSuggestedPrompts(

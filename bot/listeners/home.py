@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,6 +31,15 @@ from store import (
 log = logging.getLogger(__name__)
 
 HOME_SCAN = 200  # open parks read at most for one Home tab (from its index), the soonest to expire first
+HOME_FOR = "home_for"  # context key: whose Home tab to publish after Slack has its answer
+
+
+@dataclass(frozen=True)
+class HomeFor:
+    team: str
+    user: str
+
+
 HOME_BATCH = 25  # parks read per round trip: about one tab's worth (HOME_ITEMS_MAX + 1)
 
 
@@ -40,15 +49,15 @@ def _on_home_opened(body: dict[str, Any], event: dict[str, Any], context: BoltCo
     if event.get("tab") != "home" or not isinstance(user, str) or not deciders.USER_ID.fullmatch(user):
         return  # the Messages tab, or a shape Slack does not send
     if isinstance(team, str):
-        context["home_for"] = (team, user)
+        context[HOME_FOR] = HomeFor(team, user)
 
 
 def _home_publisher(deps: BotDeps) -> Callable[..., None]:
     def publish_home(body: dict[str, Any], context: BoltContext, client: WebClient) -> None:
-        wanted = context.get("home_for")
-        if not wanted:
+        wanted = context.get(HOME_FOR)
+        if not isinstance(wanted, HomeFor):
             return
-        team, user = wanted
+        team, user = wanted.team, wanted.user
         items, more = waiting_on(deps, team, user)
         items = [replace(item, link=_permalink(client, item)) for item in items]
         rules, capped = suggested_rules(deps, team, user)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from slack_bolt import App, BoltContext
@@ -42,6 +43,29 @@ from store import (
 log = logging.getLogger(__name__)
 
 MAX_TASK_CHARS = 20_000
+
+# What the listener leaves in the request's context for `acknowledge_visibly`, after Slack's answer.
+ACCEPTED, REFUSAL, BUSY_NOTICE = "accepted", "refusal", "busy_notice"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a mention started nothing, told to its author alone (`users`: who is named in it)."""
+
+    channel: str
+    thread_ts: str
+    user: str
+    text: str
+    users: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BusyNotice:
+    """The thread is told the bound of runs is reached (once a minute per person; else a `Refusal`)."""
+
+    channel: str
+    thread_ts: str
+    text: str
 
 
 def _on_mention(deps: BotDeps) -> Callable[..., None]:
@@ -74,7 +98,7 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
                 user,
                 settings.profile,
             )
-            context["refusal"] = (
+            context[REFUSAL] = Refusal(
                 channel,
                 thread_ts,
                 user,
@@ -86,7 +110,9 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
         if spent is not None:
             log.info("app_mention %s in %s: a daily budget is spent; nothing started", event_id, channel)
             if deps.store.admission.first_delivery(team, _message_key(channel, ts) if direct else event_id):
-                context["refusal"] = (channel, thread_ts, user, spent, {})  # one reply, Slack's retries aside
+                context[REFUSAL] = Refusal(
+                    channel, thread_ts, user, spent
+                )  # one reply, Slack's retries aside
             return
         run_id = new_run_id()
         # The run's trace starts here; the run keeps its traceparent, so every job continues it.
@@ -116,7 +142,7 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
                 counted_in=metrics.mention_counter(),
             )
             root.set("harness.mention.accepted", accepted.value)
-        context["accepted"] = accepted
+        context[ACCEPTED] = accepted
         busy = {
             Accepted.USER_BUSY: limits.max_runs_per_user,
             Accepted.CHANNEL_BUSY: limits.max_runs_per_channel,
@@ -125,9 +151,9 @@ def _on_mention(deps: BotDeps) -> Callable[..., None]:
             text = texts.BUSY_USER if accepted is Accepted.USER_BUSY else texts.BUSY_CHANNEL
             said = text.format(requests=plural(busy[accepted], "request"))
             if deps.store.admission.first_busy_notice(team, user):
-                context["busy_notice"] = (channel, thread_ts, said)
+                context[BUSY_NOTICE] = BusyNotice(channel, thread_ts, said)
             else:  # told in a thread within the minute: this one only to them, never silently
-                context["refusal"] = (channel, thread_ts, user, said, {})
+                context[REFUSAL] = Refusal(channel, thread_ts, user, said)
         log.info("app_mention %s in %s: %s", event_id, channel, accepted.value)
 
     return on_mention
@@ -137,19 +163,26 @@ def acknowledge_visibly(body: dict[str, Any], context: BoltContext, client: WebC
     """Something visible within a second: an :eyes: reaction, or why the mention was not started."""
     event = body.get("event") or {}
     try:
-        if context.get("accepted") is Accepted.NEW:
+        refusal, busy = context.get(REFUSAL), context.get(BUSY_NOTICE)
+        if context.get(ACCEPTED) is Accepted.NEW:
             client.reactions_add(channel=event["channel"], timestamp=event["ts"], name="eyes")
-        elif context.get("refusal"):
-            channel, thread_ts, user, text, users = context["refusal"]
-            msg = notice(text, **users)
+        elif isinstance(refusal, Refusal):
+            msg = notice(refusal.text, **refusal.users)
             client.chat_postEphemeral(
-                channel=channel, user=user, thread_ts=thread_ts, text=msg.text, blocks=msg.blocks
+                channel=refusal.channel,
+                user=refusal.user,
+                thread_ts=refusal.thread_ts,
+                text=msg.text,
+                blocks=msg.blocks,
             )
-        elif context.get("busy_notice"):
-            channel, thread_ts, text = context["busy_notice"]
-            msg = notice(text)
+        elif isinstance(busy, BusyNotice):
+            msg = notice(busy.text)
             client.chat_postMessage(
-                channel=channel, thread_ts=thread_ts, text=msg.text, blocks=msg.blocks, unfurl_links=False
+                channel=busy.channel,
+                thread_ts=busy.thread_ts,
+                text=msg.text,
+                blocks=msg.blocks,
+                unfurl_links=False,
             )
     except SlackApiError as exc:
         log.info("could not acknowledge the mention: %s", exc.response.get("error"))

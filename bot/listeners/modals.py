@@ -66,8 +66,7 @@ def _modal_opener(
 
 def _on_view_args(deps: BotDeps) -> Callable[..., None]:
     def build(record: RunRecord, call: PendingCall) -> dict[str, Any]:
-        preview = record.call_tools.get(call.id, {}).get("preview")
-        return arguments_modal(call=call, preview=preview if isinstance(preview, str) else None)
+        return arguments_modal(call=call, preview=record.call_tool(call.id).preview)
 
     return _modal_opener(deps, build, viewing=True)
 
@@ -98,8 +97,7 @@ def _on_decline_reason(deps: BotDeps) -> Callable[..., None]:
 
 def _on_edit(deps: BotDeps) -> Callable[..., None]:
     def build(record: RunRecord, call: PendingCall) -> dict[str, Any]:
-        schema = record.call_tools.get(call.id, {}).get("schema")
-        return edit_modal(run_id=record.run_id, call=call, schema=schema)
+        return edit_modal(run_id=record.run_id, call=call, schema=record.call_tool(call.id).schema)
 
     return _modal_opener(deps, build, viewing=False)
 
@@ -122,7 +120,7 @@ def _on_edit_submitted(deps: BotDeps) -> Callable[..., None]:
             context[REPLY] = texts.STALE_CARD if call is not None else texts.UNKNOWN_APPROVAL
             return
         settings = deps.settings_of(record)
-        edited, errors = edits.read(view, call, record.call_tools.get(call.id, {}), settings)
+        edited, errors = edits.read(view, call, record.call_tool(call.id), settings)
         if not errors and settings.approvals.required > 1:
             errors = {edits.first_block(view, call): texts.NO_EDIT_WITH_QUORUM}
         if not errors and deciders.self_approval_refused(settings.approvals, clicker.user, record):

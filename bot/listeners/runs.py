@@ -183,32 +183,44 @@ def _answer_limit(
         context[REPLY] = (texts.LIMIT_ALREADY.format(verdict=chosen), {"who": standing.by or "someone"})
 
 
+def _retry_opening(deps: BotDeps, body: dict[str, Any]) -> Opening[str]:
+    """How Retry on a failure card is opened: in the run's channel, on a failure not yet retried,
+    by one who may decide."""
+
+    def failed(click: Click[str]) -> Reply | None:
+        return None if _failure_clicked(click.record, body) is not None else texts.RETRY_TAKEN
+
+    def may_retry(click: Click[str]) -> Reply | None:
+        if deps.may_decide(click.clicker.user, click.record):
+            return None
+        return (texts.NOT_ALLOWED_RETRY, {"who": deps.deciders(click.record)})
+
+    def more_work(click: Click[str]) -> Reply | None:
+        return deps.no_more_work(click.record)
+
+    return Opening(
+        parse=_run_id,
+        run_of=_same,
+        unknown=texts.RETRY_TAKEN,
+        checks=(failed, may_retry, more_work),
+        where=Where.RUN_CHANNEL,
+        unreadable=texts.RETRY_TAKEN,
+    )
+
+
 def _on_retry(deps: BotDeps) -> Callable[..., None]:
     def on_retry(ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext) -> None:
         ack()
         clicker, channel = clicker_and_channel(body)
         user = clicker.user
         context["reply_channel"], context["reply_user"] = channel, user
-        try:
-            record = deps.store.runs.load(check_id("run", action.get("value")))
-        except (BadId, StateError):
-            record = None
+        click = open_click(deps, _retry_opening(deps, body), action.get("value"), clicker, channel, context)
+        if click is None:
+            return
+        record = click.record
         failure_ts = _failure_clicked(record, body)
-        if record is None or failure_ts is None:
+        if failure_ts is None:  # not after the opening's check; read once more, as the claim needs it
             context[REPLY] = texts.RETRY_TAKEN
-            return
-        if clicker.team != record.team:
-            context[REPLY] = texts.WRONG_TEAM
-            return
-        if channel != record.channel:
-            context[REPLY] = texts.WRONG_CHANNEL
-            return
-        if not deps.may_decide(user, record):
-            context[REPLY] = (texts.NOT_ALLOWED_RETRY, {"who": deps.deciders(record)})
-            return
-        refused = deps.no_more_work(record)
-        if refused is not None:
-            context[REPLY] = refused
             return
         limits = deps.settings_of(record).limits
         claimed = deps.store.admission.claim_retry(

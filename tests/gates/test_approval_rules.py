@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from harness.policy import Tier
-from harness.state import Decision, PendingCall, Verdict
+from harness.state import Decision, GrantUse, PendingCall, Verdict
 from messages import texts
 from messages.text import plural
 from store import (
@@ -87,13 +87,13 @@ def test_the_audit_command_reads_one_entry_of_every_kind_the_code_writes(
         "UA",
         time.time() + 60,
     )
-    decide(4, Decision(Verdict.APPROVED, by="UANN", grant="given"), grant=grant)
+    decide(4, Decision(Verdict.APPROVED, by="UANN", grant=GrantUse.GIVEN), grant=grant)
     store.audit.append(  # a call a standing grant let run (workers.granting.apply_grants)
         {
             "run_id": run.run_id,
             "call_id": "toolu_9",
             **run.audit_fields(call("toolu_9", path="h.txt")),
-            **Decision(Verdict.APPROVED, by="UANN", grant="used").to_json(),
+            **Decision(Verdict.APPROVED, by="UANN", grant=GrantUse.USED).to_json(),
             "grant_until": grant.until,
         }
     )

@@ -21,7 +21,7 @@ import pytest
 from harness.config import Config, ConfigError, load_config
 from harness.loop import AwaitingApproval, Finished, drive
 from harness.policy import Policy, Rule, Tier, always_asks, read_why
-from harness.state import Decision, PendingCall, Verdict, record_decisions
+from harness.state import Decision, GrantUse, PendingCall, Verdict, record_decisions
 from harness.texts import WHY_MCP_ALWAYS_ASK
 from harness.tools import BUILTIN_TOOLS
 from harness.tools.catalog import Catalog
@@ -297,7 +297,7 @@ def test_an_approval_a_grant_gave_does_not_run_a_call_that_now_always_asks(
     parked = park_on_write(model, agent_with(model, workspace, [], {"write_file": "ask"}))
     strict = agent_with(model, workspace, [], {"write_file": "allow"})
     strict = replace(strict, policy=replace(strict.policy, always_ask=("write_*",)))
-    by_grant = record_decisions(parked, {"toolu_w": Decision(Verdict.APPROVED, by="U1", grant="used")})
+    by_grant = record_decisions(parked, {"toolu_w": Decision(Verdict.APPROVED, by="U1", grant=GrantUse.USED)})
     state, outcome = drive(by_grant, strict, lambda e: None)
     assert isinstance(outcome, AwaitingApproval) and not (workspace / "x.txt").exists()
     [waiting] = outcome.calls

@@ -36,6 +36,7 @@ from messages.limits import BLOCKS_JSON_MAX
 from messages.modals import arguments_modal, edit_modal
 from messages.text import escape, visible
 from messages.turns import turn_summary
+from store import CallTool
 from tests.fakes.slack_api import MAX_BLOCKS_JSON_CHARS, MAX_BLOCKS_PER_VIEW, FakeSlackAPI, validate_blocks
 from tests.messages.test_messages import strings
 from tests.stack import ROOT
@@ -433,10 +434,10 @@ def test_an_edit_still_too_large_to_review_is_refused_and_a_shortened_one_passes
         b["block_id"]: b["element"].get("initial_value") for b in view["blocks"] if b["type"] == "input"
     }
 
-    _, errors = edits.read(submitted(view, inputs), call, {}, Config())
+    _, errors = edits.read(submitted(view, inputs), call, CallTool(), Config())
     assert [e for e in errors.values() if "too large to review" in e], errors
     shorter = {name: value[:100] for name, value in inputs.items()}
-    edited, errors = edits.read(submitted(view, shorter), call, {}, Config())
+    edited, errors = edits.read(submitted(view, shorter), call, CallTool(), Config())
     assert errors == {} and fully_reviewable(replace(call, input=edited))
 
 
@@ -682,7 +683,7 @@ def test_an_edit_checked_against_a_hostile_schema_fetches_nothing_and_is_refused
         call = pending({"path": "a.txt"})
         view = edit_modal(run_id="a" * 32, call=call, schema=schema)
         inputs = {b["block_id"]: "b.txt" for b in view["blocks"] if b["type"] == "input"}
-        _, errors = edits.read(submitted(view, inputs), call, {"schema": schema}, Config())
+        _, errors = edits.read(submitted(view, inputs), call, CallTool(schema=schema), Config())
     finally:
         server.shutdown()
     assert fetched == []

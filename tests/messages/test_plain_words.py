@@ -21,7 +21,7 @@ from harness import texts as harness_texts
 from harness.config.settings import Limits
 from harness.outcomes import NotRun, calls_not_run
 from harness.policy import Policy, Rule, Tier
-from harness.state import Decision, PendingCall, RunState, Verdict, new_run
+from harness.state import Decision, GrantUse, PendingCall, RunState, Verdict, new_run
 from harness.stops import terminal_stop
 from harness.tools import ToolResult
 from harness.valves import check_budget, check_progress, check_turn
@@ -120,7 +120,7 @@ def every_kind_of_call() -> list[PendingCall]:
             {"path": "runbooks/a.md"},
             Tier.ASK,
             why='profiles[ops].policy.rules[1] (tool = "write_file", path = "runbooks/**")',
-            decision=Decision(Verdict.APPROVED, "UANN", grant="used", grant_uses=1, grant_left=1),
+            decision=Decision(Verdict.APPROVED, "UANN", grant=GrantUse.USED, grant_uses=1, grant_left=1),
             result=ran,
         ),
         PendingCall(

@@ -18,7 +18,7 @@ from rq.serializers import JSONSerializer
 
 from harness.state import Decision, StateError, Verdict
 from runtime.queue import enqueue_job, make_queue, queued_job
-from store import Accepted, BadId, DecideOutcome, Keys, RunRecord, RunStatus, Store, new_run_id
+from store import LIMIT_CALL, Accepted, BadId, DecideOutcome, Keys, RunRecord, RunStatus, Store, new_run_id
 
 
 def record(**overrides: object) -> RunRecord:
@@ -418,3 +418,27 @@ def test_a_stock_rq_worker_runs_a_job_written_by_accept_event(store: Store, conn
     worker = Unsubscribed([queue], connection=conn, serializer=JSONSerializer)
     assert worker.work(burst=True)
     assert rq.job.Job.fetch(job.job_id, connection=conn, serializer=JSONSerializer).get_status() == "finished"
+
+
+def test_what_a_park_kept_for_its_cards_reads_back_typed_and_a_hostile_value_as_unset() -> None:
+    """`call_tools` comes from Redis: a value of the wrong type there never reaches a card or a
+    policy decision as something else (a schema that is a string, a tier that is a list)."""
+    from store import CallTool, LimitAsk
+
+    kept = CallTool(intent="I will write it", schema={"type": "object"}, own_tier="allow", preview="+1 line")
+    run = replace(
+        record(),
+        call_tools={
+            "toolu_1": kept.to_json(),
+            LIMIT_CALL: LimitAsk("Go on?", "max_turns", "5 more").to_json(),
+        },
+    )
+    again = RunRecord.from_json(run.to_json())
+    assert again.call_tool("toolu_1") == kept and again.limit_ask() == LimitAsk(
+        "Go on?", "max_turns", "5 more"
+    )
+    assert again.call_tool("toolu_9") == CallTool()  # nothing kept: nothing shown
+    hostile = replace(
+        run, call_tools={"toolu_1": {"schema": "x", "own_tier": ["deny"], "preview": 7}, LIMIT_CALL: "?"}
+    )
+    assert hostile.call_tool("toolu_1") == CallTool() and hostile.limit_ask() == LimitAsk()
