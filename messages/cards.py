@@ -109,110 +109,126 @@ class CallCard:
 
 
 def approval_card(card: CallCard) -> Message:
-    """The card asking a human to approve or decline one `ask`-tier call (`CallCard`)."""
-    run_id, call, requester, preview = card.run_id, card.call, card.requester, card.preview
-    required, votes, grant_minutes = card.required, card.votes, card.grant_minutes
-    value = button_value(run_id, call)
-    expires = slack_date(card.expires_at)
-    described = _tool_described(card.title, card.annotations)
-    every_call = always_asks(card.tier_source)
-    rules = [texts.CARD_ALWAYS_ASKS] if every_call else []
-    if required > 1:
+    """The card asking a human to approve or decline one `ask`-tier call (`CallCard`): what will
+    run, the model's words and the change it would make, who decides under which rules, and the
+    buttons; fitted to Slack's limits by shortening the arguments and words shown (`fit`)."""
+    call, value = card.call, button_value(card.run_id, card.call)
+    buttons = _decision_buttons(card, value)
+    view_all = ButtonElement(text="View all arguments", action_id="view_args", value=value)
+    args = arguments_of(call)
+    reviewable = args_reviewable(args)
+    details = section(_card_details(card))
+
+    def build(scale: float) -> list[dict[str, Any]]:
+        heading = ":raised_hand: *Approval needed:* the agent wants to run"
+        blocks, shown = _what_will_run(
+            call, args, heading, card.requester, scale, " (see View all arguments)"
+        )
+        preview_cut = bool(card.preview) and len(card.preview or "") > scaled(2400, scale, 100)
+        more = [view_all] if shown.hidden or not reviewable or preview_cut else []
+        actions = ActionsBlock(block_id="approval", elements=[*buttons, *more]).to_dict()
+        said = _model_said(card.intent, scale)
+        change = _change_shown(card.preview, scale)
+        warning = _arguments_warning(args, shown, reviewable)
+        return [*blocks, *said, *change, *warning, details, actions]
+
+    text = with_tail(
+        f"Approval needed: the agent wants to run {call.name}{_target_text(args)}",
+        f"(asked for by {mention(card.requester)}; expires {slack_date(card.expires_at)})",
+        " ",
+    )
+    return Message(text=text, blocks=fit(build))
+
+
+def _card_details(card: CallCard) -> str:
+    """Why the call asks, who may decide it under which rules, and when it expires."""
+    rules = [texts.CARD_ALWAYS_ASKS] if always_asks(card.tier_source) else []
+    if card.required > 1:
+        votes = card.votes
         so_far = ", ".join(mention(v) for v in votes[:20]) if votes else "nobody yet"
         rules.append(
-            f"*Approvals:* {len(votes)} of {required} needed (so far: {so_far}); one decline declines"
+            f"*Approvals:* {len(votes)} of {card.required} needed (so far: {so_far}); one decline declines"
         )
     if not card.self_approval:
         rules.append(
-            f"*Four eyes:* {mention(requester)} asked for this run and may decline it, not approve it"
+            f"*Four eyes:* {mention(card.requester)} asked for this run and may decline it, not approve it"
         )
-    details = "\n".join(
+    return "\n".join(
         [
-            *described,
+            *_tool_described(card.title, card.annotations),
             f"*Why it needs approval:* {plain_why(card.tier_source)}",
-            f"*Who may decide:* {_who_decides(requester, card.approvers)}",
+            f"*Who may decide:* {_who_decides(card.requester, card.approvers)}",
             *rules,
-            f"*Expires:* {expires} (the call will not run if nobody decides by then)",
+            f"*Expires:* {slack_date(card.expires_at)} (the call will not run if nobody decides by then)",
         ]
     )
+
+
+def _decision_buttons(card: CallCard, value: str) -> list[ButtonElement]:
+    """Approve, Decline, Edit, Decline with reason; and the grants, where the approvals allow them
+    (not with a quorum, never for a call that always asks)."""
     buttons = [
         ButtonElement(text="Approve", action_id="approve", value=value, style="primary"),
         ButtonElement(text="Decline", action_id="decline", value=value, style="danger"),
         ButtonElement(text="Edit…", action_id="edit", value=value),
         ButtonElement(text="Decline with reason…", action_id="decline_with_reason", value=value),
     ]
-    if grant_minutes > 0 and required <= 1 and not every_call:
-        lasting = _duration(grant_minutes) + (
-            f", {plural(card.grant_uses, 'use')}" if card.grant_uses else ""
-        )
-        buttons.append(
-            ButtonElement(
-                text=f"Approve for this thread ({lasting})",
-                action_id="approve_thread",
-                value=value,
-            )
-        )
-        directory = grant_directory(call.input, call.path_args)
-        if directory is not None:
-            buttons.append(
-                ButtonElement(
-                    text=cut(f"Approve {call.name} under {directory} ({lasting})", BUTTON_TEXT_MAX),
-                    action_id="approve_dir",
-                    value=value,
-                )
-            )
-    view_all = ButtonElement(text="View all arguments", action_id="view_args", value=value)
-    args = arguments_of(call)
-    reviewable = args_reviewable(args)
-    total = sum(a.size for a in args)
-
-    def warning(shown: Shown) -> list[dict[str, Any]]:
-        if not reviewable:
-            return [
-                section(
-                    f"⛔ *These arguments are too large to review in Slack* ({plural(total, 'character')}): "
-                    "not even *View all arguments* can show them all, so this call cannot be approved "
-                    "here. Decline it, and ask for something smaller."
-                )
-            ]
-        if shown.hidden:
-            return [
-                section(
-                    f"⚠️ *Not everything fits on this card:* {plural(shown.hidden, 'character')} of the "
-                    "arguments are not shown. Press *View all arguments* to read every one in full "
-                    "before you decide."
-                )
-            ]
-        return []
-
-    def build(scale: float) -> list[dict[str, Any]]:
-        heading = ":raised_hand: *Approval needed:* the agent wants to run"
-        blocks, shown = _what_will_run(call, args, heading, requester, scale, " (see View all arguments)")
-        preview_cut = bool(preview) and len(preview or "") > scaled(2400, scale, 100)
-        more = [view_all] if shown.hidden or not reviewable or preview_cut else []
-        actions = ActionsBlock(block_id="approval", elements=[*buttons, *more]).to_dict()
-        said = []
-        if card.intent.strip():
-            words, room = answer_mrkdwn(card.intent), scaled(1200, scale, 80)
-            if units(words) > room:
-                words = words[: mrkdwn_prefix_len(words, room - len(ELLIPSIS))] + ELLIPSIS
-            said = [section(f"*What the model said with it:*\n>{words.replace(chr(10), chr(10) + '>')}")]
-        change = []
-        if preview:
-            limit = scaled(2400, scale, 100)
-            body = cut(preview, limit)
-            whole = "" if len(preview) <= limit else "\n_The whole change: *View all arguments*._"
-            change = [
-                section(f"*What it would change:*\n{FENCE}\n{fence_safe(visible_as(body))}\n{FENCE}{whole}")
-            ]
-        return [*blocks, *said, *change, *warning(shown), section(details), actions]
-
-    text = with_tail(
-        f"Approval needed: the agent wants to run {call.name}{_target_text(args)}",
-        f"(asked for by {mention(requester)}; expires {expires})",
-        " ",
+    if card.grant_minutes <= 0 or card.required > 1 or always_asks(card.tier_source):
+        return buttons
+    uses = f", {plural(card.grant_uses, 'use')}" if card.grant_uses else ""
+    lasting = _duration(card.grant_minutes) + uses
+    thread = ButtonElement(
+        text=f"Approve for this thread ({lasting})", action_id="approve_thread", value=value
     )
-    return Message(text=text, blocks=fit(build))
+    buttons.append(thread)
+    call = card.call
+    directory = grant_directory(call.input, call.path_args)
+    if directory is not None:
+        text = cut(f"Approve {call.name} under {directory} ({lasting})", BUTTON_TEXT_MAX)
+        buttons.append(ButtonElement(text=text, action_id="approve_dir", value=value))
+    return buttons
+
+
+def _model_said(intent: str, scale: float) -> list[dict[str, Any]]:
+    """The model's own words in the reply that made the call, quoted (shortened to fit)."""
+    if not intent.strip():
+        return []
+    words, room = answer_mrkdwn(intent), scaled(1200, scale, 80)
+    if units(words) > room:
+        words = words[: mrkdwn_prefix_len(words, room - len(ELLIPSIS))] + ELLIPSIS
+    return [section(f"*What the model said with it:*\n>{words.replace(chr(10), chr(10) + '>')}")]
+
+
+def _change_shown(preview: str | None, scale: float) -> list[dict[str, Any]]:
+    """What the call would change, as its tool previews it (shortened to fit)."""
+    if not preview:
+        return []
+    limit = scaled(2400, scale, 100)
+    body = cut(preview, limit)
+    whole = "" if len(preview) <= limit else "\n_The whole change: *View all arguments*._"
+    return [section(f"*What it would change:*\n{FENCE}\n{fence_safe(visible_as(body))}\n{FENCE}{whole}")]
+
+
+def _arguments_warning(args: Sequence[Any], shown: Shown, reviewable: bool) -> list[dict[str, Any]]:
+    """Said when the card cannot show every argument: approvable only once they were all seen."""
+    if not reviewable:
+        total = sum(a.size for a in args)
+        return [
+            section(
+                f"⛔ *These arguments are too large to review in Slack* ({plural(total, 'character')}): "
+                "not even *View all arguments* can show them all, so this call cannot be approved "
+                "here. Decline it, and ask for something smaller."
+            )
+        ]
+    if shown.hidden:
+        return [
+            section(
+                f"⚠️ *Not everything fits on this card:* {plural(shown.hidden, 'character')} of the "
+                "arguments are not shown. Press *View all arguments* to read every one in full "
+                "before you decide."
+            )
+        ]
+    return []
 
 
 _HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
