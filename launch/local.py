@@ -22,7 +22,7 @@ the playground must answer before the bot starts. That removes about 15 of the ~
 `launch/` (the spawn loop, the bot's wait, the call to `supervise`) and adds about 28: a printer keeping these
 prefixes and LOG_FORMAT=json, a thread that stops it when Redis or the playground dies, another
 for the bot's readiness line, its exit codes (130, 143) mapped to 0. It would also break promises
-tests/launch/test_dev.py and this module keep: it SIGTERMs every process group at once, not web, then
+tests/launch/test_local.py and this module keep: it SIGTERMs every process group at once, not web, then
 worker, then Redis, each child alone until the grace ends; its 5 s kill wait is a module constant;
 it ignores SIGHUP and a second Ctrl-C. So this stays, with no new dependency.
 

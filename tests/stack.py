@@ -214,7 +214,7 @@ class Stack:
             HARNESS_STATE_DIR=str(self.workdir / "state"),
             PORT=str(self.port),
             # Stream writes paced at 50 ms, not Slack's 300: a run's live message settles sooner.
-            # The tests of pacing itself (tests/workers/test_live.py, tests/e2e/test_live_e2e.py) and
+            # The tests of pacing itself (tests/workers/test_live.py, tests/e2e/test_live.py) and
             # the benchmarks keep 300.
             HARNESS_STREAM_PACE_MS="50",
         )

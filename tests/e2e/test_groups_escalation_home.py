@@ -23,7 +23,7 @@ from tests.fakes.signing import event_body
 from tests.stack import RedisServer, Stack, has_actions, running_stack, thread, wait_post, wait_until
 
 pytestmark = pytest.mark.e2e
-DB = 13  # other stacks: test_e2e_slack 1 and 2, test_fuzz_bot 3, test_mcp_e2e/test_socket_mode 5, gate 6
+DB = 13  # other stacks: test_slack_surface 1 and 2, test_fuzz_bot 3, test_mcp/test_socket_mode 5, gate 6
 CONFIG = """
 [approvals]
 approvers = ["UANN", "SOPS"]

@@ -24,7 +24,7 @@ from tests.fakes.signing import event_body
 from tests.stack import RedisServer, Stack, running_stack, thread, wait_post, wait_until
 
 pytestmark = pytest.mark.e2e
-# Other stacks: test_e2e_slack 1 and 2, test_fuzz_bot 3, test_mcp_e2e/test_socket_mode 5, gate 6,
+# Other stacks: test_slack_surface 1 and 2, test_fuzz_bot 3, test_mcp/test_socket_mode 5, gate 6,
 # test_groups_escalation_home 13.
 STOP_DB, LIMITS_DB = 11, 12
 GENEROUS = "max_runs_per_user = 1000\nmax_runs_per_channel = 1000\n"

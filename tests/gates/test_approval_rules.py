@@ -238,8 +238,8 @@ def test_a_failure_retried_before_it_was_saved_is_not_ended_but_kept_for_its_dri
 # --- end to end: Continue under four eyes and a quorum, Retry counted, feedback rate-limited ------
 
 e2e = pytest.mark.e2e
-# Other stacks: test_e2e_slack 1 and 2, test_fuzz_bot 3, DM 4, test_mcp_e2e/test_socket_mode 5,
-# gate 6, test_approvals_e2e 9-11, test_stop_and_limits 11 and 12, test_groups_escalation_home 13.
+# Other stacks: test_slack_surface 1 and 2, test_fuzz_bot 3, DM 4, test_mcp/test_socket_mode 5,
+# gate 6, test_approvals 9-11, test_stop_and_limits 11 and 12, test_groups_escalation_home 13.
 DB = 14
 RULES = """
 [approvals]

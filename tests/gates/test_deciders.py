@@ -1,6 +1,6 @@
 """Who may decide has one home, `gates.deciders`: the bot's clicks and Home tab and
 `python -m workers status` all read it, so they can never disagree about a park. (Group
-membership, read from Slack and cached, is tested through the bot in test_groups_units.py.)"""
+membership, read from Slack and cached, is tested through the bot in test_groups.py.)"""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 
 Here the parts on their own: the policy, the config file, `--list-tools` over a real stdio MCP
 server, the relay between a worker and its horses, the card and the batch message, and suggested
-rules. End to end (real bot, worker, Redis and MCP server): tests/e2e/test_always_ask_e2e.py.
+rules. End to end (real bot, worker, Redis and MCP server): tests/e2e/test_always_ask.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The metrics that answer operators' questions, on a real Redis through the store's own scripts:
 decisions by verdict, tool and profile; the runs waiting on each approver; the budgets' fullest
 user and channel. Scraped as Prometheus scrapes them: the bot's WSGI `/metrics`, parsed by
-prometheus_client's parser. (tests/e2e/test_e2e_slack.py sees a decline counted by a real worker.)"""
+prometheus_client's parser. (tests/e2e/test_slack_surface.py sees a decline counted by a real worker.)"""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from tests.stack import RedisServer, Stack, has_actions, running_stack, thread, 
 
 pytestmark = pytest.mark.e2e
 
-# Other stacks: test_e2e_slack 1 and 2, test_fuzz_bot 3, test_mcp_e2e/test_socket_mode 5, gate 6,
+# Other stacks: test_slack_surface 1 and 2, test_fuzz_bot 3, test_mcp/test_socket_mode 5, gate 6,
 # test_groups_escalation_home 13.
 DB_MAIN, DB_QUORUM, DB_SHORT_GRANTS = 9, 10, 11
 GENEROUS = "[limits]\nmax_runs_per_user = 1000\nmax_runs_per_channel = 1000\n"

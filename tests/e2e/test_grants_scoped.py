@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from store import Store
-from tests.e2e.test_approvals_e2e import (
+from tests.e2e.test_approvals import (
     action_ids,
     audit,
     call_id,
@@ -34,7 +34,7 @@ from tests.e2e.test_approvals_e2e import (
 from tests.fakes.messages_api import reply, text, tool_use
 from tests.stack import ROOT, RedisServer, Stack, has_actions, running_stack, thread, wait_post, wait_until
 
-DB = 15  # other stacks: see tests/e2e/test_groups_escalation_home.py; 9-11 test_approvals_e2e, 14 rules
+DB = 15  # other stacks: see tests/e2e/test_groups_escalation_home.py; 9-11 test_approvals, 14 rules
 CONFIG = """
 [approvals]
 approvers = ["UALICE", "UANN", "UBEN"]
@@ -467,4 +467,4 @@ def test_a_call_with_a_path_the_policy_cannot_place_gets_no_scoped_grant_nor_is_
     assert not [r for r in ran(stack) if (r["tool"], r.get("path")) == ("publish", "docs/b.md")]
 
 
-_ = new_channel  # the channels come from the same counter as test_approvals_e2e's
+_ = new_channel  # the channels come from the same counter as test_approvals's

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.e2e.test_approvals_e2e import (
+from tests.e2e.test_approvals import (
     action_ids,
     button_value,
     cards,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from messages import texts
-from tests.e2e.test_approvals_e2e import (
+from tests.e2e.test_approvals import (
     action_ids,
     asked,
     audit,
@@ -35,7 +35,7 @@ from tests.stack import RedisServer, Stack, has_actions, running_stack, thread, 
 
 pytestmark = pytest.mark.e2e
 
-DB = 12  # other stacks: see tests/e2e/test_groups_escalation_home.py and tests/e2e/test_approvals_e2e.py
+DB = 12  # other stacks: see tests/e2e/test_groups_escalation_home.py and tests/e2e/test_approvals.py
 QUORUM_CHANNELS = [f"C15{i:02d}" for i in range(10)]
 BRIEF_CHANNELS = [f"C16{i:02d}" for i in range(10)]
 CONFIG = f"""

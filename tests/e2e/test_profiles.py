@@ -37,7 +37,7 @@ from tests.stack import (
 
 pytestmark = pytest.mark.e2e
 
-DB = 8  # other stacks: see tests/e2e/test_groups_escalation_home.py; 7 is test_profiles_mcp_e2e
+DB = 8  # other stacks: see tests/e2e/test_groups_escalation_home.py; 7 is test_profiles_mcp
 OPS, GENERAL = "COPS", "CGENERAL"
 CONFIG = f"""
 [limits]

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from messages import texts
-from tests.e2e.test_profiles_e2e import reload
+from tests.e2e.test_profiles import reload
 from tests.fakes.messages_api import FakeMessagesAPI, http_error, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import RedisServer, Stack, thread, wait_post, wait_until
