@@ -198,12 +198,13 @@ class BudgetStore(StorePart):
         tokens: int,
         *,
         profile: str = "",
-        counted_in: tuple[str, str] | None = None,
+        counted_in: str = "",
     ) -> bool:
         """Count what request `request_id` of `day` cost against `scopes`, once; drop its holds.
 
-        `counted_in`: the metrics' hash and field where the spend of its profile is counted in the
-        same step (`observe.metrics.budget_counter`). False when it was counted before.
+        `counted_in`: the counter field where the spend of its profile is counted in the same step,
+        in the metrics' hash (`observe.metrics.budget_counter`; "": not counted there). False when
+        it was counted before.
         """
         write = budget_settled(day, scopes, request_id, tokens, profile=profile, counted_in=counted_in)
         return bool(self._script(write.script)(keys=list(write.keys), args=list(write.args)))
@@ -272,14 +273,14 @@ def budget_settled(
     tokens: int,
     *,
     profile: str = "",
-    counted_in: tuple[str, str] | None = None,
+    counted_in: str = "",
 ) -> Beside:
-    """`BudgetStore.budget_settle` as a write to send beside a run's next save (idempotent: a
+    """`BudgetStore.settle` as a write to send beside a run's next save (idempotent: a
     request is counted once, whichever round trip carries it)."""
     keys = (
         Keys.budget_spent(day),
         Keys.budget_settled(day),
-        counted_in[0] if counted_in else Keys.budget_spent(day),  # a key all the same: unused
+        Keys.metric_counters(),  # written only when `counted_in` names a field
         *(s.holds(day) for s in scopes),
     )
     fields = [f for s in scopes for f in (s.field, s.profile_field(profile))]
@@ -287,7 +288,7 @@ def budget_settled(
         check_id("request", request_id),
         max(0, int(tokens)),
         BUDGET_TTL,
-        counted_in[1] if counted_in else "",
+        counted_in,
         *fields,
     )
     return Beside("a model request's cost, counted in the daily budgets", _SETTLE, keys, args)

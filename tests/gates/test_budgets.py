@@ -73,7 +73,7 @@ def test_a_settle_sent_twice_counts_once_and_an_admit_sent_twice_holds_once(stor
     assert store.budgets.settle("2030-05-17", scopes, rid(1), 2_500, profile="ops", counted_in=counter)
     assert not store.budgets.settle("2030-05-17", scopes, rid(1), 2_500, profile="ops", counted_in=counter)
     assert spent(store, scopes) == [2_500]
-    assert store.redis.hget(*counter) == b"2500"
+    assert store.redis.hget(Keys.metric_counters(), counter) == b"2500"
 
 
 def test_spent_refuses_and_the_holds_of_others_make_it_wait(store: Store) -> None:
