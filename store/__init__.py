@@ -13,6 +13,8 @@ in the module of the record it writes, beside the method that sends it:
 - `escalations`: parks whose expiry has come, reminders due to `escalate_to`;
 - `grants`: "Approve for this thread"; `groups`: user groups' members, cached;
 - `budgets`: the daily token budgets: each user's and channel's spend today, holds of requests in flight;
+- `counters`: the figures of `/metrics` (one hash, a run's marks, a click's note), and the counts of
+  runs a scrape or a health check reads beside RQ's keys (functions on a connection or a pipeline);
 - `audit`: the audit stream of decisions (a hash chain, trimmed behind its files), the feedback
   stream of answers.
 
@@ -37,7 +39,6 @@ from store.audit import (
 )
 from store.base import Beside
 from store.budgets import (
-    BUDGET_PEAKS,
     BUDGET_TTL,
     CHANNEL_SCOPE,
     HOLD_SECONDS,
@@ -49,6 +50,7 @@ from store.budgets import (
     SpentToday,
     budget_peaks,
     budget_settled,
+    queue_budget_peaks,
     utc_day,
 )
 from store.escalations import EscalationStore, ExtendOutcome, ExtendResult
@@ -109,7 +111,6 @@ __all__ = [
     "AUDIT_MAX_AGE",
     "AUDIT_MAX_ENTRIES",
     "AUDIT_PREVIEW_CHARS",
-    "BUDGET_PEAKS",
     "AuditLink",
     "BUDGET_TTL",
     "CHANNEL_SCOPE",
@@ -164,5 +165,6 @@ __all__ = [
     "unpack",
     "budget_peaks",
     "budget_settled",
+    "queue_budget_peaks",
     "utc_day",
 ]

@@ -36,6 +36,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+import redis
+
 from store.base import Beside, StorePart, as_text
 from store.keys import DAY, Keys, check_id
 
@@ -246,6 +248,13 @@ for key, total in pairs(peaks) do
 end
 return out
 """
+
+
+def queue_budget_peaks(pipe: redis.Redis, now: float) -> None:
+    """Queue on `pipe` `BUDGET_PEAKS` over the spend of `now`'s day (one reply: read it with
+    `budget_peaks`). An EVAL, not a registered script: redis-py checks those with a round trip of its
+    own before each pipeline; Redis caches the script's compiled body anyway."""
+    pipe.eval(BUDGET_PEAKS, 1, Keys.budget_spent(utc_day(now)))
 
 
 def budget_peaks(raw: Sequence[Any]) -> dict[tuple[str, str], int]:

@@ -13,19 +13,24 @@ write adds; this module is where it lands, the one that knows the keys:
 - `Keys.metric_clicked(run_id, park)`, when the click that completed a park happened (`add`'s
   `clicked`), for the resume to observe the click-to-resume time once (`resume_counted`).
 
+The scrape of `/metrics` and the deep health check read these, and counts of the runs the other
+parts keep, with RQ's own keys in one round trip: `queue_counters`, `queue_run_counts` and
+`queue_profile_parks` add their reads to the caller's pipeline. `make run` says what an earlier
+start left with `runs_held`.
+
 Nothing here catches: `observe.metrics` does, since a figure is never worth a failed run or ack.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from store.base import Beside
-from store.keys import Keys
+from store.base import Beside, as_text
+from store.keys import Keys, park_member
 
 
 def incr(connection: redis.Redis, field: str, amount: int = 1) -> None:
@@ -136,3 +141,36 @@ def resume_counted(
         args += ["inf" if bound == float("inf") else repr(float(bound)), field]
     keys = (Keys.metric_clicked(run_id, park_id), Keys.metric_counters())
     return Beside("the click-to-resume time", _RESUMED, keys, tuple(args))
+
+
+# --- read at a scrape, beside RQ's keys --------------------------------------------------------
+
+
+def queue_counters(pipe: redis.Redis) -> None:
+    """Queue on `pipe` the read of every counter and bucket (one reply: read it with `counters_of`)."""
+    pipe.hgetall(Keys.metric_counters())
+
+
+def counters_of(reply: Mapping[Any, Any]) -> dict[str, str]:
+    """`queue_counters`'s reply as text: field -> value."""
+    return {as_text(k): as_text(v) for k, v in reply.items()}
+
+
+def queue_run_counts(pipe: redis.Redis, now: float) -> None:
+    """Queue on `pipe` two counts, in this order: the runs active (queued, running, or parked with
+    every decision in), and the parks still open at `now` (waiting for a decision)."""
+    pipe.zcard(Keys.active())
+    pipe.zcount(Keys.expiries(), f"({now!r}", "+inf")
+
+
+def queue_profile_parks(pipe: redis.Redis, profile: str, now: float, until: float | None = None) -> None:
+    """Queue on `pipe` the count of the open parks of runs under `profile` ("": the top level) that
+    expire after `now` (and by `until`, when given): one reply."""
+    pipe.zcount(Keys.profile_parks(profile), f"({now!r}", "+inf" if until is None else repr(until))
+
+
+def runs_held(connection: redis.Redis) -> tuple[int, int]:
+    """What a Redis holds of earlier runs: (runs active, runs with a park, open or expired)."""
+    active = connection.zcard(Keys.active())
+    parked = {park_member(park)[0] for park in connection.zrange(Keys.expiries(), 0, -1)}
+    return int(active), len(parked)
