@@ -12,6 +12,7 @@ in the module of the record it writes, beside the method that sends it:
 - `parks`: parks, their decisions and votes, and the Home tab's index of who is waited on;
 - `escalations`: parks whose expiry has come, reminders due to `escalate_to`;
 - `grants`: "Approve for this thread"; `groups`: user groups' members, cached;
+- `live`: a run's live messages still streaming or unsettled (what a later driver cleans up);
 - `budgets`: the daily token budgets: each user's and channel's spend today, holds of requests in flight;
 - `counters`: the figures of `/metrics` (one hash, a run's marks, a click's note), and the counts of
   runs a scrape or a health check reads beside RQ's keys (functions on a connection or a pipeline);
@@ -57,6 +58,7 @@ from store.escalations import EscalationStore, ExtendOutcome, ExtendResult
 from store.grants import Grant, GrantStore, grant_slot
 from store.groups import GROUP_TTL, GroupStore
 from store.keys import DAY, BadId, Keys, check_id, new_run_id
+from store.live import LiveStore
 from store.parks import (
     BATCH,
     EXPIRES_FIELD,
@@ -105,6 +107,7 @@ class Store:
         self.groups = GroupStore(connection, self.replicas)
         self.audit = AuditStore(connection, self.replicas)
         self.budgets = BudgetStore(connection, self.replicas)
+        self.live = LiveStore(connection, self.replicas)
 
 
 __all__ = [
