@@ -16,6 +16,7 @@ in the module of the record it writes, beside the method that sends it:
 - `budgets`: the daily token budgets: each user's and channel's spend today, holds of requests in flight;
 - `counters`: the figures of `/metrics` (one hash, a run's marks, a click's note), and the counts of
   runs a scrape or a health check reads beside RQ's keys (functions on a connection or a pipeline);
+- `config_source`: which config file the workers run with, as they said at start;
 - `audit`: the audit stream of decisions (a hash chain, trimmed behind its files), the feedback
   stream of answers.
 
@@ -54,6 +55,7 @@ from store.budgets import (
     queue_budget_peaks,
     utc_day,
 )
+from store.config_source import ConfigSourceStore
 from store.escalations import EscalationStore, ExtendOutcome, ExtendResult
 from store.grants import Grant, GrantStore, grant_slot
 from store.groups import GROUP_TTL, GroupStore
@@ -108,6 +110,7 @@ class Store:
         self.audit = AuditStore(connection, self.replicas)
         self.budgets = BudgetStore(connection, self.replicas)
         self.live = LiveStore(connection, self.replicas)
+        self.config_source = ConfigSourceStore(connection, self.replicas)
 
 
 __all__ = [
