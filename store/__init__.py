@@ -1,10 +1,13 @@
 """The Redis store: where runs are parked, decisions recorded and Slack retries absorbed.
 
-Every key is built in `keys`, under `harness:`, from validated ids. Check-and-set lives in small
-Lua scripts that are safe to run twice (redis-py may retry a command whose reply was lost), each
-in the module of the record it writes, beside the method that sends it:
+Every key is built in `keys`, under `harness:`, from validated ids, and is the store's own: no
+module outside `store/` spells one or sends a command on one (`tests/project/test_layout.py`); it
+calls a part's methods, or `counters`' functions on a connection or a pipeline. Check-and-set
+lives in small Lua scripts that are safe to run twice (redis-py may retry a command whose reply
+was lost), each in the module of the record it writes, beside the method that sends it:
 
-- `keys`: every key name (the metrics' too), and the ids they are built from (`Keys`, `check_id`, `BadId`);
+- `keys`: every key name (the metrics' too), and the ids they are built from (`Keys`, `check_id`, `BadId`):
+  `Keys` is not exported (tests import it from `store.keys`, to look at keys on purpose);
 - `records`: the run record and how it is stored (`RunRecord`, `pack`, `unpack`, `RecordEncoder`);
 - `admission`: a mention accepted once and a Retry claimed once, within the bounds of runs;
 - `runs`: leases, fenced saves and the writes beside them, stop requests, a run's end, orphans;
@@ -59,7 +62,7 @@ from store.config_source import ConfigSourceStore
 from store.escalations import EscalationStore, ExtendOutcome, ExtendResult
 from store.grants import Grant, GrantStore, grant_slot
 from store.groups import GROUP_TTL, GroupStore
-from store.keys import DAY, BadId, Keys, check_id, new_run_id
+from store.keys import DAY, BadId, check_id, new_run_id
 from store.live import LiveStore
 from store.parks import (
     BATCH,
@@ -151,7 +154,6 @@ __all__ = [
     "FeedbackOutcome",
     "FinishResult",
     "Grant",
-    "Keys",
     "OpenPark",
     "ParkRead",
     "ParkView",

@@ -21,7 +21,8 @@ from harness.state import RunState, Status, Usage, new_run
 from harness.valves import Valve
 from observe import metrics, scrape
 from runtime.queue import make_queue
-from store import Admission, Keys, Scope, Store, utc_day
+from store import Admission, Scope, Store, utc_day
+from store.keys import Keys
 from tests.conftest import make_agent
 from tests.fakes.messages_api import FakeMessagesAPI, http_error, reply, text, tool_use
 
