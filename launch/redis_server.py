@@ -3,7 +3,8 @@ Redis Sentinel), one found on localhost:6379, or a private ``redis-server`` it s
 password, and what an earlier start left in it.
 
 Apart from `launch.local`, which only picks among these, since reaching, probing and starting a
-Redis is a concept of its own (and the only part of `make run` that knows the store's keys).
+Redis is a concept of its own (and the only part of `make run` that reads the store: what an earlier
+start left, `store.counters.runs_held`).
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ from redis.retry import Retry
 
 from launch.children import POLL_INTERVAL, DevError, PrefixedOutput, free_port, spawn, stop_children
 from runtime.connection import DEFAULT_REDIS_URL, RedisTarget
-from store.base import as_text
-from store.keys import Keys
+from store import counters
 
 DEFAULT_PROBE = ("localhost", 6379)
 DEFAULT_DATA_DIR = Path(".redis-data")
@@ -203,13 +203,12 @@ def carried_over(url: str, env: Mapping[str, str] | None = None) -> str:
     runs queued or running, runs waiting for approval, in words; or why it could not be read."""
     try:
         with short_client(url, env) as client:
-            active = client.zcard(Keys.active())
-            parked = {as_text(park).partition(":")[0] for park in client.zrange(Keys.expiries(), 0, -1)}
+            active, parked = counters.runs_held(client)
     except (redis.RedisError, OSError, ValueError) as error:
         return f"could not count the runs it holds ({type(error).__name__})"
     return (
         f"carried over from earlier starts: {active} run{'s' if active != 1 else ''} queued or running, "
-        f"{len(parked)} waiting for approval"
+        f"{parked} waiting for approval"
     )
 
 

@@ -1,19 +1,20 @@
 """The gauges of `/metrics` whose labels the config gives: the runs waiting on each approver, and
 how much of each profile's daily budgets the fullest user or channel has spent today.
 
-Both are read at scrape time, in the collector's one round trip (`observe.metrics.Collector`), and
+Both are read at scrape time, in the collector's one round trip (`observe.scrape.Collector`), and
 cost a scrape the same whatever the number of parks, users or channels:
 
 - Runs waiting: one ZCOUNT per profile (two when it escalates) of the profile's index of open
-  parks (`Keys.profile_parks`, kept by the scripts that park, extend and resume beside the Home
-  tab's indexes). A park waits on its profile's `approvers`, or on its requester when there are
-  none (`requester`), as `gates.deciders` says; once past `escalate_after_minutes`, on
-  `escalate_to` as well. A run waiting on several approvers counts under each of them, so the sum
-  of the series is no total (`harness_approvals_pending` is).
-- Budgets: one script (`BUDGET_PEAKS`) that works out in Redis, from the day's spend hash, the
-  highest day total of a user and of a channel under each profile; here it is divided by the
-  profile's budget as configured now. The question it answers is an SRE's "is anyone close to
-  their daily budget?": the fullest one, not a sum that a thousand light users would inflate.
+  parks (`store.counters.queue_profile_parks`; an index kept by the scripts that park, extend and
+  resume beside the Home tab's indexes). A park waits on its profile's `approvers`, or on its
+  requester when there are none (`requester`), as `gates.deciders` says; once past
+  `escalate_after_minutes`, on `escalate_to` as well. A run waiting on several approvers counts
+  under each of them, so the sum of the series is no total (`harness_approvals_pending` is).
+- Budgets: one script (`store.budgets.BUDGET_PEAKS`) that works out in Redis, from the day's
+  spend hash, the highest day total of a user and of a channel under each profile; here it is
+  divided by the profile's budget as configured now. The question it answers is an SRE's "is anyone
+  close to their daily budget?": the fullest one, not a sum that a thousand light users would
+  inflate.
 
 Label values come from the config only (approver ids from `approvers` and `escalate_to`, profile
 names, `user` / `channel`): never a requester's id, a channel or a run.
@@ -30,7 +31,7 @@ from prometheus_client.metrics_core import Metric
 from redis.client import Pipeline
 
 from harness.config import Approvals, Config
-from store import BUDGET_PEAKS, CHANNEL_SCOPE, USER_SCOPE, Keys, budget_peaks, utc_day
+from store import CHANNEL_SCOPE, USER_SCOPE, budget_peaks, counters, queue_budget_peaks
 
 REQUESTER = "requester"  # the label of parks decided by the person who asked for the run
 SCOPES = (USER_SCOPE, CHANNEL_SCOPE)
@@ -56,18 +57,16 @@ class Reads:
 
 def queue_reads(pipe: Pipeline, config: Config, now: float) -> Reads:
     """Queue on `pipe` the reads of both gauges: each level's open parks (and escalated ones), then
-    the budget peaks of today (an EVAL, not a registered script: redis-py checks those with a
-    round trip of its own before each pipeline; Redis caches the script's compiled body anyway)."""
+    the budget peaks of today (`store.queue_budget_peaks`)."""
     levels = (config, *(p.settings for p in config.profiles))
     replies = 0
     for settings in levels:
-        key = Keys.profile_parks(settings.profile_label)
-        pipe.zcount(key, f"({now!r}", "+inf")
+        counters.queue_profile_parks(pipe, settings.profile_label, now)
         window = escalation_window(settings.approvals)
         if window is not None:
-            pipe.zcount(key, f"({now!r}", repr(now + window))
+            counters.queue_profile_parks(pipe, settings.profile_label, now, until=now + window)
         replies += 1 if window is None else 2
-    pipe.eval(BUDGET_PEAKS, 1, Keys.budget_spent(utc_day(now)))
+    queue_budget_peaks(pipe, now)
     return Reads(levels, replies + 1)
 
 

@@ -16,7 +16,7 @@ import rq
 from rq.utils import utcparse
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
-from store import Keys
+from store import counters
 
 WORKER_TTL = 60  # seconds; RQ's default is 420, so a dead worker would count as alive for 8 minutes
 
@@ -49,8 +49,7 @@ def deep_health(connection: redis.Redis, queue: rq.Queue, now: float) -> tuple[b
         pipe.llen(queue.key)
         pipe.zcard(queue.scheduled_job_registry.key)
         pipe.zcard(queue.failed_job_registry.key)
-        pipe.zcard(Keys.active())
-        pipe.zcount(Keys.expiries(), f"({now!r}", "+inf")
+        counters.queue_run_counts(pipe, now)
         *rows, depth, scheduled, failed, active, parked = pipe.execute()
     workers = []
     for key, row in zip(keys, rows, strict=True):

@@ -3,19 +3,20 @@
 Why Redis and not prometheus_client's multiprocess mode: that mode sums files that the processes of
 ONE host write into a shared directory. Our figures come from gunicorn's workers, from RQ work
 horses that are forked per job and exit when it ends, from watchdogs, and from workers that may
-run on other hosts than the bot. They all share one thing, Redis, so that is where the figures live:
+run on other hosts than the bot. They all share one thing, Redis, so that is where the figures live
+(`store.counters` keeps them; this module names their fields and works out what each write adds):
 
-- `harness:metrics:counters`, one hash holding every counter and every histogram bucket. A write
-  is one HINCRBY (a histogram: a bucket and its sum, in one pipeline); a scrape is one HGETALL,
-  pipelined with the gauges it computes (`Collector`). No TTL: the label sets are bounded (every
-  label takes its values from a fixed list here, or for `profile` from the config's profile names,
-  anything else counts as `other`; never a run id, user id or channel), so the hash stays a few
-  hundred fields, forever.
-- `harness:metrics:run:{run_id}`, what of a run has been counted already: a run's turns, model
-  requests and tokens are counted as deltas of its state's own totals, and its tool calls once per
-  turn, so a run resumed, retried or re-driven after a crash is never counted twice.
-- `harness:metrics:clicked:{run_id}:{park}`, when the click that completed a park happened, so the
-  worker that resumes it can observe the click-to-resume time.
+- one hash holding every counter and every histogram bucket. A write is one HINCRBY (a histogram:
+  a bucket and its sum, in one pipeline); a scrape is one HGETALL, pipelined with the gauges it
+  computes (`observe.scrape.Collector`). No TTL: the label sets are bounded (every label takes its
+  values from a fixed list here, or for `profile` from the config's profile names, anything else
+  counts as `other`; never a run id, user id or channel), so the hash stays a few hundred fields,
+  forever.
+- per run, what of it has been counted already: a run's turns, model requests and tokens are
+  counted as deltas of its state's own totals, and its tool calls once per turn, so a run resumed,
+  retried or re-driven after a crash is never counted twice.
+- per park, when the click that completed it happened, so the worker that resumes it can observe
+  the click-to-resume time.
 
 A metrics write never fails a run or an ack: every function here catches and logs (once per
 process, then at debug level) and goes on.
@@ -64,7 +65,7 @@ from observe.families import (
     sum_field,
     tool_label,
 )
-from store import Accepted, Beside, Keys, Store
+from store import Accepted, Beside, Store, counters
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def counting_store(connection: redis.Redis) -> Store:
 def incr(connection: redis.Redis, family: Family, amount: int = 1, **labels: Any) -> None:
     """Add `amount` to a counter."""
     try:
-        connection.hincrby(Keys.metric_counters(), counter_field(family, **labels), amount)
+        counters.incr(connection, counter_field(family, **labels), amount)
     except Exception as exc:  # a figure is never worth a failed run or ack
         failed(family.name, exc)
 
@@ -101,15 +102,16 @@ def observe_slot_wait(connection: redis.Redis, waited: float | None, in_flight: 
     """A job started on a slot: how long it waited for one (None: unknown), and how many jobs its
     horse drives now, itself included; one round trip."""
     try:
-        with connection.pipeline(transaction=False) as pipe:
-            observations = [(IN_FLIGHT, float(in_flight))]
-            if waited is not None:
-                observations.append((SLOT_WAIT, max(0.0, waited)))
-            for family, value in observations:
-                bound = next((b for b in family.buckets if value <= b), float("inf"))
-                pipe.hincrby(Keys.metric_counters(), bucket_field(family, (), bound), 1)
-                pipe.hincrbyfloat(Keys.metric_counters(), sum_field(family, ()), value)
-            pipe.execute()
+        observations = [(IN_FLIGHT, float(in_flight))]
+        if waited is not None:
+            observations.append((SLOT_WAIT, max(0.0, waited)))
+        counts: list[tuple[str, int]] = []
+        sums: list[tuple[str, float]] = []
+        for family, value in observations:
+            bound = next((b for b in family.buckets if value <= b), float("inf"))
+            counts.append((bucket_field(family, (), bound), 1))
+            sums.append((sum_field(family, ()), value))
+        counters.add(connection, counts, sums)
     except Exception as exc:
         failed(SLOT_WAIT.name, exc)
 
@@ -120,10 +122,9 @@ def observe(connection: redis.Redis, family: Family, seconds: float, **labels: A
         values = family.values(labels)
         seconds = max(0.0, float(seconds))
         bound = next((b for b in family.buckets if seconds <= b), float("inf"))
-        with connection.pipeline(transaction=False) as pipe:
-            pipe.hincrby(Keys.metric_counters(), bucket_field(family, values, bound), 1)
-            pipe.hincrbyfloat(Keys.metric_counters(), sum_field(family, values), seconds)
-            pipe.execute()
+        counters.add(
+            connection, [(bucket_field(family, values, bound), 1)], [(sum_field(family, values), seconds)]
+        )
     except Exception as exc:
         failed(family.name, exc)
 
@@ -174,38 +175,9 @@ class Gathered:
         if not counts:
             return
         try:
-            with self._connection.pipeline(transaction=False) as pipe:
-                for name, count in counts.items():
-                    pipe.hincrby(Keys.metric_counters(), name, count)
-                for name, total in sums.items():
-                    pipe.hincrbyfloat(Keys.metric_counters(), name, total)
-                pipe.execute()
+            counters.add(self._connection, counts.items(), sums.items())
         except Exception as exc:
             failed("gathered observations", exc)
-
-
-# KEYS[1] the run's mark, KEYS[2] the counters. ARGV[1] mark TTL, ARGV[2] the turn whose calls follow
-# (0: none), ARGV[3] n, then n triples (mark field, the run's total now, counter field), then the
-# counter fields of the turn's calls. Idempotent: run twice, it counts once.
-_ACCOUNT = """
-local turn = tonumber(ARGV[2])
-local i = 4
-for _ = 1, tonumber(ARGV[3]) do
-  local total = tonumber(ARGV[i + 1])
-  local seen = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
-  if total > seen then
-    redis.call('HINCRBY', KEYS[2], ARGV[i + 2], total - seen)
-    redis.call('HSET', KEYS[1], ARGV[i], total)
-  end
-  i = i + 3
-end
-if turn > tonumber(redis.call('HGET', KEYS[1], '~calls') or '0') then
-  for j = i, #ARGV do redis.call('HINCRBY', KEYS[2], ARGV[j], 1) end
-  redis.call('HSET', KEYS[1], '~calls', turn)
-end
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
-return 1
-"""
 
 
 def step_account(
@@ -233,16 +205,13 @@ def step_account(
     for event in events:
         if isinstance(event, TurnDone):
             turn, calls = event.turn, event.calls
-    args: list[Any] = [RUN_MARK_TTL, turn, len(totals)]
-    for name, total, counter in totals:
-        args += [name, int(total), counter]
-    args += [counter_field(TOOL_CALLS, tier=c.tier.value, outcome=call_outcome(c)) for c in calls]
+    counted = [counter_field(TOOL_CALLS, tier=c.tier.value, outcome=call_outcome(c)) for c in calls]
     for c in calls:
         if c.tier is Tier.ASK and c.decision is not None:
             tool = tool_label(c.name, source_of(c.name) if source_of else "")
             verdict = c.decision.verdict.value
-            args.append(counter_field(DECISIONS, verdict=verdict, tool=tool, profile=profile))
-    return Beside("a run's step", _ACCOUNT, (Keys.metric_run(run_id), Keys.metric_counters()), tuple(args))
+            counted.append(counter_field(DECISIONS, verdict=verdict, tool=tool, profile=profile))
+    return counters.step_counted(run_id, RUN_MARK_TTL, totals, turn, counted)
 
 
 def stepped(
@@ -256,8 +225,7 @@ def stepped(
 ) -> None:
     """Count what a step of `run_id` added (`step_account`), now, in a round trip of its own."""
     try:
-        write = step_account(run_id, state, events, profile=profile, source_of=source_of)
-        connection.register_script(write.script)(keys=list(write.keys), args=list(write.args))
+        step_account(run_id, state, events, profile=profile, source_of=source_of).send(connection)
     except Exception as exc:
         failed("a run's step", exc)
 
@@ -304,38 +272,19 @@ def decided(
         parked_at = record.parked_at(approvals.expire_after_minutes)  # each Extend included
         seconds = max(0.0, now - parked_at)
         bound = next((b for b in DECISION_SECONDS.buckets if seconds <= b), float("inf"))
-        with connection.pipeline(transaction=False) as pipe:
-            for family, labels in (
-                (DECISION_SECONDS, {"verdict": verdict.value}),
-                (WAIT_SECONDS, {"profile": getattr(record, "profile", "")}),
-            ):
-                values = family.values(labels)
-                pipe.hincrby(Keys.metric_counters(), bucket_field(family, values, bound), calls)
-                pipe.hincrbyfloat(Keys.metric_counters(), sum_field(family, values), seconds * calls)
-            pipe.set(Keys.metric_clicked(record.run_id, record.park_id), repr(now), ex=CLICK_TTL)
-            pipe.execute()
+        counts: list[tuple[str, int]] = []
+        sums: list[tuple[str, float]] = []
+        for family, labels in (
+            (DECISION_SECONDS, {"verdict": verdict.value}),
+            (WAIT_SECONDS, {"profile": getattr(record, "profile", "")}),
+        ):
+            values = family.values(labels)
+            counts.append((bucket_field(family, values, bound), calls))
+            sums.append((sum_field(family, values), seconds * calls))
+        clicked = counters.Clicked(record.run_id, record.park_id, now, CLICK_TTL)
+        counters.add(connection, counts, sums, clicked=clicked)
     except Exception as exc:
         failed(DECISION_SECONDS.name, exc)
-
-
-# KEYS[1] the click's note, KEYS[2] the counters. ARGV[1] now, ARGV[2] observe (1) or only forget (0),
-# ARGV[3] the sum's field, then pairs (bucket bound, its field), ascending, the last one `inf`.
-# Idempotent: the note is taken, so sent twice it observes once.
-_RESUMED = """
-local clicked = redis.call('GET', KEYS[1])
-if not clicked then return 0 end
-redis.call('DEL', KEYS[1])
-if ARGV[2] ~= '1' then return 0 end
-local seconds = math.max(0, tonumber(ARGV[1]) - tonumber(clicked))
-for i = 4, #ARGV, 2 do
-  if ARGV[i] == 'inf' or seconds <= tonumber(ARGV[i]) then
-    redis.call('HINCRBY', KEYS[2], ARGV[i + 1], 1)
-    break
-  end
-end
-redis.call('HINCRBYFLOAT', KEYS[2], ARGV[3], string.format('%.6f', seconds))
-return 1
-"""
 
 
 def resume_account(run_id: str, park_id: int, decisions: Mapping[str, Any]) -> Beside:
@@ -344,21 +293,15 @@ def resume_account(run_id: str, park_id: int, decisions: Mapping[str, Any]) -> B
     carry. A park completed by its expiry is not a click's: its note is only forgotten."""
     expired = any(getattr(d, "verdict", None) is Verdict.EXPIRED for d in decisions.values())
     values = RESUME_SECONDS.values({})
-    args: list[Any] = [repr(time.time()), "0" if expired else "1", sum_field(RESUME_SECONDS, values)]
-    for bound in (*RESUME_SECONDS.buckets, float("inf")):
-        args += [
-            "inf" if bound == float("inf") else repr(float(bound)),
-            bucket_field(RESUME_SECONDS, values, bound),
-        ]
-    keys = (Keys.metric_clicked(run_id, park_id), Keys.metric_counters())
-    return Beside("the click-to-resume time", _RESUMED, keys, tuple(args))
+    buckets = [(b, bucket_field(RESUME_SECONDS, values, b)) for b in (*RESUME_SECONDS.buckets, float("inf"))]
+    sums = sum_field(RESUME_SECONDS, values)
+    return counters.resume_counted(run_id, park_id, time.time(), not expired, sums, buckets)
 
 
 def resumed(connection: redis.Redis, run_id: str, park_id: int, decisions: Mapping[str, Any]) -> None:
     """`resume_account`, now, in a round trip of its own."""
     try:
-        write = resume_account(run_id, park_id, decisions)
-        connection.register_script(write.script)(keys=list(write.keys), args=list(write.args))
+        resume_account(run_id, park_id, decisions).send(connection)
     except Exception as exc:
         failed(RESUME_SECONDS.name, exc)
 
@@ -368,16 +311,16 @@ def mention(connection: redis.Redis, result: str) -> None:
     incr(connection, MENTIONS, result=result)
 
 
-def mention_counter() -> tuple[str, dict[Accepted, str]]:
+def mention_counter() -> dict[Accepted, str]:
     """Where `store.admission.accept_event` counts a mention as `mention` would, in the same step as it
-    records it: the counters' hash and the field of each outcome."""
-    return Keys.metric_counters(), {a: counter_field(MENTIONS, result=a.value) for a in Accepted}
+    records it: the counter field of each outcome."""
+    return {a: counter_field(MENTIONS, result=a.value) for a in Accepted}
 
 
-def budget_counter(profile: str) -> tuple[str, str]:
+def budget_counter(profile: str) -> str:
     """Where `store.budgets.settle` counts a request's cost for `harness_budget_tokens`, in the same
-    step as it counts it against the budgets: the counters' hash and the field of `profile`."""
-    return Keys.metric_counters(), counter_field(BUDGET_TOKENS, profile=profile)
+    step as it counts it against the budgets: the counter field of `profile`."""
+    return counter_field(BUDGET_TOKENS, profile=profile)
 
 
 # --- the scrape ---------------------------------------------------------------------------------------

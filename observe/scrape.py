@@ -24,7 +24,7 @@ from observe.families import (
     le,
     sum_field,
 )
-from store import Keys
+from store import counters
 
 
 @dataclass(frozen=True)
@@ -61,15 +61,14 @@ class Collector:
     def collect(self) -> Iterator[Metric]:
         now = time.time()
         with self.connection.pipeline(transaction=False) as pipe:
-            pipe.hgetall(Keys.metric_counters())
-            pipe.zcount(Keys.expiries(), f"({now!r}", "+inf")
+            counters.queue_counters(pipe)
+            counters.queue_run_counts(pipe, now)
             pipe.llen(self.queue.queue)
             pipe.zcard(self.queue.scheduled)
-            pipe.zcard(Keys.active())
             pipe.scard(self.queue.workers)
             reads = gauges.queue_reads(pipe, self.config(), now)
-            raw, parked, depth, scheduled, active, workers, *configured = pipe.execute()
-        stored = {_text(k): _text(v) for k, v in raw.items()}
+            raw, active, parked, depth, scheduled, workers, *configured = pipe.execute()
+        stored = counters.counters_of(raw)
         for family in FAMILIES:
             yield _histogram(family, stored) if family.histogram else _counter(family, stored)
         yield GaugeMetricFamily(
@@ -121,10 +120,6 @@ def _histogram(family: Family, stored: Mapping[str, str]) -> Metric:
         total = float(stored.get(sum_field(family, values), 0.0))
         metric.add_metric(list(values), buckets, total)
     return metric
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _allowed(family: Family, values: Sequence[str]) -> bool:

@@ -13,7 +13,6 @@ unless `HARNESS_CONFIG` is set where it runs, and its first line says which it r
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -25,7 +24,7 @@ from gates.deciders import deciders
 from harness.config import Config, load_config
 from harness.state import PendingCall, StateError
 from runtime.queue import make_queue
-from store import LIMIT_CALL, USER_SCOPE, BadId, Keys, RunRecord, RunStatus, Store, unpack, utc_day
+from store import LIMIT_CALL, USER_SCOPE, BadId, RunRecord, RunStatus, Store, utc_day
 
 SCAN_BATCH = 200
 CONFIG_SOURCE_TTL = 7 * 86400  # a worker says it again at every start
@@ -41,11 +40,10 @@ class Parked:
 def in_flight(store: Store) -> list[tuple[RunRecord, bool]]:
     """The runs marked active, with whether a driver holds each now (its lease)."""
     found = []
-    for member in store.redis.zrange(Keys.active(), 0, -1):
-        run_id = _text(member)
+    for run_id in store.runs.active():
         record = _load(store, run_id)
         if record is not None:
-            found.append((record, bool(store.redis.exists(Keys.lease(run_id)))))
+            found.append((record, store.runs.leased(run_id)))
     return found
 
 
@@ -69,13 +67,7 @@ def parked(store: Store, now: float, limit: int = 500) -> list[Parked]:
 
 def failed(store: Store) -> Iterator[RunRecord]:
     """Every run record in the store whose run failed (SCAN, in batches of `SCAN_BATCH`)."""
-    batch: list[bytes] = []
-    for key in store.redis.scan_iter(match=Keys.all_runs(), count=SCAN_BATCH):
-        batch.append(key)
-        if len(batch) >= SCAN_BATCH:
-            yield from _failed_in(store, batch)
-            batch = []
-    yield from _failed_in(store, batch)
+    return (record for record in store.runs.every(SCAN_BATCH) if record.status is RunStatus.FAILED)
 
 
 def announce_config(store: Store, env: Mapping[str, str] | None = None) -> None:
@@ -83,14 +75,14 @@ def announce_config(store: Store, env: Mapping[str, str] | None = None) -> None:
     env = os.environ if env is None else env
     raw = env.get("HARNESS_CONFIG") or ""
     path = str(Path(raw).resolve()) if raw else ""
-    store.redis.set(Keys.config_source(), json.dumps({"path": path, "at": time.time()}), ex=CONFIG_SOURCE_TTL)
+    store.config_source.announce(path, CONFIG_SOURCE_TTL)
 
 
 def config_for_status(store: Store, env: Mapping[str, str] | None = None) -> tuple[Config, str]:
     """The config `status` reads, and a line saying which: `HARNESS_CONFIG` when set here, else the
     one the workers announced (ages, deciders and budgets come out as the workers see them)."""
     env = os.environ if env is None else env
-    workers_path = _announced(store)
+    workers_path = store.config_source.announced()
     if env.get("HARNESS_CONFIG"):
         mine = str(Path(env["HARNESS_CONFIG"]).resolve())
         line = f"Config: {mine} (HARNESS_CONFIG)"
@@ -102,16 +94,6 @@ def config_for_status(store: Store, env: Mapping[str, str] | None = None) -> tup
     if workers_path == "":
         return load_config(env=env), "Config: the built-in defaults (as the workers run)"
     return load_config(env=env), "Config: the built-in defaults (no worker has said which it runs with)"
-
-
-def _announced(store: Store) -> str | None:
-    """The workers' config path ("" for the built-in defaults), None when no worker said."""
-    raw = store.redis.get(Keys.config_source())
-    try:
-        path = json.loads(raw)["path"] if raw is not None else None
-    except (ValueError, KeyError, TypeError):
-        return None
-    return path if isinstance(path, str) else None
 
 
 def report(store: Store, config: Config, now: float | None = None) -> str:
@@ -186,24 +168,6 @@ def _pending(record: RunRecord) -> tuple[PendingCall, ...]:
         return record.run_state().pending
     except StateError:
         return ()
-
-
-def _failed_in(store: Store, keys: list[bytes]) -> Iterator[RunRecord]:
-    if not keys:
-        return
-    for raw in store.redis.mget(keys):
-        if raw is None:
-            continue
-        try:
-            record = RunRecord.from_json(unpack(raw))
-        except StateError:
-            continue
-        if record.status is RunStatus.FAILED:
-            yield record
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _span(seconds: float) -> str:

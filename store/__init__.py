@@ -1,10 +1,13 @@
 """The Redis store: where runs are parked, decisions recorded and Slack retries absorbed.
 
-Every key is built in `keys`, under `harness:`, from validated ids. Check-and-set lives in small
-Lua scripts that are safe to run twice (redis-py may retry a command whose reply was lost), each
-in the module of the record it writes, beside the method that sends it:
+Every key is built in `keys`, under `harness:`, from validated ids, and is the store's own: no
+module outside `store/` spells one or sends a command on one (`tests/project/test_layout.py`); it
+calls a part's methods, or `counters`' functions on a connection or a pipeline. Check-and-set
+lives in small Lua scripts that are safe to run twice (redis-py may retry a command whose reply
+was lost), each in the module of the record it writes, beside the method that sends it:
 
-- `keys`: every key name (the metrics' too), and the ids they are built from (`Keys`, `check_id`, `BadId`);
+- `keys`: every key name (the metrics' too), and the ids they are built from (`Keys`, `check_id`, `BadId`):
+  `Keys` is not exported (tests import it from `store.keys`, to look at keys on purpose);
 - `records`: the run record and how it is stored (`RunRecord`, `pack`, `unpack`, `RecordEncoder`);
 - `admission`: a mention accepted once and a Retry claimed once, within the bounds of runs;
 - `runs`: leases, fenced saves and the writes beside them, stop requests, a run's end, orphans;
@@ -12,7 +15,11 @@ in the module of the record it writes, beside the method that sends it:
 - `parks`: parks, their decisions and votes, and the Home tab's index of who is waited on;
 - `escalations`: parks whose expiry has come, reminders due to `escalate_to`;
 - `grants`: "Approve for this thread"; `groups`: user groups' members, cached;
+- `live`: a run's live messages still streaming or unsettled (what a later driver cleans up);
 - `budgets`: the daily token budgets: each user's and channel's spend today, holds of requests in flight;
+- `counters`: the figures of `/metrics` (one hash, a run's marks, a click's note), and the counts of
+  runs a scrape or a health check reads beside RQ's keys (functions on a connection or a pipeline);
+- `config_source`: which config file the workers run with, as they said at start;
 - `audit`: the audit stream of decisions (a hash chain, trimmed behind its files), the feedback
   stream of answers.
 
@@ -37,7 +44,6 @@ from store.audit import (
 )
 from store.base import Beside
 from store.budgets import (
-    BUDGET_PEAKS,
     BUDGET_TTL,
     CHANNEL_SCOPE,
     HOLD_SECONDS,
@@ -49,12 +55,15 @@ from store.budgets import (
     SpentToday,
     budget_peaks,
     budget_settled,
+    queue_budget_peaks,
     utc_day,
 )
+from store.config_source import ConfigSourceStore
 from store.escalations import EscalationStore, ExtendOutcome, ExtendResult
 from store.grants import Grant, GrantStore, grant_slot
 from store.groups import GROUP_TTL, GroupStore
-from store.keys import DAY, BadId, Keys, check_id, new_run_id
+from store.keys import DAY, BadId, check_id, new_run_id
+from store.live import LiveStore
 from store.parks import (
     BATCH,
     EXPIRES_FIELD,
@@ -106,13 +115,14 @@ class Store:
         self.groups = GroupStore(connection, self.replicas)
         self.audit = AuditStore(connection, self.replicas)
         self.budgets = BudgetStore(connection, self.replicas)
+        self.live = LiveStore(connection, self.replicas)
+        self.config_source = ConfigSourceStore(connection, self.replicas)
 
 
 __all__ = [
     "AUDIT_MAX_AGE",
     "AUDIT_MAX_ENTRIES",
     "AUDIT_PREVIEW_CHARS",
-    "BUDGET_PEAKS",
     "AuditLink",
     "BUDGET_TTL",
     "CHANNEL_SCOPE",
@@ -149,7 +159,6 @@ __all__ = [
     "FeedbackOutcome",
     "FinishResult",
     "Grant",
-    "Keys",
     "OpenPark",
     "ParkRead",
     "ParkView",
@@ -170,5 +179,6 @@ __all__ = [
     "unpack",
     "budget_peaks",
     "budget_settled",
+    "queue_budget_peaks",
     "utc_day",
 ]

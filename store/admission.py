@@ -128,7 +128,7 @@ class AdmissionStore(StorePart):
         *,
         max_per_user: int,
         max_per_channel: int,
-        counted_in: tuple[str, Mapping[Accepted, str]] | None = None,
+        counted_in: Mapping[Accepted, str] | None = None,
     ) -> Accepted:
         """Record a mention once: dedup mark, run record, its counts and its job in one step.
 
@@ -136,8 +136,9 @@ class AdmissionStore(StorePart):
         nothing behind that would swallow Slack's retry), and no other delivery can slip between
         the checks and the writes. A requester or channel at its bound of runs gets no run (the
         dedup mark is still set, so Slack's retries are answered the same way). `job` is the run's
-        first job as RQ would enqueue it (`workers.services.queued_job`). `counted_in`: a hash and
-        its field for each outcome, counted in the same step (`observe.metrics.mention_counter`).
+        first job as RQ would enqueue it (`workers.services.queued_job`). `counted_in`: the counter
+        field of each outcome (`observe.metrics.mention_counter`), counted in the same step into the
+        metrics' hash (`store.counters`).
         """
         now = time.time()
         keys = [
@@ -150,9 +151,9 @@ class AdmissionStore(StorePart):
             job.key,
             job.queue_key,
             job.queues_key,
-            counted_in[0] if counted_in else Keys.active(),  # a key all the same: unused unless counted
+            Keys.metric_counters(),  # written only when `counted_in` names the outcome's field
         ]
-        counters = counted_in[1] if counted_in else {}
+        counters = counted_in or {}
         args = [
             record.run_id,
             EVENT_TTL,

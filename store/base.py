@@ -1,6 +1,6 @@
 """What every part of the store shares: the one connection, a reply read as text, and `Beside`,
-a write that rides on a run's next save (made by the parts and by `observe.metrics`, sent by
-`RunStore.save`)."""
+a write that rides on a run's next save (made by the parts and by `store.counters` for
+`observe.metrics`, sent by `RunStore.save`)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,10 @@ class Beside:
     script: str
     keys: tuple[str, ...]
     args: tuple[Any, ...]
+
+    def send(self, connection: redis.Redis) -> Any:
+        """Send it now, on its own (no save to carry it): its script's answer; raises as Redis does."""
+        return connection.register_script(self.script)(keys=list(self.keys), args=list(self.args))
 
 
 class StorePart:

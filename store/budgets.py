@@ -36,6 +36,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+import redis
+
 from store.base import Beside, StorePart, as_text
 from store.keys import DAY, Keys, check_id
 
@@ -198,12 +200,13 @@ class BudgetStore(StorePart):
         tokens: int,
         *,
         profile: str = "",
-        counted_in: tuple[str, str] | None = None,
+        counted_in: str = "",
     ) -> bool:
         """Count what request `request_id` of `day` cost against `scopes`, once; drop its holds.
 
-        `counted_in`: the metrics' hash and field where the spend of its profile is counted in the
-        same step (`observe.metrics.budget_counter`). False when it was counted before.
+        `counted_in`: the counter field where the spend of its profile is counted in the same step,
+        in the metrics' hash (`observe.metrics.budget_counter`; "": not counted there). False when
+        it was counted before.
         """
         write = budget_settled(day, scopes, request_id, tokens, profile=profile, counted_in=counted_in)
         return bool(self._script(write.script)(keys=list(write.keys), args=list(write.args)))
@@ -247,6 +250,13 @@ return out
 """
 
 
+def queue_budget_peaks(pipe: redis.Redis, now: float) -> None:
+    """Queue on `pipe` `BUDGET_PEAKS` over the spend of `now`'s day (one reply: read it with
+    `budget_peaks`). An EVAL, not a registered script: redis-py checks those with a round trip of its
+    own before each pipeline; Redis caches the script's compiled body anyway."""
+    pipe.eval(BUDGET_PEAKS, 1, Keys.budget_spent(utc_day(now)))
+
+
 def budget_peaks(raw: Sequence[Any]) -> dict[tuple[str, str], int]:
     """`BUDGET_PEAKS`'s answer as (scope, profile) -> the highest day total of that scope."""
     peaks = {}
@@ -272,14 +282,14 @@ def budget_settled(
     tokens: int,
     *,
     profile: str = "",
-    counted_in: tuple[str, str] | None = None,
+    counted_in: str = "",
 ) -> Beside:
-    """`BudgetStore.budget_settle` as a write to send beside a run's next save (idempotent: a
+    """`BudgetStore.settle` as a write to send beside a run's next save (idempotent: a
     request is counted once, whichever round trip carries it)."""
     keys = (
         Keys.budget_spent(day),
         Keys.budget_settled(day),
-        counted_in[0] if counted_in else Keys.budget_spent(day),  # a key all the same: unused
+        Keys.metric_counters(),  # written only when `counted_in` names a field
         *(s.holds(day) for s in scopes),
     )
     fields = [f for s in scopes for f in (s.field, s.profile_field(profile))]
@@ -287,7 +297,7 @@ def budget_settled(
         check_id("request", request_id),
         max(0, int(tokens)),
         BUDGET_TTL,
-        counted_in[1] if counted_in else "",
+        counted_in,
         *fields,
     )
     return Beside("a model request's cost, counted in the daily budgets", _SETTLE, keys, args)

@@ -36,6 +36,27 @@ class Grant:
     uses: int = 0
     taken: tuple[str, ...] = field(default=())  # the calls that spent a use ("run:call")
 
+    @classmethod
+    def given(
+        cls,
+        team: str,
+        channel: str,
+        thread_ts: str,
+        tool: str,
+        by: str,
+        requester: str,
+        until: float,
+        run_id: str = "",
+        *,
+        directory: str = "",
+        uses: int = 0,
+    ) -> Grant:
+        """A grant of `tool` in the thread (under `directory`; "" the whole thread), keyed where
+        `GrantStore.grant` and `covering` find it, for the decision that gives it to write
+        (`ParkStore.decide`). `BadId` when an id is not one the store writes."""
+        key = Keys.grant(team, channel, thread_ts, tool, grant_slot(directory))
+        return cls(key, tool, by, requester, until, run_id, directory=directory, uses=uses)
+
     @property
     def seconds(self) -> float:
         return self.until - time.time()

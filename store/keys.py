@@ -253,7 +253,8 @@ class Keys:
 
     @staticmethod
     def metric_counters() -> str:
-        """Every counter and histogram bucket of `/metrics`, one hash (`observe.metrics`)."""
+        """Every counter and histogram bucket of `/metrics`, one hash (`store.counters`; fields named by
+        `observe.metrics`)."""
         return f"{PREFIX}metrics:counters"
 
     @staticmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
+from harness.state import StateError
 from store.base import Beside, StorePart, as_text
 from store.keys import DAY, BadId, Keys, check_id
 from store.records import FINISHED_RUN_TTL, RecordEncoder, RunRecord, pack, unpack
@@ -334,3 +335,35 @@ class RunStore(StorePart):
 
     def forget_active(self, run_id: str) -> None:
         self.redis.zrem(Keys.active(), run_id)
+
+    # --- an operator's reads (`python -m workers status`) --------------------------------------
+
+    def active(self) -> list[str]:
+        """Every run marked active: queued, running, or parked with every decision in."""
+        return [as_text(member) for member in self.redis.zrange(Keys.active(), 0, -1)]
+
+    def leased(self, run_id: str) -> bool:
+        """Whether a driver holds `run_id` now (its lease)."""
+        return bool(self.redis.exists(Keys.lease(run_id)))
+
+    def every(self, batch: int = 200) -> Iterator[RunRecord]:
+        """Every run record the store holds (those of the last days: a SCAN, then one MGET per
+        `batch` keys), skipping those that cannot be read. An operator's read, not one to poll."""
+        keys: list[bytes] = []
+        for key in self.redis.scan_iter(match=Keys.all_runs(), count=batch):
+            keys.append(key)
+            if len(keys) >= batch:
+                yield from self._records(keys)
+                keys = []
+        yield from self._records(keys)
+
+    def _records(self, keys: list[bytes]) -> Iterator[RunRecord]:
+        if not keys:
+            return
+        for raw in self.redis.mget(keys):
+            if raw is None:
+                continue
+            try:
+                yield RunRecord.from_json(unpack(raw))
+            except StateError:
+                continue

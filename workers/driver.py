@@ -30,7 +30,6 @@ from store import (
     LIMIT_CALL,
     Beside,
     FinishResult,
-    Keys,
     RecordEncoder,
     RunRecord,
     RunStatus,
@@ -418,12 +417,8 @@ class Driver:
     def _opened(self, ts: str) -> None:
         """A live message opened: recorded before anything can owe its settlement, so a driver
         after a crash finds it (`drop_orphans`)."""
-        key = Keys.live(self.run_id)
         try:
-            with self.svc.store.redis.pipeline(transaction=False) as pipe:
-                pipe.sadd(key, ts)
-                pipe.expire(key, DAY)
-                pipe.execute()
+            self.svc.store.live.opened(self.run_id, ts)
         except redis.RedisError as exc:  # Redis away (a failover): the stream goes on regardless
             log.warning(
                 "run %s: live message %s is not recorded (%s): this driver settles it, but a "
@@ -457,7 +452,7 @@ class Driver:
             self.svc.discard_live(self._record.channel, ts)
         else:
             self.svc.live_streams.forget(ts)
-        self.svc.store.redis.srem(Keys.live(self.run_id), ts)
+        self.svc.store.live.closed(self.run_id, ts)
 
     def seal_for_park(self, waiting: Sequence[PendingCall]) -> None:
         """The parking turn's message stops, showing what waits; the park's record keeps it, for
@@ -472,18 +467,16 @@ class Driver:
         stops it meanwhile): a later driver settles into it rather than deleting it."""
         if self._record.live_ts:
             self.svc.live_streams.forget(self._record.live_ts)
-            self.svc.store.redis.srem(Keys.live(self.run_id), self._record.live_ts)
+            self.svc.store.live.closed(self.run_id, self._record.live_ts)
 
     def drop_orphans(self) -> None:
         """Take out the live messages of a driver that died: those no saved step owes a settlement."""
         record = self._record
-        key = Keys.live(record.run_id)
         kept = {record.live_ts} | {e.get("live") for e in record.outbox}
-        for raw in self.svc.store.redis.smembers(key):
-            ts = raw.decode() if isinstance(raw, bytes) else str(raw)
+        for ts in self.svc.store.live.open(record.run_id):
             if ts not in kept:
                 self.svc.discard_live(record.channel, ts)
-                self.svc.store.redis.srem(key, ts)
+                self.svc.store.live.closed(record.run_id, ts)
 
 
 class _Courier:

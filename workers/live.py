@@ -16,7 +16,7 @@ Streaming is a courtesy, never a condition. A workspace that refuses streams (or
 today's messages: the outbox posts the turn summary and the answer instead, and the run stops
 trying for the rest of its drive. A stream that breaks midway (Slack errors) stops growing; its
 message is then settled with the whole text, so the answer arrives whole, once. Every open stream
-is in `Keys.live(run_id)` (a set, kept by the driver: `Driver.live_view`), so a driver that dies
+is in the store (`store.live`, kept by the driver: `Driver.live_view`), so a driver that dies
 midway leaves its messages to the next driver, which stops and deletes those no saved step owes a
 settlement to (`Driver.drop_orphans`).
 """

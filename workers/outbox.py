@@ -19,7 +19,7 @@ from typing import Any
 from harness.state import PendingCall
 from messages import cards, texts
 from messages.blocks import Message, notice
-from store import Keys, RunRecord
+from store import RunRecord
 from workers.services import Services, file_key, upload_name
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def _settle(svc: Services, record: RunRecord, entry: dict[str, Any], tag: dict[s
     settled = svc.settle_live(record.channel, record.thread_ts, ts, msg, tag)
     if not settled:
         svc.discard_live(record.channel, ts)
-    svc.store.redis.srem(Keys.live(record.run_id), ts)
+    svc.store.live.closed(record.run_id, ts)
     return ts if settled else None
 
 
@@ -122,7 +122,7 @@ def _pay(svc: Services, record: RunRecord, entry: dict[str, Any], posted: dict[s
     if op == "post":
         if entry["key"] in posted:
             if entry.get("live"):  # settled before its driver died: no longer open
-                svc.store.redis.srem(Keys.live(record.run_id), entry["live"])
+                svc.store.live.closed(record.run_id, entry["live"])
             return posted[entry["key"]]
         tag = {"run": record.run_id, "key": entry["key"]}
         if entry.get("live") and (settled := _settle(svc, record, entry, tag)):

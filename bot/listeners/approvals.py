@@ -50,11 +50,9 @@ from store import (
     DecideResult,
     ExtendOutcome,
     Grant,
-    Keys,
     RunRecord,
     RunStatus,
     check_id,
-    grant_slot,
 )
 
 log = logging.getLogger(__name__)
@@ -219,22 +217,23 @@ def _on_decision(
         if directory is None:  # a card only offers it for a call with a directory to scope to
             context[REPLY] = texts.NO_SCOPED_GRANT
             return
+        until = time.time() + approvals.grant_minutes * 60
         try:
-            key = Keys.grant(record.team, record.channel, record.thread_ts, call.name, grant_slot(directory))
+            given = Grant.given(
+                record.team,
+                record.channel,
+                record.thread_ts,
+                call.name,
+                clicker.user,
+                record.requester,
+                until,
+                record.run_id,
+                directory=directory,
+                uses=approvals.grant_uses,
+            )
         except BadId:
             context[REPLY] = texts.NO_GRANTS
             return
-        until = time.time() + approvals.grant_minutes * 60
-        given = Grant(
-            key,
-            call.name,
-            clicker.user,
-            record.requester,
-            until,
-            record.run_id,
-            directory=directory,
-            uses=approvals.grant_uses,
-        )
         decision = Decision(verdict, by=clicker.user, grant=GrantUse.GIVEN, grant_dir=directory or None)
         decide(deps, click, decision, context, grant=given)
 

@@ -13,7 +13,8 @@ import redis
 
 from harness.loop import AwaitingApproval, drive
 from harness.state import Decision, RunState, Verdict, new_run
-from store import Keys, RunRecord, RunStatus, Store, new_run_id
+from store import RunRecord, RunStatus, Store, new_run_id
+from store.keys import Keys
 from tests.bench.common import table
 from tests.conftest import make_agent
 from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_use

@@ -21,7 +21,8 @@ from harness.policy import Tier
 from harness.state import PendingCall, Status, new_run
 from messages import texts
 from runtime.queue import make_queue
-from store import Keys, RunRecord, RunStatus, Store, new_run_id, pack
+from store import RunRecord, RunStatus, Store, new_run_id, pack
+from store.keys import Keys
 
 ALICE = Clicker("UALICE", "T1")  # the requester
 ANN = Clicker("UANN", "T1")  # the one approver

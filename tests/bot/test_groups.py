@@ -29,7 +29,8 @@ from messages.cards import escalation_reminder
 from messages.home import HOME_ITEMS_MAX, HomeItem, home_view
 from messages.text import approver, mention
 from runtime.queue import make_queue
-from store import GROUP_TTL, Keys, RunRecord, RunStatus, Store, new_run_id
+from store import GROUP_TTL, RunRecord, RunStatus, Store, new_run_id
+from store.keys import Keys
 from tests.fakes.slack_api import MAX_BLOCKS_PER_VIEW, FakeSlackAPI, validate_blocks
 
 AT = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)

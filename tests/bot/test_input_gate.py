@@ -26,7 +26,8 @@ from bot.listening import BotDeps
 from bot.web import wsgi_app
 from harness.config import load_config
 from runtime.queue import make_queue
-from store import Keys, Store
+from store import Store
+from store.keys import Keys
 from tests.fakes import payloads
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.fakes.signing import signed_headers

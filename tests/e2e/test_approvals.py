@@ -19,7 +19,8 @@ import redis
 
 from harness import texts as harness_texts
 from messages import texts
-from store import Keys, RunRecord, Store
+from store import RunRecord, Store
+from store.keys import Keys
 from tests.fakes.messages_api import reply, text, tool_use
 from tests.stack import RedisServer, Stack, has_actions, running_stack, thread, wait_post, wait_until
 

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import redis
 
-from store import Keys, utc_day
+from store import utc_day
+from store.keys import Keys
 from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.observe.test_metrics_access import get

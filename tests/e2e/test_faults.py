@@ -22,7 +22,8 @@ import redis
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, RunState, Verdict, new_run
 from runtime.queue import enqueue_run_job, make_queue
-from store import BATCH, Keys, RunRecord, RunStatus, Store, new_run_id, pack, unpack
+from store import BATCH, RunRecord, RunStatus, Store, new_run_id, pack, unpack
+from store.keys import Keys
 from tests.fakes.messages_api import FakeMessagesAPI, Reply, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import RedisServer, Stack, wait_until

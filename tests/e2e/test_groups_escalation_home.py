@@ -17,7 +17,8 @@ import pytest
 import redis
 
 from messages import texts
-from store import GROUP_TTL, Keys, RunRecord, Store
+from store import GROUP_TTL, RunRecord, Store
+from store.keys import Keys
 from tests.fakes.messages_api import reply, text, tool_use
 from tests.fakes.signing import event_body
 from tests.stack import RedisServer, Stack, has_actions, running_stack, thread, wait_post, wait_until

@@ -18,7 +18,8 @@ import redis
 
 from harness.policy import Tier
 from harness.state import Decision, PendingCall, Verdict
-from store import Keys, RunRecord, unpack
+from store import RunRecord, unpack
+from store.keys import Keys
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import Stack, wait_until

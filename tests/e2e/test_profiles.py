@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from messages import texts
-from store import Keys
+from store.keys import Keys
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import (

@@ -18,7 +18,8 @@ import pytest
 import redis
 
 from messages import texts
-from store import Keys, RunRecord, RunStatus, Store
+from store import RunRecord, RunStatus, Store
+from store.keys import Keys
 from tests.fakes.messages_api import reply, text, tool_use
 from tests.observe.test_metrics_access import get
 from tests.stack import RedisServer, Stack, has_actions, running_stack, thread, wait_post, wait_until

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from store import Keys
+from store.keys import Keys
 from tests.fakes.messages_api import reply, text, tool_use
 from tests.stack import BOT_TOKEN, SIGNING_SECRET, RedisServer, Stack, has_actions, running_stack, wait_post
 

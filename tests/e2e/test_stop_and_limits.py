@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from store import Keys
+from store.keys import Keys
 from tests.fakes.messages_api import Reply, reply, text, tool_use
 from tests.fakes.signing import event_body
 from tests.stack import RedisServer, Stack, running_stack, thread, wait_post, wait_until

@@ -34,11 +34,11 @@ from store import (
     Accepted,
     FeedbackOutcome,
     Grant,
-    Keys,
     RunStatus,
     Store,
     new_run_id,
 )
+from store.keys import Keys
 from tests.fakes.messages_api import http_error, reply, text, tool_use
 from tests.stack import ROOT, RedisServer, Stack, running_stack, wait_post, wait_until
 from tests.store.test_store import parked, record

@@ -21,7 +21,8 @@ from harness.state import RunState, Status, Usage, new_run
 from harness.valves import Valve
 from observe import metrics, scrape
 from runtime.queue import make_queue
-from store import Admission, Keys, Scope, Store, utc_day
+from store import Admission, Scope, Store, utc_day
+from store.keys import Keys
 from tests.conftest import make_agent
 from tests.fakes.messages_api import FakeMessagesAPI, http_error, reply, text, tool_use
 
@@ -73,7 +74,7 @@ def test_a_settle_sent_twice_counts_once_and_an_admit_sent_twice_holds_once(stor
     assert store.budgets.settle("2030-05-17", scopes, rid(1), 2_500, profile="ops", counted_in=counter)
     assert not store.budgets.settle("2030-05-17", scopes, rid(1), 2_500, profile="ops", counted_in=counter)
     assert spent(store, scopes) == [2_500]
-    assert store.redis.hget(*counter) == b"2500"
+    assert store.redis.hget(Keys.metric_counters(), counter) == b"2500"
 
 
 def test_spent_refuses_and_the_holds_of_others_make_it_wait(store: Store) -> None:

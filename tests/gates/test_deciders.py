@@ -18,7 +18,8 @@ from harness.policy import Tier
 from harness.state import PendingCall, Status, new_run
 from ops import status
 from runtime.queue import make_queue
-from store import Keys, RunRecord, RunStatus, Store, new_run_id, pack
+from store import RunRecord, RunStatus, Store, new_run_id, pack
+from store.keys import Keys
 
 EXPIRE = 60.0  # minutes a park stays open
 ESCALATE = 10.0  # minutes after which escalate_to may decide too

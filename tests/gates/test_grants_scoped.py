@@ -13,7 +13,8 @@ import pytest
 
 from harness.config import ConfigError, load_config
 from harness.policy import PathArgs, call_paths, grant_directory, inside_directory
-from store import Grant, Keys, Store, grant_slot
+from store import Grant, Store, grant_slot
+from store.keys import Keys
 
 WRITE = PathArgs(("path",), ("content",))  # the built-in write_file's
 COPY = PathArgs(("src_path", "dst_path"))

@@ -24,7 +24,8 @@ from harness.valves import Valve
 from observe import families, metrics
 from observe import scrape as scraping
 from runtime.queue import make_queue
-from store import Keys, RunRecord, RunStatus, new_run_id
+from store import RunRecord, RunStatus, new_run_id
+from store.keys import Keys
 from tests.stack import free_port, wait_until
 
 

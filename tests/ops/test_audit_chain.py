@@ -21,7 +21,8 @@ import redis
 from harness.state import Decision, Verdict
 from ops import audit_files
 from ops.audit_chain import link_hash
-from store import Keys, Store
+from store import Store
+from store.keys import Keys
 from tests.stack import ROOT, wait_until
 from tests.store.test_store import parked
 

@@ -21,7 +21,8 @@ from harness.tools.base import Tool
 from ops import audit as audit_lines
 from ops import replay
 from ops.rulings import ARG_CHARS, CUT_KEYS, INPUT_CHARS, KEY_CHARS, bounded_input, ruling_entry
-from store import Keys, RunRecord, Store, rulings_write
+from store import RunRecord, Store, rulings_write
+from store.keys import Keys
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "0123456789abcdef0123456789abcdef"

@@ -14,7 +14,8 @@ from harness.config import Approvals, load_config
 from harness.policy import Tier
 from harness.state import PendingCall, Status, new_run
 from ops import status
-from store import Keys, RunRecord, RunStatus, Store, new_run_id, pack
+from store import RunRecord, RunStatus, Store, new_run_id, pack
+from store.keys import Keys
 
 
 def put(conn: redis.Redis, record: RunRecord) -> RunRecord:

@@ -43,6 +43,7 @@ PLATFORM = {
     "store": {"slack_bolt", "slack_sdk", "rq"},
 }
 MOST_LINES = 600  # a module past this is usually two concepts (STYLE.md)
+KEY_PREFIX = "harness:"  # every key of the store (`store.keys`): spelled and sent only in `store/`
 
 
 def imported(path: Path) -> set[str]:
@@ -69,6 +70,38 @@ def test_a_package_imports_only_the_floors_below_it(package: str) -> None:
     assert climbing == {}
 
 
+def reaching_into_the_store(path: Path) -> list[str]:
+    """What of the store's keys `path` holds, line by line: an import of `store.keys` (or of `Keys`),
+    a string literal starting with `harness:` (an f-string's first part, a docstring included)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {a.name}") for a in node.names if a.name == "store.keys"]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in ("store", "store.keys"):
+            names = [a.name for a in node.names]
+            if node.module == "store.keys" or {"keys", "Keys"} & set(names):
+                found.append((node.lineno, f"from {node.module} import {', '.join(names)}"))
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.startswith(KEY_PREFIX)
+        ):
+            found.append((node.lineno, repr(node.value[:40])))
+    return [f"{line}: {what}" for line, what in sorted(found)]
+
+
+def test_no_key_of_the_store_is_spelled_or_sent_outside_it() -> None:
+    """The store's keys are its own: every other floor calls the store's API, so a command on a
+    `harness:` key (and the shape of its key) has one home, `store/`."""
+    reaching = {
+        str(path.relative_to(ROOT)): found
+        for package in sorted(OURS - {"store"})
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if (found := reaching_into_the_store(path))
+    }
+    assert reaching == {}
+
+
 def test_every_package_of_ours_has_a_floor() -> None:
     packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests"}
     assert packages == OURS
@@ -91,3 +124,15 @@ def test_the_import_reader_sees_every_kind_of_import(tmp_path: Path) -> None:
         "from . import sibling\ndef f():\n    from rq import Queue\n"
     )
     assert imported(module) == {"bot", "os", "workers", "messages", "rq"}
+
+
+def test_the_key_reader_sees_every_way_in(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import store.keys\nfrom store.keys import DAY\nfrom store import Keys, Store\n"
+        "from store import keys\nfrom store import Store\nx = 'harness:active'\n"
+        "y = f\"harness:run:{x}\"\nz = 'rq:harness:'\n"
+        '"""harness: a docstring that names a key is a string too."""\n'
+    )
+    lines = [int(found.split(":")[0]) for found in reaching_into_the_store(module)]
+    assert lines == [1, 2, 3, 4, 6, 7, 9]

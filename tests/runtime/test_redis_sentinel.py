@@ -21,7 +21,8 @@ import redis
 from harness.state import Decision, Verdict
 from observe import metrics
 from runtime.connection import RedisSettingsError, RedisTarget
-from store import Keys, Store, new_run_id
+from store import Store, new_run_id
+from store.keys import Keys
 from tests.sentinel_support import MASTER_NAME, PASSWORD, SentinelGroup
 from tests.stack import ROOT, RedisServer, wait_until
 

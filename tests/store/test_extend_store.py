@@ -10,7 +10,8 @@ import redis
 
 from gates.deciders import escalated
 from harness.config import Approvals
-from store import DAY, ExtendOutcome, ExtendResult, Keys, RunRecord, Store
+from store import DAY, ExtendOutcome, ExtendResult, RunRecord, Store
+from store.keys import Keys
 from tests.store.test_home_index import park
 
 

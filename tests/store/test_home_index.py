@@ -24,7 +24,8 @@ from harness.policy import Tier
 from harness.state import Decision, PendingCall, RunState, Verdict
 from messages.home import HOME_ITEMS_MAX
 from runtime.queue import make_queue
-from store import DAY, Keys, RunRecord, RunStatus, Store, new_run_id
+from store import DAY, RunRecord, RunStatus, Store, new_run_id
+from store.keys import Keys
 from tests.fakes.slack_api import FakeSlackAPI
 from workers.jobs import expire_due
 

@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 import redis
 
-from store import EVENT_TTL, Keys, RunRecord, RunStatus, Store, new_run_id
+from store import EVENT_TTL, RunRecord, RunStatus, Store, new_run_id
+from store.keys import Keys
 
 
 def run_record() -> RunRecord:

@@ -18,7 +18,8 @@ from rq.serializers import JSONSerializer
 
 from harness.state import Decision, StateError, Verdict
 from runtime.queue import enqueue_job, make_queue, queued_job
-from store import LIMIT_CALL, Accepted, BadId, DecideOutcome, Keys, RunRecord, RunStatus, Store, new_run_id
+from store import LIMIT_CALL, Accepted, BadId, DecideOutcome, RunRecord, RunStatus, Store, new_run_id
+from store.keys import Keys
 
 
 def record(**overrides: object) -> RunRecord:

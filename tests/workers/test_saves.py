@@ -33,7 +33,8 @@ from harness.state import PendingCall, RunState, StateError, Usage
 from harness.tools import ToolResult
 from observe import metrics
 from runtime.queue import make_queue
-from store import Beside, Keys, RecordEncoder, RunRecord, RunStatus, Store, new_run_id, pack, unpack
+from store import Beside, RecordEncoder, RunRecord, RunStatus, Store, new_run_id, pack, unpack
+from store.keys import Keys
 from tests.stack import RedisServer
 from workers.driver import Driver
 from workers.services import Services
