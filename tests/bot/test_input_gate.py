@@ -7,6 +7,7 @@ refused although Slack sends it: an Approve click from an org-wide install carri
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import urllib.error
@@ -317,3 +318,14 @@ def test_a_mention_with_an_id_slack_never_sends_starts_no_run(stack: Stack, fiel
     status, _ = post(stack, "events_api", mention_body(f"EvOdd{sorted(field)[0]}", text=text, **field))
     assert status in (200, 400)
     assert text not in run_tasks(stack.redis_url)
+
+
+def test_a_normal_start_warns_of_nothing(
+    conn: redis.Redis, slack: FakeSlackAPI, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Seen on every start: Bolt read SLACK_BOT_TOKEN itself and warned "`token` will be unused"
+    about the very token our client was built with."""
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")
+    with caplog.at_level(logging.WARNING):
+        bot_app(conn, slack)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
