@@ -17,7 +17,7 @@ from bot.listening import BotDeps
 from bot.web import serve, wsgi_app
 from harness.config import ConfigError, load_config
 from messages import text
-from observe import logs, metrics
+from observe import logs, metrics, ports
 from runtime.clients import SettingsError, redis_connection, slack_client
 from runtime.connection import RedisTarget
 from runtime.queue import make_queue
@@ -146,6 +146,10 @@ def main() -> int:
     workers = int(env.get("WEB_CONCURRENCY") or 2 * (os.cpu_count() or 1))
     host = env.get("HOST") or "0.0.0.0"  # `make run` sets 127.0.0.1: a laptop's bot is not a server
     metrics_listener = ((env.get("METRICS_HOST") or host, operators.port),) if operators.port else ()
+    for listen_host, listen_port in ((host, port), *metrics_listener):
+        if ports.taken(listen_host, listen_port):  # gunicorn would retry 5 s, then blame itself
+            print(ports.taken_line("the bot", listen_host, listen_port), file=sys.stderr)
+            return 2
     serve(
         wsgi_app(
             app, connection, signing_secret=signing_secret, operators=operators, config=lambda: live.current

@@ -14,6 +14,7 @@ this process none.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -22,7 +23,7 @@ import threading
 from collections.abc import Mapping
 
 from harness.config import ConfigError, load_config
-from observe import logs
+from observe import logs, ports
 from playground import bind_problem, url_host
 from playground.bot_client import Bot
 from playground.profiles import GROUPS, describe
@@ -75,10 +76,13 @@ def main(env: Mapping[str, str] = os.environ) -> int:
     try:
         server = Server((host, port), playground)
     except OSError as exc:
-        print(
-            f"error: the playground cannot listen on {host}:{port} ({exc.strerror}): set PORT",
-            file=sys.stderr,
-        )
+        if exc.errno == errno.EADDRINUSE:
+            print(ports.taken_line("the playground", host, port), file=sys.stderr)
+        else:
+            print(
+                f"error: the playground cannot listen on {host}:{port} ({exc.strerror}): set PORT",
+                file=sys.stderr,
+            )
         return 2
     playground.deliveries.watch_start()  # the page says the bot is starting until it answers
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())

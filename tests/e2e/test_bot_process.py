@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -213,6 +215,23 @@ def test_port_is_taken_from_the_environment(
         assert stack.healthz() == 200
     finally:
         stack.stop()
+
+
+def test_a_taken_port_is_one_line_naming_it_and_who_holds_it(
+    fakes: tuple[FakeSlackAPI, FakeMessagesAPI], redis_url: str, tmp_path: Path
+) -> None:
+    """Seen: gunicorn retried for 5 s, then a line blamed the web process. Now: which port, which
+    process holds it (this test's own), and how to choose another."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        stack = Stack(redis_url, *fakes, tmp_path, port=port)
+        done = run_module(stack, "bot", HOST="127.0.0.1")
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: the port is taken by pid {os.getpid()}" in lines[0]
+    assert f"PORT={port + 1}" in lines[0]
 
 
 def test_an_app_token_switches_to_socket_mode_without_a_signing_secret(

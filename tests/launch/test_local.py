@@ -297,7 +297,8 @@ def test_a_playground_port_already_taken_is_one_line_naming_port_and_nothing_kee
         dev_env["PORT"] = str(taken.getsockname()[1])
         dev = run_dev(dev_env, "--data-dir", str(tmp_path / "data"))
         assert dev.finish(timeout=30) == 1
-    assert f"cannot listen on 127.0.0.1:{dev_env['PORT']}" in dev.output() and "set PORT" in dev.output()
+    said = f"cannot listen on 127.0.0.1:{dev_env['PORT']}: the port is taken by pid {os.getpid()}"
+    assert said in dev.output() and "choose another port with PORT" in dev.output()
     assert "started web" not in dev.output()  # the bot would only have failed its token check
     assert "playground exited" in dev.stderr and "Traceback" not in dev.output()
 
