@@ -76,13 +76,13 @@ from launch.redis_server import (
     lock_data_dir,
     names_redis,
     parse_probe,
-    redact,
     redis_database,
     start_private_redis,
     where_is,
 )
 from playground import bind_problem
-from runtime.connection import DEFAULT_REDIS_URL, RedisSettingsError, RedisTarget
+from runtime import local_redis
+from runtime.connection import DEFAULT_REDIS_URL, RedisSettingsError, RedisTarget, redact
 
 DEFAULT_WORKSPACE = Path("workspace")
 
@@ -193,12 +193,14 @@ def run(
                 redis.append(Child("redis", proc))
                 where = f"at {redact(url)} (password-protected), the playground's own: it keeps nothing"
                 output.say("dev", f"started redis (pid {proc.pid}) {where} after this start")
+                cleanup.callback(local_redis.withdraw, local_redis.announce(url))  # for `workers status`
             elif url is None:
                 cleanup.enter_context(lock_data_dir(data_dir))
                 proc, url = start_private_redis(data_dir, output=output)
                 redis.append(Child("redis", proc))
                 where = f"at {redact(url)} (password-protected), data in {data_dir}/"
                 output.say("dev", f"started redis (pid {proc.pid}) {where}")
+                cleanup.callback(local_redis.withdraw, local_redis.announce(url))  # for `workers status`
             elif settings.playground:
                 named = "" if env.get("REDIS_SENTINELS", "").strip() else " (REDIS_URL)"
                 output.say(
@@ -206,8 +208,14 @@ def run(
                     f"using Redis at {where_is(url, env)}{named}, database {redis_database(url)}: "
                     f"{carried_over(url, env)}; unset REDIS_URL for a fresh Redis of the playground's own",
                 )
-            else:
+            elif names_redis(env):
                 output.say("dev", f"using Redis at {where_is(url, env)}")
+            else:  # found answering on localhost:6379: somebody else's, maybe another bot's
+                output.say(
+                    "dev",
+                    f"joining the Redis already answering at {where_is(url, env)} (not started by make run): "
+                    "its queue and runs are shared with whatever else uses it; set REDIS_URL to choose one",
+                )
             env["REDIS_URL"] = url
             env.setdefault("PYTHONUNBUFFERED", "1")  # so that the children's lines show up as they come
             env.setdefault("HOST", "127.0.0.1")  # a laptop's bot listens on loopback unless told otherwise

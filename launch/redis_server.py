@@ -19,14 +19,14 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from launch.children import POLL_INTERVAL, DevError, PrefixedOutput, free_port, spawn, stop_children
-from runtime.connection import DEFAULT_REDIS_URL, RedisTarget
+from runtime.connection import DEFAULT_REDIS_URL, RedisTarget, redact
 from store import counters
 
 DEFAULT_PROBE = ("localhost", 6379)
@@ -220,13 +220,3 @@ def redis_database(url: str) -> str:
         if key == "db":
             return value
     return path if path.isdigit() else "0"
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for printing."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + netloc))

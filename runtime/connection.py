@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.connection import SSLConnection, parse_url
@@ -152,3 +152,21 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for printing."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + netloc))
+
+
+def where(env: Mapping[str, str]) -> str:
+    """Where the Redis of `env` is, for a line an operator reads: never its password."""
+    target = RedisTarget.from_env(env)
+    if target.uses_sentinel:
+        return target.describe()
+    return redact(env.get("REDIS_URL", "").strip() or DEFAULT_REDIS_URL)

@@ -9,6 +9,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -346,6 +347,51 @@ def test_private_redis_serves_the_children_and_ctrl_c_stops_everything_in_order(
     assert not any(pid_alive(pid) for pid in (redis_pid, web_pid, worker_pid))
     redis_told = dev.index(r"redis \| .*(SIGTERM|shutdown)")
     assert dev.index(r"web  \| bye") < redis_told and dev.index(r"worker \| bye") < redis_told
+
+
+@pytest.mark.e2e
+def test_the_operators_commands_run_beside_make_run_read_its_own_redis_and_say_so(
+    dev_env: dict[str, str], tmp_path: Path, run_dev: Callable[..., Dev]
+) -> None:
+    """Seen: `workers status` with no REDIS_URL read another Redis and said "Parked: 0" while a card
+    waited. `make run` tells where its own Redis is (to its user alone), for as long as it runs."""
+    dev = run_dev(dev_env, "--data-dir", str(tmp_path / "redis-data"))
+    dev.line(r"worker \| up ")
+    url = child_env(tmp_path, "web")["REDIS_URL"]
+    announced = tmp_path / ".harness-redis"
+    assert announced.read_text().strip() == url and stat.S_IMODE(announced.stat().st_mode) == 0o600
+    env = {k: v for k, v in dev_env.items() if not k.startswith("REDIS_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "workers", "status"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    port = urlsplit(url).port
+    assert done.returncode == 0, done.stderr
+    first = done.stderr.splitlines()[0]
+    assert f"127.0.0.1:{port}" in first and "make run's own" in first and urlsplit(url).password not in first
+    dev.proc.send_signal(signal.SIGINT)
+    assert dev.finish(timeout=60) == 0
+    assert not announced.exists()  # its Redis is gone: nothing points at it
+
+
+@pytest.mark.e2e
+def test_joining_a_redis_that_was_already_answering_says_its_queue_is_shared(
+    dev_env: dict[str, str], run_dev: Callable[..., Dev], given_redis: RedisServer
+) -> None:
+    port = urlsplit(given_redis.url).port
+    dev_env["HARNESS_DEV_REDIS_PROBE"] = f"127.0.0.1:{port}"  # stands in for localhost:6379
+    dev = run_dev(dev_env)
+    said = dev.line(
+        r"dev  \| joining the Redis already answering at (\S+) \(not started by make run\)"
+    ).string
+    assert f"127.0.0.1:{port}" in said and "shared" in said and "set REDIS_URL" in said
+    dev.line(r"worker \| up ")
+    dev.proc.send_signal(signal.SIGINT)
+    assert dev.finish(timeout=60) == 0
 
 
 @pytest.mark.e2e

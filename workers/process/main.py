@@ -41,6 +41,7 @@ from observe import families, logs, metrics, tracing
 from observe.health import WORKER_TTL
 from ops import audit as audit_lines
 from ops import audit_chain, audit_export, audit_files, replay, status
+from runtime import local_redis
 from runtime.clients import SettingsError, redis_connection
 from runtime.connection import RedisTarget
 from runtime.queue import enqueue_run_job, job_waiting, make_queue
@@ -383,11 +384,19 @@ def redis_problem(exc: Exception) -> str:
     return f"error: cannot reach Redis at {RedisTarget.from_env().describe()} ({exc})"
 
 
+def _operator_store() -> Store:
+    """The store an operator's command reads: its own Redis setting, else `make run`'s own Redis
+    (`runtime.local_redis`), else the default; which one is said on stderr, first."""
+    env, said = local_redis.operator_env(os.environ)
+    print(said, file=sys.stderr)
+    return Store(redis_connection(env))
+
+
 def audit(limit: int, *, feedback: bool = False, calls: bool = False) -> int:
     """Print the newest `limit` entries of the decisions' audit (or, `feedback`, of the answers'
     feedback; `calls`, of the calls' tier decisions), one line each whatever its kind (`ops.audit`)."""
     try:
-        store = Store(redis_connection())
+        store = _operator_store()
         if feedback:
             entries = store.audit.feedback_entries(limit)
         else:
@@ -420,7 +429,7 @@ def _audit_read() -> tuple[Any, Any, Any] | None:
     """The audit's entries (Redis, then the files of HARNESS_AUDIT_DIR), their copies in the files,
     and the chain's head; None, with one line on stderr, when either cannot be read."""
     try:
-        store = Store(redis_connection())
+        store = _operator_store()
         links, copies = audit_files.collect(store, audit_files.directory_from_env())
         return links, copies, store.audit.head()
     except (redis.RedisError, SettingsError) as exc:
@@ -451,7 +460,7 @@ def replay_draft(path: str, days: float) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        entries = Store(redis_connection()).audit.calls_since(time.time() - days * DAY)
+        entries = _operator_store().audit.calls_since(time.time() - days * DAY)
         tally = replay.Tally()
         for result in replay.replay(draft, entries):
             tally.add(result)
@@ -467,7 +476,7 @@ def replay_draft(path: str, days: float) -> int:
 def print_status() -> int:
     """`python -m workers status`: what is in flight, parked and failed now."""
     try:
-        store = Store(redis_connection())
+        store = _operator_store()
         config, which = status.config_for_status(store)
         print(which)
         print(status.report(store, config))
