@@ -9,6 +9,7 @@ run's counts are known.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
@@ -24,7 +25,7 @@ from harness.texts import FOOTER
 from messages import texts
 from messages.blocks import Attachment, Message, context, fit, scaled, section, with_tail
 from messages.limits import BUTTON_VALUE_MAX, SECTION_MAX, TEXT_MAX
-from messages.markdown import FENCE
+from messages.markdown import FENCE, shorten_tables
 from messages.text import (
     ELLIPSIS,
     answer_mrkdwn,
@@ -37,6 +38,7 @@ from messages.text import (
 )
 
 ANSWER_LIMIT = 10500  # total escaped characters of a final answer across its sections
+TABLE_ROWS_SHOWN = 10  # a longer table shows this many rows in the thread; the whole is in the file
 
 FEEDBACK_GOOD, FEEDBACK_BAD = "good", "bad"  # the feedback buttons' values: "good:RUN", "bad:RUN"
 
@@ -87,20 +89,32 @@ def final_answer(answer: str, turns: int, requests: int, *, run_id: str | None =
     """
     footer = _footer(turns, requests)
     feedback = [] if run_id is None else [feedback_buttons(run_id)]
+    shown, rows_left_out = shorten_tables(answer, TABLE_ROWS_SHOWN)
     cut_off = [False]
 
     def build(scale: float) -> list[dict[str, Any]]:
-        chunks, cut_off[0] = _answer_sections(answer, scaled(ANSWER_LIMIT, scale, 500))
+        chunks, cut_off[0] = _answer_sections(shown, scaled(ANSWER_LIMIT, scale, 500))
         chunks = chunks or ["_(the model gave no answer)_"]
         note = [context(texts.ANSWER_IN_FILE)] if cut_off[0] else []
         return [*(section(chunk) for chunk in chunks), *note, context(footer), *feedback]
 
     blocks = fit(build)
     whole = (
-        Attachment("answer.md", texts.ANSWER_FILE_TITLE, visible(answer, answer=True)) if cut_off[0] else None
+        Attachment(answer_file_name(answer), texts.ANSWER_FILE_TITLE, visible(answer, answer=True))
+        if cut_off[0] or rows_left_out
+        else None
     )
     text = with_tail(answer, footer, mode="answer")
     return Message(text=text, blocks=blocks, attachment=whole)
+
+
+def answer_file_name(answer: str) -> str:
+    """A name a person can read for the file of a whole answer: its first heading in lowercase words
+    joined by dashes ("Q3 sales, by region" is q3-sales-by-region.md), else answer.md."""
+    heading = next((line.lstrip("#") for line in answer.splitlines() if line.startswith("#")), "")
+    words = re.findall(r"[a-z0-9]+", heading.lower())
+    slug = "-".join(words)[:40].strip("-")
+    return f"{slug or 'answer'}.md"
 
 
 def feedback_buttons(run_id: str) -> dict[str, Any]:

@@ -220,3 +220,21 @@ def _table(tokens: Sequence[Token], clean: Callable[[str], str]) -> str:
     lines = [" | ".join(cell.ljust(widths[c]) for c, cell in enumerate(r)).rstrip() for r in rows]
     lines.insert(1, "-+-".join("-" * w for w in widths))
     return f"{FENCE}\n{clean(chr(10).join(lines))}\n{FENCE}"
+
+
+def shorten_tables(markdown: str, rows: int) -> tuple[str, int]:
+    """`markdown` with every table cut to its header and first `rows` rows, a line after each cut
+    one saying how many rows are not shown; and how many rows were left out in all."""
+    lines = markdown.split("\n")
+    cuts: list[tuple[int, int, int]] = []  # (first line left out, end of the table, rows left out)
+    for token in _PARSER.parse(markdown):
+        if token.type == "table_open" and token.map is not None and token.level == 0:
+            start, end = token.map
+            body = [i for i in range(start + 2, end) if lines[i].strip()]  # past the header and |---|
+            if len(body) > rows:
+                cuts.append((body[rows], end, len(body) - rows))
+    left_out = 0
+    for first, end, hidden in reversed(cuts):
+        lines[first:end] = ["", f"_… and {hidden} more rows: the whole table is in the file below._"]
+        left_out += hidden
+    return "\n".join(lines), left_out

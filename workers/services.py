@@ -141,9 +141,9 @@ class Services:
                     if meta.get("event_type") == MESSAGE_EVENT_TYPE and payload.get("run") == run_id:
                         found[str(payload.get("key"))] = str(message["ts"])
                     for shared in message.get("files") or []:  # a file has no metadata: its name says
-                        named = re.fullmatch(rf"[\w.-]+?-{run_id}-(\d+)\.\w+", str(shared.get("name") or ""))
-                        if named:
-                            found[file_key(named.group(1))] = str(message["ts"])
+                        named = _UPLOADED.fullmatch(str(shared.get("name") or ""))
+                        if named and run_id.startswith(named.group(1)) and len(named.group(1)) >= RUN_IN_NAME:
+                            found[file_key(named.group(2))] = str(message["ts"])
                 cursor = (reply.get("response_metadata") or {}).get("next_cursor")
                 if not cursor:
                     break
@@ -235,10 +235,18 @@ def file_key(key: str) -> str:
     return f"{key}:file"
 
 
+RUN_IN_NAME = 8  # the run id's first hex digits in a file's name: unique among a thread's runs
+# A run's file: a name to read, then the run (its first digits, or the whole id as releases
+# before 0.2.0 wrote it) and the outbox key; `find_posted` reads the last two back.
+_UPLOADED = re.compile(r"[\w.-]+?-([0-9a-f]{8,})-(\d+)\.\w+")
+
+
 def upload_name(stem: str, run_id: str, key: str) -> str:
-    """The name of a run's file in Slack, from which `find_posted` reads the run and key back."""
+    """The name of a run's file in Slack: the readable `stem` first (q3-sales.md), then what
+    `find_posted` reads back, the run's first digits and the key (q3-sales-1a2b3c4d-7.md)."""
     name, dot, ext = stem.rpartition(".")
-    return f"{name}-{run_id}-{key}.{ext}" if dot else f"{stem}-{run_id}-{key}.txt"
+    run = run_id[:RUN_IN_NAME]
+    return f"{name}-{run}-{key}.{ext}" if dot else f"{stem}-{run}-{key}.txt"
 
 
 def _slack_error(exc: Exception) -> str:

@@ -532,6 +532,7 @@ def test_an_answer_or_a_result_too_long_for_a_message_comes_whole_as_a_file(stac
     by_title = {f["title"]: f for f in files}
     assert set(by_title) == {"The whole answer", "Turn 1: every call in full"}
     assert by_title["The whole answer"]["text"] == long_answer.strip()  # a file cannot ping: kept as written
+    assert re.fullmatch(r"findings-[0-9a-f]{8}-\d+\.md", by_title["The whole answer"]["name"])  # its heading
     turn_file = by_title["Turn 1: every call in full"]["text"]
     assert "report-0000.txt" in turn_file and "report-0149.txt" in turn_file
     summary = next(m for m in thread(stack, channel, ts) if "Turn 1" in m["text"])

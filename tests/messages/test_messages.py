@@ -422,3 +422,22 @@ def test_stopped_failed_retried_notice() -> None:
     note = assert_valid(notice("Only <@U1> & co"))
     assert note.text == "Only &lt;@U1&gt; &amp; co"
     assert note.blocks == [{"type": "section", "text": {"type": "mrkdwn", "text": note.text}}]
+
+
+def test_a_long_table_shows_its_first_rows_and_comes_whole_in_a_file_named_by_its_heading() -> None:
+    """Seen: a `report` answer put 226 table rows in the thread, then a file named by a hash."""
+    rows = "".join(f"| region {n} | {n * 7} |\n" for n in range(226))
+    answer = f"# Q3 sales, by region\n\n| region | sales |\n|---|---|\n{rows}\nThe north grew most."
+    msg = final_answer(answer, 1, 2)
+    shown = str(msg.blocks)
+    assert "region 9 " in shown and "region 10 " not in shown  # ten rows, in the thread
+    assert "216 more rows: the whole table is in the file below" in shown
+    assert "The north grew most." in shown  # what follows the table is still said
+    assert msg.attachment is not None and msg.attachment.filename == "q3-sales-by-region.md"
+    assert "| region 225 | 1575 |" in msg.attachment.content  # the whole, as written
+
+
+def test_a_short_table_is_shown_whole_and_needs_no_file() -> None:
+    rows = "".join(f"| {n} | x |\n" for n in range(10))
+    msg = final_answer(f"| n | v |\n|---|---|\n{rows}", 0, 1)
+    assert "9 | x" in str(msg.blocks) and "more rows" not in str(msg.blocks) and msg.attachment is None

@@ -259,3 +259,29 @@ def test_a_resume_save_forgets_the_expiry_and_takes_the_thread_in_its_own_round_
     assert counted.zscore(Keys.expiries(), f"{record.run_id}:1") is None  # no expiry fires on it now
     assert counted.get(Keys.thread_lock(*record.thread)) == record.run_id.encode()
     assert counted.ttl(Keys.thread_lock(*record.thread)) > 60  # taken again for the run's job
+
+
+def test_a_runs_files_are_found_in_its_thread_by_their_readable_names_and_by_older_names(
+    conn: redis.Redis,
+) -> None:
+    """A file has no metadata: its name says which run and post it is (a recovering driver must not
+    upload it twice). Named by its heading now, with the run's first digits; the whole id before."""
+    from slack_sdk import WebClient
+
+    from harness.config import Config
+    from runtime.queue import make_queue
+    from store import Store, new_run_id
+    from tests.fakes.slack_api import FakeSlackAPI
+    from workers.services import Services, upload_name
+
+    run, other = new_run_id(), new_run_id()
+    with FakeSlackAPI(bot_token="xoxb-test") as slack:
+        client = WebClient(token="xoxb-test", base_url=slack.base_url)
+        svc = Services(Store(conn), make_queue(conn), client, Config(), model=None)  # type: ignore[arg-type]
+        thread = client.chat_postMessage(channel="C1", text="asked")["ts"]
+        assert upload_name("q3-sales.md", run, "7") == f"q3-sales-{run[:8]}-7.md"
+        assert svc.upload("C1", thread, upload_name("q3-sales.md", run, "7"), "The whole answer", "x")
+        assert svc.upload("C1", thread, f"answer-{run}-9.md", "The whole answer", "y")  # as 0.1 named it
+        assert svc.upload("C1", thread, upload_name("answer.md", other, "7"), "The whole answer", "z")
+        found = svc.find_posted("C1", thread, run)
+    assert found is not None and set(found) == {"7:file", "9:file"}  # not the other run's
