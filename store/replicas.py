@@ -3,8 +3,9 @@
 Redis replicates asynchronously: a write the master answered may be lost when Sentinel promotes a
 replica that had not received it yet. The writes this project makes a promise on (a mention's
 acceptance, before Slack gets its 200; a decision, before the click is answered; a call's
-write-ahead mark, before the call runs; a run's end) are sent in one round trip with ``WAIT 1
-<ms>`` on the same connection, since WAIT counts the writes of its own connection. Sentinel
+write-ahead mark, before the call runs; a run's end; a live message opened, before it grows)
+are sent in one round trip with ``WAIT 1 <ms>`` on the same connection, since WAIT counts the
+writes of its own connection. Sentinel
 promotes the replica with the most of the master's stream, so one replica acknowledging is enough.
 
 A master with no replica (a single Redis, the playground's) is never asked to wait: the count of
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 CHECK_SECONDS = 5.0  # how stale the count of replicas may be
 DEFAULT_WAIT_MS = 1000  # HARNESS_REPLICA_WAIT_MS: a mention's ack and a click's answer fit in Slack's 3 s
-PROMISES = ("mention", "retry", "decision", "stop", "write_ahead", "park", "finish")
+PROMISES = ("mention", "retry", "decision", "stop", "write_ahead", "park", "finish", "live")
 
 Shortfall = Callable[[str], None]  # told which promise's write no replica acknowledged in time
 

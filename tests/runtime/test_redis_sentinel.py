@@ -129,6 +129,20 @@ def test_a_promised_write_waits_for_the_replica_and_other_writes_do_not(group: S
     assert waits_sent(master) == before + 1
 
 
+def test_a_live_message_opened_is_on_the_replica_before_its_stream_grows(group: SentinelGroup) -> None:
+    """Seen: a master SIGKILLed right after an Approve lost the record of the answer's stream; the
+    next driver did not find it to delete, and the thread showed the answer twice."""
+    store = Store(RedisTarget.from_env(group.env(db=6)).connect())
+    master = redis.Redis.from_url(group.url(db=6))
+    replica_port = next(n.port for n in group.nodes if n.port != group.master_port())
+    replica = redis.Redis(port=replica_port, password=PASSWORD, db=6)
+    run_id = new_run_id()
+    before = waits_sent(master)
+    store.live.opened(run_id, "1700000000.000100")
+    assert waits_sent(master) == before + 1
+    assert replica.smembers(f"harness:live:{run_id}") == {b"1700000000.000100"}  # there when it returned
+
+
 def test_a_replica_that_does_not_answer_delays_a_promise_boundedly_and_is_counted(
     group: SentinelGroup, caplog: pytest.LogCaptureFixture
 ) -> None:
