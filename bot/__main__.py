@@ -1,7 +1,9 @@
-"""`python -m bot`: HTTP mode on gunicorn by default; Socket Mode when SLACK_APP_TOKEN is set."""
+"""`python -m bot`: HTTP mode on gunicorn by default; Socket Mode when SLACK_APP_TOKEN is set.
+`python -m bot --version` prints the release and exits, reading no setting."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -15,6 +17,7 @@ from bot.access import OperatorAccess
 from bot.app import create_app
 from bot.listening import BotDeps
 from bot.web import serve, wsgi_app
+from harness import release
 from harness.config import ConfigError, load_config
 from messages import text
 from observe import logs, metrics, ports
@@ -96,9 +99,16 @@ def _unreachable(base_url: str, exc: OSError) -> str:
     )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """Check settings and Redis (exit 2 and one line when one is wrong), build the app (auth.test runs
-    here, not in Slack's 3 s window), serve."""
+    here, not in Slack's 3 s window), serve. `--version` (and `--help`) answer before any of that."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bot",
+        description="The Bolt app: HTTP mode on $PORT, or Socket Mode when SLACK_APP_TOKEN is set. "
+        "Its settings come from the environment (docs/configuration.md).",
+    )
+    parser.add_argument("--version", action="version", version=release.line())
+    parser.parse_args(argv)
     logs.configure()  # text, or JSON lines with LOG_FORMAT=json
     logging.getLogger("slack_bolt").setLevel(logging.WARNING)  # it logs whole bodies at INFO
     env = os.environ

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from harness import texts
+from harness import release, texts
 from harness.config import Config, ConfigError, load_config
 from harness.loop import (
     Agent,
@@ -249,6 +249,9 @@ def explain_call(
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--version"]:
+        print(release.line())
+        return 0
     inspection = None
     if args and (args[0] in INSPECT_FLAGS or args[0] in WHERE_FLAGS):
         try:

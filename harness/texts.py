@@ -127,7 +127,8 @@ CLI_NO_API_KEY = (
 CLI_USAGE = (
     'usage: python -m harness "TASK"\n'
     "       python -m harness --list-tools [--channel C…] [--team T…] [--user U…]\n"
-    "       python -m harness --explain-call NAME 'JSON-ARGUMENTS' [--channel C…] [--team T…] [--user U…]"
+    "       python -m harness --explain-call NAME 'JSON-ARGUMENTS' [--channel C…] [--team T…] [--user U…]\n"
+    "       python -m harness --version"
 )
 CLI_BAD_ID = "error: {flag} must be {expected}, got {value!r}"
 CLI_FLAG_TWICE = "error: {flag} is given twice"

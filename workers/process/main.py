@@ -5,7 +5,8 @@ answers' feedback, or every call's tier decision) instead; `python -m workers au
 ISO-DATE] [--format jsonl|csv]` writes every entry of it, `python -m workers audit verify` checks
 its hash chain (`ops.audit_chain`); `python -m workers status` the runs in
 flight, parked (and who must decide) and failed; `python -m workers replay DRAFT.toml [--days N]`
-what a draft config would have changed of the recorded calls' tiers.
+what a draft config would have changed of the recorded calls' tiers. `python -m workers --version`
+prints the release and exits, reading no setting.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
 
 from gates import deciders
+from harness import release
 from harness.client import warm_up
 from harness.config import Config, ConfigError, ResolvedServer, load_config
 from harness.tools.catalog import Catalog
@@ -502,6 +504,7 @@ def _days(raw: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers")
+    parser.add_argument("--version", action="version", version=release.line())
     sub = parser.add_subparsers(dest="command")
     audit_parser = sub.add_parser("audit", help="print the approval audit log")
     audit_parser.add_argument("--limit", type=int, default=100)
