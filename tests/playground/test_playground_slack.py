@@ -435,7 +435,7 @@ def test_each_channel_says_its_profile_the_tools_it_offers_and_who_may_ask_there
     assert ops["restricted"] and not play["restricted"]
     assert ops["notes"][CAROL].startswith("may not ask here") and "may not" not in ops["notes"][BOB]
     assert play["notes"] == {ALICE: "approver", BOB: "approver", CAROL: "not an approver"}
-    assert ops["budgets"]["per_user_daily_tokens"] > 0 and play["budgets"]["per_user_daily_tokens"] == 0
+    assert ops["budgets"]["per_channel_daily_tokens"] > 0 and play["budgets"]["per_channel_daily_tokens"] == 0
     status, _ = page.request("GET", "play/channels", headers={"Host": "evil.example"})
     assert status == 421  # the page's own endpoint: loopback names only
 
