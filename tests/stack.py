@@ -78,6 +78,15 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: fl
         time.sleep(interval)
 
 
+def _running(pid: int) -> bool:
+    """Whether `pid` is a process that still runs (a zombie holds no socket and runs nothing)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 class RedisServer:
     """A throwaway redis-server on a free loopback port, data in a temp dir."""
 
@@ -136,10 +145,14 @@ class Process:
 
         RQ's work horse calls setsid(), so a process-group kill would miss it: walk /proc instead.
         """
-        for pid in [*descendants(self.proc.pid), self.proc.pid]:
+        pids = [*descendants(self.proc.pid), self.proc.pid]
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.proc.wait(10)
+        # Until every one is gone: a gunicorn worker dying a moment late once answered the next
+        # bot's health check on the shared port, and the mention after it was refused.
+        wait_until(lambda: not any(_running(pid) for pid in pids), timeout=10)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
         if self.proc.poll() is None:
