@@ -280,7 +280,6 @@ TASK_DECLINED_REASON = "Declined: not run. Reason given: {reason}"
 TASK_EXPIRED = "Nobody decided in time: not run."
 TASK_DENIED = "Denied by the policy: not run."
 TASK_STOPPED = "Not run: the run was stopped."
-LIVE_ENDED = "_This turn ended before its calls were decided._"
 STATUS_WAITING_ON_YOU = "is waiting for approval from you (the card above)"
 STATUS_WAITING_FOR = "is waiting for approval from {who}"
 STATUS_SOMEONE = "an approver"  # an id Slack could not name, or a user group

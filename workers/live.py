@@ -312,9 +312,6 @@ class LiveView:
         self.refused: set[str] = set()  # "stream", "tasks": what Slack refused for this run
         self.message: LiveMessage | None = None
         self._made: list[LiveMessage] = []  # every message of this view, for `close`
-        # The turn's message stopped when the run parked: until its summary settles into it, the
-        # turn's calls show nowhere live (a stopped stream takes no more tasks).
-        self.hold = False
 
     def __call__(self, event: LiveEvent) -> None:
         """What the harness saw happen (a live event), shown in the open message."""
@@ -374,7 +371,7 @@ class LiveView:
         return self.message
 
     def _task(self, call: PendingCall, line: TaskLine) -> None:
-        if "tasks" in self.refused or self.hold:
+        if "tasks" in self.refused:
             return
         if message := self._message():
             message.task(call.id, line)
