@@ -11,6 +11,7 @@ kind of thing built:
 - `arguments`: a call's arguments laid out for a reviewer;
 - `cards`: approval cards, limit questions, grants and the escalation reminder;
 - `turns`: the Working message and the turn summaries;
+- `tasks`: a call as a task of a streamed message, its line following the call to the end;
 - `reasons`: why a call has its tier, in plain words (the config's own words stay in the CLI);
 - `endings`: the final answer and its feedback buttons, stops and failures;
 - `modals`: View all arguments, Edit, Decline with a reason;

@@ -237,6 +237,23 @@ def inert(text: str, limit: int, mode: Mode = "block") -> str:
     return escape(cut(visible_as(text, mode), limit))
 
 
+def plain(text: str, limit: int, mode: Mode = "block") -> str:
+    """Untrusted text for a field Slack shows as plain text (a task's title, details and output):
+    made visible and cut to at most `limit` characters, and not escaped. Slack reads no mrkdwn
+    there, so nothing pings or links, and an entity would show as typed (`&gt;`, not `>`)."""
+    shown = visible_as(text, mode)
+    if units(shown) <= limit:
+        return shown
+    if limit <= 0:
+        return ""
+    room, used = limit - len(ELLIPSIS), 0
+    for n, ch in enumerate(shown):
+        used += units(ch)
+        if used > room:
+            return shown[:n] + ELLIPSIS
+    return shown
+
+
 def code(text: str, limit: int) -> str:
     """Escaped `text` in a ``` block of at most `limit` characters; a ``` inside cannot close it."""
     body = visible_as(text).replace(FENCE, FENCE_SAFE)

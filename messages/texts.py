@@ -269,8 +269,17 @@ LIMIT_EXPIRED_REASON = "{reason} Nobody chose Continue or Stop before the questi
 # What Slack shows while a run works (workers.thread_status): the assistant thread's status line,
 # which Slack shows as "harness <status>"; and what a new thread of the assistant pane suggests.
 STATUS_WORKING = "is working on it…"
+# A call's task in a streamed message (messages.tasks): plain text, each sentence true from when
+# it is said on, as Slack adds a task's new details to what it showed.
 TASK_WAITING = "Waiting for approval: see its card below."
-LIVE_ENDED = "_This turn ended before its calls were decided._"
+TASK_APPROVED = "Approved."
+TASK_APPROVED_EDITED = "Approved with edited arguments."
+TASK_GRANT_USED = "Let run by a standing grant."
+TASK_DECLINED = "Declined: not run."
+TASK_DECLINED_REASON = "Declined: not run. Reason given: {reason}"
+TASK_EXPIRED = "Nobody decided in time: not run."
+TASK_DENIED = "Denied by the policy: not run."
+TASK_STOPPED = "Not run: the run was stopped."
 STATUS_WAITING_ON_YOU = "is waiting for approval from you (the card above)"
 STATUS_WAITING_FOR = "is waiting for approval from {who}"
 STATUS_SOMEONE = "an approver"  # an id Slack could not name, or a user group

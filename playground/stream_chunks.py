@@ -2,8 +2,9 @@
 
 Slack streams a message as chunks (slack_sdk's ``models/messages/chunk.py``): ``markdown_text``
 chunks add to its text, ``task_update`` chunks keep a list of tasks on it, each known by its id: a
-later update of the same id replaces that task's title and status (and its details and output when
-it gives them) where the task first appeared, so the list keeps the order tasks were first seen.
+later update of the same id replaces that task's title and status, and adds the details and output
+it gives to what the task showed (as Slack does: see `tests/fakes/slack_api.py`), where the task
+first appeared, so the list keeps the order tasks were first seen. Every field is plain text.
 Slack keeps a stream's tasks when it is stopped and when chat.update later replaces its text and
 blocks, so the playground does too.
 
@@ -22,7 +23,8 @@ Json = dict[str, Any]
 
 TASK_STATUSES = ("pending", "in_progress", "complete", "error")
 TASK_DISPLAY_MODES = ("timeline", "plan")
-TASK_FIELDS = ("title", "status", "details", "output")  # what a later update of a task replaces
+TASK_FIELDS = ("title", "status")  # what a later update of a task replaces
+TASK_ADDED = ("details", "output")  # what a later update of a task adds to
 
 
 class BadChunks(ValueError):
@@ -63,11 +65,13 @@ def apply(message: Json, markdown_text: str, chunks: list[Json]) -> None:
             message["text"] += chunk["text"]
             continue
         known = next((task for task in tasks if task["id"] == chunk["id"]), None)
-        given = {key: chunk[key] for key in TASK_FIELDS if chunk.get(key) is not None}
         if known is None:
-            tasks.append({"id": chunk["id"], **given})
-        else:
-            known.update(given)
+            known = {"id": chunk["id"]}
+            tasks.append(known)
+        known.update({key: chunk[key] for key in TASK_FIELDS if chunk.get(key) is not None})
+        for key in TASK_ADDED:
+            if chunk.get(key):
+                known[key] = known.get(key, "") + chunk[key]
 
 
 def _check(chunk: Any, index: int) -> None:

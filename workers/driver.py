@@ -212,6 +212,10 @@ class Driver:
         """Owe Slack the replacement of message `ts` (a card decided, the Working message closed)."""
         self._record = outbox.owe_update(self._record, ts, msg)
 
+    def owe_discard(self, ts: str) -> None:
+        """Owe Slack the removal of live message `ts` from the thread (stopped, then deleted)."""
+        self._record = outbox.owe_discard(self._record, ts)
+
     def owe_decided(self, ts: str, call: PendingCall, at: float) -> None:
         """Owe Slack card `ts` showing `call`'s decision, rendered when paid (`outbox.owe_decided`)."""
         self._record = outbox.owe_decided(self._record, ts, call, at)
@@ -405,14 +409,27 @@ class Driver:
     # --- the live view: what Slack shows while the run steps (workers.live) ---------------------
 
     def live_view(self) -> LiveView:
-        """The run's live view, made at its first step; a turn parked in its message keeps the
-        new view from showing tasks until its summary settles into it."""
+        """The run's live view, made at its first step."""
         if self._live is None:
             record = self._record
             where = (record.channel, record.thread_ts, record.team, record.requester)
             self._live = LiveView(self.svc.courtesy_slack, self.svc.live_streams, where, opened=self._opened)
-            self._live.hold = record.live_ts is not None
         return self._live
+
+    def show_turn(self, calls: Sequence[PendingCall]) -> None:
+        """Show the turn's `calls` live as they stand, before it goes on (or ends at a Stop).
+
+        The message the turn parked in stopped, and a stopped stream takes no task update: its
+        lines would say "waiting" for good. It is owed its removal (the cards below tell each
+        decision, the summary keeps the model's words), and the calls show in a new message, which
+        the turn's summary settles into. Shown again, after a driver died, the lines are whole
+        again: that driver's message is taken out first (`drop_orphans`).
+        """
+        if self._record.live_ts:
+            self.owe_discard(self._record.live_ts)
+            self._record = replace(self._record, live_ts=None)
+        if calls:
+            self.live_view().requested(calls)
 
     def _opened(self, ts: str) -> None:
         """A live message opened: recorded before anything can owe its settlement, so a driver
@@ -431,16 +448,6 @@ class Driver:
     def seal_live(self) -> str | None:
         """Seal the open live message, for a post to settle into: its ts, or None."""
         return self._live.seal() if self._live is not None else None
-
-    def seal_turn(self) -> str | None:
-        """The live message a turn's summary settles into: the open one, or the one it parked in."""
-        ts = self.seal_live()
-        if self._record.live_ts:
-            ts = ts or self._record.live_ts
-            self._record = replace(self._record, live_ts=None)
-        if self._live is not None:
-            self._live.hold = False
-        return ts
 
     def let_stand(self, *, discard: bool = False) -> None:
         """Seal the open live message with nothing to settle into it: it stays as it stopped (what the

@@ -22,6 +22,7 @@ from harness.loop import (
     Finished,
     Outcome,
     Stopped,
+    TurnDone,
     continue_at_limit,
     saves_first,
     step,
@@ -39,9 +40,9 @@ from harness.state import (
     new_run,
     record_decisions,
 )
-from harness.valves import Valve
+from harness.stops import stop_mid_turn
+from harness.valves import Stop, Valve
 from messages import cards, endings, texts, turns
-from messages.blocks import notice
 from messages.text import plural
 from observe import metrics, tracing
 from runtime.queue import RUN_JOB_TIMEOUT
@@ -192,6 +193,7 @@ def _advance(svc: Services, driver: Driver, state: RunState) -> Leave:
     next step pays it meanwhile (a turn's summary goes out while the model reads its results)."""
 
     agent = replace(agent_of(svc, driver), live=driver.live_view())
+    driver.show_turn(state.pending)  # a turn going on after a park (or a crash) shows its calls anew
     working = functools.partial(thread_status.show, svc, phase=thread_status.Phase.WORKING)
     while True:
         driver.dispatch(then=working)  # the status after the posts: a post in a DM clears it
@@ -494,11 +496,11 @@ def _stop_parked(svc: Services, driver: Driver, by: str) -> End:
             decided_at=view.decided_at,
             stopped_by=by,
         )
-    if record.live_ts:  # the parked turn's message: no summary will settle into it now
-        driver.owe_update(record.live_ts, notice(texts.LIVE_ENDED))
-        driver.amend(live_ts=None)
-    state = stop_run(state, Valve.STOPPED_BY_USER, harness_texts.STOP_BY_USER)
-    driver.owe(endings.stopped_by(by=by, turns=state.turns, requests=state.requests))
+    ended = stop_mid_turn(state, Stop(Valve.STOPPED_BY_USER, harness_texts.STOP_BY_USER), [])
+    state = ended.state
+    driver.show_turn([c for e in ended.events if isinstance(e, TurnDone) for c in e.calls])  # not run
+    ending = endings.stopped_by(by=by, turns=state.turns, requests=state.requests)
+    driver.owe(ending, live=driver.seal_live())  # the parked turn's lines, as the Stop left them
     driver.amend(state=state.to_json(), stopped_by=by)
     driver.owe_reaction("octagonal_sign", remove="eyes")
     return End(RunStatus.STOPPED, Valve.STOPPED_BY_USER)

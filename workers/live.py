@@ -2,10 +2,18 @@
 
 Each model reply, and the turn of tool calls that follows it, gets one streaming message
 (`chat.startStream`, `chat.appendStream`, `chat.stopStream`). The reply's text is appended as the
-SDK hands it over; each call shows as a Slack task (`task_update` chunks: pending when the model
-asks for it, in progress while it runs, complete or error once it returned). When the turn is done
-the message settles (`chat.update`, through the outbox) into the turn summary, and after the last
-reply into the final answer: the thread keeps what it always kept, and shows it while it happens.
+SDK hands it over; each call shows as a Slack task (`task_update` chunks, drawn by
+`messages.tasks`), its line following the call to the end: pending when the model asks for it,
+waiting while a person decides, in progress while it runs, complete or error once it returned, or
+why it never ran (declined, expired, denied, stopped). When the turn is done every line shows its
+call's end, and the message settles (`chat.update`, through the outbox) into the turn summary, and
+after the last reply into the final answer: the thread keeps what it always kept, and shows it
+while it happens.
+
+A stopped stream takes no task update, and Slack keeps what its tasks showed when it stopped. So
+a turn that goes on after its message stopped (it parked for a decision, or its driver died) shows
+its calls in a new message, and the stopped one, whose lines can no longer follow them, is taken
+out of the thread (`Driver.show_turn`).
 
 Slack's limits are kept by pacing: one writer thread per message, and per thread no stream write
 (start, append, stop, the settling update) less than `PACE_SECONDS` after the one before. What the
@@ -37,18 +45,14 @@ from slack_sdk.errors import SlackApiError
 
 from harness.signals import CallRunning, LiveEvent, TextWritten, ToolReturned
 from harness.state import PendingCall
-from messages import texts
-from messages.arguments import args_json
 from messages.streamed import LinkShower
-from messages.text import cut, escape, inert, visible
+from messages.tasks import TaskLine, task_line, task_update
+from messages.text import escape, visible
 
 log = logging.getLogger(__name__)
 
 PACE_SECONDS = 0.305  # per thread, between two stream writes: Slack's 300 ms, and 5 ms for jitter
 OPEN_WAIT_SECONDS = 6.0  # how long a seal waits for a message still opening (a courtesy call's timeout)
-TITLE_CHARS = 120
-OUTPUT_CHARS = 200
-PENDING, IN_PROGRESS, COMPLETE, ERROR = "pending", "in_progress", "complete", "error"
 # Slack errors that mean "not here, not for this run": streams (or task chunks) are not tried again.
 _TRANSIENT = {"ratelimited", "rate_limited", "internal_error", "fatal_error", "service_unavailable"}
 # Errors that mean the chunks were refused (a workspace without task updates), not the stream.
@@ -94,7 +98,7 @@ class Pacer:
 @dataclass
 class _Batch:
     text: list[str] = field(default_factory=list)
-    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> its latest task_update
+    tasks: dict[str, TaskLine] = field(default_factory=dict)  # call id -> the latest line it should show
 
     def __bool__(self) -> bool:
         return bool(self.text or self.tasks)
@@ -122,6 +126,7 @@ class LiveMessage:
         self._opened = opened
         self._refused = refused
         self._pending = _Batch()
+        self._shown: dict[str, TaskLine] = {}  # call id -> what its task shows (written by the writer only)
         self._links = LinkShower()  # a link shows its address, as in a posted answer
         self._closing = False
         self._done = False
@@ -137,13 +142,13 @@ class LiveMessage:
                 self._pending.text.append(shown)
                 self._cond.notify()
 
-    def task(self, chunk: dict[str, Any]) -> None:
-        """Show task `chunk` (a `task_update`) at the next write; a later one of the same id wins."""
+    def task(self, call_id: str, line: TaskLine) -> None:
+        """Show `line` as the task of call `call_id` at the next write; a later line of it wins."""
         if not self.tasks_ok:
             return
         with self._cond:
             if not self._closing:
-                self._pending.tasks[chunk["id"]] = chunk
+                self._pending.tasks[call_id] = line
                 self._cond.notify()
 
     def seal(self) -> str | None:
@@ -189,7 +194,7 @@ class LiveMessage:
 
     def _write(self, batch: _Batch, last: bool) -> bool:
         """One paced write of `batch`: the start, an append, or the stop. False: no more writes."""
-        chunks = self._chunks(batch)
+        chunks, shown = self._chunks(batch)
         markdown = None if chunks else "".join(batch.text) or None
         try:
             if self.ts is None:
@@ -200,7 +205,7 @@ class LiveMessage:
                     recipient_user_id=self._user,
                     markdown_text=markdown,
                     chunks=chunks,
-                    task_display_mode="timeline" if batch.tasks else None,
+                    task_display_mode="timeline" if chunks else None,
                 )
                 with self._cond:
                     self.ts = str(opened["ts"])
@@ -218,11 +223,14 @@ class LiveMessage:
                 self.slack.chat_appendStream(
                     channel=self.channel, ts=self.ts, markdown_text=markdown, chunks=chunks
                 )
+            self._shown.update(shown)
             return True
         except (SlackApiError, OSError) as exc:
             error = _error(exc)
-            if batch.tasks and self.tasks_ok and error in _CHUNKS_REFUSED and self.ts is None:
-                self.tasks_ok = False  # no task chunks here: the words alone
+            if shown and self.tasks_ok and error in _CHUNKS_REFUSED:
+                # No task chunks here (refused at the start, or at the first tasks of a stream
+                # opened with words alone): the words alone, in this stream and the next.
+                self.tasks_ok = False
                 self._refused("tasks")
                 self.pacer.note(self.channel, self.thread_ts)  # a refused write is a write too
                 self.pacer.wait(self.channel, self.thread_ts)
@@ -240,13 +248,21 @@ class LiveMessage:
                 self._cond.notify_all()
             return False
 
-    def _chunks(self, batch: _Batch) -> list[dict[str, Any]] | None:
-        """The batch as chunks when it holds tasks (the words first); None: text alone suffices."""
-        if not batch.tasks:
-            return None
+    def _chunks(self, batch: _Batch) -> tuple[list[dict[str, Any]] | None, dict[str, TaskLine]]:
+        """The batch as chunks when a task in it shows something new (the words first), and what
+        those tasks show once written; None: text alone suffices. Each task's update carries only
+        what it does not show yet: Slack adds a task's details and output to what it showed."""
+        updates, shown = [], {}
+        for call_id, line in batch.tasks.items():
+            chunk, after = task_update(call_id, line, self._shown.get(call_id))
+            if chunk is not None:
+                updates.append(chunk)
+                shown[call_id] = after
+        if not updates:
+            return None, {}
         words = "".join(batch.text)
         head = [{"type": "markdown_text", "text": words}] if words else []
-        return head + list(batch.tasks.values())
+        return head + updates, shown
 
 
 class LiveStreams:
@@ -296,33 +312,27 @@ class LiveView:
         self.refused: set[str] = set()  # "stream", "tasks": what Slack refused for this run
         self.message: LiveMessage | None = None
         self._made: list[LiveMessage] = []  # every message of this view, for `close`
-        # The turn's message stopped when the run parked: until its summary settles into it, the
-        # turn's calls show nowhere live (a stopped stream takes no more tasks).
-        self.hold = False
 
     def __call__(self, event: LiveEvent) -> None:
         """What the harness saw happen (a live event), shown in the open message."""
         if isinstance(event, TextWritten):
             if message := self._message():
                 message.text(escape(visible(event.text, answer=True)))
-        elif isinstance(event, CallRunning):
-            self._task(event.call, IN_PROGRESS)
+        elif isinstance(event, CallRunning):  # about to run, unless it never will (denied, declined)
+            self._task(event.call, task_line(event.call, running=True))
         elif isinstance(event, ToolReturned):
-            result = event.call.result
-            self._task(event.call, ERROR if result is not None and result.is_error else COMPLETE)
+            self._task(event.call, task_line(event.call))
 
     def requested(self, calls: Sequence[PendingCall]) -> None:
-        """The model asked for `calls`: each shows as a task, pending (answered ones as they ended)."""
+        """Show each of `calls` as it stands: pending when just asked for, else how far it got
+        or how it ended (a turn shown again after a park, or at its end)."""
         for call in calls:
-            if call.result is not None:
-                self._task(call, ERROR if call.result.is_error else COMPLETE)
-            else:
-                self._task(call, PENDING)
+            self._task(call, task_line(call))
 
     def waiting(self, calls: Sequence[PendingCall]) -> None:
         """`calls` wait for a person's decision (on their cards, below)."""
         for call in calls:
-            self._task(call, PENDING, details=texts.TASK_WAITING)
+            self._task(call, task_line(call, waiting=True))
 
     def seal(self) -> str | None:
         """End the open message (it stops streaming meanwhile): its ts, None when nothing was open
@@ -360,30 +370,11 @@ class LiveView:
             self._made.append(self.message)
         return self.message
 
-    def _task(self, call: PendingCall, status: str, *, details: str | None = None) -> None:
-        if "tasks" in self.refused or self.hold:
+    def _task(self, call: PendingCall, line: TaskLine) -> None:
+        if "tasks" in self.refused:
             return
-        message = self._message()
-        if message is None:
-            return
-        chunk: dict[str, Any] = {
-            "type": "task_update",
-            "id": call.id,
-            "title": task_title(call),
-            "status": status,
-        }
-        if details:
-            chunk["details"] = details
-        if call.result is not None and status in (COMPLETE, ERROR):
-            content = call.result.content
-            output = content if isinstance(content, str) else "(an image)"
-            chunk["output"] = inert(" ".join(output.split()), OUTPUT_CHARS)
-        message.task(chunk)
-
-
-def task_title(call: PendingCall) -> str:
-    """A call as a task's title: the tool and its arguments on one line, escaped and cut."""
-    return inert(f"{call.name} {cut(' '.join(args_json(call).split()), TITLE_CHARS)}", TITLE_CHARS)
+        if message := self._message():
+            message.task(call.id, line)
 
 
 def _error(exc: Exception) -> str:

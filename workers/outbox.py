@@ -61,6 +61,12 @@ def owe_update(record: RunRecord, ts: str, msg: Message) -> RunRecord:
     return replace(record, outbox=[*record.outbox, entry])
 
 
+def owe_discard(record: RunRecord, ts: str) -> RunRecord:
+    """`record` owing the removal of its live message `ts` from the thread (stopped, then deleted):
+    a message whose tasks can no longer follow their calls (`Driver.show_turn`)."""
+    return replace(record, outbox=[*record.outbox, {"op": "discard", "ts": ts}])
+
+
 def owe_decided(record: RunRecord, ts: str, call: PendingCall, at: float) -> RunRecord:
     """`record` owing the update of the card `ts` of `call`, decided (`call.decision`) at `at`.
 
@@ -146,6 +152,10 @@ def _pay(svc: Services, record: RunRecord, entry: dict[str, Any], posted: dict[s
         return None
     if op == "react":
         svc.react(record.channel, entry["ts"], entry["name"], remove=entry.get("remove"))
+        return None
+    if op == "discard":  # paid twice (a driver died between), the second delete finds nothing: logged
+        svc.discard_live(record.channel, entry["ts"])
+        svc.store.live.closed(record.run_id, entry["ts"])
         return None
     log.error("run %s owes Slack something unknown (%r); dropped", record.run_id, op)
     return None

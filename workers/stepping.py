@@ -117,7 +117,9 @@ def owe_summaries(driver: Driver, events: tuple[Event, ...], agent: Agent, state
         if isinstance(event, ToolsRequested) and driver.live is not None:
             driver.live.requested(event.calls)
         if isinstance(event, TurnDone):
-            settles = driver.seal_turn()
+            if driver.live is not None:  # every line shows how its call ended (a Stop left some unrun)
+                driver.live.requested(event.calls)
+            settles = driver.seal_live()
             # The words it streamed stay in the summary it settles into.
             said = park_cards.intent(state) if settles else ""
             try:

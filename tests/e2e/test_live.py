@@ -5,7 +5,9 @@ a model writes them (tokens at a set rate), and the fake Slack Web API keeping S
 rules (`chat.startStream` / `appendStream` / `stopStream`, `task_update` chunks). Checked: the words
 reach Slack while the model still writes, paced to one stream write per 300 ms per thread; calls
 show as tasks (pending, in progress, complete, error) and the message settles into the turn summary;
-a parked turn's message waits with its tasks and takes its summary after the decision; a workspace
+a parked turn's message waits with its tasks, and after the decision the thread's task lines tell
+the truth: each call's line shows how it ended (approved then done or failed, declined, expired,
+stopped, denied by the policy, Approve all), none still waits, and none is shown twice; a workspace
 without tasks or streams gets today's messages; a stream broken by Slack errors, or by a worker
 SIGKILLed midway, still leaves the answer whole, once.
 """
@@ -18,12 +20,20 @@ from typing import Any
 
 import pytest
 
+from messages import texts
 from tests.fakes.messages_api import reply, text, tool_use
 from tests.stack import RedisServer, Stack, running_stack, thread, wait_post, wait_until
 from workers.live import PACE_SECONDS
 
 _channels = itertools.count(7100)
+HURRIED = "C7099"  # approvals there expire after 3 seconds
 GENEROUS = "[limits]\nmax_runs_per_user = 1000\nmax_runs_per_channel = 1000\n"
+CONFIG = (
+    GENEROUS
+    + '[policy.tools]\nlist_files = "deny"\n'
+    + f'[[profiles]]\nname = "hurried"\nchannels = ["{HURRIED}"]\n'
+    + "[profiles.approvals]\nexpire_after_minutes = 0.05\n"
+)
 SLACK_PACE = 0.3  # the issue's rule: no more than one Slack write per 300 ms per thread
 
 
@@ -34,7 +44,7 @@ def new_channel() -> str:
 @pytest.fixture(scope="module")
 def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     pace = {"HARNESS_STREAM_PACE_MS": str(PACE_SECONDS * 1000)}  # Slack's pace, not the tests' own
-    yield from running_stack(redis_server, tmp_path_factory.mktemp("live"), GENEROUS, db=9, extra_env=pace)
+    yield from running_stack(redis_server, tmp_path_factory.mktemp("live"), CONFIG, db=9, extra_env=pace)
 
 
 def footer(turns: int, requests: int) -> str:
@@ -56,6 +66,46 @@ def writes_to(stack: Stack, channel: str, ts: str) -> list[Any]:
 
 def streams_in(stack: Stack, channel: str) -> list[dict[str, Any]]:
     return [s for s in stack.slack.streams() if s["channel"] == channel]
+
+
+def lines_in(stack: Stack, channel: str) -> list[dict[str, Any]]:
+    """Every task line the thread shows now, in the messages still in it (Slack keeps a stopped
+    stream's tasks, through the update that settles it)."""
+    return [task for s in streams_in(stack, channel) for task in s["tasks"].values()]
+
+
+def line_of(stack: Stack, channel: str, tool: str) -> dict[str, Any]:
+    """The one line the thread shows for the call of `tool` (shown twice: the test fails)."""
+    (line,) = [t for t in lines_in(stack, channel) if t["title"].startswith(tool)]
+    return line
+
+
+def parked(stack: Stack, marker: str, *calls: dict[str, Any], channel: str | None = None) -> tuple[str, str]:
+    """A run of `marker` asking for `calls`, parked on its cards (then a reply that wraps up)."""
+    channel = channel or new_channel()
+    stack.model.script_for(marker, reply(*calls), reply(text(f"{marker} wrapped up")))
+    _, ts, _ = stack.mention(f"{marker}: go", channel=channel)
+    wait_until(lambda: any(t.get("details") == texts.TASK_WAITING for t in lines_in(stack, channel)))
+    stack.settled()  # parked: no worker holds it
+    wait_until(lambda: not any(s["streaming"] for s in streams_in(stack, channel)))  # its stop is paced
+    return channel, ts
+
+
+def cards_of(stack: Stack, channel: str, ts: str, action: str = "approve") -> list[dict[str, Any]]:
+    return [m for m in thread(stack, channel, ts) if f"'action_id': '{action}'" in str(m.get("blocks"))]
+
+
+def wrapped_up(stack: Stack, channel: str, ts: str, marker: str) -> None:
+    """The run answered and let go of everything; the thread is as it stays."""
+    wait_post(stack, channel, ts, lambda m: f"{marker} wrapped up" in m["text"], timeout=30)
+    stack.settled()
+
+
+def assert_nothing_waits(stack: Stack, channel: str) -> None:
+    """No line of the thread still waits, is pending or runs: each shows how its call ended."""
+    lines = lines_in(stack, channel)
+    assert lines and all(t["status"] in ("complete", "error") for t in lines), lines
+    assert not any(texts.TASK_WAITING in t.get("details", "") for t in lines), lines
 
 
 def test_the_answer_reaches_slack_while_the_model_writes_it_paced_and_settles_whole(stack: Stack) -> None:
@@ -117,27 +167,105 @@ def test_calls_show_as_tasks_and_the_message_settles_into_the_turn_summary(stack
     assert starts[0].params.get("task_display_mode") == "timeline" or starts[0].params.get("markdown_text")
 
 
-def test_a_parked_turn_waits_with_its_tasks_and_its_summary_settles_there_after_the_decision(
-    stack: Stack,
-) -> None:
-    channel = new_channel()
-    stack.model.script_for(
-        "livepark", reply(tool_use("write_file", {"path": "live.txt", "content": "x"})), reply(text("wrote"))
-    )
-    _, ts, _ = stack.mention("livepark: write", channel=channel)
-    card = wait_post(
-        stack, channel, ts, lambda m: "approve" in str(m.get("blocks")) and "live.txt" in m["text"]
-    )
-    waiting = wait_until(
-        lambda: next((s for s in streams_in(stack, channel) if s["tasks"] and not s["streaming"]), None)
-    )
+def test_an_approved_call_that_runs_ends_done_and_no_line_still_waits(stack: Stack) -> None:
+    content = "The task:\n\n> Write a note & <b>keep</b> it <!channel>"
+    channel, ts = parked(stack, "livepark", tool_use("write_file", {"path": "live.txt", "content": content}))
+    (waiting,) = [s for s in streams_in(stack, channel) if s["tasks"]]
     (task,) = waiting["tasks"].values()
-    assert task["status"] == "pending" and "approval" in task["details"].lower()
+    assert task["status"] == "pending" and task["details"] == texts.TASK_WAITING and not waiting["streaming"]
+    assert "> Write a note & <b>keep</b> it <!channel>" in task["title"]  # plain text: as written
+    assert not any(entity in task["title"] for entity in ("&gt;", "&lt;", "&amp;"))
+    (card,) = cards_of(stack, channel, ts)
     assert stack.click(card, "approve") == 200
-    wait_post(stack, channel, ts, lambda m: footer(1, 2) in m["text"], timeout=30)
+    wrapped_up(stack, channel, ts, "livepark")
     summary = wait_post(stack, channel, ts, lambda m: "Turn 1" in m["text"])
-    assert summary["ts"] == waiting["ts"]  # one message for the turn, before and after the park
-    assert (stack.workspace / "live.txt").read_text() == "x"
+
+    assert_nothing_waits(stack, channel)
+    line = line_of(stack, channel, "write_file")
+    assert (line["status"], line["details"], line["output"]) == (
+        "complete",
+        texts.TASK_APPROVED,
+        f"Wrote {len(content)} characters to live.txt",
+    )
+    assert waiting["ts"] not in {m["ts"] for m in thread(stack, channel, ts)}  # its line could not follow
+    assert summary["ts"] in {s["ts"] for s in streams_in(stack, channel) if s["tasks"]}  # settled there
+    assert (stack.workspace / "live.txt").read_text() == content
+
+
+def test_an_approved_call_that_fails_ends_as_an_error(stack: Stack) -> None:
+    channel, ts = parked(stack, "livefail", tool_use("delete_file", {"path": "no-such-file.txt"}))
+    (card,) = cards_of(stack, channel, ts)
+    assert stack.click(card, "approve") == 200
+    wrapped_up(stack, channel, ts, "livefail")
+    assert_nothing_waits(stack, channel)
+    line = line_of(stack, channel, "delete_file")
+    assert (line["status"], line["details"]) == ("error", texts.TASK_APPROVED)
+    assert "no-such-file.txt" in line["output"]
+
+
+def test_a_declined_call_ends_declined_never_run(stack: Stack) -> None:
+    channel, ts = parked(stack, "livedecline", tool_use("write_file", {"path": "no.txt", "content": "x"}))
+    (card,) = cards_of(stack, channel, ts)
+    assert stack.click(card, "decline") == 200
+    wrapped_up(stack, channel, ts, "livedecline")
+    assert_nothing_waits(stack, channel)
+    line = line_of(stack, channel, "write_file")
+    assert (line["status"], line["details"], line["history"]) == ("error", texts.TASK_DECLINED, ["error"])
+    assert not (stack.workspace / "no.txt").exists()
+
+
+def test_a_call_nobody_decided_in_time_ends_expired(stack: Stack) -> None:
+    call = tool_use("write_file", {"path": "late.txt", "content": "x"})
+    channel, ts = parked(stack, "liveexpire", call, channel=HURRIED)
+    wrapped_up(stack, channel, ts, "liveexpire")  # its approval expired after 3 seconds
+    assert_nothing_waits(stack, channel)
+    line = line_of(stack, channel, "write_file")
+    assert (line["status"], line["details"]) == ("error", texts.TASK_EXPIRED)
+    assert not (stack.workspace / "late.txt").exists()
+
+
+def test_a_call_left_waiting_by_a_stop_ends_not_run(stack: Stack) -> None:
+    channel, ts = parked(stack, "livestop", tool_use("write_file", {"path": "stopped.txt", "content": "x"}))
+    working = wait_post(stack, channel, ts, lambda m: "Working on it" in m["text"])
+    assert stack.click(working, "stop") == 200
+    ended = wait_post(
+        stack, channel, ts, lambda m: "Stopped by <@UALICE>" in m["text"] and "took" in m["text"]
+    )
+    stack.settled()
+    assert_nothing_waits(stack, channel)
+    line = line_of(stack, channel, "write_file")
+    assert (line["status"], line["details"]) == ("error", texts.TASK_STOPPED)
+    assert ended["ts"] in {s["ts"] for s in streams_in(stack, channel) if s["tasks"]}  # the Stop shows them
+    assert not (stack.workspace / "stopped.txt").exists()
+
+
+def test_a_call_the_policy_denies_shows_denied_at_once_and_after_the_park(stack: Stack) -> None:
+    asks = tool_use("write_file", {"path": "beside.txt", "content": "x"})
+    channel, ts = parked(stack, "livedeny", asks, tool_use("list_files", {"path": "."}))
+    denied = line_of(stack, channel, "list_files")  # while the run waits, not drawn as pending
+    assert (denied["status"], denied["details"], denied["history"]) == ("error", texts.TASK_DENIED, ["error"])
+    (card,) = cards_of(stack, channel, ts)
+    assert stack.click(card, "approve") == 200
+    wrapped_up(stack, channel, ts, "livedeny")
+    assert_nothing_waits(stack, channel)
+    denied = line_of(stack, channel, "list_files")
+    assert (denied["status"], denied["details"], denied["history"]) == ("error", texts.TASK_DENIED, ["error"])
+    assert line_of(stack, channel, "write_file")["status"] == "complete"
+
+
+def test_approve_all_ends_every_call_done(stack: Stack) -> None:
+    one, two = ({"path": f"all{n}.txt", "content": str(n)} for n in (1, 2))
+    channel, ts = parked(stack, "liveall", tool_use("write_file", one), tool_use("write_file", two))
+    wait_until(lambda: cards_of(stack, channel, ts, "approve_all"))
+    (batch,) = cards_of(stack, channel, ts, "approve_all")
+    assert stack.click(batch, "approve_all") == 200
+    wrapped_up(stack, channel, ts, "liveall")
+    assert_nothing_waits(stack, channel)
+    lines = lines_in(stack, channel)
+    assert len(lines) == 2 and all(
+        (t["status"], t["details"]) == ("complete", texts.TASK_APPROVED) for t in lines
+    )
+    assert (stack.workspace / "all2.txt").read_text() == "2"
 
 
 def test_a_streamed_link_shows_its_address_above_the_waiting_card_and_after_it_settles(stack: Stack) -> None:
@@ -164,8 +292,7 @@ def test_a_streamed_link_shows_its_address_above_the_waiting_card_and_after_it_s
     assert stack.click(card, "approve") == 200
     wait_post(stack, channel, ts, lambda m: footer(1, 2) in m["text"], timeout=30)
     summary = wait_post(stack, channel, ts, lambda m: "Turn 1" in m["text"])
-    assert summary["ts"] == stopped["ts"]  # the stopped stream settled into the turn summary
-    assert shown in str(summary["blocks"]) and "](" not in str(summary["blocks"])
+    assert shown in str(summary["blocks"]) and "](" not in str(summary["blocks"])  # the words it said
 
 
 def test_a_workspace_without_tasks_still_streams_words_and_posts_the_summaries(stack: Stack) -> None:

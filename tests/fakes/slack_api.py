@@ -61,6 +61,7 @@ ID_MAX = 255
 MAX_SUGGESTED_PROMPTS = 4
 AGENT_SESSION_STATUSES = ("active", "processing", "suspended", "closed")
 TASK_STATUSES = ("pending", "in_progress", "complete", "error")  # a task_update chunk's status
+_ADDED_TASK_FIELDS = ("details", "output")  # a task update adds to these (see _apply_tasks)
 AGENT_SESSION_TITLE_MAX = 200
 # What an app not set up as an agent hears from agents.sessions.setStatus. Slack's reference does
 # not name it; the bot treats any refusal alike, so the name is this fake's own.
@@ -1061,6 +1062,11 @@ class FakeSlackAPI:
         return {"channel": channel, "ts": ts, "message": self._slack_message(msg)}
 
     def _chat_update(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Replace a message's text and blocks (omitted blocks are kept). A stopped stream's tasks
+        are kept as they stopped: Slack's reference does not say what an update does to them, and
+        a user saw a task's "Waiting for approval" outlive the update that settled its message
+        (issue 32), so this fake, like the playground, keeps them; and as a stopped stream takes no
+        task update, nothing can change them any more."""
         channel = self._require_str(params, "channel", "channel_not_found")
         ts = self._require_str(params, "ts", "message_not_found")
         msg = self._find_message(channel, ts)
@@ -1309,11 +1315,16 @@ class FakeSlackAPI:
         Slack's rules as this fake knows them: a list of objects of a known ``type``; a
         ``markdown_text`` chunk has text; a ``task_update`` has an id, a title and a status of
         pending, in_progress, complete or error.  With :attr:`tasks_supported` off (a workspace
-        without task updates) a task chunk is refused.
+        without task updates) a task chunk is refused.  A call gives its words either as
+        ``markdown_text`` or as ``chunks``, never both (Slack answers
+        ``cannot_provide_both_markdown_text_and_chunks``: seen live by hermes-agent, PRs #100510 and
+        #104173).
         """
         chunks = params.get("chunks")
         if chunks is None:
             return "", []
+        if params.get("markdown_text"):
+            raise _ApiError("cannot_provide_both_markdown_text_and_chunks")
         if isinstance(chunks, str):
             try:
                 chunks = json.loads(chunks)
@@ -1335,6 +1346,7 @@ class FakeSlackAPI:
                     and isinstance(chunk.get("title"), str)
                     and chunk["title"]
                     and chunk.get("status") in TASK_STATUSES
+                    and all(isinstance(chunk.get(key, ""), str) for key in _ADDED_TASK_FIELDS)
                 ):
                     raise _ApiError("invalid_chunks", errors=["task_update needs id, title and status"])
                 tasks.append(copy.deepcopy(chunk))
@@ -1348,10 +1360,23 @@ class FakeSlackAPI:
 
     @staticmethod
     def _apply_tasks(msg: dict[str, Any], tasks: list[dict[str, Any]]) -> None:
-        """Each task update replaces the task of its id (first seen keeps its place)."""
+        """Each task update changes the task of its id (first seen keeps its place): its title and
+        status are replaced, its ``details`` and ``output`` added to what the task showed before.
+
+        Slack's reference does not say; openclaw saw it live ("appends details/output text on every
+        update for the same task id — only title and status replace", openclaw PR #125168), and
+        slack_sdk's own example of a task update sends later details as an addition (python-slack-sdk
+        PR #1821). Slack shows every field as sent: a task card's title is plain text and its
+        details and output are rich text (docs.slack.dev, task card block), none of them mrkdwn, so
+        an entity such as ``&gt;`` shows as those four characters and ``<!here>`` pings nobody.
+        """
         for task in tasks:
             shown = msg["tasks"].setdefault(task["id"], {})
-            shown.update({k: v for k, v in task.items() if k != "type"})
+            for key, value in task.items():
+                if key in _ADDED_TASK_FIELDS:
+                    shown[key] = shown.get(key, "") + value
+                elif key != "type":
+                    shown[key] = value
             shown.setdefault("history", []).append(task["status"])
 
     def _streaming(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -1391,8 +1416,10 @@ class FakeSlackAPI:
         return {"channel": msg["channel"], "ts": msg["ts"], "message": self._slack_message(msg)}
 
     def streams(self) -> list[dict[str, Any]]:
-        """Every message that was streamed: channel, ts, text now, whether it still streams, and
-        its tasks (id -> its latest title, status, details, output, and ``history`` of statuses)."""
+        """Every message that was streamed and is still in its channel: channel, ts, text now,
+        whether it still streams, and its tasks (id -> its latest title and status, its details
+        and output as they added up, and the ``history`` of its statuses). A stopped stream's
+        tasks stay as they were when it stopped, through any `chat.update` (see `_chat_update`)."""
         with self._lock:
             return [
                 {

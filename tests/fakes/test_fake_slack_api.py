@@ -661,3 +661,63 @@ def test_chat_get_permalink(fake: FakeSlackAPI, client: WebClient) -> None:
         with pytest.raises(SlackApiError) as info:
             client.chat_getPermalink(**kwargs)
         assert info.value.response["error"] == error
+
+
+def test_a_task_update_replaces_title_and_status_and_adds_to_details_and_output(
+    fake: FakeSlackAPI, client: WebClient
+) -> None:
+    root = client.chat_postMessage(channel=CH, text="ask")["ts"]
+
+    def task(status: str, **more: str) -> dict[str, Any]:
+        return {
+            "type": "task_update",
+            "id": "t1",
+            "title": f"write_file ({status})",
+            "status": status,
+            **more,
+        }
+
+    ts = client.chat_startStream(
+        channel=CH, thread_ts=root, recipient_team_id="T1", recipient_user_id="UA", chunks=[task("pending")]
+    )["ts"]
+    client.chat_appendStream(channel=CH, ts=ts, chunks=[task("in_progress", details="Approved.")])
+    client.chat_stopStream(
+        channel=CH, ts=ts, chunks=[task("complete", details=" Ran.", output="a > b & <!here>")]
+    )
+    (shown,) = fake.streams()[0]["tasks"].values()
+    assert (shown["title"], shown["status"]) == ("write_file (complete)", "complete")
+    assert (
+        shown["details"] == "Approved. Ran." and shown["output"] == "a > b & <!here>"
+    )  # plain text, as sent
+    assert shown["history"] == ["pending", "in_progress", "complete"]
+    with pytest.raises(SlackApiError) as info:  # a stopped stream takes no task update
+        client.chat_appendStream(channel=CH, ts=ts, chunks=[task("error")])
+    assert info.value.response["error"] == "message_not_in_streaming_state"
+    client.chat_update(channel=CH, ts=ts, text="settled", blocks=[section("settled")])
+    assert fake.streams()[0]["tasks"]["t1"]["status"] == "complete"  # kept as the stream stopped
+
+
+def test_a_stream_write_gives_its_words_as_markdown_text_or_as_chunks_never_both(
+    fake: FakeSlackAPI, client: WebClient
+) -> None:
+    root = client.chat_postMessage(channel=CH, text="ask")["ts"]
+    words = {"type": "markdown_text", "text": "more"}
+    with pytest.raises(SlackApiError) as info:
+        client.chat_startStream(
+            channel=CH,
+            thread_ts=root,
+            recipient_team_id="T1",
+            recipient_user_id="UA",
+            markdown_text="hi",
+            chunks=[words],
+        )
+    assert info.value.response["error"] == "cannot_provide_both_markdown_text_and_chunks"
+    ts = client.chat_startStream(
+        channel=CH, thread_ts=root, recipient_team_id="T1", recipient_user_id="UA", markdown_text="hi"
+    )["ts"]
+    for method in (client.chat_appendStream, client.chat_stopStream):
+        with pytest.raises(SlackApiError) as info:
+            method(channel=CH, ts=ts, markdown_text=" there", chunks=[words])
+        assert info.value.response["error"] == "cannot_provide_both_markdown_text_and_chunks"
+    client.chat_appendStream(channel=CH, ts=ts, chunks=[words])
+    assert fake.streams()[0]["text"] == "himore"

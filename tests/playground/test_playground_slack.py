@@ -218,7 +218,9 @@ def test_a_streams_chunks_grow_its_text_and_keep_its_tasks_by_id_through_stop_an
         task_display_mode="plan",
     )
     stream = {"channel": CHANNEL_ID, "ts": opened["ts"]}
-    client.chat_appendStream(**stream, chunks=[_task("t1", "Listing the files", "in_progress")])  # no text
+    client.chat_appendStream(
+        **stream, chunks=[_task("t1", "Listing the files", "in_progress", details="2 files")]
+    )  # no text
     client.chat_appendStream(
         **stream,
         markdown_text=" on it",
@@ -234,15 +236,15 @@ def test_a_streams_chunks_grow_its_text_and_keep_its_tasks_by_id_through_stop_an
         **stream,
         chunks=[
             _task("t2", "Write notes.md", "error", output="declined"),
-            _task("t1", "List the files", "complete", details="2 files"),
+            _task("t1", "List the files", "complete", details=", both read"),
         ],
     )
     stopped = page.thread(ts)[-1]
     assert stopped["streaming"] is False and stopped["text"] == "Working on it…"
     assert stopped["tasks"] == [
-        {"id": "t1", "title": "List the files", "status": "complete", "details": "2 files"},
+        {"id": "t1", "title": "List the files", "status": "complete", "details": "2 files, both read"},
         {"id": "t2", "title": "Write notes.md", "status": "error", "output": "declined"},
-    ]  # first-seen order, the latest status winning
+    ]  # first-seen order, the latest title and status winning, details added to as Slack does
     blocks = [{"type": "section", "text": {"type": "mrkdwn", "text": "Done"}}]
     client.chat_update(**stream, text="Done", blocks=blocks)
     settled = page.thread(ts)[-1]

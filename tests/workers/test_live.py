@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,8 +17,9 @@ from slack_sdk import WebClient
 
 from harness.policy import Tier
 from harness.signals import CallRunning, TextWritten, ToolReturned
-from harness.state import PendingCall
+from harness.state import Decision, PendingCall, Verdict
 from harness.tools import ToolResult
+from messages import texts
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import wait_until
 from workers.live import LiveStreams, LiveView
@@ -46,6 +48,13 @@ def call(call_id: str, name: str = "get_time", result: ToolResult | None = None)
     return PendingCall(id=call_id, name=name, input={"path": "a.txt"}, tier=Tier.ALLOW, why="", result=result)
 
 
+def asked(call_id: str, verdict: Verdict | None = None, **changes: Any) -> PendingCall:
+    """A `write_file` call that asks, decided `verdict` (None: not yet)."""
+    decision = None if verdict is None else Decision(verdict, by="UANN")
+    args = {"path": "notes.md", "content": "The task:\n\n> Write a note & <b>keep</b> it"}
+    return replace(PendingCall(call_id, "write_file", args, Tier.ASK, decision), **changes)
+
+
 def stream_writes(slack: FakeSlackAPI) -> list[Any]:
     return [c for c in slack.calls if "Stream" in c.method]
 
@@ -71,7 +80,8 @@ def test_a_task_goes_through_pending_in_progress_and_complete_or_error(slack: Fa
     tasks = tasks_of(slack)
     assert tasks["toolu_1"]["history"] == ["pending", "in_progress", "complete"]
     assert tasks["toolu_2"]["history"] == ["pending", "in_progress", "error"]
-    assert tasks["toolu_2"]["output"] == "&lt;!here&gt; no such file"  # tool text is inert here too
+    # Plain text: shown as the tool wrote it, no entity (`<!here>` is only text there, it pings nobody).
+    assert tasks["toolu_2"]["output"] == "<!here> no such file"
     assert tasks["toolu_2"]["title"].startswith("read_file")
     assert ts == slack.streams()[0]["ts"]
     start = stream_writes(slack)[0]
@@ -156,3 +166,69 @@ def test_a_message_opened_and_sealed_in_one_batch_still_stops_a_pace_later(slack
     start, stop = stream_writes(slack)
     assert (start.method, stop.method) == ("chat.startStream", "chat.stopStream")
     assert stop.at - start.at >= 0.3
+
+
+def test_a_title_shows_the_arguments_as_written_with_no_entity(slack: FakeSlackAPI) -> None:
+    live = view(slack, root(slack))
+    live.requested([asked("toolu_1")])
+    live.seal()
+    wait_until(lambda: slack.streams() and not slack.streams()[0]["streaming"])
+    title = tasks_of(slack)["toolu_1"]["title"]
+    assert "The task:\\n\\n> Write a note & <b>keep</b> it" in title  # as Slack shows plain text
+    assert not any(entity in title for entity in ("&gt;", "&lt;", "&amp;"))
+
+
+def test_a_call_that_never_runs_goes_straight_to_why_never_through_in_progress(slack: FakeSlackAPI) -> None:
+    live = view(slack, root(slack))
+    waits, denied = asked("toolu_1"), replace(call("toolu_2", "delete_file"), tier=Tier.DENY)
+    live.requested([waits, denied])  # the model asked for both: one asks, the policy denies the other
+    live.waiting([waits])
+    wait_until(lambda: slack.streams() and tasks_of(slack).get("toolu_1", {}).get("details"))
+    assert live.seal() is not None
+    wait_until(lambda: not slack.streams()[0]["streaming"])
+    tasks = tasks_of(slack)
+    assert (tasks["toolu_1"]["status"], tasks["toolu_1"]["details"]) == ("pending", texts.TASK_WAITING)
+    assert tasks["toolu_2"]["history"] == ["error"] and tasks["toolu_2"]["details"] == texts.TASK_DENIED
+
+    for verdict, why in ((Verdict.DECLINED, texts.TASK_DECLINED), (Verdict.EXPIRED, texts.TASK_EXPIRED)):
+        slack.reset()
+        live = view(slack, root(slack))
+        undone = asked("toolu_3", verdict)
+        live.requested([undone])
+        live(CallRunning(1, undone))  # the loop passes every call; this one is never run
+        live(ToolReturned(1, replace(undone, result=ToolResult("Not executed", True))))
+        live.seal()
+        wait_until(lambda: slack.streams() and not slack.streams()[0]["streaming"])
+        (task,) = tasks_of(slack).values()
+        assert (task["history"], task["details"], task.get("output")) == (["error"], why, None)
+
+
+def test_an_approved_call_says_so_once_and_its_output_once(slack: FakeSlackAPI) -> None:
+    live = view(slack, root(slack))
+    approved = asked("toolu_1", Verdict.APPROVED)
+    live.requested([approved])
+    wait_until(lambda: slack.streams() and tasks_of(slack))
+    live(CallRunning(1, approved))
+    wait_until(lambda: tasks_of(slack)["toolu_1"]["status"] == "in_progress")
+    done = replace(approved, result=ToolResult("wrote notes.md"))
+    live(ToolReturned(1, done))
+    wait_until(lambda: tasks_of(slack)["toolu_1"]["status"] == "complete")
+    live.requested([done])  # the turn's end shows every call as it ended: nothing new here
+    live.seal()
+    wait_until(lambda: not slack.streams()[0]["streaming"])
+    (task,) = tasks_of(slack).values()
+    assert task["history"] == ["pending", "in_progress", "complete"]
+    assert (task["details"], task["output"]) == (texts.TASK_APPROVED, "wrote notes.md")
+
+
+def test_a_stream_opened_with_words_whose_tasks_are_refused_goes_on_with_words(slack: FakeSlackAPI) -> None:
+    slack.tasks_supported = False
+    live = view(slack, root(slack))
+    live(TextWritten("checking"))
+    wait_until(lambda: slack.streams())  # opened with its words alone …
+    live.requested([call("toolu_3")])  # … then a task, which this workspace refuses
+    live(TextWritten(" and on"))
+    live.seal()
+    wait_until(lambda: not slack.streams()[0]["streaming"])
+    assert slack.streams()[0]["text"] == "checking and on" and not slack.streams()[0]["tasks"]
+    assert "tasks" in live.refused and not live.message
