@@ -188,6 +188,13 @@ def test_a_master_killed_under_load_loses_no_acked_mention_or_decision_and_runs_
             assert sorted(ledger) == expected  # each side effect once: none lost, none twice
             assert sorted(slack.acked) == list(range(RUNS)) and sorted(slack.clicked) == list(range(RUNS))
             assert model.errors == []  # every tool_use answered once, in order, whatever crashed
+            # Seen: an answer streamed, its record lost with the master, and streamed again by the
+            # next driver: the thread showed it twice. Count the messages, not only the effects.
+            for i in range(RUNS):
+                shown = [
+                    m["text"] for m in posts(stack, f"CFO{i}", _ts(stack, i)) if f"fo{i} done" in m["text"]
+                ]
+                assert len(shown) == 1, f"run {i}'s answer is in its thread {len(shown)} times: {shown}"
             after_kill = [t for t in slack.acked.values() if t > killed]
             figures = {
                 "promoted_after_s": round(promoted - killed, 2),
