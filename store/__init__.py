@@ -59,6 +59,7 @@ from store.budgets import (
     utc_day,
 )
 from store.config_source import ConfigSourceStore
+from store.decisions import APPROVALS_VERSION, DECISION_VERSION
 from store.escalations import EscalationStore, ExtendOutcome, ExtendResult
 from store.grants import Grant, GrantStore, grant_slot
 from store.groups import GROUP_TTL, GroupStore
@@ -82,6 +83,7 @@ from store.records import (
     IM,
     LIMIT_CALL,
     RECORD_VERSION,
+    RECORD_VERSIONS,
     CallTool,
     LimitAsk,
     RecordEncoder,
@@ -92,7 +94,7 @@ from store.records import (
 )
 from store.replicas import Replicas, Shortfall
 from store.runs import PENDING_TTL, FinishResult, RunStore, Saved
-from store.threads import HISTORY_VERSION, THREAD_TTL, ThreadStore
+from store.threads import HISTORY_VERSION, HISTORY_VERSIONS, THREAD_TTL, ThreadStore
 
 
 class Store:
@@ -120,6 +122,7 @@ class Store:
 
 
 __all__ = [
+    "APPROVALS_VERSION",
     "AUDIT_MAX_AGE",
     "AUDIT_MAX_ENTRIES",
     "AUDIT_PREVIEW_CHARS",
@@ -127,6 +130,7 @@ __all__ = [
     "BUDGET_TTL",
     "CHANNEL_SCOPE",
     "DAY",
+    "DECISION_VERSION",
     "ENDED",
     "EVENT_TTL",
     "EXPIRES_FIELD",
@@ -138,11 +142,13 @@ __all__ = [
     "GROUP_TTL",
     "HOLD_SECONDS",
     "HISTORY_VERSION",
+    "HISTORY_VERSIONS",
     "IM",
     "BATCH",
     "LIMIT_CALL",
     "PENDING_TTL",
     "RECORD_VERSION",
+    "RECORD_VERSIONS",
     "RUN_COUNT_HORIZON",
     "THREAD_TTL",
     "USER_SCOPE",
