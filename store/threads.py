@@ -69,6 +69,18 @@ return 1
 """
 
 
+# KEYS[1] thread lock, KEYS[2] waiting list, KEYS[3] active set. ARGV[1] run id, ARGV[2] now.
+# A run that took its thread and cannot start in it (a newer release wrote the thread's history)
+# lets it go as an ending run would: the run queued next is marked active. Idempotent.
+_GIVE_BACK = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return '' end
+redis.call('DEL', KEYS[1])
+local nxt = redis.call('LPOP', KEYS[2])
+if nxt then redis.call('ZADD', KEYS[3], ARGV[2], nxt) return nxt end
+return ''
+"""
+
+
 class ThreadStore(StorePart):
     """Who holds a thread, who waits for it, and what was said in it."""
 
@@ -98,6 +110,13 @@ class ThreadStore(StorePart):
         keys = [Keys.thread_lock(*record.thread), Keys.thread_waiting(*record.thread)]
         args: list[Any] = [record.run_id, ttl, THREAD_TTL, "1" if queue else "0"]
         return bool(self._script(_TAKE_THREAD)(keys=keys, args=args))
+
+    def give_back(self, record: RunRecord) -> str | None:
+        """Let go of the thread `record` took (`take`), handing it to the run queued next, if any
+        (marked active: the watchdog starts it); that run's id."""
+        keys = [Keys.thread_lock(*record.thread), Keys.thread_waiting(*record.thread), Keys.active()]
+        nxt = self._script(_GIVE_BACK)(keys=keys, args=[record.run_id, time.time()])
+        return as_text(nxt) or None
 
     def holder(self, record: RunRecord) -> str | None:
         raw = self.redis.get(Keys.thread_lock(*record.thread))
