@@ -350,6 +350,10 @@ class RunStore(StorePart):
             active, leased, job_id = pipe.execute()
         return active is not None and not leased and not (job_id and queued(as_text(job_id)))
 
+    def heard_from(self, run_id: str, now: float) -> None:
+        """`run_id`, marked active, was just handed a driver: no orphan for a lease period yet."""
+        self.redis.zadd(Keys.active(), {run_id: now}, xx=True)
+
     def forget_active(self, run_id: str) -> None:
         self.redis.zrem(Keys.active(), run_id)
 

@@ -85,6 +85,9 @@ class TakeBack:
                 now - since,
             )
             if store.runs.unattended(run_id, lambda job_id: job_waiting(queue, job_id)):
+                # Heard from now: the orphans of this very pass must not see it between its job's
+                # start and its lease (its score is as old as its hold).
+                store.runs.heard_from(run_id, now)
                 enqueue_run_job(store, queue, START_RUN, run_id)
         return taken
 
