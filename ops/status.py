@@ -154,10 +154,12 @@ def report(store: Store, config: Config, now: float | None = None) -> str:
     """The whole status, as text for a terminal."""
     now = time.time() if now is None else now
     lines: list[str] = []
-    flying = in_flight(store)
+    flying, held = in_flight(store), store.held.ids()
     lines.append(f"In flight: {len(flying)}")
     for record, driven in flying:
         how = "driven now" if driven else "waiting for a worker"
+        if not driven and record.run_id in held:
+            how = "waiting for a newer version (below)"
         lines.append(
             f"  {_where(record)} {record.status.value}, {how}, started {_ago(now - record.created_at)}"
         )
