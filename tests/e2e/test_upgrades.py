@@ -137,78 +137,102 @@ def lines_about(process: Process, run_id: str, words: str) -> int:
 def test_a_worker_leaves_runs_a_newer_release_wrote_as_they_were_until_it_reads_them(
     stack: Stack,
 ) -> None:
+    """P parked, decided, its harness state newer; Q queued, its record newer; R queued in a thread
+    whose history is newer (an earlier run of the thread saved it)."""
     conn = redis.Redis.from_url(stack.redis_url)
     stack.model.script_for("upp:", reply(tool_use("sign", {"key": "p"})), reply(text("p done")))
     stack.model.script_for("upq:", reply(tool_use("stamp", {"key": "q"})), reply(text("q done")))
+    stack.model.script_for("upr:", reply(text("first done")), reply(tool_use("stamp", {"key": "r"})))
+    stack.model.script_for("upr:", reply(text("r done")))
     stack.start_bot()
     first = stack.start_worker()
     _, p_ts, _ = stack.mention("upp: sign p", channel="C1", user="UANN")
+    _, r_ts, _ = stack.mention("upr: hello", channel="C3", user="UANN")
     card = card_of(stack, "C1", p_ts)
+    wait_text(stack, "C3", r_ts, "first done")
     stack.settled()
     first.stop()
-    # The decision is in (the run is active, its resume job queued), and a second run is queued,
-    # when a newer release rewrites both records: P's harness state, Q's whole record.
+    # Then, no worker running: P's decision is in (the run active, its resume job queued), Q and R
+    # are queued, and a newer release rewrites P's harness state, Q's record and R's thread history.
     assert stack.click(card, "approve", user="UANN") == 200
     p = run_of(conn, "C1")
     wait_until(lambda: conn.hget(Keys.approvals(p.run_id, 1), value_of_call(card)))
     _, q_ts, _ = stack.mention("upq: stamp q", channel="C2", user="UANN")
-    q = wait_until(lambda: next(iter([r for r in runs(conn) if r.channel == "C2"]), None))
-    assert make_queue(conn).count == 2  # apply_decisions for P, start_run for Q
-    originals = {run_id: conn.get(Keys.run(run_id)) for run_id in (p.run_id, q.run_id)}
+    stack.mention("upr: stamp r", channel="C3", user="UANN", thread_ts=r_ts)
+    wait_until(lambda: make_queue(conn).count == 3)  # P's resume, Q's and R's starts
+    q = run_of(conn, "C2")
+    [r] = [run for run in runs(conn) if run.channel == "C3" and run.status is RunStatus.QUEUED]
+    originals = {run_id: conn.get(Keys.run(run_id)) for run_id in (p.run_id, q.run_id, r.run_id)}
+    history = conn.hget(Keys.history(*r.thread), "data")
     newer_state(conn, p.run_id)
     newer_record(conn, q.run_id)
-    before = {
-        "records": {run_id: conn.get(Keys.run(run_id)) for run_id in originals},
-        "park": conn.hgetall(Keys.approvals(p.run_id, 1)),
-        "active": {run_id: conn.zscore(Keys.active(), run_id) for run_id in originals},
-        "threads": [conn.get(Keys.thread_lock(*r.thread)) for r in (p, q)],
-    }
-    seen = {ts: len(posts(stack, channel, ts)) for channel, ts in (("C1", p_ts), ("C2", q_ts))}
+    newer_history(conn, r)
+    before = stored(conn, p, q, r)
+    seen = {ts: len(posts(stack, channel, ts)) for channel, ts in (("C1", p_ts), ("C2", q_ts), ("C3", r_ts))}
 
     done = make_queue(conn).finished_job_registry
-    ran = done.count  # P's first start
+    ran = done.count  # P's and R's first starts
     worker = stack.start_worker()
-    wait_until(lambda: done.count == ran + 2, timeout=60)  # P's resume and Q's start ran, to their end
+    wait_until(lambda: done.count == ran + 3, timeout=60)  # each job ran, to its end
     watchdog_passes(conn)
 
-    after = {
-        "records": {run_id: conn.get(Keys.run(run_id)) for run_id in originals},
-        "park": conn.hgetall(Keys.approvals(p.run_id, 1)),
-        "active": {run_id: conn.zscore(Keys.active(), run_id) for run_id in originals},
-        "threads": [conn.get(Keys.thread_lock(*r.thread)) for r in (p, q)],
-    }
-    assert after == before  # byte for byte, the active set's scores too: no recovery touched them
+    assert stored(conn, p, q, r) == before  # byte for byte: records, park, history, active set, threads
     assert {m.decode() for m in conn.zrange(Keys.held(), 0, -1)} == set(originals)
     queue = make_queue(conn)
     assert (queue.count, queue.scheduled_job_registry.count, queue.failed_job_registry.count) == (0, 0, 0)
     assert not conn.keys("harness:lease:*")
-    assert {ts: len(posts(stack, channel, ts)) for channel, ts in (("C1", p_ts), ("C2", q_ts))} == seen
-    assert len(stack.model.requests) == 1 and ledger(stack) == []
-    for run_id, what in ((p.run_id, "stored run state has format version 2"), (q.run_id, "run record")):
+    assert {ts: len(posts(stack, ch, ts)) for ch, ts in (("C1", p_ts), ("C2", q_ts), ("C3", r_ts))} == seen
+    assert len(stack.model.requests) == 2 and ledger(stack) == []
+    for run_id, what in (
+        (p.run_id, "stored run state has format version 2"),
+        (q.run_id, f"stored run record has format version {RECORD_VERSION + 1}"),
+        (r.run_id, "stored thread history has format version 2"),
+    ):
         said = [line for line in worker.output().splitlines() if run_id in line and "left untouched" in line]
         assert len(said) == 1 and what in said[0], worker.output()
 
     status = stack.spawn("status", "-m", "workers", "status")
     assert status.proc.wait(60) == 0, status.output()
     shown = status.output().splitlines()
-    assert "Waiting for a newer version: 2" in shown
-    for run_id, where in ((p.run_id, "T1/C1 awaiting_approval"), (q.run_id, "T1/C2 queued")):
+    assert "Waiting for a newer version: 3" in shown
+    shown = shown[shown.index("Waiting for a newer version: 3") + 1 :]
+    for run_id, where in (
+        (p.run_id, "T1/C1 awaiting_approval"),
+        (q.run_id, "T1/C2 queued"),
+        (r.run_id, "T1/C3 queued"),
+    ):
         line = next(line for line in shown if line.startswith(f"  run {run_id}"))
         assert where in line and "left by a worker" in line and "newer than this release reads" in line
 
-    # A newer worker would write them again in the format it reads; here, the records as they were.
+    # A newer worker would write them again in a format it reads; here, as they were.
     for run_id, raw in originals.items():
-        conn.set(Keys.run(run_id), raw)
-    wait_text(stack, "C1", p_ts, "p done")
-    wait_text(stack, "C2", q_ts, "q done")
+        conn.set(Keys.run(run_id), raw, keepttl=True)
+    conn.hset(Keys.history(*r.thread), "data", history)
+    for channel, ts, answer in (("C1", p_ts, "p done"), ("C2", q_ts, "q done"), ("C3", r_ts, "r done")):
+        wait_text(stack, channel, ts, answer)
     stack.settled()
-    assert ledger(stack) == ["p", "q"]  # each side effect once
-    assert answered(stack, "C1", p_ts, "p done") == 1 and answered(stack, "C2", q_ts, "q done") == 1
-    assert [record_of(conn, r).status for r in originals] == [RunStatus.FINISHED, RunStatus.FINISHED]
+    assert ledger(stack) == ["p", "q", "r"]  # each side effect once
+    for channel, ts, answer in (("C1", p_ts, "p done"), ("C2", q_ts, "q done"), ("C3", r_ts, "r done")):
+        assert answered(stack, channel, ts, answer) == 1
+    assert {record_of(conn, run_id).status for run_id in originals} == {RunStatus.FINISHED}
     assert conn.zcard(Keys.held()) == 0
-    assert all(lines_about(worker, r, "left untouched for a newer release") == 1 for r in originals)
-    assert all(record_of(conn, r).recoveries == 0 for r in originals)  # taken back, not recovered
-    assert not any(lines_about(worker, r, "has no driver") for r in originals)  # no recovery job either
+    assert all(lines_about(worker, run_id, "left untouched for a newer release") == 1 for run_id in originals)
+    assert all(record_of(conn, run_id).recoveries == 0 for run_id in originals)  # taken back, not recovered
+    assert not any(lines_about(worker, run_id, "has no driver") for run_id in originals)  # no recovery job
+
+
+def stored(conn: redis.Redis, p: RunRecord, q: RunRecord, r: RunRecord) -> dict[str, Any]:
+    """What "untouched" compares: the runs' records, P's park, R's thread (history, lock and queue),
+    the runs' places (and scores) in the active set, and the threads' locks."""
+    ids = (p.run_id, q.run_id, r.run_id)
+    return {
+        "records": {run_id: conn.get(Keys.run(run_id)) for run_id in ids},
+        "park": conn.hgetall(Keys.approvals(p.run_id, 1)),
+        "history": conn.hgetall(Keys.history(*r.thread)),
+        "waiting": conn.lrange(Keys.thread_waiting(*r.thread), 0, -1),
+        "active": {run_id: conn.zscore(Keys.active(), run_id) for run_id in ids},
+        "locks": [conn.get(Keys.thread_lock(*run.thread)) for run in (p, q, r)],
+    }
 
 
 def runs(conn: redis.Redis) -> list[RunRecord]:
@@ -231,6 +255,13 @@ def newer_state(conn: redis.Redis, run_id: str) -> None:
     data = json.loads(unpack(conn.get(Keys.run(run_id))))
     data["state"]["version"] = 2
     conn.set(Keys.run(run_id), pack(json.dumps(data)), keepttl=True)
+
+
+def newer_history(conn: redis.Redis, record: RunRecord) -> None:
+    """Rewrite the thread's history as a newer release would: a format after this one's."""
+    data = json.loads(unpack(conn.hget(Keys.history(*record.thread), "data")))
+    data["version"] = 2
+    conn.hset(Keys.history(*record.thread), "data", pack(json.dumps(data)))
 
 
 def newer_record(conn: redis.Redis, run_id: str) -> None:
