@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import redis
@@ -18,6 +20,7 @@ from store import RECORD_VERSION, RunRecord, RunStatus, Store, new_run_id, pack
 from store.keys import Keys
 from workers import newer
 from workers.jobs import expire_due
+from workers.process.main import _expiry_reminder, _post_due
 
 CALL = PendingCall("toolu_1", "write_file", {"path": "a.txt", "content": "a"}, Tier.ASK)
 
@@ -159,3 +162,19 @@ def test_a_newer_thread_history_leaves_a_queued_run_queued(store: Store, conn: r
 
 def _newer() -> NewerRecord:
     return NewerRecord("run record", RECORD_VERSION + 1, {RECORD_VERSION})
+
+
+def test_a_reminder_due_on_a_newer_run_stays_due_for_it(store: Store, conn: redis.Redis) -> None:
+    """A reminder claimed before anyone held its run: the run is held, the reminder put back, not
+    posted and not lost; while the run is held no watchdog claims it again."""
+    now = time.time()
+    due = parked(store, now + 3600)
+    store.escalations.schedule_reminder(due.run_id, 1, now - 1)
+    make_newer(conn, due)
+    claimed = store.escalations.claim_due_reminders(now)
+    assert claimed == [(due.run_id, 1)]
+    svc: Any = SimpleNamespace(store=store)  # nothing else of it is touched: no post is built
+    posted = _post_due(svc, claimed, _expiry_reminder, store.escalations.schedule_reminder, "reminder", now)
+    assert posted == 0 and store.held.ids() == {due.run_id}
+    assert conn.zscore(Keys.reminders(), f"{due.run_id}:1") == now  # due again, for the newer release
+    assert store.escalations.claim_due_reminders(now + 1) == []
