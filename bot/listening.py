@@ -30,7 +30,7 @@ from slack_sdk.errors import SlackApiError
 
 from gates import deciders
 from harness.config import Config
-from harness.state import StateError
+from harness.state import NewerRecord, StateError
 from messages import texts
 from messages.blocks import notice
 from observe import logs
@@ -181,6 +181,9 @@ def listener(
         token = logs.enter(**logs.slack_fields(body))  # every line logged meanwhile names the thread
         try:
             handler(**{name: given[name] for name in wanted})
+        except NewerRecord as exc:  # read after the run's record (its park): it waits, untouched
+            log.info("a click on a run a newer release saved changed nothing: %s", exc)
+            context[REPLY] = texts.NEWER_RUN
         finally:
             deps.background.submit(after, body, context, client)
             logs.leave(token)
@@ -234,6 +237,7 @@ class Opening(Generic[R]):
     checks: Sequence[Callable[[Click[R]], Reply | None]] = ()
     where: Where = Where.NO_CHANNEL_TOO
     unreadable: Reply = texts.UNREADABLE_RUN
+    newer: Reply = texts.NEWER_RUN  # a newer release wrote the run: it waits for it, untouched
     wrong_team: Reply = texts.WRONG_TEAM
     wrong_channel: Reply = texts.WRONG_CHANNEL
 
@@ -253,6 +257,10 @@ def open_click(
         record = deps.store.runs.load(opening.run_of(ref))
     except BadId:
         record = None
+    except NewerRecord as exc:
+        log.info("a click on a run a newer release saved changed nothing: %s", exc)
+        context[REPLY] = opening.newer
+        return None
     except StateError:
         context[REPLY] = opening.unreadable
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -17,11 +18,51 @@ from typing import Any
 from harness.policy import PathArgs, Tier
 from harness.tools import ToolResult
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # what `RunState.to_json` writes; `_STATE_READERS` holds what this release reads
 
 
 class StateError(ValueError):
     """A stored state or a decision that cannot be used; nothing is executed because of it."""
+
+
+class NewerRecord(StateError):
+    """A stored record in a format version newer than this release reads: a newer release wrote it.
+
+    Not malformed: whoever meets one leaves it as it is (a queued run stays queued, a parked one
+    parked) for a release that reads it, and never refuses, fails or rewrites it. `what` names the
+    record, `found` its version, `known` the versions this release reads.
+    """
+
+    def __init__(self, what: str, found: int, known: Collection[int]) -> None:
+        self.what, self.found, self.known = what, found, tuple(sorted(known))
+        super().__init__(
+            f"stored {what} has format version {found}, newer than this release reads "
+            f"({_versions(self.known)}): a newer release wrote it"
+        )
+
+
+def _versions(known: Collection[int]) -> str:
+    listed = sorted(known)
+    return ("version " if len(listed) == 1 else "versions ") + ", ".join(str(v) for v in listed)
+
+
+def format_version(data: Any, what: str, known: Collection[int], *, unversioned: int | None = None) -> int:
+    """The format version of `data`, a stored JSON object, when it is one this release reads.
+
+    `unversioned`: the version of an object written with no `version` (before it carried one).
+    A version newer than every one in `known` raises `NewerRecord`; any other (older, missing, not a
+    number, `data` not an object) `StateError`: refused, never misread.
+    """
+    found = data.get("version", unversioned) if isinstance(data, dict) else None
+    if isinstance(found, int) and not isinstance(found, bool):
+        if found in known:
+            return found
+        if known and found > max(known):
+            raise NewerRecord(what, found, known)
+    raise StateError(
+        f"stored {what} has format version {found!r}; this release reads {_versions(known)}, "
+        "so it is refusing to use it"
+    )
 
 
 class Status(StrEnum):
@@ -231,28 +272,11 @@ class RunState:
 
     @classmethod
     def from_json(cls, data: Any) -> RunState:
-        """Read a stored state; one of another format version or shape raises `StateError`."""
-        if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
-            version = data.get("version") if isinstance(data, dict) else None
-            raise StateError(
-                f"stored run state has format version {version!r}; this harness reads only "
-                f"version {FORMAT_VERSION}, so the run cannot be resumed safely"
-            )
+        """Read a stored state of any version this release reads (`_STATE_READERS`); a newer one
+        raises `NewerRecord`, one of another version or shape `StateError`."""
+        reader = _STATE_READERS[format_version(data, "run state", _STATE_READERS)]
         try:
-            return cls(
-                messages=tuple(data["messages"]),
-                status=Status(data["status"]),
-                turns=int(data["turns"]),
-                requests=int(data["requests"]),
-                usage=Usage(*(int(n) for n in data["usage"])),
-                signatures=tuple(str(s) for s in data["signatures"]),
-                pending=tuple(PendingCall.from_json(c) for c in data["pending"]),
-                # Absent from states stored before limits could ask: nothing granted, not waiting.
-                extra_turns=int(data.get("extra_turns", 0)),
-                extra_tokens=int(data.get("extra_tokens", 0)),
-                at_limit=str(data.get("at_limit", "")),
-                past_budget_until=int(data.get("past_budget_until", 0)),
-            )
+            return reader(data)
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"stored run state is malformed ({exc!r}); refusing to resume it") from None
 
@@ -266,6 +290,38 @@ class RunState:
         except ValueError as exc:
             raise StateError(f"stored run state is not JSON ({exc}); refusing to resume it") from None
         return cls.from_json(data)
+
+
+def _state_v1(data: dict[str, Any]) -> RunState:
+    return RunState(
+        messages=tuple(data["messages"]),
+        status=Status(data["status"]),
+        turns=int(data["turns"]),
+        requests=int(data["requests"]),
+        usage=Usage(*(int(n) for n in data["usage"])),
+        signatures=tuple(str(s) for s in data["signatures"]),
+        pending=tuple(PendingCall.from_json(c) for c in data["pending"]),
+        # Absent from states stored before limits could ask: nothing granted, not waiting.
+        extra_turns=int(data.get("extra_turns", 0)),
+        extra_tokens=int(data.get("extra_tokens", 0)),
+        at_limit=str(data.get("at_limit", "")),
+        past_budget_until=int(data.get("past_budget_until", 0)),
+    )
+
+
+# Every version of a stored state this release reads, and how: a release keeps the reader of the
+# version the release before it wrote (tests/harness/test_formats.py loads one of each).
+_STATE_READERS: dict[int, Callable[[dict[str, Any]], RunState]] = {1: _state_v1}
+STATE_VERSIONS = frozenset(_STATE_READERS)
+
+
+def newer_state(data: Any) -> None:
+    """Raise `NewerRecord` when `data`, a stored state, is of a version newer than this release
+    reads (a record holding it was written by a newer release); anything else passes, to be
+    refused or read by `RunState.from_json` when the state is used."""
+    version = data.get("version") if isinstance(data, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > max(STATE_VERSIONS):
+        raise NewerRecord("run state", version, STATE_VERSIONS)
 
 
 def fingerprint(name: str, arguments: Any) -> str:

@@ -49,6 +49,10 @@ DECISIONS_DO_NOT_MATCH = (
 UNREADABLE_RUN = (
     "This run's saved state cannot be read safely (it may come from an older version). Nothing was changed."
 )
+NEWER_RUN = (
+    "A newer version of this app saved this run, and this version cannot read it: the run waits, "
+    "untouched, for the newer version. Nothing was recorded; try again once the newer version is running."
+)
 UNRENDERABLE = "(Turn {turn} happened, but its summary could not be shown.)"
 TOO_MANY_RECOVERIES = (
     "Stopped: this run's worker died {times} while running it, so it was not tried again. "

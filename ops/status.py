@@ -3,9 +3,11 @@
 In flight: the members of `harness:active` (queued, running, or parked with every decision in),
 each with whether a driver holds it now. Parked: the open parks of `harness:expiries`, the soonest
 to expire first. Failed: run records whose status is `failed` (a model API error; their thread has
-a Retry button), found by a SCAN of `harness:run:*`, so this reads every run of the last 7 days:
-an operator's command, not something to poll. Near a budget: every user and channel that spent at
-least 80% of a daily budget today (UTC), with the profile whose budget it is.
+a Retry button), found by a SCAN of every run record, so this reads every run of the last 7 days:
+an operator's command, not something to poll. Waiting for a newer version: runs a newer release
+wrote a record of that this release cannot read, found by the same SCAN or held by a worker that
+met one (`store.held`): they wait, untouched, for a worker of that release. Near a budget: every user
+and channel that spent at least 80% of a daily budget today (UTC), with the profile whose budget it is.
 
 It reads the config the workers run with (each says which at start, `harness:config:source`)
 unless `HARNESS_CONFIG` is set where it runs, and its first line says which it read.
@@ -22,12 +24,23 @@ from pathlib import Path
 from gates import budgets
 from gates.deciders import deciders
 from harness.config import Config, load_config
-from harness.state import PendingCall, StateError
+from harness.state import NewerRecord, PendingCall, StateError
 from runtime.queue import make_queue
 from store import LIMIT_CALL, USER_SCOPE, BadId, RunRecord, RunStatus, Store, utc_day
 
 SCAN_BATCH = 200
 CONFIG_SOURCE_TTL = 7 * 86400  # a worker says it again at every start
+
+
+@dataclass(frozen=True)
+class Newer:
+    """A run that waits for a newer release: why (what it wrote that this one cannot read), what its
+    record shows of itself, and since when a worker holds it (None: no worker has met it yet)."""
+
+    run_id: str
+    why: str
+    shows: dict[str, str]
+    held_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -65,9 +78,50 @@ def parked(store: Store, now: float, limit: int = 500) -> list[Parked]:
     return found
 
 
-def failed(store: Store) -> Iterator[RunRecord]:
-    """Every run record in the store whose run failed (SCAN, in batches of `SCAN_BATCH`)."""
-    return (record for record in store.runs.every(SCAN_BATCH) if record.status is RunStatus.FAILED)
+def failed(store: Store, newer: dict[str, Newer] | None = None) -> Iterator[RunRecord]:
+    """Every run record in the store whose run failed (SCAN, in batches of `SCAN_BATCH`); `newer`
+    gathers the records a newer release wrote, met on the way."""
+
+    def seen(run_id: str, exc: NewerRecord, shows: dict[str, str]) -> None:
+        if newer is not None:
+            newer[run_id] = Newer(run_id, str(exc), shows)
+
+    every = store.runs.every(SCAN_BATCH, newer=seen)
+    return (record for record in every if record.status is RunStatus.FAILED)
+
+
+def waiting_for_newer(store: Store, scanned: dict[str, Newer]) -> list[Newer]:
+    """The runs that wait for a newer release: those whose record the SCAN found newer, and those
+    a worker holds (whatever of theirs was newer: the record, the thread's history, the park's
+    decisions), the longest held first."""
+    found = dict(scanned)
+    for run_id, since in store.held.held():
+        why, shows = (
+            (found[run_id].why, found[run_id].shows) if run_id in found else _newer_part(store, run_id)
+        )
+        found[run_id] = Newer(run_id, why, shows, since)
+    return sorted(found.values(), key=lambda n: (n.held_since is None, n.held_since or 0, n.run_id))
+
+
+def _newer_part(store: Store, run_id: str) -> tuple[str, dict[str, str]]:
+    """Why a held run waits (its record, or what its next step reads: its thread's history, its
+    park's decisions), and what its record shows of itself when it reads."""
+    record = None
+    try:
+        record = store.runs.load(run_id)
+        if record is not None and record.status is RunStatus.QUEUED:
+            store.threads.load_history(*record.thread)
+        elif record is not None and record.status is RunStatus.AWAITING_APPROVAL:
+            store.parks.decisions(run_id, record.park_id)
+        why = "this release reads it now: a watchdog takes it back at its next look"
+    except (BadId, StateError) as exc:
+        why = str(exc)
+    shows = (
+        {}
+        if record is None
+        else {"status": record.status.value, "team": record.team, "channel": record.channel}
+    )
+    return why, shows
 
 
 def announce_config(store: Store, env: Mapping[str, str] | None = None) -> None:
@@ -100,10 +154,12 @@ def report(store: Store, config: Config, now: float | None = None) -> str:
     """The whole status, as text for a terminal."""
     now = time.time() if now is None else now
     lines: list[str] = []
-    flying = in_flight(store)
+    flying, held = in_flight(store), store.held.ids()
     lines.append(f"In flight: {len(flying)}")
     for record, driven in flying:
         how = "driven now" if driven else "waiting for a worker"
+        if not driven and record.run_id in held:
+            how = "waiting for a newer version (below)"
         lines.append(
             f"  {_where(record)} {record.status.value}, {how}, started {_ago(now - record.created_at)}"
         )
@@ -119,11 +175,13 @@ def report(store: Store, config: Config, now: float | None = None) -> str:
             f"expires in {_span(expires_at - now)}; waiting for: {', '.join(park.undecided) or '-'}; "
             f"must decide: {', '.join(deciders(approvals, record, now))}"
         )
-    broken = sorted(failed(store), key=lambda r: r.created_at)
+    scanned: dict[str, Newer] = {}
+    broken = sorted(failed(store, scanned), key=lambda r: r.created_at)
     lines.append(f"Failed: {len(broken)}")
     for record in broken:
         error = (record.error or "").splitlines()[0][:200] if record.error else "(no error recorded)"
         lines.append(f"  {_where(record)} started {_ago(now - record.created_at)}: {error}")
+    lines.extend(_newer_lines(waiting_for_newer(store, scanned), now))
     lines.extend(_near_budgets(store, config, now))
     queue = make_queue(store.redis)
     lines.append(
@@ -131,6 +189,21 @@ def report(store: Store, config: Config, now: float | None = None) -> str:
         f"{queue.failed_job_registry.count} failed jobs"
     )
     return "\n".join(lines)
+
+
+def _newer_lines(waiting: list[Newer], now: float) -> list[str]:
+    lines = [f"Waiting for a newer version: {len(waiting)}"]
+    for newer in waiting:
+        shows = newer.shows
+        where = f" in {shows.get('team', '?')}/{shows.get('channel', '?')}" if "channel" in shows else ""
+        status = f" {shows['status']}" if "status" in shows else ""
+        held = (
+            f"left by a worker {_ago(now - newer.held_since)}"
+            if newer.held_since is not None
+            else "no worker has met it yet"
+        )
+        lines.append(f"  run {newer.run_id}{where}{status}: {held}; {newer.why}")
+    return lines
 
 
 def _near_budgets(store: Store, config: Config, now: float) -> list[str]:

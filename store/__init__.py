@@ -13,7 +13,10 @@ was lost), each in the module of the record it writes, beside the method that se
 - `runs`: leases, fenced saves and the writes beside them, stop requests, a run's end, orphans;
 - `threads`: a thread's lock, the runs queued behind it, its history;
 - `parks`: parks, their decisions and votes, and the Home tab's index of who is waited on;
+  `decisions`: a park's approvals hash and the decisions in it as stored (their format versions);
 - `escalations`: parks whose expiry has come, reminders due to `escalate_to`;
+- `held`: runs left as they were for a newer release, which wrote a record of theirs this one
+  cannot read (`harness.state.NewerRecord`): no recovery, expiry or reminder touches them;
 - `grants`: "Approve for this thread"; `groups`: user groups' members, cached;
 - `live`: a run's live messages still streaming or unsettled (what a later driver cleans up);
 - `budgets`: the daily token budgets: each user's and channel's spend today, holds of requests in flight;
@@ -59,9 +62,11 @@ from store.budgets import (
     utc_day,
 )
 from store.config_source import ConfigSourceStore
+from store.decisions import APPROVALS_VERSION, DECISION_VERSION
 from store.escalations import EscalationStore, ExtendOutcome, ExtendResult
 from store.grants import Grant, GrantStore, grant_slot
 from store.groups import GROUP_TTL, GroupStore
+from store.held import HeldStore
 from store.keys import DAY, BadId, check_id, new_run_id
 from store.live import LiveStore
 from store.parks import (
@@ -82,6 +87,7 @@ from store.records import (
     IM,
     LIMIT_CALL,
     RECORD_VERSION,
+    RECORD_VERSIONS,
     CallTool,
     LimitAsk,
     RecordEncoder,
@@ -92,7 +98,7 @@ from store.records import (
 )
 from store.replicas import Replicas, Shortfall
 from store.runs import PENDING_TTL, FinishResult, RunStore, Saved
-from store.threads import HISTORY_VERSION, THREAD_TTL, ThreadStore
+from store.threads import HISTORY_VERSION, HISTORY_VERSIONS, THREAD_TTL, ThreadStore
 
 
 class Store:
@@ -111,6 +117,7 @@ class Store:
         self.threads = ThreadStore(connection, self.replicas)
         self.parks = ParkStore(connection, self.replicas)
         self.escalations = EscalationStore(connection, self.replicas)
+        self.held = HeldStore(connection, self.replicas)
         self.grants = GrantStore(connection, self.replicas)
         self.groups = GroupStore(connection, self.replicas)
         self.audit = AuditStore(connection, self.replicas)
@@ -120,6 +127,7 @@ class Store:
 
 
 __all__ = [
+    "APPROVALS_VERSION",
     "AUDIT_MAX_AGE",
     "AUDIT_MAX_ENTRIES",
     "AUDIT_PREVIEW_CHARS",
@@ -127,6 +135,7 @@ __all__ = [
     "BUDGET_TTL",
     "CHANNEL_SCOPE",
     "DAY",
+    "DECISION_VERSION",
     "ENDED",
     "EVENT_TTL",
     "EXPIRES_FIELD",
@@ -138,11 +147,13 @@ __all__ = [
     "GROUP_TTL",
     "HOLD_SECONDS",
     "HISTORY_VERSION",
+    "HISTORY_VERSIONS",
     "IM",
     "BATCH",
     "LIMIT_CALL",
     "PENDING_TTL",
     "RECORD_VERSION",
+    "RECORD_VERSIONS",
     "RUN_COUNT_HORIZON",
     "THREAD_TTL",
     "USER_SCOPE",

@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from store.base import StorePart, as_text
+from store.held import held_runs
 from store.keys import DAY, Keys, check_id, park_member
 from store.parks import park_indexes
 from store.records import RunRecord, pack, unpack
@@ -64,13 +65,20 @@ class EscalationStore(StorePart):
     """Parks by expiry, and reminders by when they are due, each claimed by one watchdog."""
 
     def due_expiries(self, now: float, limit: int = 100) -> list[tuple[str, int]]:
-        """Parks whose expiry time has come: (run id, park id)."""
-        members = self.redis.zrangebyscore(Keys.expiries(), "-inf", now, start=0, num=limit)
+        """Parks whose expiry time has come: (run id, park id). Those of runs held for a newer
+        release stay where they are, for it (`store.held`)."""
         due = []
-        for member in members:
-            run_id, _, park = as_text(member).partition(":")
+        for member in self._due(Keys.expiries(), now, limit):
+            run_id, _, park = member.partition(":")
             due.append((run_id, int(park or 0)))
         return due
+
+    def _due(self, key: str, now: float, limit: int) -> list[str]:
+        """The members of `key` due by `now` (at most `limit`), but those of held runs."""
+        held = held_runs(self.redis)
+        members = self.redis.zrangebyscore(key, "-inf", now, start=0, num=limit + len(held))
+        due = [as_text(m) for m in members if as_text(m).partition(":")[0] not in held]
+        return due[:limit]
 
     def forget_expiry(self, run_id: str, park_id: int) -> None:
         self.redis.zrem(Keys.expiries(), f"{check_id('run', run_id)}:{int(park_id)}")
@@ -85,10 +93,11 @@ class EscalationStore(StorePart):
         self.redis.zadd(Keys.escalations(), {f"{check_id('run', run_id)}:{int(park_id)}": at}, nx=True)
 
     def claim_due_escalations(self, now: float, limit: int = 100) -> list[tuple[str, int]]:
-        """Parks whose reminder is due, each returned to exactly one caller (whoever removes it)."""
+        """Parks whose reminder is due, each returned to exactly one caller (whoever removes it);
+        those of held runs stay due, for a release that reads them."""
         claimed = []
-        for member in self.redis.zrangebyscore(Keys.escalations(), "-inf", now, start=0, num=limit):
-            if self.redis.zrem(Keys.escalations(), as_text(member)):  # two watchdogs: one removes it
+        for member in self._due(Keys.escalations(), now, limit):
+            if self.redis.zrem(Keys.escalations(), member):  # two watchdogs: one removes it
                 claimed.append(park_member(member))
         return claimed
 
@@ -97,10 +106,11 @@ class EscalationStore(StorePart):
         self.redis.zadd(Keys.reminders(), {f"{check_id('run', run_id)}:{int(park_id)}": at})
 
     def claim_due_reminders(self, now: float, limit: int = 100) -> list[tuple[str, int]]:
-        """Parks whose reminder before expiry is due, each returned to exactly one caller."""
+        """Parks whose reminder before expiry is due, each returned to exactly one caller (but
+        those of held runs)."""
         claimed = []
-        for member in self.redis.zrangebyscore(Keys.reminders(), "-inf", now, start=0, num=limit):
-            if self.redis.zrem(Keys.reminders(), as_text(member)):
+        for member in self._due(Keys.reminders(), now, limit):
+            if self.redis.zrem(Keys.reminders(), member):
                 claimed.append(park_member(member))
         return claimed
 

@@ -1,16 +1,23 @@
 """Grants ("Approve for this thread", or only under one directory): one tool in one thread, written
 by the decision that gave it (`ParkStore.decide`), read before a later call of that tool asks for a
-card. A grant limited in uses is spent one use per call, atomically (`take_grant`)."""
+card. A grant limited in uses is spent one use per call, atomically (`take_grant`).
+
+A grant is JSON with its format version (`GRANT_VERSION`; one stored without a version is 1). One
+this release cannot read, a newer release's among them, reads as no grant: it is neither used nor
+spent here, and the call it would have covered asks (a grant only ever saves a card).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.policy import PathArgs, call_paths, inside_directory, relative_path
+from harness.state import format_version
 from store.base import StorePart, as_text
 from store.keys import Keys
 
@@ -77,6 +84,7 @@ class Grant:
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
+            "version": GRANT_VERSION,
             "key": self.key,
             "tool": self.tool,
             "by": self.by,
@@ -94,6 +102,11 @@ class Grant:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Grant:
+        """A stored grant of any version this release reads (`NewerRecord`: a newer release's)."""
+        return _GRANT_READERS[format_version(data, "grant", GRANT_VERSIONS, unversioned=1)](data)
+
+    @classmethod
+    def _from_v1(cls, data: dict[str, Any]) -> Grant:
         taken = data.get("taken") or []
         return cls(
             key=str(data["key"]),
@@ -106,6 +119,12 @@ class Grant:
             uses=int(data.get("uses") or 0),
             taken=tuple(str(t) for t in taken) if isinstance(taken, list) else (),
         )
+
+
+GRANT_VERSION = 1  # what `Grant.to_json` writes
+# Every version of a stored grant this release reads, and how (tests/store/test_formats.py).
+_GRANT_READERS: dict[int, Callable[[dict[str, Any]], Grant]] = {1: Grant._from_v1}
+GRANT_VERSIONS = frozenset(_GRANT_READERS)
 
 
 # KEYS[1] the grant. ARGV[1] the call spending a use ("run:call"). Returns the grant after the use,
@@ -137,7 +156,7 @@ def _parse(raw: Any, key: str) -> Grant | None:
         return None
     try:
         found = replace(Grant.from_json(json.loads(as_text(raw))), key=key)
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):  # StateError, NewerRecord: ValueErrors
         return None
     return found if found.until > time.time() else None
 

@@ -160,6 +160,13 @@ class Keys:
         return f"{PREFIX}active"
 
     @staticmethod
+    def held() -> str:
+        """Runs a worker left as they were for a newer release, which wrote a record of theirs this
+        release cannot read (member: run id, score: when first left). No expiry, reminder or
+        recovery touches them until a worker that reads them takes them back (`store.held`)."""
+        return f"{PREFIX}held"
+
+    @staticmethod
     def expiries() -> str:
         """Parks awaiting decisions (member `run:park`, score: when they expire)."""
         return f"{PREFIX}expiries"
@@ -270,6 +277,11 @@ class Keys:
 
 def _thread_id(team: str, channel: str, thread_ts: str) -> str:
     return f"{check_id('team', team)}:{check_id('channel', channel)}:{check_id('ts', thread_ts)}"
+
+
+def run_of_key(key: Any) -> str:
+    """The run id of a run record's key (`Keys.run`), as `SCAN` of `Keys.all_runs` returns it."""
+    return as_text(key).rpartition(":")[2]
 
 
 def park_member(member: Any) -> tuple[str, int]:

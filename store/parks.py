@@ -16,9 +16,16 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from harness.state import Decision, StateError, Verdict
+from harness.state import Decision, NewerRecord, StateError, Verdict
 from store.audit import CHAIN_APPEND
 from store.base import StorePart, as_text
+from store.decisions import (
+    APPROVALS_VERSION,
+    APPROVALS_VERSIONS,
+    check_approvals_version,
+    decision_of,
+    stored_decision,
+)
 from store.grants import Grant
 from store.keys import DAY, Keys, check_id, park_member
 from store.records import RecordEncoder, RunRecord, RunStatus, pack, unpack
@@ -71,15 +78,22 @@ class OpenPark:
     expires_at: float
 
 
-ParkRead = tuple[RunRecord | None, dict[str, Decision | None]]  # a park's record and decisions
+@dataclass(frozen=True)
+class ParkRead:
+    """A park as the Home tab reads it: its record (None: gone or unreadable) and decisions, or
+    `newer`: a newer release wrote it (neither shown nor dropped from the index)."""
+
+    record: RunRecord | None
+    decisions: dict[str, Decision | None]
+    newer: bool = False
 
 
 def decisions_of(raw: dict[Any, Any]) -> dict[str, Decision | None]:
-    """A park's approvals hash as call id -> decision (None while it awaits one)."""
+    """A park's approvals hash as call id -> decision (None while it awaits one); `NewerRecord`
+    when a newer release wrote the hash or a decision in it."""
+    check_approvals_version(raw)
     return {
-        as_text(k): (Decision.from_json(json.loads(v)) if v else None)
-        for k, v in raw.items()
-        if not as_text(k).startswith("~")
+        as_text(k): (decision_of(v) if v else None) for k, v in raw.items() if not as_text(k).startswith("~")
     }
 
 
@@ -126,7 +140,7 @@ end
 # KEYS[1] lease, KEYS[2] run record, KEYS[3] active set, KEYS[4] approvals hash, KEYS[5] expiries,
 # KEYS[6] thread lock, KEYS[7..] the park's indexes (`park_indexes`). ARGV[1] token,
 # ARGV[2] lease ms, ARGV[3] record, ARGV[4] TTL s, ARGV[5] now, ARGV[6] run id, ARGV[7] expires at,
-# ARGV[8] expiry member, ARGV[9..] pairs: call id, fingerprint.
+# ARGV[8] expiry member, ARGV[9] the hash's format version, ARGV[10..] pairs: call id, fingerprint.
 # Parking is one fenced step: the record awaiting decisions (with the cards it owes in its outbox),
 # one empty field per call, the expiry scheduled, the park in the Home tab's indexes (whose expired
 # members go, and which live as long as their newest park), the thread kept. HSETNX: replayed, it
@@ -134,10 +148,11 @@ end
 _PARK = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
-for i = 9, #ARGV, 2 do
+for i = 10, #ARGV, 2 do
   redis.call('HSETNX', KEYS[4], ARGV[i], '')
   if ARGV[i + 1] ~= '' then redis.call('HSETNX', KEYS[4], '~fp:' .. ARGV[i], ARGV[i + 1]) end
 end
+redis.call('HSETNX', KEYS[4], '~version', ARGV[9])
 redis.call('HSETNX', KEYS[4], '~expires', ARGV[7])
 redis.call('EXPIRE', KEYS[4], ARGV[4])
 redis.call('ZADD', KEYS[5], ARGV[7], ARGV[8])
@@ -178,7 +193,8 @@ return 'parked'
 # ARGV[5] expired decision JSON, ARGV[6] expired audit entry JSON, ARGV[7] run id, ARGV[8] the
 # fingerprint the click was made on ('*': not checked), ARGV[9] approvals required, ARGV[10] the
 # voter of an approval that counts towards a quorum ('' otherwise), ARGV[11] grant JSON ('' none),
-# ARGV[12] grant TTL s.
+# ARGV[12] grant TTL s, ARGV[13] the newest format of the hash this release writes.
+# A park a newer release wrote (`~version` above ARGV[13]) is left as it is: nothing recorded.
 # A field holds "" while the call awaits a decision. A click on another version of the call
 # (`~fp:<call>` differs) records nothing. A click at or after the park's expiry records the expiry
 # instead. With a quorum, approvals gather in `~votes:<call>` (one per person) until enough.
@@ -193,6 +209,8 @@ _DECIDE = (
 local function audit(entry)
   chain_append(KEYS[2], KEYS[5], entry)
 end
+local version = tonumber(redis.call('HGET', KEYS[1], '~version') or '1')
+if version and version > tonumber(ARGV[13]) then return {'newer', tostring(version)} end
 local current = redis.call('HGET', KEYS[1], ARGV[1])
 if not current then return {'unknown', ''} end
 if current ~= '' then
@@ -255,8 +273,8 @@ def _decide_call(
     grant: Grant | None,
 ) -> tuple[list[str], list[Any]]:
     """The keys and arguments of the decide script for one call (see `_DECIDE`)."""
-    payload = json.dumps(decision.to_json(), sort_keys=True)
-    expired = json.dumps(Decision(Verdict.EXPIRED).to_json(), sort_keys=True)
+    payload = stored_decision(decision)
+    expired = stored_decision(Decision(Verdict.EXPIRED))
     base = {"at": now, "run_id": run_id, "park_id": int(park_id), "call_id": call_id, **(audit or {})}
     entry = {**base, **decision.to_json()}
     expired_entry = {**base, **Decision(Verdict.EXPIRED).to_json(), "late_click_by": decision.by}
@@ -276,17 +294,21 @@ def _decide_call(
         voter,
         json.dumps(grant.to_json()) if grant else "",
         max(1, int(grant.seconds)) if grant else 1,
+        max(APPROVALS_VERSIONS),
     ]
     return keys, args
 
 
 def _decide_result(raw: Any) -> DecideResult:
+    """The decide script's answer; `NewerRecord` when a newer release wrote the park (nothing was
+    recorded) or the decision that stands."""
     outcome, stored = raw
+    if as_text(outcome) == "newer":
+        raise NewerRecord("park's approvals", int(float(as_text(stored))), APPROVALS_VERSIONS)
     result = DecideOutcome(as_text(outcome))
     if result is DecideOutcome.COUNTED:
         return DecideResult(result, None, tuple(as_text(stored).split(",")))
-    standing = Decision.from_json(json.loads(stored)) if stored else None
-    return DecideResult(result, standing)
+    return DecideResult(result, decision_of(stored) if stored else None)
 
 
 class ParkStore(StorePart):
@@ -327,6 +349,7 @@ class ParkStore(StorePart):
             record.run_id,
             repr(record.expires_at),
             f"{record.run_id}:{record.park_id}",
+            APPROVALS_VERSION,
             *(part for c in call_ids for part in (check_id("call", c), fingerprints.get(c, ""))),
         ]
         # A card is posted only once its park is on a replica: a failover never leaves people a
@@ -384,6 +407,7 @@ class ParkStore(StorePart):
         grant: Grant | None = None,
     ) -> DecideResult:
         """Record `decision` for a call of park `park_id`, unless unknown, decided, stale or expired; atomic.
+        A park a newer release wrote records nothing and raises `NewerRecord`.
 
         `fingerprint`: the version of the call the decider saw ("*": the clock, which needs none).
         `required` > 1: an approval counts towards a quorum of that many distinct approvers.
@@ -476,9 +500,11 @@ class ParkStore(StorePart):
         for raw, approvals in zip(answers[::2], answers[1::2], strict=True):
             try:
                 record = None if raw is None else RunRecord.from_json(unpack(raw))
+                read.append(ParkRead(record, decisions_of(approvals)))
+            except NewerRecord:
+                read.append(ParkRead(None, {}, newer=True))
             except StateError:
-                record = None
-            read.append((record, decisions_of(approvals)))
+                read.append(ParkRead(None, {}))
         return read
 
     def index_older_parks(self, now: float) -> int | None:

@@ -1,24 +1,28 @@
 """The run record and how it is stored.
 
-`RunRecord` is a run as the Slack side knows it. It is stored as JSON with a format version (an
-unknown version is refused, never misread), zlib-compressed when that pays (`pack`, `unpack`), or,
-save after save, packed a message of its conversation at a time (`RecordEncoder`, `z2:`).
+`RunRecord` is a run as the Slack side knows it. It is stored as JSON with a format version, read
+by the reader of its version (`_RECORD_READERS`: this release's and the one before it wrote); one
+newer than this release reads raises `NewerRecord` (left as it is for a newer release), any other
+is refused, never misread. It is zlib-compressed when that pays (`pack`, `unpack`), or, save after
+save, packed a message of its conversation at a time (`RecordEncoder`, `z2:`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
-from harness.state import RunState, StateError
+from harness.state import NewerRecord, RunState, StateError, format_version, newer_state
 from store.keys import DAY
 
-RECORD_VERSION = 2  # 2: per-park approvals, the outbox
+RECORD_VERSION = 2  # what `to_json` writes (2: per-park approvals, the outbox); read: `RECORD_VERSIONS`
 FINISHED_RUN_TTL = 7 * DAY
 AUDIT_PREVIEW_CHARS = 500
 IM = "im"  # RunRecord.surface of a run asked for in a direct message (or the assistant pane)
@@ -199,15 +203,18 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> RunRecord:
+        """Read a stored record of any version this release reads. One newer than it reads, or
+        holding a harness state newer than it reads, raises `NewerRecord`; anything else it cannot
+        read `StateError`."""
         try:
             data = json.loads(raw)
         except ValueError as exc:
             raise StateError(f"stored run record is not JSON ({exc}); refusing to use it") from None
-        if not isinstance(data, dict) or data.pop("version", None) != RECORD_VERSION:
-            raise StateError("stored run record has an unknown format version; refusing to use it")
+        reader = _RECORD_READERS[format_version(data, "run record", RECORD_VERSIONS)]
+        del data["version"]
+        newer_state(data.get("state"))  # a state only a newer harness reads: the record is the newer's
         try:
-            data["status"] = RunStatus(data["status"])
-            record = cls(**data)
+            record = reader(data)
         except (TypeError, ValueError, KeyError) as exc:
             raise StateError(f"stored run record is malformed ({exc!r}); refusing to use it") from None
         if not isinstance(record.profile, str):
@@ -217,8 +224,23 @@ class RunRecord:
         return record
 
 
+def _record_v2(data: dict[str, Any]) -> RunRecord:
+    data["status"] = RunStatus(data["status"])
+    return RunRecord(**data)
+
+
+# Every version of a stored run record this release reads, and how: a release keeps the reader of
+# the version the release before it wrote (tests/store/test_formats.py loads one of each).
+_RECORD_READERS: dict[int, Callable[[dict[str, Any]], RunRecord]] = {2: _record_v2}
+RECORD_VERSIONS = frozenset(_RECORD_READERS)
+
+
 _PACKED = b"z1:"  # zlib, level 1: conversations shrink 3-10x (tests/bench/bench_state.py)
 _SPLIT = b"z2:"  # zlib of the conversation first, then the rest of the record (`RecordEncoder`)
+# A packing is tagged `z<N>:` (plain JSON starts with `{`): N is its version, plain JSON 0. A tag of a
+# packing this release does not know was written by a newer release (`NewerRecord`), not garbage.
+_TAG = re.compile(rb"z([0-9]{1,6}):")
+PACKINGS = frozenset({0, 1, 2})
 _PACK_ABOVE = 1024
 _LEVEL = 1
 
@@ -230,8 +252,12 @@ def pack(text: str) -> bytes:
 
 
 def unpack(stored: bytes | str) -> str:
-    """The JSON text of a stored record, compressed or not; garbage raises `StateError`."""
+    """The JSON text of a stored record, compressed or not; garbage raises `StateError`, a packing
+    of a newer release `NewerRecord`."""
     data = stored.encode() if isinstance(stored, str) else stored
+    tag = _TAG.match(data)
+    if tag is not None and int(tag.group(1)) not in PACKINGS:
+        raise NewerRecord("record's packing", int(tag.group(1)), PACKINGS)
     try:
         if data.startswith(_PACKED):
             data = zlib.decompress(data[len(_PACKED) :])
@@ -243,6 +269,19 @@ def unpack(stored: bytes | str) -> str:
         return data.decode()
     except (zlib.error, UnicodeDecodeError) as exc:
         raise StateError(f"stored record cannot be decoded ({exc}); refusing to use it") from None
+
+
+def peek(stored: bytes | str) -> dict[str, str]:
+    """What a stored record this release cannot read shows of itself, for an operator's eyes only
+    (its status, where, who asked): those top-level fields that are text; {} when not even that."""
+    try:
+        data = json.loads(unpack(stored))
+    except ValueError:  # StateError, NewerRecord among them
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    wanted = ("status", "team", "channel", "thread_ts", "requester")
+    return {name: data[name] for name in wanted if isinstance(data.get(name), str)}
 
 
 def _dumps(value: Any) -> str:

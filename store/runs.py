@@ -20,15 +20,18 @@ from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from harness.state import StateError
+from harness.state import NewerRecord, StateError
 from store.base import Beside, StorePart, as_text
-from store.keys import DAY, BadId, Keys, check_id
-from store.records import FINISHED_RUN_TTL, RecordEncoder, RunRecord, pack, unpack
+from store.held import held_runs
+from store.keys import DAY, BadId, Keys, check_id, run_of_key
+from store.records import FINISHED_RUN_TTL, RecordEncoder, RunRecord, pack, peek, unpack
 from store.threads import HISTORY_VERSION, THREAD_TTL
 
 log = logging.getLogger("store")
 
 PENDING_TTL = 3600  # a queued job normally starts in well under this; past it the watchdog looks again
+# Told of a run record a newer release wrote: its run id, why, and what it shows of itself (`peek`).
+NewerSeen = Callable[[str, NewerRecord, dict[str, str]], None]
 
 
 @dataclass(frozen=True)
@@ -317,11 +320,15 @@ class RunStore(StorePart):
 
         A run whose job still waits in the queue (`queued(job_id)`) is left alone: under a
         backlog the watchdog must not pile up jobs. A job that started and died, or vanished,
-        does not count: that is exactly the run to recover.
+        does not count: that is exactly the run to recover. A run held for a newer release
+        (`store.held`) is no orphan: it waits, untouched, for a worker that reads it.
         """
         stale = [as_text(r) for r in self.redis.zrangebyscore(Keys.active(), "-inf", older_than)]
+        held = held_runs(self.redis) if stale else set()
         found = []
         for run_id in stale:
+            if run_id in held:
+                continue
             try:
                 lease, pending = Keys.lease(run_id), Keys.pending(run_id)
             except BadId:
@@ -332,6 +339,20 @@ class RunStore(StorePart):
                 found.append(run_id)
             self.redis.zadd(Keys.active(), {run_id: time.time()}, xx=True)  # don't report it again at once
         return found
+
+    def unattended(self, run_id: str, queued: Callable[[str], bool]) -> bool:
+        """Whether `run_id` needs a driver and has none: marked active, no lease, no job on its way
+        (`queued(job_id)`, as `orphans` asks)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zscore(Keys.active(), run_id)
+            pipe.exists(Keys.lease(run_id))
+            pipe.get(Keys.pending(run_id))
+            active, leased, job_id = pipe.execute()
+        return active is not None and not leased and not (job_id and queued(as_text(job_id)))
+
+    def heard_from(self, run_id: str, now: float) -> None:
+        """`run_id`, marked active, was just handed a driver: no orphan for a lease period yet."""
+        self.redis.zadd(Keys.active(), {run_id: now}, xx=True)
 
     def forget_active(self, run_id: str) -> None:
         self.redis.zrem(Keys.active(), run_id)
@@ -346,24 +367,28 @@ class RunStore(StorePart):
         """Whether a driver holds `run_id` now (its lease)."""
         return bool(self.redis.exists(Keys.lease(run_id)))
 
-    def every(self, batch: int = 200) -> Iterator[RunRecord]:
+    def every(self, batch: int = 200, newer: NewerSeen | None = None) -> Iterator[RunRecord]:
         """Every run record the store holds (those of the last days: a SCAN, then one MGET per
-        `batch` keys), skipping those that cannot be read. An operator's read, not one to poll."""
+        `batch` keys), skipping those that cannot be read; `newer` is told of each a newer release
+        wrote (its run id, why, and what it shows of itself). An operator's read, not one to poll."""
         keys: list[bytes] = []
         for key in self.redis.scan_iter(match=Keys.all_runs(), count=batch):
             keys.append(key)
             if len(keys) >= batch:
-                yield from self._records(keys)
+                yield from self._records(keys, newer)
                 keys = []
-        yield from self._records(keys)
+        yield from self._records(keys, newer)
 
-    def _records(self, keys: list[bytes]) -> Iterator[RunRecord]:
+    def _records(self, keys: list[bytes], newer: NewerSeen | None) -> Iterator[RunRecord]:
         if not keys:
             return
-        for raw in self.redis.mget(keys):
+        for key, raw in zip(keys, self.redis.mget(keys), strict=True):
             if raw is None:
                 continue
             try:
                 yield RunRecord.from_json(unpack(raw))
+            except NewerRecord as exc:
+                if newer is not None:
+                    newer(run_of_key(key), exc, peek(raw))
             except StateError:
                 continue

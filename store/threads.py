@@ -4,16 +4,43 @@ thread's conversation kept for its next run (the history, written by a run's `fi
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
-from harness.state import StateError
+from harness.state import StateError, format_version
 from store.base import Beside, StorePart, as_text
 from store.keys import DAY, Keys, check_id
 from store.parks import park_indexes
 from store.records import RunRecord, unpack
 
-HISTORY_VERSION = 1
+HISTORY_VERSION = 1  # what a run's `finish` writes; read: `HISTORY_VERSIONS`
 THREAD_TTL = 30 * DAY
+Messages = tuple[dict[str, Any], ...]
+
+
+def _history_v1(data: dict[str, Any]) -> Messages:
+    return tuple(data["messages"])
+
+
+# Every version of a stored thread history this release reads, and how: a release keeps the reader
+# of the version the release before it wrote (tests/store/test_formats.py loads one of each).
+_HISTORY_READERS: dict[int, Callable[[dict[str, Any]], Messages]] = {1: _history_v1}
+HISTORY_VERSIONS = frozenset(_HISTORY_READERS)
+
+
+def history_of(text: str) -> Messages:
+    """A stored thread history's conversation; one newer than this release reads raises
+    `NewerRecord`, anything else it cannot read `StateError`."""
+    try:
+        parsed = json.loads(text)
+    except ValueError as exc:
+        raise StateError(f"stored thread is unreadable ({exc}); refusing to use it") from None
+    reader = _HISTORY_READERS[format_version(parsed, "thread history", HISTORY_VERSIONS)]
+    try:
+        return reader(parsed)
+    except (KeyError, TypeError) as exc:
+        raise StateError(f"stored thread is malformed ({exc!r}); refusing to use it") from None
 
 
 # KEYS[1] thread lock, KEYS[2] waiting list. ARGV[1] run id, ARGV[2] lock TTL, ARGV[3] list TTL,
@@ -42,21 +69,28 @@ return 1
 """
 
 
+# KEYS[1] thread lock, KEYS[2] waiting list, KEYS[3] active set. ARGV[1] run id, ARGV[2] now.
+# A run that took its thread and cannot start in it (a newer release wrote the thread's history)
+# lets it go as an ending run would: the run queued next is marked active. Idempotent.
+_GIVE_BACK = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return '' end
+redis.call('DEL', KEYS[1])
+local nxt = redis.call('LPOP', KEYS[2])
+if nxt then redis.call('ZADD', KEYS[3], ARGV[2], nxt) return nxt end
+return ''
+"""
+
+
 class ThreadStore(StorePart):
     """Who holds a thread, who waits for it, and what was said in it."""
 
-    def load_history(self, team: str, channel: str, thread_ts: str) -> tuple[tuple[dict[str, Any], ...], int]:
-        """The thread's conversation so far and its `seq` (0 for a new thread)."""
+    def load_history(self, team: str, channel: str, thread_ts: str) -> tuple[Messages, int]:
+        """The thread's conversation so far and its `seq` (0 for a new thread); `NewerRecord` when
+        a newer release wrote it."""
         data, seq = self.redis.hmget(Keys.history(team, channel, thread_ts), ["data", "seq"])
         if data is None:
             return (), int(seq or 0)
-        try:
-            parsed = json.loads(unpack(data))
-        except ValueError as exc:
-            raise StateError(f"stored thread is unreadable ({exc}); refusing to use it") from None
-        if not isinstance(parsed, dict) or parsed.get("version") != HISTORY_VERSION:
-            raise StateError("stored thread has an unknown format version; refusing to use it")
-        return tuple(parsed["messages"]), int(seq or 0)
+        return history_of(unpack(data)), int(seq or 0)
 
     def profile(self, team: str, channel: str, thread_ts: str) -> str | None:
         """The profile the thread's first run started under ("": the top level); None: none yet."""
@@ -76,6 +110,13 @@ class ThreadStore(StorePart):
         keys = [Keys.thread_lock(*record.thread), Keys.thread_waiting(*record.thread)]
         args: list[Any] = [record.run_id, ttl, THREAD_TTL, "1" if queue else "0"]
         return bool(self._script(_TAKE_THREAD)(keys=keys, args=args))
+
+    def give_back(self, record: RunRecord) -> str | None:
+        """Let go of the thread `record` took (`take`), handing it to the run queued next, if any
+        (marked active: the watchdog starts it); that run's id."""
+        keys = [Keys.thread_lock(*record.thread), Keys.thread_waiting(*record.thread), Keys.active()]
+        nxt = self._script(_GIVE_BACK)(keys=keys, args=[record.run_id, time.time()])
+        return as_text(nxt) or None
 
     def holder(self, record: RunRecord) -> str | None:
         raw = self.redis.get(Keys.thread_lock(*record.thread))

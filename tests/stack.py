@@ -235,12 +235,13 @@ class Stack:
         env.update(extra)
         return env
 
-    def spawn(self, name: str, *args: str, **extra: str) -> Process:
+    def spawn(self, name: str, *args: str, root: Path = ROOT, **extra: str) -> Process:
+        """Start `python ARGS` from `root` (another checkout's: give its PYTHONPATH in `extra` too)."""
         log = self.workdir / f"{name}-{len(self.processes)}.log"
         handle = log.open("wb")
         proc = subprocess.Popen(
             [sys.executable, *args],
-            cwd=ROOT,
+            cwd=root,
             env=self.env(**extra),
             stdout=handle,
             stderr=subprocess.STDOUT,
@@ -250,14 +251,14 @@ class Stack:
         self.processes.append(process)
         return process
 
-    def start_bot(self) -> Process:
-        bot = self.spawn("bot", "-m", "bot")
+    def start_bot(self, root: Path = ROOT, **extra: str) -> Process:
+        bot = self.spawn("bot", "-m", "bot", root=root, **extra)
         wait_until(lambda: self.healthz() == 200 or bot.proc.poll() is not None, timeout=30)
         assert bot.proc.poll() is None, bot.output()
         return bot
 
-    def start_worker(self) -> Process:
-        worker = self.spawn("worker", "-m", "workers")
+    def start_worker(self, root: Path = ROOT, **extra: str) -> Process:
+        worker = self.spawn("worker", "-m", "workers", root=root, **extra)
         client = redis.Redis.from_url(self.redis_url)
         before = len(client.smembers("rq:workers"))
         wait_until(lambda: len(client.smembers("rq:workers")) > before or worker.proc.poll() is not None, 30)

@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from harness.state import PendingCall, RunState, StateError
+from harness.state import NewerRecord, PendingCall, RunState, StateError
 from messages import texts, turns
 from messages.blocks import Message, notice
 from store import (
@@ -90,11 +90,16 @@ class Driver:
         self._live: LiveView | None = None  # what Slack shows of the run as it happens (workers.live)
 
     def __enter__(self) -> Driver | None:
+        """The driver, once it holds the lease; None when someone else drives the run, or there
+        is none. `NewerRecord` (the lease let go) when a newer release wrote its record."""
         took, raw = self.svc.store.runs.acquire_and_read(self.run_id, self.token, self.seconds)
         if not took:
             return None
         try:  # read under the lease: nobody else writes it now
             record = None if raw is None else RunRecord.from_json(unpack(raw))
+        except NewerRecord:  # a newer release's run: let go, changing nothing (`workers.newer`)
+            self.svc.store.runs.release_lease(self.run_id, self.token)
+            raise
         except StateError as exc:
             log.error("run %s cannot be read: %s", self.run_id, exc)  # nowhere to post: refuse quietly
             record = None

@@ -11,13 +11,16 @@ ever waits for a human.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import rq
 
 from harness.state import (
     Decision,
+    NewerRecord,
     Verdict,
 )
 from observe import families, logs, metrics, tracing
@@ -28,7 +31,7 @@ from store import (
     RunStatus,
     Store,
 )
-from workers import granting, park_cards
+from workers import granting, newer, park_cards
 from workers.driver import Driver
 from workers.life import life, load_record, pending_by_id
 from workers.services import Services, handed_services, keep_handed
@@ -52,26 +55,45 @@ def enqueue(svc: Services, func: Any, run_id: str, *args: Any) -> None:
     enqueue_run_job(svc.store, svc.queue, func, run_id, *args)
 
 
+def leaves_newer(job: Callable[..., None]) -> Callable[..., None]:
+    """A job about a run that a newer release wrote ends there, having changed nothing of it: the
+    run is left for that release (`workers.newer.leave`), and the job succeeds (no retry, no failure)."""
+
+    @functools.wraps(job)
+    def leaving(run_id: str, *args: Any) -> None:
+        try:
+            job(run_id, *args)
+        except NewerRecord as exc:
+            newer.leave(services().store, run_id, exc)
+
+    return leaving
+
+
+@leaves_newer
 def start_run(run_id: str) -> None:
     """Start a queued run (the bot enqueues this for every mention)."""
     drive(run_id)
 
 
+@leaves_newer
 def recover_run(run_id: str) -> None:
     """Continue a run whose driver died (the watchdog enqueues this); counts as a recovery."""
     drive(run_id, recovering=True)
 
 
+@leaves_newer
 def retry_run(run_id: str, by: str | None = None) -> None:
     """Retry a failed run from its last state (the Retry button; who clicked is in the claim)."""
     drive(run_id)
 
 
+@leaves_newer
 def honour_stop(run_id: str) -> None:
     """Act on a Stop (the bot enqueues this): a parked run stops now; a driven one at its next step."""
     drive(run_id)
 
 
+@leaves_newer
 def apply_decisions(run_id: str) -> None:
     """Show new decisions on their cards; once every call of the park is decided, resume."""
     svc = services()
@@ -101,6 +123,7 @@ def apply_decisions(run_id: str) -> None:
             svc.update(record.channel, card, msg.text, msg.blocks)
 
 
+@leaves_newer
 def show_new_expiry(run_id: str, park_id: int) -> None:
     """After an Extend: the park's open cards (and its Approve all message) show the new expiry."""
     svc = services()
@@ -141,24 +164,35 @@ def _job_name() -> str:
 
 
 def expire_due(store: Store, queue: rq.Queue, now: float) -> int:
-    """Answer every undecided call of every park past its expiry as expired; returns how many parks."""
+    """Answer every undecided call of every park past its expiry as expired; returns how many parks.
+    A park a newer release wrote stays as it is, its expiry kept, for that release."""
     done = 0
     for run_id, park_id in store.escalations.due_expiries(now):
-        record = load_record(store, run_id)
-        if record is not None and record.status is RunStatus.AWAITING_APPROVAL and record.park_id == park_id:
-            calls = pending_by_id(record)
-            for call_id, decision in store.parks.decisions(run_id, park_id).items():
-                if decision is None:
-                    audit = record.audit_fields(calls.get(call_id))
-                    result = store.parks.decide(
-                        run_id, park_id, call_id, Decision(Verdict.EXPIRED), audit=audit, now=now
-                    )
-                    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED):
-                        metrics.incr(store.redis, families.EXPIRATIONS, profile=record.profile)
-            enqueue_run_job(store, queue, apply_decisions, run_id)
-            done += 1
-        if record is not None and record.park_id == park_id:
-            store.parks.forget(record)  # its Home tab indexes too
-        else:
-            store.escalations.forget_expiry(run_id, park_id)
+        try:
+            done += _expire(store, queue, run_id, park_id, now)
+        except NewerRecord as exc:
+            newer.leave(store, run_id, exc)
+    return done
+
+
+def _expire(store: Store, queue: rq.Queue, run_id: str, park_id: int, now: float) -> int:
+    """Expire park `park_id` of `run_id` if it is still the run's open park (1), and forget its expiry."""
+    done = 0
+    record = load_record(store, run_id)
+    if record is not None and record.status is RunStatus.AWAITING_APPROVAL and record.park_id == park_id:
+        calls = pending_by_id(record)
+        for call_id, decision in store.parks.decisions(run_id, park_id).items():
+            if decision is None:
+                audit = record.audit_fields(calls.get(call_id))
+                result = store.parks.decide(
+                    run_id, park_id, call_id, Decision(Verdict.EXPIRED), audit=audit, now=now
+                )
+                if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED):
+                    metrics.incr(store.redis, families.EXPIRATIONS, profile=record.profile)
+        enqueue_run_job(store, queue, apply_decisions, run_id)
+        done = 1
+    if record is not None and record.park_id == park_id:
+        store.parks.forget(record)  # its Home tab indexes too
+    else:
+        store.escalations.forget_expiry(run_id, park_id)
     return done

@@ -32,6 +32,7 @@ from harness.outcomes import NotRun, calls_not_run
 from harness.state import (
     Decision,
     GrantUse,
+    NewerRecord,
     PendingCall,
     RunState,
     StateError,
@@ -55,7 +56,7 @@ from store import (
     RunStatus,
     Store,
 )
-from workers import granting, outbox, park_cards, thread_status
+from workers import granting, newer, outbox, park_cards, thread_status
 from workers.driver import Driver, park_ttl
 from workers.phases import (
     Advance,
@@ -129,8 +130,10 @@ def _next(svc: Services, driver: Driver, phase: Phase) -> Phase | Gone:
 
 def _arrive(driver: Driver, recovering: bool) -> Phase:
     """Count a recovery (too many: the run stops), pay what an earlier driver still owed Slack,
-    and go where the run's status says."""
+    and go where the run's status says. (A newer release's thread or park raises `NewerRecord`
+    before the count is written: the run is left as it is.)"""
     if recovering:
+        newer.look(driver.svc.store, driver.record)
         driver.save(recoveries=driver.record.recoveries + 1)
         if driver.record.recoveries > MAX_RECOVERIES:
             return _give_up(driver)
@@ -168,6 +171,9 @@ def _start(svc: Services, driver: Driver) -> Phase | Gone:
         return _wait_for_thread(driver)
     try:
         history, seq = svc.store.threads.load_history(*record.thread)
+    except NewerRecord:
+        svc.store.threads.give_back(record)  # queued, as it was, for the newer release that wrote it
+        raise
     except StateError as exc:
         return _refuse(driver, str(exc))
     state = new_run(task, history)
@@ -552,8 +558,12 @@ def _give_up(driver: Driver) -> End:
 
 
 def load_record(store: Store, run_id: str) -> RunRecord | None:
+    """The run's record; None when there is none or it cannot be read (logged), `NewerRecord`
+    when a newer release wrote it."""
     try:
         return store.runs.load(run_id)
+    except NewerRecord:
+        raise
     except StateError as exc:
         log.error("run %s cannot be read: %s", run_id, exc)  # nowhere to post: refuse quietly
         return None

@@ -90,7 +90,10 @@ def waiting_on(deps: BotDeps, team: str, user: str) -> tuple[list[HomeItem], boo
         return [], False  # a team id of a shape we never write: nothing is parked there
     for start in range(0, len(candidates), HOME_BATCH):
         batch = candidates[start : start + HOME_BATCH]
-        for park, (record, decisions) in zip(batch, deps.store.parks.read_parks(batch), strict=True):
+        for park, read in zip(batch, deps.store.parks.read_parks(batch), strict=True):
+            record, decisions = read.record, read.decisions
+            if read.newer:
+                continue  # a newer release's park: not shown here, and left in the index for it
             if record is not None:
                 requesters[park.run_id] = record.requester
             if not _still_open(record, park, decisions):

@@ -4,6 +4,7 @@ a typed `Click` handed on. Driven with the real openings of a card, a batch, a l
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from typing import Any
@@ -12,16 +13,16 @@ import pytest
 import redis
 from slack_bolt import BoltContext
 
-from bot.listeners.approvals import CardRef, card_opening
+from bot.listeners.approvals import CardRef, _on_decision, card_opening
 from bot.listeners.batches import ParkRef, _park_opening
 from bot.listeners.runs import _limit_opening, request_stop
-from bot.listening import REPLY, BotDeps, Click, Clicker, Opening, Where, open_click
+from bot.listening import REPLY, BotDeps, Click, Clicker, Opening, Where, listener, open_click
 from harness.config import Approvals, Config
 from harness.policy import Tier
-from harness.state import PendingCall, Status, new_run
+from harness.state import PendingCall, Status, Verdict, new_run
 from messages import texts
 from runtime.queue import make_queue
-from store import RunRecord, RunStatus, Store, new_run_id, pack
+from store import RECORD_VERSION, RunRecord, RunStatus, Store, new_run_id, pack
 from store.keys import Keys
 
 ALICE = Clicker("UALICE", "T1")  # the requester
@@ -97,9 +98,61 @@ def test_a_run_that_is_not_stored_is_unknown(deps: BotDeps) -> None:
 
 def test_a_record_that_cannot_be_read_is_refused_as_unreadable(deps: BotDeps, conn: redis.Redis) -> None:
     run_id = new_run_id()
-    conn.set(Keys.run(run_id), pack('{"version": 999}'))
-    click, context = opened(deps, card_opening(deps), f"{run_id}:{CALL.id}:{CALL.fingerprint}", ANN)
-    assert click is None and context[REPLY] == texts.UNREADABLE_RUN
+    for stored in ('{"version": 1}', '{"version": 2, "run_id": "x"}', "not json"):  # older, malformed
+        conn.set(Keys.run(run_id), pack(stored))
+        click, context = opened(deps, card_opening(deps), f"{run_id}:{CALL.id}:{CALL.fingerprint}", ANN)
+        assert click is None and context[REPLY] == texts.UNREADABLE_RUN
+
+
+def newer(record: RunRecord, conn: redis.Redis) -> bytes:
+    """`record` stored as a newer release would write it (a record version this one does not read)."""
+    data = json.loads(record.to_json())
+    data["version"] = RECORD_VERSION + 1
+    conn.set(Keys.run(record.run_id), pack(json.dumps(data)))
+    return bytes(conn.get(Keys.run(record.run_id)))
+
+
+def test_a_click_on_a_run_a_newer_release_saved_says_it_waits_for_it_and_records_nothing(
+    deps: BotDeps, conn: redis.Redis
+) -> None:
+    record = parked(conn)
+    conn.hset(Keys.approvals(record.run_id, 1), mapping={CALL.id: "", "~expires": repr(time.time() + 60)})
+    stored = newer(record, conn)
+    for opening, value in (
+        (card_opening(deps), card(record)),
+        (_park_opening(deps), f"{record.run_id}:1"),
+        (_limit_opening(deps), record.run_id),
+    ):
+        click, context = opened(deps, opening, value, ANN)
+        assert click is None and context[REPLY] == texts.NEWER_RUN
+    assert "newer version" in texts.NEWER_RUN and "Nothing was recorded" in texts.NEWER_RUN
+    # Through the listener Slack's click reaches: the same reply, nothing written, no job.
+    context = click_approve(deps, record)
+    assert context[REPLY] == texts.NEWER_RUN
+    assert conn.get(Keys.run(record.run_id)) == stored
+    assert conn.hget(Keys.approvals(record.run_id, 1), CALL.id) == b""
+    assert make_queue(conn).count == 0 and conn.xlen(Keys.audit()) == 0
+
+
+def test_a_click_on_a_park_a_newer_release_wrote_records_nothing(deps: BotDeps, conn: redis.Redis) -> None:
+    """The run's record reads, but its park's approvals are of a newer format: the decide step
+    itself refuses to write into them."""
+    record = parked(conn)
+    key = Keys.approvals(record.run_id, 1)
+    conn.hset(key, mapping={CALL.id: "", "~expires": repr(time.time() + 60), "~version": 2})
+    before = conn.hgetall(key)
+    context = click_approve(deps, record)
+    assert context[REPLY] == texts.NEWER_RUN
+    assert conn.hgetall(key) == before and make_queue(conn).count == 0 and conn.xlen(Keys.audit()) == 0
+
+
+def click_approve(deps: BotDeps, record: RunRecord, user: str = "UANN") -> BoltContext:
+    """An Approve click on `record`'s card, through the listener Bolt calls (`bot.listening.listener`)."""
+    handler = listener(deps, None, _on_decision(deps, Verdict.APPROVED), lambda *args: None)  # type: ignore[arg-type]
+    body = {"user": {"id": user, "team_id": "T1"}, "team": {"id": "T1"}, "channel": {"id": record.channel}}
+    context = BoltContext()
+    handler(ack=lambda: None, body=body, context=context, action={"value": card(record)})  # type: ignore[arg-type]
+    return context
 
 
 def test_a_click_from_another_workspace_is_refused(deps: BotDeps, conn: redis.Redis) -> None:

@@ -3,6 +3,7 @@ real processes, is in test_operations.py)."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +15,7 @@ from harness.config import Approvals, load_config
 from harness.policy import Tier
 from harness.state import PendingCall, Status, new_run
 from ops import status
-from store import RunRecord, RunStatus, Store, new_run_id, pack
+from store import RECORD_VERSION, RunRecord, RunStatus, Store, new_run_id, pack
 from store.keys import Keys
 
 
@@ -95,3 +96,33 @@ def test_who_must_decide_is_the_requester_without_approvers_and_escalate_to_once
     )
     assert deciders(escalating.approvals, record, now=1000.0 + 29 * 60) == ["UANN"]
     assert deciders(escalating.approvals, record, now=1000.0 + 30 * 60) == ["UANN", "UBOSS"]
+
+
+def test_the_status_lists_runs_waiting_for_a_newer_version(conn: redis.Redis) -> None:
+    store, now = Store(conn), NOW
+    config = load_config(env={})
+    seen = put(conn, run(RunStatus.QUEUED, "C6", age=30))  # a newer release's; no worker met it yet
+    data = json.loads(seen.to_json())
+    data["version"] = RECORD_VERSION + 1
+    conn.set(Keys.run(seen.run_id), pack(json.dumps(data)))
+    held = put(conn, run(RunStatus.AWAITING_APPROVAL, "C7", age=60, park_id=1, expires_at=now + 60))
+    conn.hset(Keys.approvals(held.run_id, 1), mapping={"toolu_1": "", "~version": 9})  # a newer park
+    store.held.hold(held.run_id, now - 90)
+    queued = put(conn, run(RunStatus.QUEUED, "C8", age=20))  # its thread's history is a newer release's
+    conn.hset(Keys.history(*queued.thread), mapping={"data": pack('{"version": 5, "messages": []}')})
+    conn.zadd(Keys.active(), {queued.run_id: now})
+    store.held.hold(queued.run_id, now - 10)
+
+    lines = status.report(store, config, now).splitlines()
+    assert "In flight: 1" in lines and "Failed: 0" in lines
+    assert "queued, waiting for a newer version (below)" in next(line for line in lines if "C8" in line)
+    heading = lines.index("Waiting for a newer version: 3")
+    first, second, third = lines[heading + 1 : heading + 4]  # the longest held first, then those met by none
+    assert first.startswith(
+        f"  run {held.run_id} in T1/C7 awaiting_approval: left by a worker 90 s ago; stored park's approvals"
+    )
+    assert "format version 9, newer than this release reads (version 1)" in first
+    assert second.startswith(f"  run {queued.run_id} in T1/C8 queued: left by a worker 10 s ago")
+    assert "stored thread history has format version 5" in second
+    assert third.startswith(f"  run {seen.run_id} in T1/C6 queued: no worker has met it yet; stored run")
+    assert f"format version {RECORD_VERSION + 1}" in third

@@ -31,6 +31,9 @@ FORMATS = [
     ("store.records", "RECORD_VERSION"),
     ("harness.state", "FORMAT_VERSION"),
     ("store.threads", "HISTORY_VERSION"),
+    ("store.decisions", "APPROVALS_VERSION"),
+    ("store.decisions", "DECISION_VERSION"),
+    ("store.grants", "GRANT_VERSION"),
 ]
 # sha256 of LICENSE with its whitespace runs made single spaces: the Apache License 2.0 as
 # https://www.apache.org/licenses/LICENSE-2.0.txt gives it, appendix included.

@@ -32,6 +32,7 @@ from gates import deciders
 from harness import release
 from harness.client import warm_up
 from harness.config import Config, ConfigError, ResolvedServer, load_config
+from harness.state import NewerRecord
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub
 from harness.tools.mcp_transports import guard_forks
@@ -49,7 +50,7 @@ from runtime.connection import RedisTarget
 from runtime.queue import enqueue_run_job, job_waiting, make_queue
 from runtime.reload import Hangup, reload, servers_kept
 from store import DAY, RunStatus, Store
-from workers import jobs
+from workers import jobs, newer
 from workers.driver import lease_seconds
 from workers.process import horses
 from workers.process.slots import Slots
@@ -73,16 +74,20 @@ def watchdog(
 
     A run needs a driver when it is marked active (queued, running, ending, or parked with every
     decision in) and nobody holds its lease: its driver died. It is continued within about one
-    and a half lease periods, whatever step the driver died at.
+    and a half lease periods, whatever step the driver died at. A run held for a newer release is
+    none of that (`workers.newer`): each pass looks whether this release reads it now, and takes
+    it back if so.
 
     Each pass also appends the audit to the files of `audit_dir` (`HARNESS_AUDIT_DIR`), then trims it.
     """
     seconds = lease_seconds()
     queue = make_queue(store.redis)
     token = uuid.uuid4().hex  # this process's hold of the audit files' lease
+    take_back = newer.TakeBack(every=seconds)
     while not stop.wait(min(max(seconds / 2, 0.5), 5.0)):
         try:
             now = time.time()
+            take_back.run(store, queue, now)
             jobs.expire_due(store, queue, now)
             if svc is not None:
                 services = svc()
@@ -129,6 +134,10 @@ def _post_due(
     for run_id, park_id in claimed:
         try:
             due = build(svc, run_id, park_id, now)
+        except NewerRecord as exc:  # due again at once, for the newer release (held runs wait)
+            newer.leave(svc.store, run_id, exc)
+            again(run_id, park_id, now)
+            continue
         except Exception:  # one unreadable run must not keep the others from their reminders
             log.exception("run %s: cannot build its %s", run_id, what)
             continue
