@@ -8,7 +8,10 @@ an operator's command, not something to poll. Near a budget: every user and chan
 least 80% of a daily budget today (UTC), with the profile whose budget it is.
 
 It reads the config the workers run with (each says which at start, `harness:config:source`)
-unless `HARNESS_CONFIG` is set where it runs, and its first line says which it read.
+unless `HARNESS_CONFIG` is set where it runs, and its first line says which it read. A user group
+among who must decide is named by its handle and id, `@oncall (S02ONCALL)`: the handle as the bot
+and the workers last read it (their cache in Redis), or from Slack when the cache has none and
+`SLACK_BOT_TOKEN` is set here; else by its id alone.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gates import budgets
-from gates.deciders import deciders
+from gates.deciders import GroupDirectory, deciders
 from harness.config import Config, load_config
 from harness.state import PendingCall, StateError
+from messages.text import group_handle
+from runtime.clients import slack_client
 from runtime.queue import make_queue
 from store import LIMIT_CALL, USER_SCOPE, BadId, RunRecord, RunStatus, Store, utc_day
 
@@ -96,9 +101,23 @@ def config_for_status(store: Store, env: Mapping[str, str] | None = None) -> tup
     return load_config(env=env), "Config: the built-in defaults (no worker has said which it runs with)"
 
 
-def report(store: Store, config: Config, now: float | None = None) -> str:
-    """The whole status, as text for a terminal."""
+def group_directory(env: Mapping[str, str] | None = None) -> GroupDirectory:
+    """Where status reads the handles of user groups: the cache alone, or Slack too when
+    `SLACK_BOT_TOKEN` is set here."""
+    env = os.environ if env is None else env
+    groups = GroupDirectory()
+    if env.get("SLACK_BOT_TOKEN"):
+        groups.bind(slack_client(env))
+    return groups
+
+
+def report(
+    store: Store, config: Config, now: float | None = None, groups: GroupDirectory | None = None
+) -> str:
+    """The whole status, as text for a terminal; `groups`: where user groups' handles are read
+    (default: the cache the bot and the workers keep)."""
     now = time.time() if now is None else now
+    groups = GroupDirectory() if groups is None else groups
     lines: list[str] = []
     flying = in_flight(store)
     lines.append(f"In flight: {len(flying)}")
@@ -114,10 +133,11 @@ def report(store: Store, config: Config, now: float | None = None) -> str:
         expires_at = record.expires_at or now
         approvals = config.settings(record.profile).approvals
         since = record.parked_at(approvals.expire_after_minutes) or now
+        who = deciders(approvals, record, now)
         lines.append(
             f"  {_where(record)} park {park.park_id}, parked {_ago(now - since)}, "
             f"expires in {_span(expires_at - now)}; waiting for: {', '.join(park.undecided) or '-'}; "
-            f"must decide: {', '.join(deciders(approvals, record, now))}"
+            f"must decide: {_named(who, groups.handles(store, record.team, who))}"
         )
     broken = sorted(failed(store), key=lambda r: r.created_at)
     lines.append(f"Failed: {len(broken)}")
@@ -146,6 +166,11 @@ def _near_budgets(store: Store, config: Config, now: float) -> list[str]:
             f"({near.spent / near.budget:.0%}), profile {near.profile or 'none'} ({key})"
         )
     return lines
+
+
+def _named(who: list[str], handles: Mapping[str, str]) -> str:
+    """Users by id; a user group by its handle and id (`@oncall (S02ONCALL)`), or its id alone."""
+    return ", ".join(f"@{h} ({w})" if (h := group_handle(w, handles)) else w for w in who)
 
 
 def _where(record: RunRecord) -> str:

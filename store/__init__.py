@@ -14,7 +14,7 @@ was lost), each in the module of the record it writes, beside the method that se
 - `threads`: a thread's lock, the runs queued behind it, its history;
 - `parks`: parks, their decisions and votes, and the Home tab's index of who is waited on;
 - `escalations`: parks whose expiry has come, reminders due to `escalate_to`;
-- `grants`: "Approve for this thread"; `groups`: user groups' members, cached;
+- `grants`: "Approve for this thread"; `groups`: user groups' members and handles, cached;
 - `live`: a run's live messages still streaming or unsettled (what a later driver cleans up);
 - `budgets`: the daily token budgets: each user's and channel's spend today, holds of requests in flight;
 - `counters`: the figures of `/metrics` (one hash, a run's marks, a click's note), and the counts of
@@ -61,7 +61,7 @@ from store.budgets import (
 from store.config_source import ConfigSourceStore
 from store.escalations import EscalationStore, ExtendOutcome, ExtendResult
 from store.grants import Grant, GrantStore, grant_slot
-from store.groups import GROUP_TTL, GroupStore
+from store.groups import GROUP_TTL, HANDLE_TTL, GroupStore
 from store.keys import DAY, BadId, check_id, new_run_id
 from store.live import LiveStore
 from store.parks import (
@@ -136,6 +136,7 @@ __all__ = [
     "FEEDBACK_PER_MINUTE",
     "FINISHED_RUN_TTL",
     "GROUP_TTL",
+    "HANDLE_TTL",
     "HOLD_SECONDS",
     "HISTORY_VERSION",
     "IM",

@@ -177,6 +177,11 @@ class Keys:
         return f"{PREFIX}group:{check_id('team', team)}:{check_id('group', group)}"
 
     @staticmethod
+    def group_handles(team: str) -> str:
+        """The handles of the team's user groups as `usergroups.list` gave them (a short-lived cache)."""
+        return f"{PREFIX}grouphandles:{check_id('team', team)}"
+
+    @staticmethod
     def parks_indexed() -> str:
         """Set once every park older than the park indexes was put in them (an upgrade's one pass;
         `:2` since the profiles' index came, so that one pass puts the older parks there too)."""

@@ -16,6 +16,7 @@ from harness.state import PendingCall, Status, new_run
 from ops import status
 from store import RunRecord, RunStatus, Store, new_run_id, pack
 from store.keys import Keys
+from tests.fakes.slack_api import FakeSlackAPI
 
 
 def put(conn: redis.Redis, record: RunRecord) -> RunRecord:
@@ -74,6 +75,13 @@ def test_the_status_lists_runs_in_flight_parked_with_who_decides_and_failed(
     parked_line = next(line for line in lines if waiting.run_id in line)
     assert "park 1, parked 10 min ago, expires in 50 min" in parked_line
     assert "waiting for: write_file" in parked_line and "must decide: UANN, S0OPS" in parked_line
+    assert "must decide: UANN, S0OPS" in parked_line  # no handle read yet: the group by its id alone
+    store.groups.cache_handles("T1", {"S0OPS": "oncall"})  # as the bot and the workers keep them
+    named = next(line for line in status.report(store, config, now).splitlines() if waiting.run_id in line)
+    assert "must decide: UANN, @oncall (S0OPS)" in named
+    store.groups.cache_handles("T1", {"S0OPS": "on\x1b[31mcall"})  # a handle that is no handle
+    named = next(line for line in status.report(store, config, now).splitlines() if waiting.run_id in line)
+    assert "must decide: UANN, S0OPS" in named and "\x1b" not in named
     failed_line = next(line for line in lines if broken.run_id in line)
     assert failed_line.endswith("started 2 h ago: Model API error: 529 overloaded_error")
     assert "C5" not in out  # a finished run is none of these
@@ -95,3 +103,17 @@ def test_who_must_decide_is_the_requester_without_approvers_and_escalate_to_once
     )
     assert deciders(escalating.approvals, record, now=1000.0 + 29 * 60) == ["UANN"]
     assert deciders(escalating.approvals, record, now=1000.0 + 30 * 60) == ["UANN", "UBOSS"]
+
+
+def test_with_a_bot_token_status_reads_a_handle_slack_has_and_the_cache_has_not(
+    conn: redis.Redis,
+) -> None:
+    with FakeSlackAPI(bot_token="xoxb-status") as slack:
+        slack.set_usergroup("S0OPS", ["UCAROL"], "oncall")
+        env = {"SLACK_BOT_TOKEN": "xoxb-status", "SLACK_API_URL": slack.base_url}
+        assert status.group_directory(env).handles(Store(conn), "T1", ["UANN", "S0OPS"]) == {
+            "S0OPS": "oncall"
+        }
+        conn.delete(Keys.group_handles("T1"))
+        assert status.group_directory({}).handles(Store(conn), "T1", ["S0OPS"]) == {}  # no token: the cache
+        assert [c.method for c in slack.calls] == ["usergroups.list"]

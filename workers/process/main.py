@@ -479,7 +479,7 @@ def print_status() -> int:
         store = _operator_store()
         config, which = status.config_for_status(store)
         print(which)
-        print(status.report(store, config))
+        print(status.report(store, config, groups=status.group_directory()))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
