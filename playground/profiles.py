@@ -19,8 +19,9 @@ from harness.tools.files import BUILTIN_TOOLS
 from playground.slack import TEAM_ID, Channel, Person
 
 Json = dict[str, Any]
-# The demo workspace's user groups, to name in `approvers` and `requesters`.
+# The demo workspace's user groups, to name in `approvers` and `requesters`, and their handles.
 GROUPS = {"S01REVIEWERS": ["U01ALICE", "U02BOB"], "S02ONCALL": ["U01ALICE", "U02BOB"]}
+HANDLES = {"S01REVIEWERS": "reviewers", "S02ONCALL": "oncall"}
 
 
 def members(ids: Iterable[str], groups: Mapping[str, list[str]] = GROUPS) -> set[str]:

@@ -291,7 +291,7 @@ def test_ops_has_its_own_profile_tools_and_requesters(
     parent = mention(tab, "delete a file")
     refused = tab.locator(".ephemeral", has_text="may start a run")
     expect(refused).to_be_visible()
-    expect(refused).to_contain_text("@S02ONCALL")
+    expect(refused).to_contain_text("@oncall")  # the group by its handle, as Slack names it
     expect(refused).to_contain_text("Only visible to you")
     shoot(tab, "playground-ops-refused.png", tmp_path)
     assert runs_started_by(redis_db, str(parent.get_attribute("data-ts"))) == []  # nothing started
