@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from harness.config import McpServerConfig
+from harness.tools import sandbox_init
 from harness.tools.mcp_command import CommandMissing, command_problem, find_program
 
 
@@ -107,3 +110,20 @@ def test_command_problem_reads_the_servers_own_path_and_cwd_and_starts_nothing(t
     )
     assert "does not exist" in (command_problem(McpServerConfig(name="l", command="./local"), env, "/") or "")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["srv", "tools"]  # nothing made
+
+
+def test_the_sandboxs_first_program_says_in_one_line_when_it_cannot_run_the_server(tmp_path: Path) -> None:
+    """What is left when the program vanished after it was looked for: one line, status 127."""
+    script = program(tmp_path / "server", "#!/nonexistent/node\n")
+    for command in (str(tmp_path / "gone"), str(script)):
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", sandbox_init.__file__, "--", command],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        if done.returncode == sandbox_init.EXIT_REFUSED:
+            pytest.skip(f"no seccomp here: {done.stderr.strip()}")
+        assert done.returncode == sandbox_init.EXIT_NOT_FOUND == 127
+        assert done.stderr == f"harness sandbox: cannot run {command!r}: No such file or directory\n"
