@@ -5,7 +5,9 @@ each with whether a driver holds it now. Parked: the open parks of `harness:expi
 to expire first. Failed: run records whose status is `failed` (a model API error; their thread has
 a Retry button), found by a SCAN of `harness:run:*`, so this reads every run of the last 7 days:
 an operator's command, not something to poll. Near a budget: every user and channel that spent at
-least 80% of a daily budget today (UTC), with the profile whose budget it is.
+least 80% of a daily budget today (UTC), with the profile whose budget it is. MCP servers down:
+each configured server a worker said is down (and why: a command that is not there, say), as the
+workers said within the last two minutes (`store.mcp_servers`: status starts no server).
 
 It reads the config the workers run with (each says which at start, `harness:config:source`)
 unless `HARNESS_CONFIG` is set where it runs, and its first line says which it read. A user group
@@ -26,10 +28,13 @@ from gates import budgets
 from gates.deciders import GroupDirectory, deciders
 from harness.config import Config, load_config
 from harness.state import PendingCall, StateError
+from harness.texts import plural
+from harness.tools.sandbox import escape
 from messages.text import group_handle
 from runtime.clients import slack_client
 from runtime.queue import make_queue
 from store import LIMIT_CALL, USER_SCOPE, BadId, RunRecord, RunStatus, Store, utc_day
+from store.mcp_servers import STATE_TTL
 
 SCAN_BATCH = 200
 CONFIG_SOURCE_TTL = 7 * 86400  # a worker says it again at every start
@@ -145,12 +150,34 @@ def report(
         error = (record.error or "").splitlines()[0][:200] if record.error else "(no error recorded)"
         lines.append(f"  {_where(record)} started {_ago(now - record.created_at)}: {error}")
     lines.extend(_near_budgets(store, config, now))
+    lines.extend(_servers_down(store, config, now))
     queue = make_queue(store.redis)
     lines.append(
         f"Queue {queue.name}: {queue.count} waiting, {queue.scheduled_job_registry.count} scheduled, "
         f"{queue.failed_job_registry.count} failed jobs"
     )
     return "\n".join(lines)
+
+
+def _servers_down(store: Store, config: Config, now: float) -> list[str]:
+    """The configured MCP servers a worker said are down, each with why and since when."""
+    names = [s.name for s in config.mcp_servers]
+    if not names:
+        return []
+    said = store.mcp_servers.said(names, now)
+    workers = {s.worker for states in said.values() for s in states}
+    if not workers:
+        return [
+            f"MCP servers down: unknown (no worker said how its {len(names)} configured servers stand "
+            f"in the last {STATE_TTL // 60} min: is one running?)"
+        ]
+    down = [(name, s) for name in names for s in said[name] if not s.up]
+    running = plural(len(workers), "running worker")
+    lines = [f"MCP servers down: {len(down)} (of {len(names)}, as {running} said)"]
+    for name, state in down:
+        why = escape(state.reason)  # a server's own words may be in it: nothing moves the terminal
+        lines.append(f"  {name} on {escape(state.worker)}, down for {_span(now - state.since)}: {why}")
+    return lines
 
 
 def _near_budgets(store: Store, config: Config, now: float) -> list[str]:

@@ -20,6 +20,7 @@ was lost), each in the module of the record it writes, beside the method that se
 - `counters`: the figures of `/metrics` (one hash, a run's marks, a click's note), and the counts of
   runs a scrape or a health check reads beside RQ's keys (functions on a connection or a pipeline);
 - `config_source`: which config file the workers run with, as they said at start;
+- `mcp_servers`: where each worker's MCP servers stand (up, or down and why), as it last said;
 - `audit`: the audit stream of decisions (a hash chain, trimmed behind its files), the feedback
   stream of answers.
 
@@ -64,6 +65,7 @@ from store.grants import Grant, GrantStore, grant_slot
 from store.groups import GROUP_TTL, HANDLE_TTL, GroupStore
 from store.keys import DAY, BadId, check_id, new_run_id
 from store.live import LiveStore
+from store.mcp_servers import McpServerStore, ServerState
 from store.parks import (
     BATCH,
     EXPIRES_FIELD,
@@ -117,6 +119,7 @@ class Store:
         self.budgets = BudgetStore(connection, self.replicas)
         self.live = LiveStore(connection, self.replicas)
         self.config_source = ConfigSourceStore(connection, self.replicas)
+        self.mcp_servers = McpServerStore(connection, self.replicas)
 
 
 __all__ = [
@@ -170,6 +173,7 @@ __all__ = [
     "RunStatus",
     "Saved",
     "Scope",
+    "ServerState",
     "SpentToday",
     "Store",
     "check_id",

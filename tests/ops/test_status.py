@@ -117,3 +117,33 @@ def test_with_a_bot_token_status_reads_a_handle_slack_has_and_the_cache_has_not(
         conn.delete(Keys.group_handles("T1"))
         assert status.group_directory({}).handles(Store(conn), "T1", ["S0OPS"]) == {}  # no token: the cache
         assert [c.method for c in slack.calls] == ["usergroups.list"]
+
+
+def test_status_lists_the_mcp_servers_a_worker_said_are_down_and_why(
+    conn: redis.Redis, tmp_path: Path
+) -> None:
+    store, now = Store(conn), NOW
+    config_file = tmp_path / "harness.toml"
+    config_file.write_text(
+        '[[mcp.servers]]\nname = "tickets"\ncommand = "tickets-mcp"\n'
+        '[[mcp.servers]]\nname = "web"\nurl = "https://mcp.example.com/mcp"\n'
+    )
+    config = load_config(env={"HARNESS_CONFIG": str(config_file)})
+    lines = status.report(store, config, now).splitlines()
+    assert (
+        "MCP servers down: unknown (no worker said how its 2 configured servers stand in the last 2 min: "
+        in (next(line for line in lines if line.startswith("MCP servers down")))
+    )
+    why = "its command 'tickets-mcp' is not on the PATH it is given (/usr/bin:/bin): install it, …\x1b[2J"
+    store.mcp_servers.say(
+        "box:41", {"tickets": (False, why, now - 300), "web": (True, "", now - 600)}, now - 10
+    )
+    store.mcp_servers.say("box:42", {"tickets": (True, "", now - 30), "web": (True, "", now - 30)}, now - 5)
+    lines = status.report(store, config, now).splitlines()
+    at = lines.index("MCP servers down: 1 (of 2, as 2 running workers said)")
+    assert lines[at + 1] == (
+        "  tickets on box:41, down for 5 min: its command 'tickets-mcp' is not on the PATH it is given "
+        "(/usr/bin:/bin): install it, …\\x1b[2J"
+    )
+    assert lines[at + 2].startswith("Queue harness:")
+    assert not any("MCP" in line for line in status.report(store, load_config(env={}), now).splitlines())
