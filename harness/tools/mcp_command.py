@@ -26,8 +26,30 @@ _SHOWN_PATH = 300  # characters of a PATH shown in a reason
 class CommandMissing(RuntimeError):
     """A stdio server's command (or its script's interpreter) is not there: it is not started.
 
-    Its message is the whole log line's reason, with how to fix it: it is never cut.
+    Its message is the whole log line's reason, with how to fix it: it is never cut. `unnamed`
+    says the same without the command, its path or the PATH (for the playground's page).
     """
+
+    def __init__(self, said: str, **named: str) -> None:
+        self.said, self.named = said, named
+        super().__init__(said.format(**_filled(named, full=True)))
+
+    def unnamed(self) -> str:
+        """The reason with what the config names left out (a script's interpreter stays: its own)."""
+        return self.said.format(**_filled(self.named, full=False))
+
+
+def _filled(named: Mapping[str, str], *, full: bool) -> dict[str, str]:
+    """The template's fields: ` 'command'`, ` (path)`, or nothing when not `full`."""
+    out = {}
+    for key, value in named.items():
+        if key == "interpreter":
+            out[key] = value
+        elif not full:
+            out[key] = ""
+        else:
+            out[key] = f" '{value}'" if key == "command" else f" ({value})"
+    return out
 
 
 def _plain(text: str) -> str:
@@ -43,20 +65,20 @@ def find_program(command: str, path: str | None, base: str) -> str:
         program = os.path.abspath(os.path.join(base, command))
         where = _plain(program)
         if not os.path.exists(program):
-            raise CommandMissing(texts.MCP_COMMAND_NO_FILE.format(command=shown, where=where))
+            raise CommandMissing(texts.MCP_COMMAND_NO_FILE, command=shown, where=where)
         if not os.path.isfile(program) or not os.access(program, os.X_OK):
-            raise CommandMissing(texts.MCP_COMMAND_NOT_EXECUTABLE.format(command=shown, where=where))
+            raise CommandMissing(texts.MCP_COMMAND_NOT_EXECUTABLE, command=shown, where=where)
     else:
         found = shutil.which(command, path=path)
         if found is None:
-            where = _plain(path or os.defpath)
-            where = where if len(where) <= _SHOWN_PATH else where[: _SHOWN_PATH - 1] + "…"
-            raise CommandMissing(texts.MCP_COMMAND_NOT_ON_PATH.format(command=shown, path=where))
+            searched = _plain(path or os.defpath)
+            searched = searched if len(searched) <= _SHOWN_PATH else searched[: _SHOWN_PATH - 1] + "…"
+            raise CommandMissing(texts.MCP_COMMAND_NOT_ON_PATH, command=shown, path=searched)
         program = found
     missing = _missing_interpreter(program, path)
     if missing is not None:
         said = texts.MCP_COMMAND_NO_INTERPRETER
-        raise CommandMissing(said.format(command=shown, where=_plain(program), interpreter=_plain(missing)))
+        raise CommandMissing(said, command=shown, where=_plain(program), interpreter=_plain(missing))
     return program
 
 
@@ -84,9 +106,12 @@ def _missing_interpreter(program: str, path: str | None) -> str | None:
     return named
 
 
-def command_problem(server: McpServerConfig, environ: Mapping[str, str], workdir: str) -> str | None:
-    """Why `server`'s command cannot be run here (as `find_program` says it), or None: an HTTP
-    server, or a command that is there. Nothing is started and no directory is made."""
+def command_problem(
+    server: McpServerConfig, environ: Mapping[str, str], workdir: str, *, named: bool = True
+) -> str | None:
+    """Why `server`'s command cannot be run here (as `find_program` says it; without the command,
+    its path or the PATH unless `named`), or None: an HTTP server, or a command that is there.
+    Nothing is started and no directory is made."""
     if server.command is None:
         return None
     try:
@@ -98,5 +123,5 @@ def command_problem(server: McpServerConfig, environ: Mapping[str, str], workdir
     try:
         find_program(server.command, path, base)
     except CommandMissing as exc:
-        return str(exc)
+        return str(exc) if named else exc.unnamed()
     return None

@@ -112,6 +112,22 @@ def test_command_problem_reads_the_servers_own_path_and_cwd_and_starts_nothing(t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["srv", "tools"]  # nothing made
 
 
+def test_unnamed_the_reason_leaves_out_the_command_its_path_and_the_path(tmp_path: Path) -> None:
+    env = {"PATH": f"{tmp_path}/secret-dir"}
+    program(tmp_path / "script", "#!/nonexistent/node\n")
+    cases = {
+        "tickets-mcp": "its command is not on the PATH it is given: install it, or set command to",
+        "/opt/x/tickets-mcp": "its command does not exist: install it there, or set command to where it is",
+        str(
+            tmp_path / "script"
+        ): "its command is a script for '/nonexistent/node' (its #! line), which is not there",
+    }
+    for command, said in cases.items():
+        unnamed = command_problem(McpServerConfig(name="t", command=command), env, "/", named=False) or ""
+        assert unnamed.startswith(said) and "tickets-mcp" not in unnamed and "secret-dir" not in unnamed
+        assert str(tmp_path) not in unnamed
+
+
 def test_the_sandboxs_first_program_says_in_one_line_when_it_cannot_run_the_server(tmp_path: Path) -> None:
     """What is left when the program vanished after it was looked for: one line, status 127."""
     script = program(tmp_path / "server", "#!/nonexistent/node\n")

@@ -478,10 +478,16 @@ channels = ["C0OPS"]
 mcp = ["tickets"]
 """
     )
-    described = describe(load_config(config, env={"TICKETS_KEY": "var-secret-4"}), CHANNELS, PEOPLE)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "tickets-server").write_text("#!/bin/sh\n")
+    (tools / "tickets-server").chmod(0o755)
+    loaded = load_config(config, env={"TICKETS_KEY": "var-secret-4"})
+    described = describe(loaded, CHANNELS, PEOPLE, environ={"TICKETS_KEY": "k", "PATH": str(tools)})
     shown = json.dumps(described)
     assert described[OPS_CHANNEL_ID]["elsewhere"] == ["MCP server tickets"]
     assert described[CHANNEL_ID]["elsewhere"] == ["MCP server tickets", "MCP server wiki"]
+    assert described[CHANNEL_ID]["down"] == []
     for secret in (
         "arg-secret-1",
         "env-secret-2",
@@ -491,6 +497,19 @@ mcp = ["tickets"]
         "wiki.example",
     ):
         assert secret not in shown
+    # Where its command is not there, the server is shown as down, and why, still without it.
+    elsewhere = {"TICKETS_KEY": "k", "PATH": str(tmp_path / "empty")}
+    described = describe(loaded, CHANNELS, PEOPLE, environ=elsewhere)
+    assert described[CHANNEL_ID]["elsewhere"] == ["MCP server wiki"]
+    assert described[OPS_CHANNEL_ID]["elsewhere"] == []
+    (down,) = described[OPS_CHANNEL_ID]["down"]
+    assert down == {
+        "name": "MCP server tickets",
+        "why": "its command is not on the PATH it is given: install it, or set command to its absolute path, "
+        "or give the server a PATH in its env",
+    }
+    assert described[CHANNEL_ID]["down"] == [down]
+    assert "tickets-server" not in json.dumps(described) and "empty" not in json.dumps(described)
 
 
 @pytest.mark.filterwarnings("ignore:The top-level `text` argument is missing")
