@@ -5,17 +5,15 @@ groups are shown by (`usergroups.list`), trusted for `HANDLE_TTL` seconds."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 
 from store.base import StorePart
-from store.keys import Keys
+from store.keys import BadId, Keys, check_id
 
 GROUP_TTL = 60  # seconds a user group's members are trusted before they are read from Slack again
 # Seconds the team's group handles are trusted; a read that failed is remembered (as no handles)
 # for `GROUP_TTL`, so a missing scope costs one Slack call a minute, not one per card.
 HANDLE_TTL = 300
-_GROUP_ID = re.compile(r"S[A-Z0-9]{1,31}")
 
 
 class GroupStore(StorePart):
@@ -51,14 +49,19 @@ class GroupStore(StorePart):
             return None
         if not isinstance(stored, dict):
             return None
-        return {
-            k: v
-            for k, v in stored.items()
-            if isinstance(v, str) and isinstance(k, str) and _GROUP_ID.fullmatch(k)
-        }
+        return {k: v for k, v in stored.items() if isinstance(v, str) and _is_group(k)}
 
     def cache_handles(self, team: str, handles: Mapping[str, str], ttl: int = HANDLE_TTL) -> None:
         """Keep the team's group handles (empty: the read failed) for `ttl` seconds."""
         self.redis.set(
             Keys.group_handles(team), json.dumps(dict(sorted(handles.items()))), ex=max(1, int(ttl))
         )
+
+
+def _is_group(value: object) -> bool:
+    """Whether `value` is a user group's id as the store's keys take it."""
+    try:
+        check_id("group", value)
+    except BadId:
+        return False
+    return True

@@ -189,12 +189,12 @@ class McpHub:
 
     def health(self) -> tuple[ServerHealth, ...]:
         """Where each server stands now (a server being given a new session counts as up)."""
+        found = []
         with self._lock:
-            return tuple(
-                ServerHealth(s.name, up, "" if up else s.reason, s.since, s.failures)
-                for s in self._servers.values()
-                for up in [s.client is not None or s.recovering]
-            )
+            for s in self._servers.values():
+                up = s.client is not None or s.recovering
+                found.append(ServerHealth(s.name, up, "" if up else s.reason, s.since, s.failures))
+        return tuple(found)
 
     def submit(self, coro: Any) -> Any:
         """Run `coro` on the hub's loop; a `concurrent.futures.Future` of its result."""
