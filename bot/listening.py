@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
+import redis
 import rq
 from slack_bolt import Ack, BoltContext
 from slack_sdk import WebClient
@@ -50,6 +51,7 @@ SHOW_NEW_EXPIRY = "workers.jobs.show_new_expiry"
 RETRY_RUN = "workers.jobs.retry_run"
 HONOUR_STOP = "workers.jobs.honour_stop"
 REPLY = "ephemeral_reply"  # context key: what the background reply tells the clicker
+DEPS = "harness_deps"  # context key: the listener's `BotDeps`, for what runs after the answer
 # A text, or a text and the users (one id or several) it names by placeholder.
 Reply = str | tuple[str, Mapping[str, str | Sequence[str]]]
 AFTER_THREADS = "slack-after"  # the threads that make Slack calls after the answer
@@ -179,6 +181,7 @@ def listener(
         given = {"ack": ack, "body": body, "context": context, "client": client}
         given.update(action=action, view=view, event=event)
         token = logs.enter(**logs.slack_fields(body))  # every line logged meanwhile names the thread
+        context[DEPS] = deps
         try:
             handler(**{name: given[name] for name in wanted})
         except NewerRecord as exc:  # read after the run's record (its park): it waits, untouched
@@ -303,10 +306,26 @@ def tell_clicker(body: dict[str, Any], context: BoltContext, client: WebClient) 
         return
     text, users = reply if isinstance(reply, tuple | list) else (reply, {})
     thread_ts = as_dict(body.get("message")).get("thread_ts") or context.get("reply_thread") or None
-    msg = notice(text, **users)
+    msg = notice(text, group_handles(context, Clicker.of(body).team, users), **users)
     try:
         client.chat_postEphemeral(
             channel=channel, user=user, text=msg.text, blocks=msg.blocks, thread_ts=thread_ts
         )
     except SlackApiError as exc:
         log.warning("could not send an ephemeral reply: %s", exc.response.get("error"))
+
+
+def group_handles(
+    context: BoltContext, team: str | None, users: Mapping[str, str | Sequence[str]]
+) -> dict[str, str]:
+    """The handles of the user groups a reply names (after Slack has its answer: this may ask
+    Slack, `GroupDirectory.handles`); none when they cannot be had, and the groups show as ids."""
+    deps, team = context.get(DEPS), team or context.team_id
+    ids = [i for named in users.values() for i in ([named] if isinstance(named, str) else named)]
+    if not isinstance(deps, BotDeps) or not team:
+        return {}
+    try:
+        return deps.groups.handles(deps.store, team, ids)
+    except redis.RedisError as exc:  # a courtesy: the reply goes out with the groups' ids
+        log.warning("could not read the user groups' handles: %s", exc)
+        return {}

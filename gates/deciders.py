@@ -5,7 +5,9 @@ A run's calls (and its Continue or Stop at a limit) are decided by the `[approva
 or by the person who asked for the run when there are none (`named`); once a park is past
 `escalate_after_minutes`, by `escalate_to` as well (`deciders`). A user group (S…) among them
 stands for its members, read from Slack (`usergroups.users.list`) and cached in Redis for
-`GROUP_TTL` seconds (`GroupDirectory`); a group that cannot be read lets nobody in. A clicker is
+`GROUP_TTL` seconds (`GroupDirectory`); a group that cannot be read lets nobody in. Where deciders
+are listed a group is shown by its handle (`GroupDirectory.handles`, from `usergroups.list`),
+never pinged; one whose handle cannot be read is shown by its id. A clicker is
 always a user id: a group id never decides (`may_decide`). With `self_approval = false` the
 requester may decline their own run's calls, or Stop it at a limit, never approve or Continue
 (`self_approval_refused`).
@@ -16,19 +18,20 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
 from harness.config import Approvals
 from runtime.slack_http import KeepAliveWebClient
-from store import BadId, RunRecord, RunStatus, Store
+from store import GROUP_TTL, HANDLE_TTL, BadId, RunRecord, RunStatus, Store
 
 log = logging.getLogger(__name__)
 
 GROUP_LOOKUP_SECONDS = 2  # a group read on a click happens before Slack gets its answer (3 s)
 USER_ID = re.compile(r"[UW][A-Z0-9]{1,31}")
+GROUP_ID = re.compile(r"S[A-Z0-9]{1,31}")
 
 
 def named(approvals: Approvals, requester: str) -> list[str]:
@@ -105,6 +108,46 @@ class GroupDirectory:
         members = frozenset(u for u in users if isinstance(u, str) and USER_ID.fullmatch(u))
         store.groups.cache(team, group, members)
         return members
+
+    def handles(self, store: Store, team: str, names: Iterable[str]) -> dict[str, str]:
+        """Group id -> handle of the user groups among `names` (`usergroups.list`, cached in Redis
+        for `HANDLE_TTL` s); a group not read (no scope, Slack slow or down, no such group) is left
+        out, to be shown by its id. Slack is asked only when a group is named and nothing is cached,
+        and never without a client (`bind`): `python -m workers status` may read the cache alone."""
+        groups = [n for n in dict.fromkeys(names) if GROUP_ID.fullmatch(n or "")]
+        if not groups:
+            return {}
+        try:
+            known = store.groups.handles(team)
+        except BadId:
+            return {}
+        if known is None:
+            if self._client is None:
+                return {}
+            known = self._read_handles()
+            store.groups.cache_handles(team, known or {}, HANDLE_TTL if known is not None else GROUP_TTL)
+        return {g: known[g] for g in groups if known and g in known}
+
+    def _read_handles(self) -> dict[str, str] | None:
+        """Every group's handle, from Slack; None when they cannot be read."""
+        assert self._client is not None
+        try:
+            listed = self._client.usergroups_list(include_disabled=True).get("usergroups")
+        except (SlackClientError, OSError, ValueError) as exc:
+            error = exc.response.get("error") if isinstance(exc, SlackApiError) else type(exc).__name__
+            log.warning("cannot read the user groups' handles (%s): groups are shown by their ids", error)
+            return None
+        if not isinstance(listed, list):
+            log.warning("usergroups.list came back without a list: groups are shown by their ids")
+            return None
+        found = {}
+        for group in listed:
+            if not isinstance(group, dict):
+                continue
+            gid, handle = group.get("id"), group.get("handle")
+            if isinstance(gid, str) and GROUP_ID.fullmatch(gid) and isinstance(handle, str) and handle:
+                found[gid] = handle[:200]  # untrusted text: whoever shows it makes it inert
+        return found
 
     def includes(self, store: Store, team: str, user: str, names: Sequence[str]) -> bool:
         """`user` is one of `names`, or a member of a user group among them."""

@@ -224,6 +224,25 @@ SANDBOX_NO_DIRECTORY = (
     "its directory {path} does not exist, and a stdio server writes only to its cwd, its temporary "
     "directory and its writable directories: create it, or name another in cwd / writable"
 )
+# Why a stdio MCP server's command cannot be run (harness/tools/mcp_command.py): the log line,
+# MCP_SERVER_AWAY and `python -m workers status` fill {command} (" 'tickets-mcp'"), {where}
+# (" (/usr/local/bin/tickets-mcp)") and {path} (" (/usr/bin:/bin)"); the playground's page leaves
+# them empty, as it never shows a server's command.
+MCP_COMMAND_NOT_ON_PATH = (
+    "its command{command} is not on the PATH it is given{path}: install it, or set command to "
+    "its absolute path, or give the server a PATH in its env"
+)
+MCP_COMMAND_NO_FILE = (
+    "its command{command} does not exist{where}: install it there, or set command to where it is"
+)
+MCP_COMMAND_NOT_EXECUTABLE = (
+    "its command{command}{where} is not an executable file: make it one (chmod +x), or set "
+    "command to the program that runs it, with the file in args"
+)
+MCP_COMMAND_NO_INTERPRETER = (
+    "its command{command}{where} is a script for '{interpreter}' (its #! line), which is not "
+    "there: install it, or set command to an interpreter that is, with the script in args"
+)
 MCP_STDERR_CUT = " [{bytes:,} more bytes cut]"
 
 # What the model reads in place of an old tool result cleared to keep a request within

@@ -8,14 +8,14 @@ plainest message: a sentence of ours, naming people.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from slack_sdk.models.blocks import ContextBlock, MarkdownTextObject, SectionBlock
 
 from messages.limits import BLOCKS_JSON_MAX, SECTION_MAX, TEXT_MAX
-from messages.text import Mode, approver, inert
+from messages.text import Mode, decider, inert
 
 
 @dataclass(frozen=True)
@@ -84,18 +84,19 @@ def with_tail(body: str, tail: str, sep: str = "\n\n", mode: Mode = "block") -> 
     return f"{head}{sep}{tail}" if head else tail
 
 
-def notice(text: str, **users: str | Sequence[str]) -> Message:
+def notice(text: str, handles: Mapping[str, str] | None = None, **users: str | Sequence[str]) -> Message:
     """A plain message with text we wrote ourselves (escaped all the same).
 
     `{name}` placeholders are filled, after escaping, with real mentions of the trusted user ids
-    given as `name=` (one id or several).
+    given as `name=` (one id or several); a user group among them is shown by its handle in
+    `handles` (id -> handle, from Slack), or its id, and pings nobody (`decider`).
     """
 
     def body(limit: int) -> str:
         out = inert(text, limit)
         for name, ids in users.items():
             ids = [ids] if isinstance(ids, str) else list(ids)
-            out = out.replace("{" + name + "}", ", ".join(approver(u) for u in ids[:20]))
+            out = out.replace("{" + name + "}", ", ".join(decider(u, handles) for u in ids[:20]))
         return out
 
     return Message(

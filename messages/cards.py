@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +30,7 @@ from messages.text import (
     answer_mrkdwn,
     approver,
     cut,
+    deciders_named,
     fence_safe,
     inert,
     inline,
@@ -72,12 +73,9 @@ def _target_text(args: Sequence[Arg]) -> str:
     return f" on {args[0].text}" if args and args[0].target else ""
 
 
-def _who_decides(requester: str, approvers: Sequence[str]) -> str:
-    people = [mention(a) for a in approvers] or [mention(requester)]
-    shown = ", ".join(people[:20])
-    if len(people) > 20:
-        shown += f" and {len(people) - 20} more"
-    return f"only {shown}"
+def _who_decides(requester: str, approvers: Sequence[str], handles: Mapping[str, str]) -> str:
+    """Who may decide: the approvers, or the requester; a group by its handle, never pinged."""
+    return f"only {deciders_named(list(approvers) or [requester], handles)}"
 
 
 @dataclass(frozen=True)
@@ -86,6 +84,7 @@ class CallCard:
     (the approvals in force, and the votes so far), and what the park kept of its tool and reply.
 
     `title` and `annotations` are what an MCP server says of its tool: hints, shown as such.
+    `handles`: the handles of the user groups among `approvers` (id -> handle, from Slack).
     `intent`: the model's own words in the reply that made the call. `preview`: what the call
     would change (a diff), as plain text. `required` > 1: a quorum, with `votes` so far. A call
     that always asks (`tier_source`) is offered no grant, and its card says so.
@@ -106,6 +105,7 @@ class CallCard:
     self_approval: bool = True
     grant_minutes: float = 0
     grant_uses: int = 0
+    handles: Mapping[str, str] = field(default_factory=dict)
 
 
 def approval_card(card: CallCard) -> Message:
@@ -157,7 +157,7 @@ def _card_details(card: CallCard) -> str:
         [
             *_tool_described(card.title, card.annotations),
             f"*Why it needs approval:* {plain_why(card.tier_source)}",
-            f"*Who may decide:* {_who_decides(card.requester, card.approvers)}",
+            f"*Who may decide:* {_who_decides(card.requester, card.approvers, card.handles)}",
             *rules,
             f"*Expires:* {slack_date(card.expires_at)} (the call will not run if nobody decides by then)",
         ]
@@ -351,7 +351,8 @@ class LimitCard:
     """What the card of a run waiting at a limit (`on_limit = "ask"`) is drawn from.
 
     Continue is an approval like any other: `required` > 1 needs that many people (`votes` so far,
-    shown), and without `self_approval` the requester may Stop, never Continue.
+    shown), and without `self_approval` the requester may Stop, never Continue. A user group among
+    `deciders` is shown by its handle in `handles` (id -> handle), never pinged.
     """
 
     run_id: str
@@ -363,6 +364,7 @@ class LimitCard:
     required: int = 1
     votes: Sequence[str] = ()
     self_approval: bool = True
+    handles: Mapping[str, str] = field(default_factory=dict)
 
 
 def limit_card(card: LimitCard) -> Message:
@@ -372,7 +374,7 @@ def limit_card(card: LimitCard) -> Message:
     value = f"{run_id}:limit"
     if len(value) > BUTTON_VALUE_MAX:
         raise ValueError(f"button value of {len(value)} characters exceeds Slack's {BUTTON_VALUE_MAX}")
-    who = ", ".join(mention(d) for d in deciders[:20]) or mention(requester)  # a group is named, never pinged
+    who = deciders_named(deciders, card.handles) or mention(requester)  # a group is named, never pinged
     head = f":raised_hand: {inert(question, SECTION_MAX - 20)}"
     choice = texts.LIMIT_CHOICE.format(more=inert(more, 200))
     rules = texts.LIMIT_RULES.format(

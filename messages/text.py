@@ -23,7 +23,7 @@ import functools
 import itertools
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Literal, get_args
 
@@ -317,12 +317,40 @@ def approver(who: str | None) -> str:
     """A user (`<@U…>`) or a user group (`<!subteam^S…>`) we named ourselves; anything else inert.
 
     Only for ids from our own config or records: a group mention notifies every member where it
-    is posted, so it goes only where a ping is meant (the escalation reminder) or pings nobody
-    (an ephemeral reply, the Home tab).
+    is posted, so it goes only where a ping is meant: the reminders that ask people to decide (the
+    escalation reminder, the reminder before expiry). Everywhere else deciders are listed
+    (cards, replies, the Home tab, status) a group is `decider`: its handle, pinging nobody.
     """
     if who and _GROUP_ID.fullmatch(who):
         return f"<!subteam^{who}>"
     return mention(who)
+
+
+_HANDLE = re.compile(r"[\w.-]{1,80}")  # what Slack makes a handle of: letters, digits, . _ -
+_SPECIAL = frozenset({"here", "channel", "everyone"})  # never shown as if it were a group's handle
+
+
+def group_handle(who: str | None, handles: Mapping[str, str] | None) -> str | None:
+    """The handle of user group `who` in `handles` (id -> handle, from Slack: untrusted), when it
+    is one: letters, digits, `.`, `_` and `-` only, and not `here`, `channel` or `everyone`."""
+    handle = (handles or {}).get(who or "") or ""
+    return handle if _HANDLE.fullmatch(handle) and handle.lower() not in _SPECIAL else None
+
+
+def decider(who: str | None, handles: Mapping[str, str] | None = None) -> str:
+    """A user we named (`<@U…>`), or a user group shown by its handle as plain text (`@oncall`),
+    which notifies nobody and links nowhere; a group whose handle is unknown, or is no handle,
+    is shown by its id. Anything else inert."""
+    if who and _GROUP_ID.fullmatch(who):
+        handle = group_handle(who, handles)
+        return "@" + escape(handle) if handle else who
+    return mention(who)
+
+
+def deciders_named(who: Sequence[str], handles: Mapping[str, str] | None = None, most: int = 20) -> str:
+    """`who` as `decider` shows each, comma-separated, the first `most` of them and a count of the rest."""
+    shown = ", ".join(decider(w, handles) for w in who[:most])
+    return f"{shown} and {len(who) - most} more" if len(who) > most else shown
 
 
 def slack_date(at: datetime) -> str:

@@ -8,9 +8,15 @@ an operator's command, not something to poll. Waiting for a newer version: runs 
 wrote a record of that this release cannot read, found by the same SCAN or held by a worker that
 met one (`store.held`): they wait, untouched, for a worker of that release. Near a budget: every user
 and channel that spent at least 80% of a daily budget today (UTC), with the profile whose budget it is.
+MCP servers down: each configured server a worker said is down (and why: a command that is not
+there, say), as the workers said within the last two minutes (`store.mcp_servers`: status starts
+no server).
 
 It reads the config the workers run with (each says which at start, `harness:config:source`)
-unless `HARNESS_CONFIG` is set where it runs, and its first line says which it read.
+unless `HARNESS_CONFIG` is set where it runs, and its first line says which it read. A user group
+among who must decide is named by its handle and id, `@oncall (S02ONCALL)`: the handle as the bot
+and the workers last read it (their cache in Redis), or from Slack when the cache has none and
+`SLACK_BOT_TOKEN` is set here; else by its id alone.
 """
 
 from __future__ import annotations
@@ -22,11 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gates import budgets
-from gates.deciders import deciders
+from gates.deciders import GroupDirectory, deciders
 from harness.config import Config, load_config
 from harness.state import NewerRecord, PendingCall, StateError
+from harness.texts import plural
+from harness.tools.sandbox import escape
+from messages.text import group_handle
+from runtime.clients import slack_client
 from runtime.queue import make_queue
 from store import LIMIT_CALL, USER_SCOPE, BadId, RunRecord, RunStatus, Store, utc_day
+from store.mcp_servers import STATE_TTL
 
 SCAN_BATCH = 200
 CONFIG_SOURCE_TTL = 7 * 86400  # a worker says it again at every start
@@ -150,9 +161,23 @@ def config_for_status(store: Store, env: Mapping[str, str] | None = None) -> tup
     return load_config(env=env), "Config: the built-in defaults (no worker has said which it runs with)"
 
 
-def report(store: Store, config: Config, now: float | None = None) -> str:
-    """The whole status, as text for a terminal."""
+def group_directory(env: Mapping[str, str] | None = None) -> GroupDirectory:
+    """Where status reads the handles of user groups: the cache alone, or Slack too when
+    `SLACK_BOT_TOKEN` is set here."""
+    env = os.environ if env is None else env
+    groups = GroupDirectory()
+    if env.get("SLACK_BOT_TOKEN"):
+        groups.bind(slack_client(env))
+    return groups
+
+
+def report(
+    store: Store, config: Config, now: float | None = None, groups: GroupDirectory | None = None
+) -> str:
+    """The whole status, as text for a terminal; `groups`: where user groups' handles are read
+    (default: the cache the bot and the workers keep)."""
     now = time.time() if now is None else now
+    groups = GroupDirectory() if groups is None else groups
     lines: list[str] = []
     flying, held = in_flight(store), store.held.ids()
     lines.append(f"In flight: {len(flying)}")
@@ -170,10 +195,11 @@ def report(store: Store, config: Config, now: float | None = None) -> str:
         expires_at = record.expires_at or now
         approvals = config.settings(record.profile).approvals
         since = record.parked_at(approvals.expire_after_minutes) or now
+        who = deciders(approvals, record, now)
         lines.append(
             f"  {_where(record)} park {park.park_id}, parked {_ago(now - since)}, "
             f"expires in {_span(expires_at - now)}; waiting for: {', '.join(park.undecided) or '-'}; "
-            f"must decide: {', '.join(deciders(approvals, record, now))}"
+            f"must decide: {_named(who, groups.handles(store, record.team, who))}"
         )
     scanned: dict[str, Newer] = {}
     broken = sorted(failed(store, scanned), key=lambda r: r.created_at)
@@ -183,6 +209,7 @@ def report(store: Store, config: Config, now: float | None = None) -> str:
         lines.append(f"  {_where(record)} started {_ago(now - record.created_at)}: {error}")
     lines.extend(_newer_lines(waiting_for_newer(store, scanned), now))
     lines.extend(_near_budgets(store, config, now))
+    lines.extend(_servers_down(store, config, now))
     queue = make_queue(store.redis)
     lines.append(
         f"Queue {queue.name}: {queue.count} waiting, {queue.scheduled_job_registry.count} scheduled, "
@@ -206,6 +233,27 @@ def _newer_lines(waiting: list[Newer], now: float) -> list[str]:
     return lines
 
 
+def _servers_down(store: Store, config: Config, now: float) -> list[str]:
+    """The configured MCP servers a worker said are down, each with why and since when."""
+    names = [s.name for s in config.mcp_servers]
+    if not names:
+        return []
+    said = store.mcp_servers.said(names, now)
+    workers = {s.worker for states in said.values() for s in states}
+    if not workers:
+        return [
+            f"MCP servers down: unknown (no worker said how its {len(names)} configured servers stand "
+            f"in the last {STATE_TTL // 60} min: is one running?)"
+        ]
+    down = [(name, s) for name in names for s in said[name] if not s.up]
+    running = plural(len(workers), "running worker")
+    lines = [f"MCP servers down: {len(down)} (of {len(names)}, as {running} said)"]
+    for name, state in down:
+        why = escape(state.reason)  # a server's own words may be in it: nothing moves the terminal
+        lines.append(f"  {name} on {escape(state.worker)}, down for {_span(now - state.since)}: {why}")
+    return lines
+
+
 def _near_budgets(store: Store, config: Config, now: float) -> list[str]:
     found = budgets.near(store, config, now)
     lines = [
@@ -219,6 +267,11 @@ def _near_budgets(store: Store, config: Config, now: float) -> list[str]:
             f"({near.spent / near.budget:.0%}), profile {near.profile or 'none'} ({key})"
         )
     return lines
+
+
+def _named(who: list[str], handles: Mapping[str, str]) -> str:
+    """Users by id; a user group by its handle and id (`@oncall (S02ONCALL)`), or its id alone."""
+    return ", ".join(f"@{h} ({w})" if (h := group_handle(w, handles)) else w for w in who)
 
 
 def _where(record: RunRecord) -> str:

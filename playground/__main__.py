@@ -26,7 +26,7 @@ from harness.config import ConfigError, load_config
 from observe import logs, ports
 from playground import bind_problem, url_host
 from playground.bot_client import Bot
-from playground.profiles import GROUPS, describe
+from playground.profiles import GROUPS, HANDLES, describe
 from playground.server import Playground, Server
 from playground.slack import CHANNEL_ID, CHANNELS, PEOPLE, Workspace
 
@@ -64,7 +64,7 @@ def main(env: Mapping[str, str] = os.environ) -> int:
     demo = env.get("PLAYGROUND_DEMO_MODEL") == "1"
     profiles = describe(config, CHANNELS, PEOPLE)
     playground = Playground(
-        workspace=Workspace(token=env["SLACK_BOT_TOKEN"], usergroups=GROUPS),
+        workspace=Workspace(token=env["SLACK_BOT_TOKEN"], usergroups=GROUPS, handles=HANDLES),
         bot=Bot(env["PLAYGROUND_BOT_URL"], env["SLACK_SIGNING_SECRET"]),
         base_url=base_url,
         demo=demo,

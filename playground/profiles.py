@@ -4,23 +4,28 @@ Read from the same config the bot and the worker run with (`HARNESS_CONFIG`), by
 they use: `Config.match` picks the profile, `Catalog.narrowed` the tools, `Policy.decide` their
 tiers, so the page shows what `python -m harness --list-tools --channel C…` prints for the
 built-ins. Module and MCP tools are only named by where they come from: the playground imports no
-module and starts no server. Nothing here is secret: profile, tool and server names, tiers and
-why, user IDs; never a server's command, URL, environment or headers.
+module and starts no server. A stdio server whose command is not there is shown as down, with the
+reason the worker logs (`harness.tools.mcp_command`), told without the command. Nothing here is
+secret: profile, tool and server names, tiers and why, user IDs; never a server's command, URL,
+environment or headers.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from harness.config import Config
 from harness.tools.catalog import Catalog
 from harness.tools.files import BUILTIN_TOOLS
+from harness.tools.mcp_command import command_problem
 from playground.slack import TEAM_ID, Channel, Person
 
 Json = dict[str, Any]
-# The demo workspace's user groups, to name in `approvers` and `requesters`.
+# The demo workspace's user groups, to name in `approvers` and `requesters`, and their handles.
 GROUPS = {"S01REVIEWERS": ["U01ALICE", "U02BOB"], "S02ONCALL": ["U01ALICE", "U02BOB"]}
+HANDLES = {"S01REVIEWERS": "reviewers", "S02ONCALL": "oncall"}
 
 
 def members(ids: Iterable[str], groups: Mapping[str, list[str]] = GROUPS) -> set[str]:
@@ -67,15 +72,21 @@ def describe(
     channels: Iterable[Channel],
     people: Iterable[Person],
     groups: Mapping[str, list[str]] = GROUPS,
+    environ: Mapping[str, str] | None = None,
 ) -> dict[str, Json]:
     """Channel id -> its profile (name, the `# profile:` line), the model its runs ask for, tools,
-    other tool sources, budgets and each demo user's note, as `GET /play/channels` serves them."""
+    other tool sources (and the MCP servers among them that are down, with why), budgets and each
+    demo user's note, as `GET /play/channels` serves them. `environ`: where commands are looked
+    for (this process's environment and directory, which `make run` gives its worker too)."""
     people = tuple(people)
+    environ = os.environ if environ is None else environ
+    problems = {s.name: command_problem(s, environ, os.getcwd(), named=False) for s in config.mcp_servers}
     described = {}
     for channel in channels:
         match = config.match(channel.id, TEAM_ID)
         settings = match.settings
-        servers = [s.name for s in config.mcp_servers if settings.offers_server(s.name)]
+        offered = [s.name for s in config.mcp_servers if settings.offers_server(s.name)]
+        servers = [s for s in offered if not problems[s]]
         budgets = settings.budgets
         described[channel.id] = {
             "profile": match.profile,
@@ -84,6 +95,7 @@ def describe(
             "tools": tools(settings),
             "elsewhere": [f"module {m}" for m in settings.tools.modules]
             + [f"MCP server {s}" for s in servers],
+            "down": [{"name": f"MCP server {s}", "why": problems[s]} for s in offered if problems[s]],
             "restricted": bool(settings.requesters),
             "budgets": {
                 "per_user_daily_tokens": budgets.per_user_daily_tokens,

@@ -10,7 +10,7 @@ One `ThreadingHTTPServer` (standard library) on 127.0.0.1 answers:
   page, turned into the signed request Slack would send the bot (`playground.bot_client`); an
   event the bot does not take yet is kept and sent again as Slack would (`playground.delivery`);
 - ``POST /play/respond/<id>``: the `response_url` of a click;
-- ``POST /api/<method>``: the Slack Web API the bot and workers call (`SLACK_API_URL`);
+- ``POST /api/<method>`` (or ``GET``): the Slack Web API the bot and workers call (`SLACK_API_URL`);
 - ``POST /model/v1/messages``: the offline demo model (`ANTHROPIC_BASE_URL`), when there is no key;
   with ``"stream": true`` its reply comes as the Messages API's server-sent events.
 
@@ -351,9 +351,12 @@ class Handler(BaseHTTPRequestHandler):
         log.debug("%s %s", self.address_string(), format % args)
 
     def do_GET(self) -> None:  # noqa: N802 - http.server naming
-        path = urlsplit(self.path).path
+        split = urlsplit(self.path)
+        path = split.path
         if path == "/healthz":
             return self._json(200, {"ok": True})
+        if path.startswith("/api/"):  # Slack takes a Web API call as a GET too (usergroups.list is one)
+            return self._web_api(path.removeprefix("/api/"), split.query, b"")
         if not self._local_host():
             return None
         asset = _asset(path)

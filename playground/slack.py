@@ -166,6 +166,7 @@ class Workspace(SlackStore):
                 "team": {"id": TEAM_ID, "name": TEAM_NAME},
                 "channels": [{"id": c.id, "name": c.name} for c in self.channels.values()],
                 "bot": {"user_id": BOT_USER_ID, "bot_id": BOT_ID, "name": BOT_NAME},
+                "groups": [{"id": g, "handle": h} for g, h in self.handles.items()],
                 "messages": [self._for_page(m) for m in self.messages],
                 "ephemerals": copy.deepcopy(self.ephemerals),
                 "views": [
@@ -219,6 +220,7 @@ class Workspace(SlackStore):
             "reactions.remove": self._reaction(add=False),
             "conversations.replies": self._replies,
             "users.info": self._user_info,
+            "usergroups.list": self._groups,
             "usergroups.users.list": self._group_members,
             "views.open": self._views_open,
             "views.push": self._views_open,
@@ -352,6 +354,18 @@ class Workspace(SlackStore):
                 "profile": {"real_name": person.real_name, "display_name": person.name},
             }
         }
+
+    def _groups(self, params: Json) -> Json:
+        """The workspace's user groups, as Slack lists them (members with `include_users`)."""
+        listed = []
+        for group, users in self.usergroups.items():
+            handle = self.handles[group]
+            entry = {"id": group, "team_id": TEAM_ID, "is_usergroup": True, "name": handle.title()}
+            entry.update(handle=handle, date_delete=0)
+            if str(params.get("include_users", "")).lower() in ("1", "true"):
+                entry["users"] = list(users)
+            listed.append(entry)
+        return {"usergroups": listed}
 
     def _group_members(self, params: Json) -> Json:
         group = str(params.get("usergroup") or "")

@@ -91,12 +91,15 @@ class SlackStore:
         people: Iterable[Person] = PEOPLE,
         channels: Iterable[Channel] = CHANNELS,
         usergroups: Mapping[str, list[str]] | None = None,
+        handles: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.token = token
         self.people = {p.id: p for p in people}
         self.channels = {c.id: c for c in channels}
         self.usergroups = dict(usergroups or {})
+        # group id -> the handle it is mentioned by (@oncall); a group not given one: its id, lower case
+        self.handles = {g: (handles or {}).get(g) or g.lower() for g in self.usergroups}
         self._clock = clock
         self._lock = threading.Lock()
         self.changed = threading.Condition(self._lock)

@@ -17,12 +17,13 @@ was lost), each in the module of the record it writes, beside the method that se
 - `escalations`: parks whose expiry has come, reminders due to `escalate_to`;
 - `held`: runs left as they were for a newer release, which wrote a record of theirs this one
   cannot read (`harness.state.NewerRecord`): no recovery, expiry or reminder touches them;
-- `grants`: "Approve for this thread"; `groups`: user groups' members, cached;
+- `grants`: "Approve for this thread"; `groups`: user groups' members and handles, cached;
 - `live`: a run's live messages still streaming or unsettled (what a later driver cleans up);
 - `budgets`: the daily token budgets: each user's and channel's spend today, holds of requests in flight;
 - `counters`: the figures of `/metrics` (one hash, a run's marks, a click's note), and the counts of
   runs a scrape or a health check reads beside RQ's keys (functions on a connection or a pipeline);
 - `config_source`: which config file the workers run with, as they said at start;
+- `mcp_servers`: where each worker's MCP servers stand (up, or down and why), as it last said;
 - `audit`: the audit stream of decisions (a hash chain, trimmed behind its files), the feedback
   stream of answers.
 
@@ -65,10 +66,11 @@ from store.config_source import ConfigSourceStore
 from store.decisions import APPROVALS_VERSION, DECISION_VERSION
 from store.escalations import EscalationStore, ExtendOutcome, ExtendResult
 from store.grants import Grant, GrantStore, grant_slot
-from store.groups import GROUP_TTL, GroupStore
+from store.groups import GROUP_TTL, HANDLE_TTL, GroupStore
 from store.held import HeldStore
 from store.keys import DAY, BadId, check_id, new_run_id
 from store.live import LiveStore
+from store.mcp_servers import McpServerStore, ServerState
 from store.parks import (
     BATCH,
     EXPIRES_FIELD,
@@ -124,6 +126,7 @@ class Store:
         self.budgets = BudgetStore(connection, self.replicas)
         self.live = LiveStore(connection, self.replicas)
         self.config_source = ConfigSourceStore(connection, self.replicas)
+        self.mcp_servers = McpServerStore(connection, self.replicas)
 
 
 __all__ = [
@@ -145,6 +148,7 @@ __all__ = [
     "FEEDBACK_PER_MINUTE",
     "FINISHED_RUN_TTL",
     "GROUP_TTL",
+    "HANDLE_TTL",
     "HOLD_SECONDS",
     "HISTORY_VERSION",
     "HISTORY_VERSIONS",
@@ -180,6 +184,7 @@ __all__ = [
     "RunStatus",
     "Saved",
     "Scope",
+    "ServerState",
     "SpentToday",
     "Store",
     "check_id",

@@ -31,6 +31,7 @@ _ID = {
     "scope": re.compile(r"^(user|channel)$"),
     "slot": re.compile(r"^[0-9a-f]{24}$"),
     "profile": re.compile(r"^[a-z0-9-]{1,32}$"),
+    "server": re.compile(r"^[a-z0-9-]{1,32}$"),  # an MCP server's name, as the config allows it
 }
 
 
@@ -182,6 +183,16 @@ class Keys:
     def group_members(team: str, group: str) -> str:
         """The members of a user group as `usergroups.users.list` gave them (a short-lived cache)."""
         return f"{PREFIX}group:{check_id('team', team)}:{check_id('group', group)}"
+
+    @staticmethod
+    def group_handles(team: str) -> str:
+        """The handles of the team's user groups as `usergroups.list` gave them (a short-lived cache)."""
+        return f"{PREFIX}grouphandles:{check_id('team', team)}"
+
+    @staticmethod
+    def mcp_server(name: str) -> str:
+        """Where each worker's MCP server `name` stands, as the workers said (a hash by worker)."""
+        return f"{PREFIX}mcp:{check_id('server', name)}"
 
     @staticmethod
     def parks_indexed() -> str:

@@ -87,6 +87,7 @@ def approval_card(
         self_approval=approvals.self_approval,
         grant_minutes=approvals.grant_minutes,
         grant_uses=approvals.grant_uses,
+        handles=svc.group_handles(record.team, approvals.approvers),
     )
     return cards.approval_card(card)
 
@@ -95,16 +96,18 @@ def limit_card(svc: Services, record: RunRecord, votes: tuple[str, ...] = ()) ->
     """The card of a run parked at a limit, from what the park kept; `votes`: Continues so far."""
     approvals = svc.settings_of(record).approvals
     ask = record.limit_ask()
+    named = deciders.named(approvals, record.requester)
     card = cards.LimitCard(
         run_id=record.run_id,
         question=ask.question,
         more=ask.more,
         requester=record.requester,
-        deciders=deciders.named(approvals, record.requester),
+        deciders=named,
         expires_at=datetime.fromtimestamp(record.expires_at or time.time(), UTC),
         required=approvals.required,
         votes=votes,
         self_approval=approvals.self_approval,
+        handles=svc.group_handles(record.team, named),
     )
     return cards.limit_card(card)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +23,7 @@ from slack_sdk.http_retry.builtin_handlers import (
     ConnectionErrorRetryHandler,
 )
 
+from gates.deciders import GroupDirectory
 from harness.client import make_client
 from harness.config import Config, load_config
 from harness.tools.catalog import Catalog
@@ -56,10 +57,25 @@ class Services:
     # never lazily on a slot (two threads would each build one and split the pacing).
     live_streams: LiveStreams = field(default_factory=LiveStreams)
     courtesy_slack: WebClient = field(default=None)  # type: ignore[assignment]  # built from `slack`
+    # Who is in a user group, and the handles groups are shown by on cards: read with `slack`'s token.
+    groups: GroupDirectory = field(default=None)  # type: ignore[assignment]  # built from `slack`
 
     def __post_init__(self) -> None:
         if self.courtesy_slack is None:
             object.__setattr__(self, "courtesy_slack", _courtesy_client(self.slack))
+        if self.groups is None:
+            groups = GroupDirectory()
+            groups.bind(self.slack)
+            object.__setattr__(self, "groups", groups)
+
+    def group_handles(self, team: str, names: Iterable[str]) -> dict[str, str]:
+        """The handles of the user groups among `names` (`GroupDirectory.handles`); none when they
+        cannot be read (Redis too: a card goes out with the groups' ids rather than not at all)."""
+        try:
+            return self.groups.handles(self.store, team, names)
+        except redis.RedisError as exc:
+            log.warning("could not read the user groups' handles: %s", exc)
+            return {}
 
     @classmethod
     def from_env(

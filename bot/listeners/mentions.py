@@ -24,6 +24,7 @@ from bot.listening import (
     START_RUN,
     BotDeps,
     Then,
+    group_handles,
 )
 from gates import budgets
 from messages import texts
@@ -167,7 +168,9 @@ def acknowledge_visibly(body: dict[str, Any], context: BoltContext, client: WebC
         if context.get(ACCEPTED) is Accepted.NEW:
             client.reactions_add(channel=event["channel"], timestamp=event["ts"], name="eyes")
         elif isinstance(refusal, Refusal):
-            msg = notice(refusal.text, **refusal.users)
+            team = body.get("team_id") or event.get("team")
+            handles = group_handles(context, team if isinstance(team, str) else None, refusal.users)
+            msg = notice(refusal.text, handles, **refusal.users)
             client.chat_postEphemeral(
                 channel=refusal.channel,
                 user=refusal.user,

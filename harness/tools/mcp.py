@@ -7,6 +7,12 @@ again with backoff (0.5 s doubling to 30 s), and so is a server that could not s
 Nothing outside the hub ever starts a server; a call made while its server is away is answered
 `is_error` naming the server, and nothing runs.
 
+Its log says each change once: the first failure at WARNING (a stdio server whose command is not
+there "cannot start", naming the command and how to fix it: `harness.tools.mcp_command`), every
+later try that fails for the same reason at DEBUG, a new reason at WARNING again, and the server's
+return at INFO. `health()` says where each server stands (up or down, why, since when), for the
+worker to tell `python -m workers status`.
+
 A streamable-HTTP server that forgot its session (it restarted, or the session expired: 404 for
 the session id, as the spec has it, or 400 as some servers answer) is given a new session at once,
 and a call it refused is sent once more on the new one: the server ran nothing on the old id.
@@ -36,6 +42,7 @@ from harness import texts
 from harness.config import ResolvedServer
 from harness.tools.base import ToolResult
 from harness.tools.mcp_bounds import bound_stdio_reads, convert_result
+from harness.tools.mcp_command import CommandMissing
 from harness.tools.mcp_listing import SEPARATOR, Listing, McpTool, list_tools
 from harness.tools.mcp_transports import HttpTransport, SessionGuard, StdioTransport
 from harness.tools.sandbox import Sandbox, SandboxUnavailable
@@ -73,6 +80,9 @@ class _Server:
     guard: SessionGuard | None = None  # the current HTTP connection's
     recovering: bool = False  # the server forgot the session: a new one is being opened now
     served: bool = False  # the current session answered a call (the server does keep sessions)
+    failures: int = 0  # tries in a row that failed, since it was last up
+    logged: str = ""  # the reason last logged at WARNING: the same again goes to DEBUG
+    since: float = field(default_factory=time.time)  # when it last went up or down (wall clock)
 
     def lose(self, reason: str, *, recovering: bool = False) -> None:
         """The session is dead: calls stop using it, and the supervisor opens another."""
@@ -83,6 +93,17 @@ class _Server:
     @property
     def name(self) -> str:
         return self.resolved.config.name
+
+
+@dataclass(frozen=True)
+class ServerHealth:
+    """Where one server stands: up (its tools offered) or down, why, since when, after how many tries."""
+
+    name: str
+    up: bool
+    reason: str  # why it is down ("" while up)
+    since: float  # when it went up or down (wall clock)
+    failures: int  # tries in a row that failed
 
 
 class McpHub:
@@ -166,6 +187,15 @@ class McpHub:
             timeouts = {s.name: s.resolved.config.timeout_seconds for s in self._servers.values()}
         return Listing(tuple(tools), away, timeouts)
 
+    def health(self) -> tuple[ServerHealth, ...]:
+        """Where each server stands now (a server being given a new session counts as up)."""
+        found = []
+        with self._lock:
+            for s in self._servers.values():
+                up = s.client is not None or s.recovering
+                found.append(ServerHealth(s.name, up, "" if up else s.reason, s.since, s.failures))
+        return tuple(found)
+
     def submit(self, coro: Any) -> Any:
         """Run `coro` on the hub's loop; a `concurrent.futures.Future` of its result."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
@@ -210,12 +240,15 @@ class McpHub:
                     tools = await list_tools(client, server.name, server.resolved.config.trust_annotations)
                     with self._lock:
                         server.client, server.tools, server.reason = client, tools, ""
+                        failures, down_for = server.failures, time.time() - server.since
+                        server.failures, server.logged = 0, ""
+                        server.since = server.since if server.recovering else time.time()
                     server.broken.clear()
                     server.recovering = server.served = False
                     server.up.set()
                     server.tried.set()
                     delay = _BACKOFF_FIRST
-                    log.info("MCP server %s is up: %d tools", server.resolved.config.describe(), len(tools))
+                    _log_up(server, len(tools), failures, down_for)
                     opened = time.monotonic()
                     await self._watch(server, client)
                     steady = server.served or time.monotonic() - opened >= _STEADY_SECONDS
@@ -228,12 +261,18 @@ class McpHub:
                 raise
             except BaseException as exc:  # noqa: BLE001 - whatever a server does, the hub goes on
                 reason = lost or _describe(exc)  # why a session was lost, not how its closing failed
+                cannot_start = not lost and isinstance(_first(exc), SandboxUnavailable | CommandMissing)
+            else:
+                cannot_start = False
             recovering = server.recovering and (steady or not reopened) and not self._stopping.is_set()
             server.up.clear()
             with self._lock:  # one step, as `listing` reads it: a recovering server is not away
+                if not recovering and (server.client is not None or server.recovering or not server.failures):
+                    server.since = time.time()  # it goes down now (or its very first try failed)
                 server.client, server.reason, server.recovering = None, reason, recovering
                 if not recovering:
                     server.tools = ()
+                    server.failures += 1
             server.tried.set()
             if self._stopping.is_set():
                 return
@@ -244,12 +283,7 @@ class McpHub:
                 reopened = True  # calls wait for the new session rather than answer "away"
                 continue
             reopened = False
-            log.warning(
-                "MCP server %s is not reachable (%s); trying again in %.1f s",
-                server.resolved.config.describe(),
-                reason,
-                delay,
-            )
+            _log_down(server, reason, delay, cannot_start)
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)
             delay = min(delay * 2, _BACKOFF_MAX)
@@ -352,6 +386,45 @@ class McpHub:
         raise AssertionError("unreachable: the second attempt always returns")
 
 
+def _log_up(server: _Server, tools: int, failures: int, down_for: float) -> None:
+    """The server is up: said at INFO, with how long it was down when it was."""
+    name = server.resolved.config.describe()
+    if not failures:
+        log.info("MCP server %s is up: %d tools", name, tools)
+        return
+    log.info(
+        "MCP server %s is up again after %.0f s down (%d failed tries): %d tools",
+        name,
+        down_for,
+        failures,
+        tools,
+    )
+
+
+def _log_down(server: _Server, reason: str, delay: float, cannot_start: bool) -> None:
+    """A try failed: at WARNING the first time for this reason, at DEBUG while the reason stays."""
+    why = f"cannot start: {reason}" if cannot_start else f"is not reachable ({reason})"
+    name = server.resolved.config.describe()
+    if reason == server.logged:
+        log.debug(
+            "MCP server %s still %s; %d tries failed, trying again in %.1f s",
+            name,
+            why,
+            server.failures,
+            delay,
+        )
+        return
+    server.logged = reason
+    log.warning(
+        "MCP server %s %s; trying again in %.1f s and less often after (up to every %.0f s), "
+        "said again only if the reason changes",
+        name,
+        why,
+        delay,
+        _BACKOFF_MAX,
+    )
+
+
 def _timed_out(server: str, tool: str, seconds: float, side_effects: bool) -> ToolResult:
     text = texts.RESULT_TIMED_OUT_OUTCOME_UNKNOWN if side_effects else texts.RESULT_TIMED_OUT
     return ToolResult(text.format(name=f"{server}{SEPARATOR}{tool}", seconds=seconds), True)
@@ -378,10 +451,16 @@ def _is_connection_error(exc: BaseException) -> bool:
     return isinstance(exc, OSError | EOFError)
 
 
-def _describe(exc: BaseException) -> str:
+def _first(exc: BaseException) -> BaseException:
+    """The first exception inside `exc` (a task group raises a group of them)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
-    if isinstance(exc, SandboxUnavailable):
+    return exc
+
+
+def _describe(exc: BaseException) -> str:
+    exc = _first(exc)
+    if isinstance(exc, SandboxUnavailable | CommandMissing):
         return str(exc)  # bounded where it is made, and never cut: its end says how to fix it
     text = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
 import shutil
@@ -59,6 +58,7 @@ from typing import Any
 
 from harness import texts
 from harness.tools import walls
+from harness.tools.mcp_command import find_program
 
 log = logging.getLogger("harness.mcp")
 stderr_log = logging.getLogger("harness.mcp.stderr")
@@ -118,7 +118,7 @@ class Sandbox:
     _places: walls.Places | None = None
 
     def confine(self, server: Server, environ: Mapping[str, str] | None = None) -> Confined:
-        """bwrap running `server` behind its walls; `SandboxUnavailable` or `FileNotFoundError` if not."""
+        """bwrap running `server` behind its walls; `SandboxUnavailable` or `CommandMissing` if not."""
         environ = os.environ if environ is None else environ
         bwrap = self._bwrap(environ)
         door = self._door(server) if server.network else None  # first: its directory is hidden too
@@ -130,7 +130,7 @@ class Sandbox:
         # Without a `cwd`, relative paths in `command` and `args` are read from the worker's working
         # directory, as they always were; the server itself starts in its own directory.
         base = cwd if server.cwd else places.workdir
-        program = _resolve(server.command, env.get("PATH"), base)
+        program = find_program(server.command, env.get("PATH"), base)
         args = server.args if server.cwd else _from_workdir(server.args, places.workdir)
         for directory in (cwd, *server.writable):
             if not os.path.isdir(directory):
@@ -228,17 +228,6 @@ _PROXY_ENVIRONMENT = {
     **dict.fromkeys(("ALL_PROXY", "all_proxy"), _PROXY_URL),
     "NODE_USE_ENV_PROXY": "1",
 }
-
-
-def _resolve(command: str, path: str | None, cwd: str | None) -> str:
-    """The program `command` names, found as the spawn would find it, or `FileNotFoundError`."""
-    if os.sep in command:
-        full = os.path.join(cwd or os.getcwd(), command)
-        if os.path.isfile(full) and os.access(full, os.X_OK):
-            return os.path.abspath(full)
-    elif (found := shutil.which(command, path=path)) is not None:
-        return found
-    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
 
 
 _SCRIPTS = (".py", ".js", ".mjs", ".cjs", ".ts", ".sh", ".rb", ".pl")

@@ -24,7 +24,9 @@ library of the interpreter that runs it). It
    over until it ends, then ends with its status.
 
 A filter that cannot be installed (an unknown architecture, a kernel without seccomp) ends this
-program with one line on stderr and status 126 before the server is started.
+program with one line on stderr and status 126 before the server is started; a program that cannot
+be run in here (it vanished since the worker looked for it, or its `#!` interpreter is not there)
+with one line and status 127.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import sys
 import threading
 
 EXIT_REFUSED = 126
+EXIT_NOT_FOUND = 127  # the server's program (or its #! interpreter) cannot be run in here, as a shell says
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
@@ -182,13 +185,13 @@ def main(argv: list[str]) -> int:
         print(f"harness sandbox: cannot install the seccomp filter ({exc})", file=sys.stderr)
         return EXIT_REFUSED
     if listener is None or door is None:
-        os.execv(command[0], command)
+        return _become(command)
     pid = os.fork()
     if pid == 0:
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         listener.close()
         door.close()
-        os.execv(command[0], command)
+        os._exit(_become(command))
     # The server's stdin and stdout are its own: this process must not hold them open.
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
@@ -205,6 +208,15 @@ def main(argv: list[str]) -> int:
         except InterruptedError:
             continue
     return os.waitstatus_to_exitcode(status) % 256
+
+
+def _become(command: list[str]) -> int:
+    """Become the server; if its program cannot be run in here, one line says so (not a traceback)."""
+    try:
+        os.execv(command[0], command)
+    except OSError as exc:
+        print(f"harness sandbox: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
+    return EXIT_NOT_FOUND
 
 
 if __name__ == "__main__":

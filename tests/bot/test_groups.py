@@ -20,16 +20,17 @@ from hypothesis import strategies as st
 from slack_sdk import WebClient
 
 from bot.listening import BotDeps
+from gates.deciders import GroupDirectory
 from harness.config import Approvals, Config
 from harness.policy import Tier
 from harness.state import PendingCall
 from messages import texts
 from messages.blocks import notice
-from messages.cards import escalation_reminder
+from messages.cards import CallCard, LimitCard, approval_card, escalation_reminder, limit_card
 from messages.home import HOME_ITEMS_MAX, HomeItem, home_view
-from messages.text import approver, mention
+from messages.text import approver, decider, deciders_named, group_handle, mention
 from runtime.queue import make_queue
-from store import GROUP_TTL, RunRecord, RunStatus, Store, new_run_id
+from store import GROUP_TTL, HANDLE_TTL, RunRecord, RunStatus, Store, new_run_id
 from store.keys import Keys
 from tests.fakes.slack_api import MAX_BLOCKS_PER_VIEW, FakeSlackAPI, validate_blocks
 
@@ -75,9 +76,80 @@ def test_approver_mentions_users_and_groups_of_the_right_shape_only() -> None:
     assert mention("SLEADS") == "SLEADS"  # a plain mention never turns into a group ping
 
 
-def test_the_who_may_decide_reply_names_groups_as_groups() -> None:
-    msg = notice(texts.NOT_ALLOWED, who=["UANN", "SOPS"])
-    assert "<@UANN>, <!subteam^SOPS>" in msg.text and "<!subteam^SOPS>" in str(msg.blocks)
+def test_the_who_may_decide_reply_names_a_group_by_its_handle_and_pings_nobody() -> None:
+    msg = notice(texts.NOT_ALLOWED, {"SOPS": "oncall"}, who=["UANN", "SOPS"])
+    assert "<@UANN>, @oncall" in msg.text and "@oncall" in str(msg.blocks)
+    assert "subteam" not in msg.text + str(msg.blocks) and "SOPS" not in msg.text + str(msg.blocks)
+    unread = notice(texts.NOT_ALLOWED, who=["UANN", "SOPS"])  # no handle read: the id, inert
+    assert "<@UANN>, SOPS" in unread.text and "subteam" not in unread.text + str(unread.blocks)
+
+
+@pytest.mark.parametrize(
+    "handle",
+    [
+        "<!here>",
+        "on call",
+        "x|y",
+        "a<b",
+        "ops>",
+        "here",
+        "Channel",
+        "everyone",
+        "",
+        "x" * 81,
+        "evil\u202e",
+        "a&b",
+    ],
+)
+def test_a_handle_that_is_no_handle_is_never_shown_the_group_is_named_by_its_id(handle: str) -> None:
+    assert group_handle("SOPS", {"SOPS": handle}) is None
+    assert decider("SOPS", {"SOPS": handle}) == "SOPS"
+    msg = notice(texts.NOT_ALLOWED, {"SOPS": handle}, who=["SOPS"])
+    assert_inert(msg.text)
+    assert_inert(msg.blocks)
+
+
+def test_decider_shows_users_as_mentions_groups_by_handle_and_anything_else_inert() -> None:
+    handles = {"SOPS": "oncall", "SDEV": "dev.team_2-x"}
+    assert decider("UANN", handles) == "<@UANN>" and decider("W12", handles) == "<@W12>"
+    assert decider("SOPS", handles) == "@oncall" and decider("SDEV", handles) == "@dev.team_2-x"
+    assert decider("SNEW", handles) == "SNEW"  # not read (yet): its id
+    for bad in ("<!channel>", "S1|x", "s123", "SOPS> <!here", ""):
+        assert "<" not in decider(bad, {bad: "oncall"})
+    assert deciders_named(["UANN", "SOPS", *[f"U{n}" for n in range(25)]], handles, most=3) == (
+        "<@UANN>, @oncall, <@U0> and 24 more"
+    )
+
+
+def test_approval_and_limit_cards_name_a_group_by_its_handle_never_pinging_it() -> None:
+    handles = {"SOPS": "oncall"}
+    card = approval_card(
+        CallCard(
+            run_id=new_run_id(),
+            call=call(),
+            requester="UALICE",
+            tier_source="policy.default",
+            approvers=["UANN", "SOPS"],
+            expires_at=AT,
+            handles=handles,
+        )
+    )
+    shown = json.dumps(card.blocks)
+    assert "*Who may decide:* only <@UANN>, @oncall" in shown and "subteam" not in shown + card.text
+    limit = limit_card(
+        LimitCard(
+            run_id=new_run_id(),
+            question="Reached max turns",
+            more="8 more turns",
+            requester="UALICE",
+            deciders=["SOPS"],
+            expires_at=AT,
+            handles=handles,
+        )
+    )
+    shown = json.dumps(limit.blocks)
+    assert "@oncall" in shown and "subteam" not in shown and "SOPS" not in shown
+    assert validate_blocks(card.blocks) == [] and validate_blocks(limit.blocks) == []
 
 
 def test_the_escalation_reminder_mentions_escalate_to_and_nothing_the_model_wrote() -> None:
@@ -199,6 +271,20 @@ def test_group_members_are_cached_under_the_prefix_for_a_short_time(store: Store
     assert store.groups.cached("T1", "SOPS") is None  # unreadable: read from Slack again
 
 
+def test_group_handles_are_cached_under_the_prefix_and_read_back_only_in_their_shape(
+    store: Store, conn: redis.Redis
+) -> None:
+    assert store.groups.handles("T1") is None
+    store.groups.cache_handles("T1", {"SOPS": "oncall"})
+    key = Keys.group_handles("T1")
+    assert store.groups.handles("T1") == {"SOPS": "oncall"}
+    assert key.startswith("harness:") and 0 < conn.ttl(key) <= HANDLE_TTL
+    conn.set(key, json.dumps({"SOPS": "oncall", "not a group": "x", "SDEV": 3}))
+    assert store.groups.handles("T1") == {"SOPS": "oncall"}
+    conn.set(key, "not json")
+    assert store.groups.handles("T1") is None  # unreadable: read from Slack again
+
+
 def test_parked_lists_open_parks_soonest_first(store: Store, conn: redis.Redis) -> None:
     now = time.time()
     late, soon, gone = new_run_id(), new_run_id(), new_run_id()
@@ -271,3 +357,51 @@ def test_an_unreadable_group_lets_nobody_in_and_is_asked_again(store: Store, sla
     store.redis.delete(Keys.group_members("T1", "SOPS"))
     slack.set_usergroup("SOPS", ["UCAROL"])
     assert not deps.may_decide("UCAROL", record)  # Slack failing: fail closed
+
+
+# --- the handles groups are shown by --------------------------------------------------------------
+
+
+def handle_lookups(slack: FakeSlackAPI) -> int:
+    return sum(1 for c in slack.calls if c.method == "usergroups.list")
+
+
+def test_handles_are_read_once_from_slack_cached_and_only_when_a_group_is_named(
+    store: Store, slack: FakeSlackAPI
+) -> None:
+    slack.set_usergroup("SOPS", ["UCAROL"], "oncall")
+    slack.set_usergroup("SOLD", ["UCAROL"], "retired", disabled=True)
+    deps = deps_for(store, slack, approvers=("UANN", "SOPS"))
+    assert deps.groups.handles(store, "T1", ["UANN"]) == {} and handle_lookups(slack) == 0
+    assert deps.groups.handles(store, "T1", ["UANN", "SOPS", "SOLD", "SNONE"]) == {
+        "SOPS": "oncall",
+        "SOLD": "retired",  # a disabled group still has its handle
+    }
+    assert deps.groups.handles(store, "T1", ["SOPS"]) == {"SOPS": "oncall"}
+    assert handle_lookups(slack) == 1  # the second came from the cache
+    assert 0 < store.redis.ttl(Keys.group_handles("T1")) <= HANDLE_TTL
+
+
+def test_a_failed_handle_lookup_shows_ids_and_is_asked_again_after_a_minute_not_per_card(
+    store: Store, slack: FakeSlackAPI, caplog: pytest.LogCaptureFixture
+) -> None:
+    slack.set_usergroup("SOPS", ["UCAROL"], "oncall")
+    slack.fail_next("usergroups.list", error="missing_scope", times=100)
+    deps = deps_for(store, slack, approvers=("SOPS",))
+    assert deps.groups.handles(store, "T1", ["SOPS"]) == {}
+    assert deps.groups.handles(store, "T1", ["SOPS"]) == {}
+    assert handle_lookups(slack) == 1  # the failure is remembered, briefly
+    assert 0 < store.redis.ttl(Keys.group_handles("T1")) <= GROUP_TTL
+    assert "cannot read the user groups' handles (missing_scope)" in caplog.text
+    slack.clear_failures("usergroups.list")
+    store.redis.delete(Keys.group_handles("T1"))  # what GROUP_TTL seconds would do
+    assert deps.groups.handles(store, "T1", ["SOPS"]) == {"SOPS": "oncall"}
+
+
+def test_without_a_client_handles_come_from_the_cache_alone(store: Store, slack: FakeSlackAPI) -> None:
+    slack.set_usergroup("SOPS", ["UCAROL"], "oncall")
+    unbound = GroupDirectory()
+    assert unbound.handles(store, "T1", ["SOPS"]) == {}
+    store.groups.cache_handles("T1", {"SOPS": "oncall"})
+    assert unbound.handles(store, "T1", ["SOPS"]) == {"SOPS": "oncall"}
+    assert handle_lookups(slack) == 0

@@ -1,8 +1,10 @@
 """Approver groups, escalation and the Home tab, end to end: signed HTTP into the real bot, a real
 `python -m workers` (its watchdog posts the reminders), real Redis, the loopback Slack and model.
 
-The stack's approvers are UANN and the user group SOPS; a call still undecided after 6 s gets one
-reminder mentioning the group SLEADS and UBOSS, who may then decide it too; calls expire after 60 s.
+The stack's approvers are UANN and the user group SOPS (handle `ops`); a call still undecided after
+6 s gets one reminder mentioning the group SLEADS (`leads`) and UBOSS, who may then decide it too;
+calls expire after 60 s. Cards and replies name a group by its handle and ping nobody; only the
+reminder pings.
 """
 
 from __future__ import annotations
@@ -47,11 +49,12 @@ def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.fixture(autouse=True)
 def groups(stack: Stack) -> Iterator[None]:
     """Both groups readable, and nothing cached from an earlier test."""
-    stack.slack.set_usergroup("SOPS", OPS)
-    stack.slack.set_usergroup("SLEADS", LEADS)
+    stack.slack.set_usergroup("SOPS", OPS, "ops")
+    stack.slack.set_usergroup("SLEADS", LEADS, "leads")
     forget_groups(stack)
     yield
     stack.slack.clear_failures("usergroups.users.list")
+    stack.slack.clear_failures("usergroups.list")
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -62,6 +65,7 @@ def forget_groups(stack: Stack) -> None:
     client = redis.Redis.from_url(stack.redis_url)
     for group in ("SOPS", "SLEADS"):
         client.delete(Keys.group_members("T1", group))
+    client.delete(Keys.group_handles("T1"))
 
 
 def park_a_write(stack: Stack, word: str) -> tuple[str, str, dict[str, Any]]:
@@ -125,9 +129,11 @@ def test_a_user_group_in_approvers_lets_its_members_decide_and_nobody_else(stack
     read_before = lookups(stack, "SOPS")
     channel, ts, card = park_a_write(stack, "grpmember")
 
+    assert "*Who may decide:* only <@UANN>, @ops" in str(card["blocks"])  # the group, never pinged
+    assert "subteam" not in json.dumps(card)
     assert stack.click(card, "approve", user="UDAVE") == 200  # in no group: refused, told who may
     refusal = wait_until(lambda: replies_to(stack, "UDAVE", channel))
-    assert "<@UANN>" in refusal[0] and "<!subteam^SOPS>" in refusal[0]
+    assert "<@UANN>, @ops" in refusal[0] and "subteam" not in refusal[0] and "SOPS" not in refusal[0]
     assert lookups(stack, "SOPS") == read_before + 1
     assert has_actions(card_now(stack, channel, ts, card))  # nothing changed
     assert not (stack.workspace / "grpmember.txt").exists()
@@ -175,7 +181,7 @@ def test_an_undecided_call_gets_one_reminder_that_mentions_escalate_to(stack: St
         assert "<@UBOSS>" not in refusal[0] and time.time() < due
 
         reminder = wait_post(stack, channel, ts, lambda m: m["text"].startswith(":bell:"))
-        assert "<!subteam^SLEADS>" in reminder["text"] and "<@UBOSS>" in reminder["text"]
+        assert "<!subteam^SLEADS>" in reminder["text"] and "<@UBOSS>" in reminder["text"]  # the one ping
         assert "`write_file`" in reminder["text"] and "<@UALICE>" in reminder["text"]
         assert reminder["thread_ts"] == ts and float(reminder["ts"]) > float(card["ts"])
         assert escalation_due(stack, record) is None  # claimed: nobody can post it again
@@ -208,11 +214,14 @@ def test_a_call_decided_before_its_escalation_time_gets_no_reminder(stack: Stack
 
 def test_a_group_that_cannot_be_read_lets_nobody_in_and_the_reminder_still_names_it(stack: Stack) -> None:
     stack.slack.fail_next("usergroups.users.list", error="missing_scope", times=1000)
+    stack.slack.fail_next("usergroups.list", error="missing_scope", times=1000)
     sops_before, leads_before = lookups(stack, "SOPS"), lookups(stack, "SLEADS")
     channel, ts, card = park_a_write(stack, "grpdown")
+    assert "*Who may decide:* only <@UANN>, SOPS" in str(card["blocks"])  # no handle: the id, inert
 
     assert stack.click(card, "approve", user="UCAROL") == 200  # SOPS cannot be read: fail closed
-    assert wait_until(lambda: replies_to(stack, "UCAROL", channel))
+    refusal = wait_until(lambda: replies_to(stack, "UCAROL", channel))
+    assert "<@UANN>, SOPS" in refusal[0] and "subteam" not in refusal[0]
     reminder = wait_post(stack, channel, ts, lambda m: m["text"].startswith(":bell:"))
     assert "<!subteam^SLEADS>" in reminder["text"] and "<@UBOSS>" in reminder["text"]
 

@@ -186,10 +186,50 @@ def test_a_server_that_dies_mid_run_answers_outcome_unknown_and_the_run_goes_on(
         stack.model.check_tool_names = True
 
 
+def status_of(stack: Stack) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "workers", "status"],
+        env=stack.env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def gone_down_for_a_while(stack: Stack) -> str | None:
+    """Status's line of the server `gone` once it has been down 4 s or more (tried 4 times or more)."""
+    for line in status_of(stack).splitlines():
+        if line.startswith("  gone on ") and not line.split("down for ", 1)[1].startswith(
+            ("0 s", "1 s", "2 s", "3 s")
+        ):
+            return line
+    return None
+
+
+def test_a_server_whose_command_is_not_there_is_said_once_and_status_shows_it_down(stack: Stack) -> None:
+    worker = next(p for p in stack.processes if p.name == "worker")
+    why = (
+        "its command '/nonexistent/mcp-server' does not exist (/nonexistent/mcp-server): install it there, "
+        "or set command to where it is"
+    )
+    down = wait_until(lambda: gone_down_for_a_while(stack), timeout=60, interval=1.0)
+    assert down.endswith(f": {why}") and f":{worker.proc.pid}, down for " in down
+    assert "MCP servers down: 1 (of 3, as 1 running worker said)" in status_of(stack).splitlines()
+    said = [line for line in worker.output().splitlines() if "MCP server gone " in line]
+    assert len(said) == 1, said  # one line at start, not one per try
+    assert (
+        "MCP server gone (stdio: /nonexistent/mcp-server) cannot start: " + why + "; trying again" in said[0]
+    )
+    assert "WARNING" in said[0]
+
+
 def test_a_server_that_never_starts_leaves_the_worker_running_and_its_calls_name_it(stack: Stack) -> None:
     worker = next(p for p in stack.processes if p.name == "worker")
     assert worker.proc.poll() is None
-    assert "gone (stdio: /nonexistent/mcp-server) is not reachable" in worker.output()
+    assert "gone (stdio: /nonexistent/mcp-server) cannot start: its command" in worker.output()
     stack.model.check_tool_names = False  # its tools are not offered; the model calls one anyway
     try:
         stack.model.script_for("gonedesk", reply(tool_use("gone__restart", {})), reply(text("gonedesk done")))

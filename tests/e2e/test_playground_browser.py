@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from slack_sdk import WebClient
 
+from launch.modes import PLAYGROUND_CONFIG
 from playground.slack import CHANNEL_ID, OPS_CHANNEL_ID, TEAM_ID
 from tests.playground_support import (
     ALICE,
@@ -291,7 +292,7 @@ def test_ops_has_its_own_profile_tools_and_requesters(
     parent = mention(tab, "delete a file")
     refused = tab.locator(".ephemeral", has_text="may start a run")
     expect(refused).to_be_visible()
-    expect(refused).to_contain_text("@S02ONCALL")
+    expect(refused).to_contain_text("@oncall")  # the group by its handle, as Slack names it
     expect(refused).to_contain_text("Only visible to you")
     shoot(tab, "playground-ops-refused.png", tmp_path)
     assert runs_started_by(redis_db, str(parent.get_attribute("data-ts"))) == []  # nothing started
@@ -520,3 +521,35 @@ def test_a_mention_typed_while_the_bot_starts_is_kept_then_delivered_and_answere
         assert sum("That took" in m["text"] for m in Page(started.url).thread(ts)) == 1  # answered once
     finally:
         started.stop()
+
+
+def test_an_mcp_server_whose_command_is_not_there_shows_as_down_and_why(
+    browser: Any, redis_server: Any, tmp_path: Path
+) -> None:
+    """The page lists what a run there is offered: a server the worker cannot start is shown down."""
+    expect = pytest.importorskip("playwright.sync_api").expect
+    config = tmp_path / "harness.toml"
+    missing = '\n[[mcp.servers]]\nname = "tickets"\ncommand = "tickets-mcp-not-installed"\n'
+    config.write_text(PLAYGROUND_CONFIG.read_text() + missing)
+    (tmp_path / "ws").mkdir()
+    db = str(redis_server.url.rsplit("/", 1)[0] + "/14")
+    with (
+        playground(db, tmp_path / "ws", HARNESS_CONFIG=str(config)) as started,
+        opened(browser, started.url) as tab,
+    ):
+        in_channel(tab, OPS_CHANNEL_ID)
+        down = tab.locator('#profile-tools [data-down="MCP server tickets"]')
+        expect(down).to_have_text("MCP server tickets · down")
+        expect(tab.locator("#profile-rules")).to_contain_text(
+            "MCP server tickets is down: its command is not on the PATH it is given: install it"
+        )
+        expect(tab.locator("#profile-tools")).not_to_contain_text("+ MCP server tickets")
+        assert "tickets-mcp-not-installed" not in tab.content()  # the page never shows a command
+        # The worker says it once, in its own log, naming the command and how to fix it.
+        worker_said = wait_until(
+            lambda: "MCP server tickets (stdio:" in started.output() and started.output()
+        )
+        assert (
+            "cannot start: its command 'tickets-mcp-not-installed' is not on the PATH it is given"
+            in worker_said
+        )

@@ -461,6 +461,7 @@ class FakeSlackAPI:
             "assistant.threads.setStatus": self._assistant_set_status,
             "assistant.threads.setSuggestedPrompts": self._assistant_set_suggested_prompts,
             "agents.sessions.setStatus": self._agents_sessions_set_status,
+            "usergroups.list": self._usergroups_list,
             "usergroups.users.list": self._usergroups_users_list,
             "views.publish": self._views_publish,
             "chat.getPermalink": self._chat_get_permalink,
@@ -488,6 +489,8 @@ class FakeSlackAPI:
         self._texts: list[str] = []
         self._failures: dict[str, deque[_Failure]] = {}
         self._usergroups: dict[str, list[str]] = {}
+        self._usergroup_handles: dict[str, str] = {}  # group id -> its handle (set_usergroup)
+        self._usergroups_disabled: set[str] = set()
         self._homes: dict[str, dict[str, Any]] = {}  # user id -> the Home view published for them
 
     # -- lifecycle -----------------------------------------------------------
@@ -686,13 +689,23 @@ class FakeSlackAPI:
             self._failures.pop(method, None)
             self._cond.notify_all()
 
-    def set_usergroup(self, group_id: str, users: list[str] | None) -> None:
-        """Make ``group_id`` a user group of ``users`` (``None``: no such group any more)."""
+    def set_usergroup(
+        self, group_id: str, users: list[str] | None, handle: str | None = None, *, disabled: bool = False
+    ) -> None:
+        """Make ``group_id`` a user group of ``users`` (``None``: no such group any more), mentioned
+        as ``@handle`` (by default its id in lower case); ``disabled``: listed only on request."""
         with self._cond:
             if users is None:
                 self._usergroups.pop(group_id, None)
+                self._usergroup_handles.pop(group_id, None)
+                self._usergroups_disabled.discard(group_id)
             else:
                 self._usergroups[group_id] = list(users)
+                self._usergroup_handles[group_id] = group_id.lower() if handle is None else handle
+                if disabled:
+                    self._usergroups_disabled.add(group_id)
+                else:
+                    self._usergroups_disabled.discard(group_id)
             self._cond.notify_all()
 
     def add_message(
@@ -1212,6 +1225,44 @@ class FakeSlackAPI:
                 "profile": {"real_name": real_name, "display_name": user_id.lower()},
             }
         }
+
+    def _usergroups_list(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Every user group of the team, as Slack lists them: disabled ones (`date_delete` set)
+        only with `include_disabled`, members with `include_users`, counts with `include_count`."""
+
+        def flag(name: str) -> bool:
+            return str(params.get(name, "")).lower() in ("1", "true")
+
+        listed = []
+        for group, users in self._usergroups.items():
+            disabled = group in self._usergroups_disabled
+            if disabled and not flag("include_disabled"):
+                continue
+            handle = self._usergroup_handles.get(group, group.lower())
+            entry: dict[str, Any] = {
+                "id": group,
+                "team_id": self.team_id,
+                "is_usergroup": True,
+                "is_subteam": True,
+                "name": handle.title(),
+                "description": "",
+                "handle": handle,
+                "is_external": False,
+                "date_create": 1446598059,
+                "date_update": 1446670362,
+                "date_delete": 1446670400 if disabled else 0,
+                "auto_type": None,
+                "created_by": "USLACKBOT",
+                "updated_by": "USLACKBOT",
+                "deleted_by": "USLACKBOT" if disabled else None,
+                "prefs": {"channels": [], "groups": []},
+            }
+            if flag("include_users"):
+                entry["users"] = list(users)
+            if flag("include_count"):
+                entry["user_count"] = len(users)
+            listed.append(entry)
+        return {"usergroups": listed}
 
     def _usergroups_users_list(self, params: dict[str, Any]) -> dict[str, Any]:
         group = params.get("usergroup")

@@ -721,3 +721,28 @@ def test_a_stream_write_gives_its_words_as_markdown_text_or_as_chunks_never_both
         assert info.value.response["error"] == "cannot_provide_both_markdown_text_and_chunks"
     client.chat_appendStream(channel=CH, ts=ts, chunks=[words])
     assert fake.streams()[0]["text"] == "himore"
+
+
+def test_usergroups_list_names_each_group_by_its_handle_as_slack_does(
+    fake: FakeSlackAPI, client: WebClient
+) -> None:
+    fake.set_usergroup("S0OPS", ["UANN", "UBEN"], "oncall")
+    fake.set_usergroup("S0OLD", ["UCAT"], "retired", disabled=True)
+    fake.set_usergroup("S0DEV", [])  # no handle given: its id in lower case
+    listed = client.usergroups_list()["usergroups"]
+    assert [(g["id"], g["handle"], g["date_delete"]) for g in listed] == [
+        ("S0OPS", "oncall", 0),
+        ("S0DEV", "s0dev", 0),
+    ]
+    assert all(g["team_id"] == "T1" and g["is_usergroup"] and "users" not in g for g in listed)
+    everything = client.usergroups_list(include_disabled=True, include_users=True, include_count=True)
+    old = next(g for g in everything["usergroups"] if g["id"] == "S0OLD")
+    assert old["handle"] == "retired" and old["date_delete"] > 0 and old["users"] == ["UCAT"]
+    assert old["user_count"] == 1
+    fake.set_usergroup("S0OPS", None)  # deleted: no longer listed
+    assert "S0OPS" not in [g["id"] for g in client.usergroups_list()["usergroups"]]
+    fake.fail_next("usergroups.list", error="missing_scope")
+    with pytest.raises(SlackApiError) as info:
+        client.usergroups_list()
+    assert info.value.response["error"] == "missing_scope"
+    assert fake.calls[-1].method == "usergroups.list"

@@ -6,6 +6,7 @@ against real server processes, and crash, kill and restart those processes for r
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -19,7 +20,7 @@ import pytest
 
 from harness.config import Config, load_config
 from harness.policy import Tier
-from harness.tools import ToolContext
+from harness.tools import ToolContext, mcp
 from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub
 from harness.tools.mcp_listing import Listing
@@ -177,14 +178,60 @@ def test_a_server_that_never_starts_does_not_stop_anything_and_its_calls_name_it
 ) -> None:
     toml = stdio_table("desk", log) + '[[mcp.servers]]\nname = "gone"\ncommand = "/nonexistent/mcp-server"\n'
     config = config_of(tmp_path, toml)
-    with caplog.at_level(logging.WARNING, logger="harness.mcp"), McpHub(config.resolved_servers({})) as hub:
+    with caplog.at_level(logging.DEBUG, logger="harness.mcp"), McpHub(config.resolved_servers({})) as hub:
         catalog = Catalog.from_config(config, host=hub)
         assert "gone" in hub.listing().away and "desk" not in hub.listing().away
         answer = run(catalog, "gone__anything", {}, tmp_path)
         assert answer.is_error and "'gone'" in answer.content and "not reachable" in answer.content
+        assert "its command '/nonexistent/mcp-server' does not exist" in answer.content
         assert not run(catalog, "desk__get_ticket", {"id": "T-1"}, tmp_path).is_error
-        wait_until(lambda: sum("gone" in r.getMessage() for r in caplog.records) >= 2, timeout=30)  # retried
-    assert any("gone (stdio: /nonexistent/mcp-server)" in r.getMessage() for r in caplog.records)
+        wait_until(lambda: len(about(caplog, "gone")) >= 3, timeout=30)  # retried
+        health = {h.name: h for h in hub.health()}
+        assert health["desk"].up and health["desk"].reason == "" and health["desk"].failures == 0
+        assert not health["gone"].up and health["gone"].failures >= 2
+        assert health["gone"].reason.startswith("its command '/nonexistent/mcp-server' does not exist")
+    warned = [r for r in about(caplog, "gone") if r.levelno >= logging.WARNING]
+    assert len(warned) == 1  # once, at start; the tries after it at DEBUG
+    said = warned[0].getMessage()
+    assert said.startswith("MCP server gone (stdio: /nonexistent/mcp-server) cannot start: its command ")
+    assert "'/nonexistent/mcp-server' does not exist (/nonexistent/mcp-server): install it there" in said
+    assert "; trying again in " in said and "said again only if the reason changes" in said
+    later = about(caplog, "gone")[1:]
+    assert all(r.levelno == logging.DEBUG and "still cannot start" in r.getMessage() for r in later)
+
+
+def about(caplog: pytest.LogCaptureFixture, server: str) -> list[logging.LogRecord]:
+    return [
+        r for r in caplog.records if r.name == "harness.mcp" and f"MCP server {server} " in r.getMessage()
+    ]
+
+
+def test_a_command_installed_later_brings_its_server_up_and_that_is_said_once(
+    tmp_path: Path, log: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mcp, "_BACKOFF_FIRST", 0.05)  # tries come quickly
+    monkeypatch.setattr(mcp, "_BACKOFF_MAX", 0.2)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    toml = stdio_table("desk", log).replace(f"command = {json.dumps(sys.executable)}", 'command = "desk-mcp"')
+    toml = toml.replace("env = { ", f'env = {{ PATH = "{tools}:/usr/bin:/bin", ')
+    config = config_of(tmp_path, toml)
+    with caplog.at_level(logging.DEBUG, logger="harness.mcp"), McpHub(config.resolved_servers({})) as hub:
+        (down,) = hub.health()
+        assert not down.up and "its command 'desk-mcp' is not on the PATH it is given" in down.reason
+        wait_until(lambda: len(about(caplog, "desk")) >= 4, timeout=30)
+        installed = tools / "desk-mcp"
+        installed.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+        installed.chmod(0o755)
+        wait_until(lambda: not hub.listing().away, timeout=30)
+        (up,) = hub.health()
+        assert up.up and up.reason == "" and up.failures == 0 and up.since >= down.since
+    said = [(r.levelname, r.getMessage()) for r in about(caplog, "desk")]
+    assert [level for level, _ in said if level != "DEBUG"] == ["WARNING", "INFO"]
+    back = next(message for level, message in said if level == "INFO")
+    assert (
+        back.startswith("MCP server desk (stdio: desk-mcp) is up again after ") and "failed tries): " in back
+    )
 
 
 def test_an_http_server_restarted_on_its_port_is_reconnected(

@@ -17,6 +17,7 @@ from harness.state import PendingCall, Status, new_run
 from ops import status
 from store import RECORD_VERSION, RunRecord, RunStatus, Store, new_run_id, pack
 from store.keys import Keys
+from tests.fakes.slack_api import FakeSlackAPI
 
 
 def put(conn: redis.Redis, record: RunRecord) -> RunRecord:
@@ -75,6 +76,13 @@ def test_the_status_lists_runs_in_flight_parked_with_who_decides_and_failed(
     parked_line = next(line for line in lines if waiting.run_id in line)
     assert "park 1, parked 10 min ago, expires in 50 min" in parked_line
     assert "waiting for: write_file" in parked_line and "must decide: UANN, S0OPS" in parked_line
+    assert "must decide: UANN, S0OPS" in parked_line  # no handle read yet: the group by its id alone
+    store.groups.cache_handles("T1", {"S0OPS": "oncall"})  # as the bot and the workers keep them
+    named = next(line for line in status.report(store, config, now).splitlines() if waiting.run_id in line)
+    assert "must decide: UANN, @oncall (S0OPS)" in named
+    store.groups.cache_handles("T1", {"S0OPS": "on\x1b[31mcall"})  # a handle that is no handle
+    named = next(line for line in status.report(store, config, now).splitlines() if waiting.run_id in line)
+    assert "must decide: UANN, S0OPS" in named and "\x1b" not in named
     failed_line = next(line for line in lines if broken.run_id in line)
     assert failed_line.endswith("started 2 h ago: Model API error: 529 overloaded_error")
     assert "C5" not in out  # a finished run is none of these
@@ -126,3 +134,47 @@ def test_the_status_lists_runs_waiting_for_a_newer_version(conn: redis.Redis) ->
     assert "stored thread history has format version 5" in second
     assert third.startswith(f"  run {seen.run_id} in T1/C6 queued: no worker has met it yet; stored run")
     assert f"format version {RECORD_VERSION + 1}" in third
+
+
+def test_with_a_bot_token_status_reads_a_handle_slack_has_and_the_cache_has_not(
+    conn: redis.Redis,
+) -> None:
+    with FakeSlackAPI(bot_token="xoxb-status") as slack:
+        slack.set_usergroup("S0OPS", ["UCAROL"], "oncall")
+        env = {"SLACK_BOT_TOKEN": "xoxb-status", "SLACK_API_URL": slack.base_url}
+        assert status.group_directory(env).handles(Store(conn), "T1", ["UANN", "S0OPS"]) == {
+            "S0OPS": "oncall"
+        }
+        conn.delete(Keys.group_handles("T1"))
+        assert status.group_directory({}).handles(Store(conn), "T1", ["S0OPS"]) == {}  # no token: the cache
+        assert [c.method for c in slack.calls] == ["usergroups.list"]
+
+
+def test_status_lists_the_mcp_servers_a_worker_said_are_down_and_why(
+    conn: redis.Redis, tmp_path: Path
+) -> None:
+    store, now = Store(conn), NOW
+    config_file = tmp_path / "harness.toml"
+    config_file.write_text(
+        '[[mcp.servers]]\nname = "tickets"\ncommand = "tickets-mcp"\n'
+        '[[mcp.servers]]\nname = "web"\nurl = "https://mcp.example.com/mcp"\n'
+    )
+    config = load_config(env={"HARNESS_CONFIG": str(config_file)})
+    lines = status.report(store, config, now).splitlines()
+    assert (
+        "MCP servers down: unknown (no worker said how its 2 configured servers stand in the last 2 min: "
+        in (next(line for line in lines if line.startswith("MCP servers down")))
+    )
+    why = "its command 'tickets-mcp' is not on the PATH it is given (/usr/bin:/bin): install it, …\x1b[2J"
+    store.mcp_servers.say(
+        "box:41", {"tickets": (False, why, now - 300), "web": (True, "", now - 600)}, now - 10
+    )
+    store.mcp_servers.say("box:42", {"tickets": (True, "", now - 30), "web": (True, "", now - 30)}, now - 5)
+    lines = status.report(store, config, now).splitlines()
+    at = lines.index("MCP servers down: 1 (of 2, as 2 running workers said)")
+    assert lines[at + 1] == (
+        "  tickets on box:41, down for 5 min: its command 'tickets-mcp' is not on the PATH it is given "
+        "(/usr/bin:/bin): install it, …\\x1b[2J"
+    )
+    assert lines[at + 2].startswith("Queue harness:")
+    assert not any("MCP" in line for line in status.report(store, load_config(env={}), now).splitlines())

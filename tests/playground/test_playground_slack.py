@@ -18,7 +18,7 @@ from messages.home import PERMALINK
 from playground import server as server_module
 from playground.profiles import describe
 from playground.server import Server
-from playground.slack import BOT_USER_ID, CHANNEL_ID, CHANNELS, OPS_CHANNEL_ID, PEOPLE
+from playground.slack import BOT_USER_ID, CHANNEL_ID, CHANNELS, OPS_CHANNEL_ID, PEOPLE, TEAM_ID
 from tests.playground_support import ALICE, BOB, CAROL, Page, stand_in
 
 TOKEN = "xoxb-playground-test"
@@ -98,6 +98,24 @@ def test_the_mistakes_slack_refuses_are_refused_with_slacks_error_names(served: 
         client.reactions_add(channel=CHANNEL_ID, timestamp=ts, name="eyes")
     assert client.usergroups_users_list(usergroup="S01REVIEWERS")["users"] == [ALICE]
     assert server.playground.workspace.messages[0]["text"] == "hello"  # nothing changed it
+
+
+def test_user_groups_are_listed_with_their_handles_over_get_as_slack_lists_them() -> None:
+    groups = {"S01REVIEWERS": [ALICE], "S02ONCALL": [ALICE, BOB]}
+    with stand_in(TOKEN, usergroups=groups, handles={"S02ONCALL": "oncall"}) as server:
+        url = server.playground.base_url
+        client = WebClient(token=TOKEN, base_url=url + "api/")
+        listed = client.usergroups_list()  # slack_sdk sends it as a GET
+        assert [(g["id"], g["handle"]) for g in listed["usergroups"]] == [
+            ("S01REVIEWERS", "s01reviewers"),  # no handle given: its id in lower case
+            ("S02ONCALL", "oncall"),
+        ]
+        assert all(g["team_id"] == TEAM_ID and "users" not in g for g in listed["usergroups"])
+        assert client.usergroups_list(include_users=True)["usergroups"][1]["users"] == [ALICE, BOB]
+        with pytest.raises(SlackApiError, match="invalid_auth"):
+            WebClient(token="xoxb-wrong", base_url=url + "api/").usergroups_list()
+        # The page shows a `<!subteam^…>` by its handle, as Slack's client does.
+        assert {"id": "S02ONCALL", "handle": "oncall"} in Page(url).state()["groups"]
 
 
 def test_the_status_methods_the_worker_calls_are_answered_and_kept(served: Any) -> None:
@@ -462,10 +480,16 @@ channels = ["C0OPS"]
 mcp = ["tickets"]
 """
     )
-    described = describe(load_config(config, env={"TICKETS_KEY": "var-secret-4"}), CHANNELS, PEOPLE)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "tickets-server").write_text("#!/bin/sh\n")
+    (tools / "tickets-server").chmod(0o755)
+    loaded = load_config(config, env={"TICKETS_KEY": "var-secret-4"})
+    described = describe(loaded, CHANNELS, PEOPLE, environ={"TICKETS_KEY": "k", "PATH": str(tools)})
     shown = json.dumps(described)
     assert described[OPS_CHANNEL_ID]["elsewhere"] == ["MCP server tickets"]
     assert described[CHANNEL_ID]["elsewhere"] == ["MCP server tickets", "MCP server wiki"]
+    assert described[CHANNEL_ID]["down"] == []
     for secret in (
         "arg-secret-1",
         "env-secret-2",
@@ -475,6 +499,19 @@ mcp = ["tickets"]
         "wiki.example",
     ):
         assert secret not in shown
+    # Where its command is not there, the server is shown as down, and why, still without it.
+    elsewhere = {"TICKETS_KEY": "k", "PATH": str(tmp_path / "empty")}
+    described = describe(loaded, CHANNELS, PEOPLE, environ=elsewhere)
+    assert described[CHANNEL_ID]["elsewhere"] == ["MCP server wiki"]
+    assert described[OPS_CHANNEL_ID]["elsewhere"] == []
+    (down,) = described[OPS_CHANNEL_ID]["down"]
+    assert down == {
+        "name": "MCP server tickets",
+        "why": "its command is not on the PATH it is given: install it, or set command to its absolute path, "
+        "or give the server a PATH in its env",
+    }
+    assert described[CHANNEL_ID]["down"] == [down]
+    assert "tickets-server" not in json.dumps(described) and "empty" not in json.dumps(described)
 
 
 @pytest.mark.filterwarnings("ignore:The top-level `text` argument is missing")

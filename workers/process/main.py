@@ -52,6 +52,7 @@ from runtime.reload import Hangup, reload, servers_kept
 from store import DAY, RunStatus, Store
 from workers import jobs, newer
 from workers.driver import lease_seconds
+from workers.mcp_health import ServerReports
 from workers.process import horses
 from workers.process.slots import Slots
 from workers.services import InForce, Services
@@ -67,6 +68,7 @@ def watchdog(
     stop: threading.Event,
     svc: Callable[[], Services] | None = None,
     audit_dir: Path | None = None,
+    servers: ServerReports | None = None,
 ) -> None:
     """Expire parks whose time has come, remind `escalate_to` of those nobody decided in time, and
     hand runs with no driver to any worker. `svc` gives the services in force at each pass (a
@@ -78,7 +80,8 @@ def watchdog(
     none of that (`workers.newer`): each pass looks whether this release reads it now, and takes
     it back if so.
 
-    Each pass also appends the audit to the files of `audit_dir` (`HARNESS_AUDIT_DIR`), then trims it.
+    Each pass also appends the audit to the files of `audit_dir` (`HARNESS_AUDIT_DIR`), then trims it,
+    and says where the worker's MCP servers stand when that changed (`servers`, for status).
     """
     seconds = lease_seconds()
     queue = make_queue(store.redis)
@@ -98,6 +101,8 @@ def watchdog(
                 enqueue_run_job(store, queue, jobs.recover_run, run_id)
                 metrics.incr(store.redis, families.RECOVERED)
             audit_files.audit_pass(store, audit_dir, token, now)
+            if servers is not None:
+                servers.say(store, now)
         except redis.RedisError as exc:
             log.warning("watchdog cannot reach Redis (%s); trying again", exc)
         except Exception:  # the watchdog must outlive any one bad run
@@ -253,8 +258,14 @@ def work() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     hub, relay = _start_mcp(svc, servers)
+    reports = ServerReports(hub.health) if hub is not None else None
     if relay is not None:
         svc = replace(svc, catalog=_relayed(svc, relay))
+    if reports is not None:
+        try:  # what status shows of them, said at once: the watchdog says it again as it changes
+            reports.say(svc.store, time.time())
+        except redis.RedisError:
+            log.warning("could not say in Redis where this worker's MCP servers stand")
     in_force = InForce(svc)  # every worker hands it to its jobs; forked horses inherit it
     try:  # parks made before the Home tab's index existed (an upgrade) join it now
         svc.store.parks.index_older_parks(time.time())
@@ -267,7 +278,7 @@ def work() -> int:
     # The watchdog posts escalation reminders with the worker's client, under the config in force.
     threading.Thread(
         target=watchdog,
-        args=(watch_store, stop, lambda: replace(in_force.services, store=watch_store), audit_dir),
+        args=(watch_store, stop, lambda: replace(in_force.services, store=watch_store), audit_dir, reports),
         name="watchdog",
         daemon=True,
     ).start()
@@ -284,6 +295,8 @@ def work() -> int:
             _serve(in_force, horses.HarnessSimpleWorker if kind == "simple" else horses.HarnessWorker)
     finally:
         stop.set()
+        if reports is not None:
+            reports.take_back(svc.store)
         if relay is not None:
             relay.close()
         if hub is not None:
@@ -490,7 +503,7 @@ def print_status() -> int:
         store = _operator_store()
         config, which = status.config_for_status(store)
         print(which)
-        print(status.report(store, config))
+        print(status.report(store, config, groups=status.group_directory()))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -97,6 +97,13 @@ function renderProfile() {
   }
   for (const other of channel.elsewhere || []) tools.append(el('span', 'tool-pill tier-other', `+ ${other}`));
   const rules = [];
+  for (const down of channel.down || []) { // a server the worker cannot start: shown, never as if it worked
+    const pill = el('span', 'tool-pill tier-down', `${down.name} · down`);
+    pill.dataset.down = down.name;
+    pill.title = down.why;
+    tools.append(pill);
+    rules.push(`${down.name} is down: ${down.why}.`);
+  }
   if (channel.restricted) rules.push('Only some people may ask here (see the user switcher).');
   const budgets = channel.budgets || {};
   if (budgets.per_user_daily_tokens) {

@@ -7,7 +7,7 @@
  */
 
 import { el } from './dom.js';
-import { app, channelName, displayName, isBotUser, userById } from './state.js';
+import { app, channelName, displayName, groupHandle, isBotUser, userById } from './state.js';
 
 export const EMOJI = {
   eyes: '👀', white_check_mark: '✅', heavy_check_mark: '✔️', hourglass: '⌛',
@@ -53,7 +53,10 @@ export function renderToken(inner) {
     return pill('#' + (label || channelName(m[1])), 'channel');
   }
   if ((m = /^!(here|channel|everyone)$/.exec(target))) return pill('@' + m[1], 'special');
-  if ((m = /^!subteam\^([A-Z0-9]+)$/.exec(target))) return pill(label || `@${m[1]}`, 'group');
+  if ((m = /^!subteam\^([A-Z0-9]+)$/.exec(target))) {
+    const handle = groupHandle(m[1]); // as Slack shows a group: its handle, whatever the label says
+    return pill(handle ? `@${handle}` : label || `@${m[1]}`, 'group');
+  }
   if (/^!subteam\^/.test(target)) return pill(label || '@group', 'group');
   if ((m = /^!date\^(\d+)\^/.exec(target))) {
     return el('span', 'date', label || new Date(Number(m[1]) * 1000).toLocaleString());

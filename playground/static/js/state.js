@@ -38,6 +38,12 @@ export function userById(id) {
   return (app.state && app.state.users.find((u) => u.id === id)) || null;
 }
 
+/** The handle of user group `id` (what Slack shows a `<!subteam^…>` as), or null. */
+export function groupHandle(id) {
+  const found = ((app.state && app.state.groups) || []).find((g) => g.id === id);
+  return found ? found.handle : null;
+}
+
 /** Whether `id` is the bot's own user. */
 export function isBotUser(id) {
   return !!(app.state && app.state.bot && app.state.bot.user_id === id);
