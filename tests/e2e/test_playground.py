@@ -139,12 +139,15 @@ def test_a_valve_and_a_deny_show_in_the_thread(page: Page, workspace: Path) -> N
     assert not (workspace / "secrets").exists()
 
 
-def test_a_long_report_is_posted_cut_and_whole_as_a_file(page: Page) -> None:
+def test_a_long_report_shows_ten_rows_and_comes_whole_in_a_file_named_by_its_heading(page: Page) -> None:
+    """Seen: a report put 226 table rows in the thread, then a file named by a hash."""
     ts = page.mention(ALICE, "write a long report on the folder")
     answer = page.wait_text(ts, FOOTER)
-    assert "whole of it is in the file below" in str(answer["blocks"])
+    assert "390 more rows: the whole table is in the file below" in str(answer["blocks"])
+    assert "check 10 of" in str(answer["blocks"]) and "check 11 of" not in str(answer["blocks"])
     shared = page.wait(lambda s: [f for m in page.thread(ts, s) for f in m["files"]])
     assert shared[0]["title"] == "The whole answer" and "All 400 checks passed." in shared[0]["text"]
+    assert shared[0]["name"].startswith("a-long-report-")
     assert "| 400 | check 400 of the workspace | fine |" in shared[0]["text"]
 
 

@@ -223,7 +223,7 @@ def test_a_report_too_long_for_a_message_opens_whole_from_its_file(tab: Any) -> 
     expect = pytest.importorskip("playwright.sync_api").expect
     as_user(tab, ALICE)
     mention(tab, "write a long report on the folder")
-    expect(tab.get_by_text("the whole of it is in the file below").first).to_be_visible()
+    expect(tab.get_by_text("the whole table is in the file below").first).to_be_visible()
     file = tab.locator("details.file", has_text="The whole answer").last
     expect(file).to_be_visible()
     file.locator("summary").click()
@@ -276,7 +276,7 @@ def test_ops_has_its_own_profile_tools_and_requesters(
     )
     expect(tab.locator("#profile-tools [data-tool=delete_file]")).to_have_text("delete_file · ask")
     expect(tab.locator("#profile-tools [data-tool=write_file]")).to_have_text("write_file · allow")
-    expect(tab.locator("#profile-rules")).to_contain_text("tokens per person per day")
+    expect(tab.locator("#profile-rules")).to_contain_text("tokens for the channel per day")
     expect(tab.locator("#composer")).to_have_attribute("placeholder", re.compile(r"^Message #ops "))
 
     as_user(tab, BOB)  # on call: may ask in #ops, where writes run without a card
