@@ -142,14 +142,22 @@ class Sandbox:
             bound.append((door, _DOOR))
             init += ["--egress", _DOOR, "--port", str(_PROXY_PORT)]
             env.update(_PROXY_ENVIRONMENT)
-        needed = [program, *_venv(program), *_named(args, cwd), interpreter, sys.base_prefix, _INIT]
+        runs = [program, *filter(None, [_shebang(program)])]  # a script, and the interpreter it names
+        needed = [
+            *runs,
+            *(v for r in runs for v in _venv(r)),
+            *_named(args, cwd),
+            interpreter,
+            sys.base_prefix,
+            _INIT,
+        ]
         try:
             view = walls.plan(
                 places,
                 cwd=cwd,
                 writable=server.writable,
                 needed=needed,
-                programs=[program, os.path.realpath(program)],
+                programs=[*runs, *(os.path.realpath(r) for r in runs)],
                 bound=bound,
             )
         except walls.WallsRefused as exc:
@@ -242,6 +250,20 @@ def _from_workdir(args: Sequence[str], workdir: str) -> tuple[str, ...]:
         path = os.path.join(workdir, arg)
         out.append(os.path.normpath(path) if relative and os.path.isfile(path) else arg)
     return tuple(out)
+
+
+def _shebang(program: str) -> str | None:
+    """The interpreter a script's `#!` line names by its absolute path (`#!/usr/bin/env NAME` finds
+    NAME on the PATH, which is in view anyway); None for a program that is no such script."""
+    try:
+        with open(program, "rb") as file:
+            head = file.read(512)
+    except OSError:
+        return None
+    words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split() if head.startswith(b"#!") else []
+    if not words or not os.path.isabs(words[0]) or os.path.basename(words[0]) == "env":
+        return None
+    return words[0]
 
 
 def _venv(program: str) -> list[str]:
