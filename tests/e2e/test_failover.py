@@ -184,8 +184,15 @@ def test_a_master_killed_under_load_loses_no_acked_mention_or_decision_and_runs_
             stack.settled(timeout=60)
 
             ledger = (stack.workspace / "ledger.txt").read_text().split()
-            expected = sorted([f"stamp-{i}" for i in range(RUNS)] + [f"sign-{i}" for i in range(RUNS)])
-            assert sorted(ledger) == expected  # each side effect once: none lost, none twice
+            expected = {f"stamp-{i}" for i in range(RUNS)} | {f"sign-{i}" for i in range(RUNS)}
+            assert len(ledger) == len(set(ledger)) and set(ledger) <= expected  # none ran twice
+            # None lost silently either: a call whose mark was written when its driver lost Redis
+            # (the write's answer lost with the master) may have run or not; it is never run again,
+            # and the model is told its outcome is unknown. Every call missing here was told so.
+            unknown = outcome_unknown(model.requests)
+            assert expected - set(ledger) <= unknown, (sorted(expected - set(ledger)), sorted(unknown))
+            if unknown:
+                count("calls whose outcome a failover left unknown, not run again")
             assert sorted(slack.acked) == list(range(RUNS)) and sorted(slack.clicked) == list(range(RUNS))
             assert model.errors == []  # every tool_use answered once, in order, whatever crashed
             # Seen: an answer streamed, its record lost with the master, and streamed again by the
@@ -224,6 +231,24 @@ def answer(body: dict[str, Any]) -> Reply:
     if results == 1:
         return reply(tool_use("sign", {"key": f"sign-{i}"}))
     return reply(text(f"fo{i} done"))
+
+
+def outcome_unknown(requests: list[dict[str, Any]]) -> set[str]:
+    """The keys of the calls the model was told were started but have no recorded outcome."""
+    keys: dict[str, str] = {}
+    unknown: set[str] = set()
+    for request in requests:
+        for message in request["messages"]:
+            if not isinstance(message["content"], list):
+                continue
+            for block in message["content"]:
+                if block.get("type") == "tool_use":
+                    keys[block["id"]] = str(block["input"].get("key"))
+                elif block.get("type") == "tool_result" and "Outcome unknown" in json.dumps(
+                    block.get("content")
+                ):
+                    unknown.add(keys.get(block["tool_use_id"], "?"))
+    return unknown
 
 
 def answered(stack: Stack, i: int) -> bool:
