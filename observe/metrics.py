@@ -321,6 +321,3 @@ def budget_counter(profile: str) -> str:
     """Where `store.budgets.settle` counts a request's cost for `harness_budget_tokens`, in the same
     step as it counts it against the budgets: the counter field of `profile`."""
     return counter_field(BUDGET_TOKENS, profile=profile)
-
-
-# --- the scrape ---------------------------------------------------------------------------------------

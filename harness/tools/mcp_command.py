@@ -82,17 +82,22 @@ def find_program(command: str, path: str | None, base: str) -> str:
     return program
 
 
-def _missing_interpreter(program: str, path: str | None) -> str | None:
-    """The interpreter a script's `#!` line names, when it is not there (`#!/usr/bin/env NAME`:
-    NAME on `path`); None for a program that is no script, or whose interpreter is there."""
+def shebang(program: str) -> list[str]:
+    """The words of a script's `#!` line (its interpreter first); empty for a program that is no script."""
     try:
         with open(program, "rb") as file:
             head = file.read(512)
     except OSError:
-        return None
+        return []
     if not head.startswith(b"#!"):
-        return None
-    words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
+        return []
+    return head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
+
+
+def _missing_interpreter(program: str, path: str | None) -> str | None:
+    """The interpreter a script's `#!` line names, when it is not there (`#!/usr/bin/env NAME`:
+    NAME on `path`); None for a program that is no script, or whose interpreter is there."""
+    words = shebang(program)
     if not words:
         return None
     interpreter = words[0]

@@ -58,7 +58,7 @@ from typing import Any
 
 from harness import texts
 from harness.tools import walls
-from harness.tools.mcp_command import find_program
+from harness.tools.mcp_command import find_program, shebang
 
 log = logging.getLogger("harness.mcp")
 stderr_log = logging.getLogger("harness.mcp.stderr")
@@ -142,7 +142,7 @@ class Sandbox:
             bound.append((door, _DOOR))
             init += ["--egress", _DOOR, "--port", str(_PROXY_PORT)]
             env.update(_PROXY_ENVIRONMENT)
-        runs = [program, *filter(None, [_shebang(program)])]  # a script, and the interpreter it names
+        runs = [program, *filter(None, [_interpreter(program)])]  # a script, and the interpreter it names
         needed = [
             *runs,
             *(v for r in runs for v in _venv(r)),
@@ -252,15 +252,10 @@ def _from_workdir(args: Sequence[str], workdir: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _shebang(program: str) -> str | None:
+def _interpreter(program: str) -> str | None:
     """The interpreter a script's `#!` line names by its absolute path (`#!/usr/bin/env NAME` finds
     NAME on the PATH, which is in view anyway); None for a program that is no such script."""
-    try:
-        with open(program, "rb") as file:
-            head = file.read(512)
-    except OSError:
-        return None
-    words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split() if head.startswith(b"#!") else []
+    words = shebang(program)
     if not words or not os.path.isabs(words[0]) or os.path.basename(words[0]) == "env":
         return None
     return words[0]

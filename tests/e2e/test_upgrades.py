@@ -28,6 +28,7 @@ import redis
 from runtime.queue import make_queue
 from store import RECORD_VERSION, RunRecord, RunStatus, pack, unpack
 from store.keys import Keys
+from tests.e2e.test_failover import TOOLS
 from tests.e2e.test_faults import FAST_LEASE, card_of, is_card, posts, wait_text
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.fakes.slack_api import FakeSlackAPI
@@ -37,32 +38,7 @@ pytestmark = pytest.mark.e2e
 
 PREVIOUS_RELEASE = "99a4bc2"  # the last commit of the release before this one
 
-TOOLS = '''
-import os
-
-from harness.tools import ToolContext, tool
-
-
-def _append(ctx: ToolContext, key: str) -> None:
-    with open(ctx.workspace / "ledger.txt", "a", encoding="utf-8") as ledger:
-        ledger.write(key + "\\n")
-        ledger.flush()
-        os.fsync(ledger.fileno())
-
-
-@tool()
-def stamp(ctx: ToolContext, key: str) -> str:
-    """Write `key` down (runs at once: its tier is allow)."""
-    _append(ctx, key)
-    return f"stamped {key}"
-
-
-@tool()
-def sign(ctx: ToolContext, key: str) -> str:
-    """Write `key` down (asks first: its tier is ask)."""
-    _append(ctx, key)
-    return f"signed {key}"
-'''
+# The ledger tools of the failover test: `stamp` (allow) and `sign` (ask) each write their key once.
 
 CONFIG = """
 [tools]
