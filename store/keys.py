@@ -241,6 +241,12 @@ class Keys:
         return f"{PREFIX}live:{check_id('run', run_id)}"
 
     @staticmethod
+    def live_opening(run_id: str) -> str:
+        """Set while a run's live message is opening and its ts is not yet written down: a driver
+        after a crash then looks for the stream in the thread (`LiveStore.opening`)."""
+        return f"{PREFIX}live-opening:{check_id('run', run_id)}"
+
+    @staticmethod
     def stop_request(run_id: str) -> str:
         """Someone asked the run to stop (the value: who); its driver stops before its next step."""
         return f"{PREFIX}stop:{check_id('run', run_id)}"

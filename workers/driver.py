@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import redis
@@ -24,6 +24,7 @@ import redis
 from harness.state import NewerRecord, PendingCall, RunState, StateError
 from messages import texts, turns
 from messages.blocks import Message, notice
+from messages.metadata import LIVE_KEY, tagged
 from store import (
     DAY,
     FINISHED_RUN_TTL,
@@ -418,7 +419,8 @@ class Driver:
         if self._live is None:
             record = self._record
             where = (record.channel, record.thread_ts, record.team, record.requester)
-            self._live = LiveView(self.svc.courtesy_slack, self.svc.live_streams, where, opened=self._opened)
+            ledger = _Ledger(self.svc, self.run_id)
+            self._live = LiveView(self.svc.courtesy_slack, self.svc.live_streams, where, ledger=ledger)
         return self._live
 
     def show_turn(self, calls: Sequence[PendingCall]) -> None:
@@ -435,20 +437,6 @@ class Driver:
             self._record = replace(self._record, live_ts=None)
         if calls:
             self.live_view().requested(calls)
-
-    def _opened(self, ts: str) -> None:
-        """A live message opened: recorded before anything can owe its settlement, so a driver
-        after a crash finds it (`drop_orphans`)."""
-        try:
-            self.svc.store.live.opened(self.run_id, ts)
-        except redis.RedisError as exc:  # Redis away (a failover): the stream goes on regardless
-            log.warning(
-                "run %s: live message %s is not recorded (%s): this driver settles it, but a "
-                "driver after a crash would not find it to delete",
-                self.run_id,
-                ts,
-                exc,
-            )
 
     def seal_live(self) -> str | None:
         """Seal the open live message, for a post to settle into: its ts, or None."""
@@ -482,13 +470,35 @@ class Driver:
             self.svc.store.live.closed(self.run_id, self._record.live_ts)
 
     def drop_orphans(self) -> None:
-        """Take out the live messages of a driver that died: those no saved step owes a settlement."""
+        """Take out the live messages of a driver that died: those no saved step owes a settlement.
+
+        Those written down are in the store; one that opened as its driver died (or as a failover
+        lost the write of its ts) is looked for in the thread, when its opening was marked: a
+        stream of ours there that nothing tagged (`messages.metadata`) since the run was asked for.
+        """
         record = self._record
         kept = {record.live_ts} | {e.get("live") for e in record.outbox}
-        for ts in self.svc.store.live.open(record.run_id):
-            if ts not in kept:
-                self.svc.discard_live(record.channel, ts)
-                self.svc.store.live.closed(record.run_id, ts)
+        live = self.svc.store.live
+        orphans = [ts for ts in live.open(record.run_id) if ts not in kept]
+        found: list[str] | None = []
+        if live.unfound(record.run_id):
+            after = record.asked_ts or record.thread_ts
+            found = self.svc.find_streams(record.channel, record.thread_ts, after)
+            if found is None:
+                log.warning(
+                    "run %s: a stream it opened may stand in the thread beside what follows", self.run_id
+                )
+            else:
+                orphans += [ts for ts in found if ts not in kept and ts not in orphans]
+                if found:
+                    log.info(
+                        "run %s: found %d stream(s) its driver opened unrecorded", self.run_id, len(found)
+                    )
+        for ts in orphans:
+            self.svc.discard_live(record.channel, ts)
+            live.closed(record.run_id, ts)
+        if found is not None:
+            live.sought(record.run_id)
 
 
 class _Courier:
@@ -550,3 +560,31 @@ class _Courier:
                 with self.idle:
                     self.pending -= 1
                     self.idle.notify_all()
+
+
+@dataclass(frozen=True)
+class _Ledger:
+    """Where a driver's live messages are written down (`workers.live.LiveLedger`, `store.live`)."""
+
+    svc: Services
+    run_id: str
+
+    @property
+    def tag(self) -> dict[str, Any]:
+        return tagged(self.run_id, LIVE_KEY)
+
+    def opening(self) -> None:
+        self.svc.store.live.opening(self.run_id)
+
+    def opened(self, ts: str) -> None:
+        """Recorded before anything can owe its settlement, so a driver after a crash finds it."""
+        try:
+            self.svc.store.live.opened(self.run_id, ts)
+        except redis.RedisError as exc:  # Redis away (a failover): the stream goes on regardless
+            log.warning(
+                "run %s: live message %s is not recorded (%s): this driver settles it; a driver "
+                "after a crash looks for it in the thread",
+                self.run_id,
+                ts,
+                exc,
+            )

@@ -55,7 +55,8 @@ def announce_grant(svc: Services, record: RunRecord, tool: str, directory: str) 
         return None
     if grant is None or grant.requester != record.requester:
         return None
-    if svc.store.parks.first_card_update(record.run_id, record.park_id, f"grant-{tool}-{grant.slot}"[:128]):
+    key = f"grant-{tool}-{grant.slot}"[:128]
+    if svc.store.parks.first_card_update(record.run_id, record.park_id, key):
         note = cards.grant_notice(
             tool=tool,
             by=grant.by,
@@ -65,7 +66,7 @@ def announce_grant(svc: Services, record: RunRecord, tool: str, directory: str) 
             directory=grant.directory,
             uses=grant.uses,
         )
-        svc.post(record.channel, record.thread_ts, note.text, note.blocks)
+        svc.post(record.channel, record.thread_ts, note.text, note.blocks, tag=(record.run_id, key))
     return grant
 
 

@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
@@ -95,6 +95,20 @@ class Pacer:
             time.sleep(at - now)
 
 
+class LiveLedger(Protocol):
+    """Where a run's live messages are written down (the driver's, over `store.live`)."""
+
+    @property
+    def tag(self) -> dict[str, Any]:
+        """The `metadata` a stream of the run carries once stopped (`messages.metadata`)."""
+
+    def opening(self) -> None:
+        """A stream is about to open: promised before `chat.startStream`, or raise (none opens)."""
+
+    def opened(self, ts: str) -> None:
+        """The stream opened as `ts` (never raises: the stream goes on regardless)."""
+
+
 @dataclass
 class _Batch:
     text: list[str] = field(default_factory=list)
@@ -114,7 +128,7 @@ class LiveMessage:
         where: tuple[str, str, str, str],
         *,
         tasks: bool,
-        opened: Callable[[str], object],
+        ledger: LiveLedger,
         refused: Callable[[str], None],
     ) -> None:
         self.channel, self.thread_ts, self._team, self._user = where
@@ -123,7 +137,7 @@ class LiveMessage:
         self.tasks_ok = tasks
         self.ts: str | None = None
         self.broken = False  # Slack refused a write: nothing more is sent (the settlement fixes it)
-        self._opened = opened
+        self._ledger = ledger
         self._refused = refused
         self._pending = _Batch()
         self._shown: dict[str, TaskLine] = {}  # call id -> what its task shows (written by the writer only)
@@ -196,6 +210,8 @@ class LiveMessage:
         """One paced write of `batch`: the start, an append, or the stop. False: no more writes."""
         chunks, shown = self._chunks(batch)
         markdown = None if chunks else "".join(batch.text) or None
+        if self.ts is None and not self._promised():
+            return False
         try:
             if self.ts is None:
                 opened = self.slack.chat_startStream(
@@ -210,14 +226,18 @@ class LiveMessage:
                 with self._cond:
                     self.ts = str(opened["ts"])
                     self._cond.notify_all()
-                self._opened(self.ts)
+                self._ledger.opened(self.ts)
                 if last:  # opened and done in one batch: the stop still waits its turn
                     self.pacer.note(self.channel, self.thread_ts)
                     self.pacer.wait(self.channel, self.thread_ts)
-                    self.slack.chat_stopStream(channel=self.channel, ts=self.ts)
+                    self.slack.chat_stopStream(channel=self.channel, ts=self.ts, metadata=self._ledger.tag)
             elif last:
                 self.slack.chat_stopStream(
-                    channel=self.channel, ts=self.ts, markdown_text=markdown, chunks=chunks
+                    channel=self.channel,
+                    ts=self.ts,
+                    markdown_text=markdown,
+                    chunks=chunks,
+                    metadata=self._ledger.tag,  # stopped, it is tagged as every other message of ours
                 )
             elif chunks or markdown:
                 self.slack.chat_appendStream(
@@ -243,6 +263,22 @@ class LiveMessage:
                     self._refused("stream")
             else:
                 log.warning("stream %s/%s broke off (%s); it is settled whole", self.channel, self.ts, error)
+            self.broken = True
+            with self._cond:
+                self._cond.notify_all()
+            return False
+
+    def _promised(self) -> bool:
+        """Whether the stream about to open is promised to the store first (`LiveLedger.opening`);
+        when it cannot be, nothing opens (the reply is posted whole instead): a stream no driver
+        after a crash could find is never started."""
+        try:
+            self._ledger.opening()
+            return True
+        except Exception as exc:
+            log.warning(
+                "cannot promise a stream in %s/%s (%s): posting instead", self.channel, self.thread_ts, exc
+            )
             self.broken = True
             with self._cond:
                 self._cond.notify_all()
@@ -303,12 +339,12 @@ class LiveView:
         streams: LiveStreams,
         where: tuple[str, str, str, str],
         *,
-        opened: Callable[[str], object],
+        ledger: LiveLedger,
     ) -> None:
         self.slack = slack
         self.streams = streams
         self.where = where
-        self._opened = opened
+        self._ledger = ledger
         self.refused: set[str] = set()  # "stream", "tasks": what Slack refused for this run
         self.message: LiveMessage | None = None
         self._made: list[LiveMessage] = []  # every message of this view, for `close`
@@ -364,7 +400,7 @@ class LiveView:
                 self.streams.pacer,
                 self.where,
                 tasks="tasks" not in self.refused,
-                opened=self._opened,
+                ledger=self._ledger,
                 refused=self.refused.add,
             )
             self._made.append(self.message)

@@ -111,7 +111,7 @@ def deliver(svc: Services, record: RunRecord, *, reconcile: bool) -> RunRecord:
     return replace(record, outbox=[], cards=cards, failure_ts=failure_ts)
 
 
-def _settle(svc: Services, record: RunRecord, entry: dict[str, Any], tag: dict[str, str]) -> str | None:
+def _settle(svc: Services, record: RunRecord, entry: dict[str, Any], tag: tuple[str, str]) -> str | None:
     """Settle the live message that showed a post happening as the post: its ts, or None (then it
     is taken out of the thread, and the post goes out whole as a message of its own)."""
     ts = entry["live"]
@@ -130,7 +130,7 @@ def _pay(svc: Services, record: RunRecord, entry: dict[str, Any], posted: dict[s
             if entry.get("live"):  # settled before its driver died: no longer open
                 svc.store.live.closed(record.run_id, entry["live"])
             return posted[entry["key"]]
-        tag = {"run": record.run_id, "key": entry["key"]}
+        tag = (record.run_id, entry["key"])
         if entry.get("live") and (settled := _settle(svc, record, entry, tag)):
             return settled
         return svc.post(record.channel, record.thread_ts, entry["text"], entry["blocks"], tag=tag)
@@ -140,7 +140,7 @@ def _pay(svc: Services, record: RunRecord, entry: dict[str, Any], posted: dict[s
         name = upload_name(entry["name"], record.run_id, entry["key"])
         if not svc.upload(record.channel, record.thread_ts, name, entry["title"], entry["content"]):
             failed = notice(texts.FILE_NOT_POSTED.format(title=entry["title"]))
-            svc.post(record.channel, record.thread_ts, failed.text, failed.blocks)
+            svc.post(record.channel, record.thread_ts, failed.text, failed.blocks, tag=(record.run_id, name))
         return None
     if op == "update":
         svc.update(record.channel, entry["ts"], entry["text"], entry["blocks"])

@@ -27,6 +27,7 @@ from gates.deciders import GroupDirectory
 from harness.client import make_client
 from harness.config import Config, load_config
 from harness.tools.catalog import Catalog
+from messages.metadata import tag_of, tagged, untagged_streams
 from observe import metrics
 from runtime.clients import COURTESY_TIMEOUT, ShortRateLimitRetry, redis_connection, slack_client
 from runtime.queue import make_queue
@@ -37,8 +38,6 @@ from workers.live import LiveStreams
 log = logging.getLogger(__name__)
 
 _HANDED: ContextVar[Services | None] = ContextVar("harness_services", default=None)
-
-MESSAGE_EVENT_TYPE = "harness_message"  # Slack message metadata that names a run's post
 
 
 @dataclass(frozen=True)
@@ -59,6 +58,7 @@ class Services:
     courtesy_slack: WebClient = field(default=None)  # type: ignore[assignment]  # built from `slack`
     # Who is in a user group, and the handles groups are shown by on cards: read with `slack`'s token.
     groups: GroupDirectory = field(default=None)  # type: ignore[assignment]  # built from `slack`
+    _who: list[tuple[str, str]] = field(default_factory=list, repr=False)  # `_identity`, once read
 
     def __post_init__(self) -> None:
         if self.courtesy_slack is None:
@@ -105,14 +105,16 @@ class Services:
         text: str,
         blocks: list[dict[str, Any]],
         *,
-        tag: dict[str, str] | None = None,
+        tag: tuple[str, str],
     ) -> str | None:
         """Post in a thread; a failure after the client's retries is logged, never raised.
 
         Unfurling is off: a link in model or tool text must not make Slack fetch it (a way to
-        exfiltrate data). `tag` goes into the message's metadata, so a post can be found again.
+        exfiltrate data). `tag` (the run, the post's key in it) goes into the message's metadata,
+        so a post can be found again (`find_posted`), and is never taken for a stream
+        (`find_streams`).
         """
-        metadata = {"event_type": MESSAGE_EVENT_TYPE, "event_payload": tag} if tag else None
+        metadata = tagged(*tag)
         try:
             reply = self.slack.chat_postMessage(
                 channel=channel,
@@ -144,31 +146,59 @@ class Services:
         None when the thread cannot be read (say, the app lacks the history scopes): the caller
         then posts without knowing, at least once rather than exactly once.
         """
+        thread = self._thread(channel, thread_ts, "to find earlier posts")
+        if thread is None:
+            return None
         found: dict[str, str] = {}
+        for message in thread:
+            if (found_tag := tag_of(message)) is not None and found_tag[0] == run_id:
+                found[found_tag[1]] = str(message["ts"])
+            for shared in message.get("files") or []:  # a file has no metadata: its name says
+                named = _UPLOADED.fullmatch(str(shared.get("name") or ""))
+                if named and run_id.startswith(named.group(1)) and len(named.group(1)) >= RUN_IN_NAME:
+                    found[file_key(named.group(2))] = str(message["ts"])
+        return found
+
+    def find_streams(self, channel: str, thread_ts: str, after: str) -> list[str] | None:
+        """The streams of ours in the thread after message `after` that nobody stopped: every other
+        message this product writes carries its tag (`messages.metadata`). None when the thread
+        (or who we are) cannot be read."""
+        thread = self._thread(channel, thread_ts, "to find streams left open")
+        ours = self._identity()
+        if thread is None or ours is None:
+            return None
+        return untagged_streams(thread, ours=ours, after=after)
+
+    def _thread(self, channel: str, thread_ts: str, why: str) -> list[dict[str, Any]] | None:
+        """Every message of the thread, with its metadata; None (logged) when it cannot be read."""
+        messages: list[dict[str, Any]] = []
         cursor = None
         try:
             for _ in range(50):  # 50 pages of 200: a thread far longer than any run's
                 reply = self.slack.conversations_replies(
                     channel=channel, ts=thread_ts, include_all_metadata=True, limit=200, cursor=cursor
                 )
-                for message in reply.get("messages") or []:
-                    meta = message.get("metadata") or {}
-                    payload = meta.get("event_payload") or {}
-                    if meta.get("event_type") == MESSAGE_EVENT_TYPE and payload.get("run") == run_id:
-                        found[str(payload.get("key"))] = str(message["ts"])
-                    for shared in message.get("files") or []:  # a file has no metadata: its name says
-                        named = _UPLOADED.fullmatch(str(shared.get("name") or ""))
-                        if named and run_id.startswith(named.group(1)) and len(named.group(1)) >= RUN_IN_NAME:
-                            found[file_key(named.group(2))] = str(message["ts"])
+                messages.extend(reply.get("messages") or [])
                 cursor = (reply.get("response_metadata") or {}).get("next_cursor")
                 if not cursor:
                     break
         except (SlackApiError, OSError) as exc:
-            log.warning(
-                "cannot read thread %s/%s to find earlier posts: %s", channel, thread_ts, _slack_error(exc)
-            )
+            log.warning("cannot read thread %s/%s %s: %s", channel, thread_ts, why, _slack_error(exc))
             return None
-        return found
+        return messages
+
+    def _identity(self) -> tuple[str, str] | None:
+        """The bot's user id and bot id (`auth.test`, asked once per process); None if unanswered."""
+        if self._who:
+            return self._who[0]
+        try:
+            reply = self.slack.auth_test()
+        except (SlackApiError, OSError) as exc:
+            log.warning("cannot ask Slack who the bot is: %s", _slack_error(exc))
+            return None
+        who = (str(reply.get("user_id") or ""), str(reply.get("bot_id") or ""))
+        self._who.append(who)
+        return who
 
     def settle_live(
         self,
@@ -176,17 +206,17 @@ class Services:
         thread_ts: str,
         ts: str,
         msg: tuple[str, list[dict[str, Any]]],
-        tag: dict[str, str],
+        tag: tuple[str, str],
     ) -> bool:
         """Settle live message `ts` as `msg` (text, blocks), tagged like a post: its stream stopped
         first (by its writer, when this process runs it; one already stopped is fine)."""
         text, blocks = msg
         if not self.live_streams.stopped(ts):
             try:
-                self.courtesy_slack.chat_stopStream(channel=channel, ts=ts)
+                self.courtesy_slack.chat_stopStream(channel=channel, ts=ts, metadata=tagged(*tag))
             except (SlackApiError, OSError) as exc:
                 log.debug("stopping stream %s/%s: %s", channel, ts, _slack_error(exc))
-        metadata = {"event_type": MESSAGE_EVENT_TYPE, "event_payload": tag}
+        metadata = tagged(*tag)
         self.live_streams.pacer.wait(channel, thread_ts)
         try:
             self.slack.chat_update(channel=channel, ts=ts, text=text, blocks=blocks, metadata=metadata)

@@ -29,6 +29,7 @@ from bot.listening import (
 from gates import budgets
 from messages import texts
 from messages.blocks import notice
+from messages.metadata import BUSY_KEY, tagged
 from messages.text import plural
 from observe import metrics, tracing
 from runtime.queue import queued_job
@@ -186,6 +187,7 @@ def acknowledge_visibly(body: dict[str, Any], context: BoltContext, client: WebC
                 text=msg.text,
                 blocks=msg.blocks,
                 unfurl_links=False,
+                metadata=tagged("", BUSY_KEY),  # ours, never taken for a stream (messages.metadata)
             )
     except SlackApiError as exc:
         log.info("could not acknowledge the mention: %s", exc.response.get("error"))

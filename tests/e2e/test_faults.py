@@ -421,6 +421,42 @@ def test_a_stream_left_open_by_a_dead_worker_is_taken_out_and_the_answer_comes_o
     assert not [m for m in posts(stack, "C28", ts) if "halfway" in m["text"]]
 
 
+def test_a_stream_that_opened_as_its_worker_died_unrecorded_is_found_in_the_thread_and_taken_out(
+    stack: Stack,
+) -> None:
+    """The window a failover once hit: `chat.startStream` reached Slack, and its ts never reached
+    Redis. Here its worker dies with the start on the wire; the stream opens after, which no record
+    names. The next driver finds it in the thread (ours, untagged, since the ask) and takes it out."""
+    stack.model.script(
+        reply(text("halfway " * 100), tokens_per_second=100),  # its stream starts, then the worker dies
+        reply(text("streamed " * 100)),  # asked again: the first reply died unsaved with its worker
+    )
+    held = stack.slack.hold_next("chat.startStream")
+    stack.start_bot()
+    doomed = stack.start_worker()
+    _, ts, _ = stack.mention("startkill: hi", channel="C29", user="UANN")
+    assert held.arrived.wait(30)
+    doomed.kill_group()  # the start is on the wire: its answer, the stream's ts, dies with the worker
+    count("workers SIGKILLed mid-run")
+    held.release.set()
+    started = wait_until(lambda: [c for c in stack.slack.calls if c.method == "chat.startStream" and c.ok])
+    orphan = started[0].response["ts"]
+    assert [s["ts"] for s in stack.slack.streams() if s["streaming"]] == [orphan]  # open, in no record
+    assert not redis.Redis.from_url(stack.redis_url).smembers(f"harness:live:{runs(stack)[0].run_id}")
+    stack.start_worker()
+    wait_until(lambda: runs(stack)[0].outbox == [] and runs(stack)[0].status is RunStatus.FINISHED)
+    stack.settled()
+    (answer,) = stack.slack.streams()  # the orphan is gone: stopped, then deleted
+    deleted = [c for c in stack.slack.calls if c.method == "chat.delete" and c.params.get("ts") == orphan]
+    assert deleted and deleted[-1].ok and answer["ts"] != orphan
+    assert answer["streaming"] is False and FOOTER_1 in answer["text"]
+    assert not [m for m in posts(stack, "C29", ts) if "halfway" in m["text"]]
+    assert len([m for m in posts(stack, "C29", ts) if "streamed streamed" in m["text"]]) == 1
+    for call in stack.slack.calls:  # every other message of ours in the thread carries its tag
+        if call.method in ("chat.postMessage", "chat.stopStream") and call.params.get("ts") != orphan:
+            assert call.params["metadata"]["event_type"] == "harness_message", call
+
+
 def test_the_file_of_a_long_answer_reaches_the_thread_exactly_once_across_a_crash(stack: Stack) -> None:
     long_answer = "A long answer. " * 2000  # 30,000 characters: more than a message holds
     stack.model.script(reply(text(long_answer)))

@@ -138,9 +138,13 @@ def test_a_live_message_opened_is_on_the_replica_before_its_stream_grows(group: 
     replica = redis.Redis(port=replica_port, password=PASSWORD, db=6)
     run_id = new_run_id()
     before = waits_sent(master)
-    store.live.opened(run_id, "1700000000.000100")
+    store.live.opening(run_id)  # before chat.startStream: the stream is looked for if its ts is lost
     assert waits_sent(master) == before + 1
+    assert replica.exists(f"harness:live-opening:{run_id}")  # there when it returned
+    store.live.opened(run_id, "1700000000.000100")
+    assert waits_sent(master) == before + 2
     assert replica.smembers(f"harness:live:{run_id}") == {b"1700000000.000100"}  # there when it returned
+    assert not replica.exists(f"harness:live-opening:{run_id}")  # in the same promised write
 
 
 def test_a_replica_that_does_not_answer_delays_a_promise_boundedly_and_is_counted(

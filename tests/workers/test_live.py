@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -20,6 +20,7 @@ from harness.signals import CallRunning, TextWritten, ToolReturned
 from harness.state import Decision, PendingCall, Verdict
 from harness.tools import ToolResult
 from messages import texts
+from messages.metadata import LIVE_KEY, tagged
 from tests.fakes.slack_api import FakeSlackAPI
 from tests.stack import wait_until
 from workers.live import LiveStreams, LiveView
@@ -38,10 +39,27 @@ def root(slack: FakeSlackAPI) -> str:
     return str(client.chat_postMessage(channel=CHANNEL, text="the ask")["ts"])
 
 
-def view(slack: FakeSlackAPI, thread_ts: str, opened: list[str] | None = None) -> LiveView:
+@dataclass
+class Ledger:
+    """What the view writes down of its streams, in order: ("opening",) then ("opened", ts)."""
+
+    tag: dict[str, Any] = field(default_factory=lambda: tagged("run-1", LIVE_KEY))
+    said: list[tuple[str, ...]] = field(default_factory=list)
+    refuse: bool = False  # the store is away: an opening cannot be promised
+
+    def opening(self) -> None:
+        if self.refuse:
+            raise ConnectionError("Redis is away")
+        self.said.append(("opening",))
+
+    def opened(self, ts: str) -> None:
+        self.said.append(("opened", ts))
+
+
+def view(slack: FakeSlackAPI, thread_ts: str, ledger: Ledger | None = None) -> LiveView:
     client = WebClient(token="xoxb-test", base_url=slack.base_url)
-    seen = opened if opened is not None else []
-    return LiveView(client, LiveStreams(), (CHANNEL, thread_ts, "T1", "UALICE"), opened=seen.append)
+    where = (CHANNEL, thread_ts, "T1", "UALICE")
+    return LiveView(client, LiveStreams(), where, ledger=ledger if ledger is not None else Ledger())
 
 
 def call(call_id: str, name: str = "get_time", result: ToolResult | None = None) -> PendingCall:
@@ -90,8 +108,8 @@ def test_a_task_goes_through_pending_in_progress_and_complete_or_error(slack: Fa
 
 
 def test_words_are_batched_into_writes_at_most_one_per_pace(slack: FakeSlackAPI) -> None:
-    opened: list[str] = []
-    live = view(slack, root(slack), opened)
+    ledger = Ledger()
+    live = view(slack, root(slack), ledger)
     live(TextWritten("first "))
     wait_until(lambda: stream_writes(slack))  # the first words go out at once
     pieces = [f"w{i} " for i in range(200)]
@@ -101,11 +119,34 @@ def test_words_are_batched_into_writes_at_most_one_per_pace(slack: FakeSlackAPI)
     live.seal()
     wait_until(lambda: not slack.streams()[0]["streaming"])
     writes = stream_writes(slack)
-    assert opened == [slack.streams()[0]["ts"]]  # told once, when it opened
+    assert ledger.said == [("opening",), ("opened", slack.streams()[0]["ts"])]  # promised, then told once
     assert slack.streams()[0]["text"] == "first " + "".join(pieces)  # every word once, in order
     assert len(writes) <= 4  # start, the batch written while the first was paced, the stop
     gaps = [b.at - a.at for a, b in itertools.pairwise(writes)]
     assert all(gap >= 0.3 for gap in gaps), gaps  # Slack's 300 ms (the pace keeps 5 ms more)
+
+
+def test_a_stream_is_promised_before_it_starts_and_tagged_when_it_stops(slack: FakeSlackAPI) -> None:
+    ledger = Ledger()
+    live = view(slack, root(slack), ledger)
+    live(TextWritten("words"))
+    wait_until(lambda: slack.streams() and ledger.said[-1:] == [("opened", slack.streams()[0]["ts"])])
+    start = stream_writes(slack)[0]
+    assert ledger.said[0] == ("opening",) and start.method == "chat.startStream"
+    live.seal()
+    wait_until(lambda: not slack.streams()[0]["streaming"])
+    stop = stream_writes(slack)[-1]
+    assert stop.method == "chat.stopStream" and stop.params["metadata"] == tagged("run-1", LIVE_KEY)
+    assert stop.ok
+
+
+def test_a_stream_that_cannot_be_promised_never_starts_and_the_caller_posts(slack: FakeSlackAPI) -> None:
+    live = view(slack, root(slack), Ledger(refuse=True))
+    live(TextWritten("hello"))
+    live.requested([call("toolu_1")])
+    assert live.seal() is None  # nothing opened: the reply is posted whole instead
+    assert stream_writes(slack) == []
+    assert "stream" not in live.refused  # the store was away, not Slack: the next reply tries again
 
 
 def test_a_workspace_that_refuses_streams_is_not_asked_again(slack: FakeSlackAPI) -> None:

@@ -150,7 +150,7 @@ def _post_due(
             log.info("run %s park %d: decided (or expired) in time, no %s", run_id, park_id, what)
             continue
         channel, thread_ts, msg, expires_at, key = due
-        tag = {"run": run_id, "key": key}
+        tag = (run_id, key)
         if key in (svc.find_posted(channel, thread_ts, run_id) or {}):
             continue  # an earlier attempt did post it (its answer was lost): never twice
         if svc.post(channel, thread_ts, msg.text, msg.blocks, tag=tag):
