@@ -225,11 +225,13 @@ def _table(tokens: Sequence[Token], clean: Callable[[str], str]) -> str:
 def shorten_tables(markdown: str, rows: int) -> tuple[str, int]:
     """`markdown` with every table cut to its header and first `rows` rows, a line after each cut
     one saying how many rows are not shown; and how many rows were left out in all."""
+    # The parser's line numbers count lines as it splits them: a lone \r ends a line there too.
+    markdown = markdown.replace("\r\n", "\n").replace("\r", "\n")
     lines = markdown.split("\n")
     cuts: list[tuple[int, int, int]] = []  # (first line left out, end of the table, rows left out)
     for token in _PARSER.parse(markdown):
         if token.type == "table_open" and token.map is not None and token.level == 0:
-            start, end = token.map
+            start, end = token.map[0], min(token.map[1], len(lines))
             body = [i for i in range(start + 2, end) if lines[i].strip()]  # past the header and |---|
             if len(body) > rows:
                 cuts.append((body[rows], end, len(body) - rows))
