@@ -13,11 +13,11 @@ from slack_bolt import App
 from slack_bolt.logger.messages import warning_client_prioritized_and_token_skipped
 from slack_sdk import WebClient
 
-from bot.listeners import approvals, assistant, batches, home, mentions, modals, runs
+from bot.listeners import approvals, assistant, batches, home, inputs, mentions, modals, runs
 from bot.listening import BotDeps, listener
 from bot.web import bolt_error_handler
 
-SURFACES = (mentions, approvals, batches, modals, runs, home, assistant)
+SURFACES = (mentions, approvals, batches, modals, inputs, runs, home, assistant)
 
 
 def _same_token_not_a_warning(record: logging.LogRecord) -> bool:

@@ -20,6 +20,7 @@ from harness.signals import LiveEvent
 from harness.state import PendingCall, RunState
 from harness.tools import ToolContext, ToolRegistry
 from harness.tools.catalog import Catalog
+from harness.tools.inputs import InputAsk
 from harness.tracing import Tracer
 from harness.valves import Budget, Stop
 
@@ -57,6 +58,9 @@ class Agent:
     token_memo: TokenMemo = field(default_factory=TokenMemo, compare=False, repr=False)
     # Wraps every model request and every call (a span each: `observe/tracing.py`); None: untraced.
     tracer: Tracer | None = None
+    # The values of a form a person accepted, by question key, read where they were kept (the
+    # worker's `store.inputs`) just before the call goes again with them; never in the state.
+    input_values: Callable[[InputAsk], dict[str, dict[str, Any]]] | None = None
 
     @classmethod
     def from_config(cls, config: Config, catalog: Catalog | None = None, **overrides: Any) -> Agent:

@@ -15,8 +15,9 @@ from harness.agent import Agent
 from harness.policy import Tier, always_asks, read_why
 from harness.request import DUPLICATE_ID_MARK
 from harness.state import GrantUse, PendingCall, RunState, Status, Verdict, canonical_json
-from harness.tools import ToolResult
+from harness.tools import ToolContext, ToolResult
 from harness.tools.base import BadInput
+from harness.tools.inputs import reply_to
 
 
 def calls_in(content: list[dict[str, Any]], agent: Agent) -> tuple[PendingCall, ...]:
@@ -158,12 +159,20 @@ def answer_call(agent: Agent, call: PendingCall) -> ToolResult:
             return ToolResult(texts.RESULT_DECLINED, True)
         if call.decision.edited_input is not None:
             return _run_edited(agent, call, call.decision.edited_input)
-    return agent.tools.run(call.name, call.input, agent.context)
+    return agent.tools.run(call.name, call.input, _context(agent, call))
+
+
+def _context(agent: Agent, call: PendingCall) -> ToolContext:
+    """The tool context of `call`: with the answers to its server's questions, when it asked any."""
+    if call.asking is None:
+        return agent.context
+    values = agent.input_values(call.asking) if agent.input_values is not None else {}
+    return replace(agent.context, reply=reply_to(call.asking, values))
 
 
 def _run_edited(agent: Agent, call: PendingCall, edited: dict[str, Any]) -> ToolResult:
     """Run a call with a reviewer's arguments, telling the model so (ruled on them just before)."""
-    result = agent.tools.run(call.name, edited, agent.context)
+    result = agent.tools.run(call.name, edited, _context(agent, call))
     note = texts.RESULT_EDITED.format(arguments=canonical_json(edited))
     if isinstance(result.content, list):
         return ToolResult([{"type": "text", "text": note}, *result.content], result.is_error)

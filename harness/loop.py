@@ -45,6 +45,7 @@ from harness.request import (
 )
 from harness.signals import (
     AwaitingApproval,
+    AwaitingInput,
     AwaitingLimit,
     CallRunning,
     Event,
@@ -58,7 +59,7 @@ from harness.signals import (
     TurnDone,
     WrappedUp,
 )
-from harness.state import RunState, Status
+from harness.state import PendingCall, RunState, Status
 from harness.stops import (
     ask_at_limit,
     asks,
@@ -75,6 +76,7 @@ from harness.valves import Stop, Valve, allowance, check_budget, check_turn
 __all__ = [
     "Agent",
     "AwaitingApproval",
+    "AwaitingInput",
     "AwaitingLimit",
     "Event",
     "Failed",
@@ -190,6 +192,8 @@ def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
             # No call runs ahead of an earlier one still waiting; all waiting ones are asked at once.
             parked = replace(state, status=Status.AWAITING_APPROVAL)
             return StepResult(parked, AwaitingApproval(state.awaiting), tuple(events))
+        if call.waits_for_input:  # its server's next question, still to a person
+            return _await_input(state, call, events)
         if needs_write_ahead(agent, call):
             if call.started:  # an earlier attempt began it and died before recording what happened
                 result = ToolResult(texts.RESULT_OUTCOME_UNKNOWN.format(name=call.name), True)
@@ -209,6 +213,10 @@ def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
             result = answer_call(agent, call)
         else:
             result = agent.tracer.tool(call, partial(answer_call, agent, call))
+        if result.asks is not None:  # the server asks a person first: nothing ran, so not `started`
+            call = replace(call, asking=result.asks, started=False)
+            state = with_call(state, index, call)
+            return _await_input(state, call, events)
         call = replace(call, result=result)
         state = with_call(state, index, call)
         returned = ToolReturned(state.turns, call)
@@ -224,6 +232,12 @@ def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
         messages=(*state.messages, {"role": "user", "content": results}),
     )
     return StepResult(state, None, tuple(events))
+
+
+def _await_input(state: RunState, call: PendingCall, events: list[Event]) -> StepResult:
+    """Park the turn on `call`'s question to a person; the calls before it keep their results."""
+    parked = replace(state, status=Status.AWAITING_APPROVAL)
+    return StepResult(parked, AwaitingInput(call), tuple(events))
 
 
 def stop_run(state: RunState, valve: Valve, reason: str) -> RunState:

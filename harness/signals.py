@@ -38,6 +38,14 @@ class AwaitingApproval:
 
 
 @dataclass(frozen=True)
+class AwaitingInput:
+    """The run is parked until the requester answers what the server of `call` asks
+    (`call.asking.next_question`); the call then goes again with the answers."""
+
+    call: PendingCall
+
+
+@dataclass(frozen=True)
 class AwaitingLimit:
     """With `on_limit = "ask"`: the run reached `valve` (max turns, token budget, a daily budget) and waits.
 
@@ -67,7 +75,7 @@ class Failed:
     status_code: int | None = None
 
 
-Outcome = Finished | Stopped | AwaitingApproval | AwaitingLimit | Failed
+Outcome = Finished | Stopped | AwaitingApproval | AwaitingInput | AwaitingLimit | Failed
 
 
 # --- events: what a front end shows as the run goes ------------------------------------------

@@ -17,8 +17,9 @@ from typing import Any
 
 from harness.policy import PathArgs, Tier
 from harness.tools import ToolResult
+from harness.tools.inputs import InputAnswer, InputAsk
 
-FORMAT_VERSION = 1  # what `RunState.to_json` writes; `_STATE_READERS` holds what this release reads
+FORMAT_VERSION = 2  # what `RunState.to_json` writes; `_STATE_READERS` holds what this release reads
 
 
 class StateError(ValueError):
@@ -160,6 +161,14 @@ class PendingCall:
     # a directory grant's scope is computed from, by the bot too. None: not known (a call ruled
     # before calls carried it), so no directory grant is offered for it or covers it.
     path_args: PathArgs | None = None
+    # The call's server asked a person for input (`harness.tools.inputs`): the call waits for the
+    # answers, then goes again with them. Nothing ran yet, so it is not `started`.
+    asking: InputAsk | None = None
+
+    @property
+    def waits_for_input(self) -> bool:
+        """Whether this call waits for a person to answer its server's question."""
+        return self.asking is not None and self.asking.next_question is not None and self.result is None
 
     @property
     def signature(self) -> str:
@@ -189,6 +198,8 @@ class PendingCall:
         }
         if self.path_args is not None:
             data["path_args"] = self.path_args.to_json()
+        if self.asking is not None:
+            data["asking"] = self.asking.to_json()
         return data
 
     @classmethod
@@ -203,6 +214,7 @@ class PendingCall:
             started=bool(data.get("started", False)),
             why=str(data.get("why", "")),
             path_args=PathArgs.from_json(data.get("path_args")),
+            asking=InputAsk.from_json(data["asking"]) if isinstance(data.get("asking"), dict) else None,
         )
 
 
@@ -253,10 +265,17 @@ class RunState:
         """The calls of this turn that still need a decision."""
         return tuple(c for c in self.pending if c.awaiting)
 
+    @property
+    def waiting_for_input(self) -> tuple[PendingCall, ...]:
+        """The calls of this turn whose server waits for a person's answer."""
+        return tuple(c for c in self.pending if c.waits_for_input)
+
     def to_json(self) -> dict[str, Any]:
         """A plain dict for `json.dumps`; read back with `RunState.from_json`."""
         return {
-            "version": FORMAT_VERSION,
+            # A state with a call waiting for input is of version 2, which 0.2.0 does not read (it
+            # leaves the run for a newer worker); any other is written as version 1, as before.
+            "version": FORMAT_VERSION if any(c.asking for c in self.pending) else 1,
             "messages": list(self.messages),
             "status": self.status.value,
             "turns": self.turns,
@@ -311,7 +330,7 @@ def _state_v1(data: dict[str, Any]) -> RunState:
 
 # Every version of a stored state this release reads, and how: a release keeps the reader of the
 # version the release before it wrote (tests/harness/test_formats.py loads one of each).
-_STATE_READERS: dict[int, Callable[[dict[str, Any]], RunState]] = {1: _state_v1}
+_STATE_READERS: dict[int, Callable[[dict[str, Any]], RunState]] = {1: _state_v1, 2: _state_v1}
 STATE_VERSIONS = frozenset(_STATE_READERS)
 
 
@@ -366,3 +385,14 @@ def record_decisions(state: RunState, decisions: dict[str, Decision]) -> RunStat
             raise StateError(f"call {call_id!r} ({call.name}) is not awaiting a decision")
     pending = tuple(replace(c, decision=decisions[c.id]) if c.id in decisions else c for c in state.pending)
     return replace(state, pending=pending)
+
+
+def record_input_answers(state: RunState, answers: dict[str, InputAnswer]) -> RunState:
+    """`state` with each call's open question answered (`answers` by call id); others unchanged."""
+    pending = []
+    for call in state.pending:
+        answer = answers.get(call.id)
+        if answer is not None and call.asking is not None and (question := call.asking.next_question):
+            call = replace(call, asking=call.asking.answered(question.key, answer))
+        pending.append(call)
+    return replace(state, pending=tuple(pending))

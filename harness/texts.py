@@ -201,6 +201,11 @@ MCP_ANSWER_TOO_LARGE = (
     "(the call did reach the server)"
 )
 MCP_EMPTY_RESULT = "(the tool returned nothing)"
+MCP_INPUT_WAITING = "(waiting: the server of {name} asked the requester for input)"
+MCP_INPUT_REFUSED = (
+    "Error: {name} asked for input this client cannot put to a person: {why}. Nothing was asked."
+)
+MCP_INPUT_ROUNDS = "Error: {name} asked for input {rounds} times in one call; the call was given up."
 IMAGE_FROM_EARLIER_TURN = "[an image from an earlier turn: no longer shown; call the tool again to see it]"
 IMAGE_OVER_TURN_BUDGET = (
     "[an image was left out: this turn's results already hold as many images as one request may]"

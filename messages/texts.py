@@ -319,3 +319,15 @@ WHY_ALWAYS_ASK = "{policy} lists it in always_ask ({glob}): a person approves ev
 WHY_SERVER_ALWAYS_ASKS = "server {server} asks a person to approve every call of this tool"
 DENIED = "⛔ {what} is denied by the policy (not run)"
 NOT_RUN_STOPPED = "⏹️ not run: the run was stopped before it"
+
+# --- a server's question to the requester (bot.listeners.inputs) ---------------------------------
+INPUT_NOT_OPEN = "This question is no longer open (the run moved on, or it was answered). Nothing was sent."
+INPUT_ONLY_REQUESTER = (
+    "Only {who}, who asked for this run, can answer what the tool's server asks. Nothing was sent."
+)
+INPUT_ALREADY_ANSWERED = "This question was already answered. Nothing more was sent."
+INPUT_EXPIRED = "Nobody answered this question in time; the server was told it was cancelled."
+INPUT_SECRET = (
+    "This question asks for a secret, which is never typed into Slack: the server must ask for it "
+    "by a link instead. You can decline it."
+)

@@ -68,6 +68,7 @@ from store.escalations import EscalationStore, ExtendOutcome, ExtendResult
 from store.grants import Grant, GrantStore, grant_slot
 from store.groups import GROUP_TTL, HANDLE_TTL, GroupStore
 from store.held import HeldStore
+from store.inputs import InputStore
 from store.keys import DAY, BadId, check_id, new_run_id
 from store.live import LiveStore
 from store.mcp_servers import McpServerStore, ServerState
@@ -125,6 +126,7 @@ class Store:
         self.audit = AuditStore(connection, self.replicas)
         self.budgets = BudgetStore(connection, self.replicas)
         self.live = LiveStore(connection, self.replicas)
+        self.inputs = InputStore(connection, self.replicas)
         self.config_source = ConfigSourceStore(connection, self.replicas)
         self.mcp_servers = McpServerStore(connection, self.replicas)
 

@@ -32,6 +32,7 @@ _ID = {
     "slot": re.compile(r"^[0-9a-f]{24}$"),
     "profile": re.compile(r"^[a-z0-9-]{1,32}$"),
     "server": re.compile(r"^[a-z0-9-]{1,32}$"),  # an MCP server's name, as the config allows it
+    "ref": re.compile(r"^[0-9a-f]{16}$"),  # a form's values kept for a call (`store.inputs`)
 }
 
 
@@ -239,6 +240,11 @@ class Keys:
         """The ts of a run's live messages still streaming or unsettled (`workers.live`): a set, so a
         successor of a driver that died stops and removes those no saved step owes a settlement."""
         return f"{PREFIX}live:{check_id('run', run_id)}"
+
+    @staticmethod
+    def input_values(run_id: str, ref: str) -> str:
+        """The values of a form a person accepted for a server's question (`store.inputs`)."""
+        return f"{PREFIX}input:{check_id('run', run_id)}:{check_id('ref', ref)}"
 
     @staticmethod
     def live_opening(run_id: str) -> str:

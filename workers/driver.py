@@ -218,6 +218,10 @@ class Driver:
         """Owe Slack the replacement of message `ts` (a card decided, the Working message closed)."""
         self._record = outbox.owe_update(self._record, ts, msg)
 
+    def owe_ephemeral(self, user: str, msg: Message) -> None:
+        """Owe Slack a message in the thread that only `user` sees."""
+        self._record = outbox.owe_ephemeral(self._record, user, msg)
+
     def owe_discard(self, ts: str) -> None:
         """Owe Slack the removal of live message `ts` from the thread (stopped, then deleted)."""
         self._record = outbox.owe_discard(self._record, ts)
@@ -330,8 +334,16 @@ class Driver:
             raise LostLease(self.run_id)
         self._record = record
 
-    def park(self, state: RunState, calls: tuple[PendingCall, ...], ttl: int, expires_at: float) -> None:
-        """Save the run awaiting decisions on `calls`, its cards owed and its expiry scheduled."""
+    def park(
+        self,
+        state: RunState,
+        calls: tuple[PendingCall, ...],
+        ttl: int,
+        expires_at: float,
+        fingerprints: dict[str, str] | None = None,
+    ) -> None:
+        """Save the run awaiting decisions on `calls`, its cards owed and its expiry scheduled.
+        `fingerprints`: what a decision of each must name (default: the call's own fingerprint)."""
         self.collect()
         self._write_besides()
         record = replace(
@@ -343,7 +355,7 @@ class Driver:
             cards={},
             parked_since=time.time(),
         )
-        fingerprints = {c.id: c.fingerprint for c in calls}
+        fingerprints = fingerprints or {c.id: c.fingerprint for c in calls}
         ids = [c.id for c in calls]
         if self.lost or not self.svc.store.parks.park(
             record, self.token, self.seconds, ids, ttl=ttl, fingerprints=fingerprints, encoder=self._encoder

@@ -61,6 +61,13 @@ def owe_update(record: RunRecord, ts: str, msg: Message) -> RunRecord:
     return replace(record, outbox=[*record.outbox, entry])
 
 
+def owe_ephemeral(record: RunRecord, user: str, msg: Message) -> RunRecord:
+    """`record` owing a message in its thread that only `user` sees (paid again after a crash, it
+    shows twice to them alone: an ephemeral message cannot be found again)."""
+    entry = {"op": "ephemeral", "user": user, "text": msg.text, "blocks": msg.blocks}
+    return replace(record, outbox=[*record.outbox, entry])
+
+
 def owe_discard(record: RunRecord, ts: str) -> RunRecord:
     """`record` owing the removal of its live message `ts` from the thread (stopped, then deleted):
     a message whose tasks can no longer follow their calls (`Driver.show_turn`)."""
@@ -152,6 +159,9 @@ def _pay(svc: Services, record: RunRecord, entry: dict[str, Any], posted: dict[s
         return None
     if op == "react":
         svc.react(record.channel, entry["ts"], entry["name"], remove=entry.get("remove"))
+        return None
+    if op == "ephemeral":
+        svc.whisper(record.channel, record.thread_ts, entry["user"], entry["text"], entry["blocks"])
         return None
     if op == "discard":  # paid twice (a driver died between), the second delete finds nothing: logged
         svc.discard_live(record.channel, entry["ts"])

@@ -63,6 +63,14 @@ class Park:
 
 
 @dataclass(frozen=True)
+class ParkForInput:
+    """`call`'s server asks the requester something: the run waits for their answer."""
+
+    state: RunState
+    call: PendingCall
+
+
+@dataclass(frozen=True)
 class ParkAtLimit:
     """A limit that asks: one card, Continue or Stop."""
 
@@ -132,6 +140,7 @@ Phase = (
     | Advance
     | Leave
     | Park
+    | ParkForInput
     | ParkAtLimit
     | Parked
     | Resume

@@ -131,6 +131,19 @@ class Services:
             log.error("could not post to %s/%s: %s", channel, thread_ts, _slack_error(exc))
             return None
 
+    def whisper(
+        self, channel: str, thread_ts: str, user: str, text: str, blocks: list[dict[str, Any]]
+    ) -> bool:
+        """A message in a thread that only `user` sees (`chat.postEphemeral`); a failure is logged."""
+        try:
+            self.slack.chat_postEphemeral(
+                channel=channel, thread_ts=thread_ts, user=user, text=text, blocks=blocks
+            )
+            return True
+        except (SlackApiError, OSError) as exc:
+            log.error("could not tell %s in %s/%s: %s", user, channel, thread_ts, _slack_error(exc))
+            return False
+
     def update(self, channel: str, ts: str, text: str, blocks: list[dict[str, Any]]) -> bool:
         """Replace a message's text AND blocks (omitted blocks would keep old buttons clickable)."""
         try:

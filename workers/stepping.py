@@ -4,6 +4,7 @@ settings now), the tier rulings and turn summaries a step owes, the figures it c
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from gates import budgets
 from harness import texts as harness_texts
@@ -18,6 +19,7 @@ from harness.state import (
     RunState,
     Status,
 )
+from harness.tools.inputs import InputAsk
 from harness.valves import Stop, Valve, token_limit
 from messages import texts, turns
 from messages.blocks import notice
@@ -80,6 +82,15 @@ def agent_of(svc: Services, driver: Driver) -> Agent:
         stop_check=stop_check,
         defer=driver.beside_next_save,
     )
+
+    def input_values(ask: InputAsk) -> dict[str, dict[str, Any]]:
+        """The values the requester sent for `ask`'s questions, taken (read, then dropped): the call
+        they go with is marked started first, so it never goes twice."""
+        refs = {key: answer.ref for key, answer in ask.answers.items() if answer.ref}
+        values = {key: svc.store.inputs.values(driver.run_id, ref) for key, ref in refs.items()}
+        svc.store.inputs.drop(driver.run_id, list(refs.values()))
+        return values
+
     return Agent.from_config(
         settings,
         catalog,
@@ -88,6 +99,7 @@ def agent_of(svc: Services, driver: Driver) -> Agent:
         stop_check=stop_check,
         budget=gate,
         tracer=tracing.run_tracer(),
+        input_values=input_values,
     )
 
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from harness import texts
 from harness.policy import PathArgs, Tier, schema_path_arguments
+from harness.tools.inputs import InputAsk, InputReply
 
 RESULT_LIMIT_CHARS = 20_000
 
@@ -40,6 +41,8 @@ class ToolContext:
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     # `[tools] allow_hidden`: off, .env and .git are not one read or write away from the model.
     allow_hidden: bool = False
+    # A call its server asked a person about goes again with the answers (`harness.tools.inputs`).
+    reply: InputReply | None = None
 
 
 Content = str | list[dict[str, Any]]
@@ -54,6 +57,8 @@ class ToolResult:
 
     content: Content
     is_error: bool = False
+    # Not an answer yet: the server asks a person first (the call goes again with the answers).
+    asks: InputAsk | None = None
 
     @property
     def text(self) -> str:
@@ -69,14 +74,18 @@ class ToolResult:
         return "\n".join(parts)
 
     def to_json(self) -> dict[str, Any]:
-        return {"content": self.content, "is_error": self.is_error}
+        data: dict[str, Any] = {"content": self.content, "is_error": self.is_error}
+        if self.asks is not None:
+            data["asks"] = self.asks.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ToolResult:
         content = data["content"]
         if not isinstance(content, list):
             content = str(content)
-        return cls(content=content, is_error=bool(data["is_error"]))
+        asks = InputAsk.from_json(data["asks"]) if isinstance(data.get("asks"), dict) else None
+        return cls(content=content, is_error=bool(data["is_error"]), asks=asks)
 
 
 Caller = Callable[[ToolContext, dict[str, Any]], "ToolResult | str"]

@@ -36,16 +36,22 @@ from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import AbstractAsyncContextManager, suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+from mcp_types import ElicitResult, InputRequiredResult
 
 from harness import texts
 from harness.config import ResolvedServer
 from harness.tools.base import ToolResult
+from harness.tools.inputs import QUESTIONS_MAX, BadInputRequest, InputAsk, InputReply, question_of
 from harness.tools.mcp_bounds import bound_stdio_reads, convert_result
 from harness.tools.mcp_command import CommandMissing
 from harness.tools.mcp_listing import SEPARATOR, Listing, McpTool, list_tools
 from harness.tools.mcp_transports import HttpTransport, SessionGuard, StdioTransport
 from harness.tools.sandbox import Sandbox, SandboxUnavailable
+
+if TYPE_CHECKING:
+    from mcp.client.session import ElicitationFnT
 
 log = logging.getLogger("harness.mcp")
 
@@ -63,6 +69,9 @@ _CLOSE_SECONDS = 5.0
 # An HTTP session at rest is pinged this often, so a server that restarted is noticed without a call.
 _PING_SECONDS = 15.0
 _PING_TIMEOUT_SECONDS = 10.0
+# A server that answers with state alone is asked again after this long, doubling (as `mcp` does).
+_STATE_ONLY_FIRST, _STATE_ONLY_MAX = 0.05, 0.25
+ROUNDS_MAX = 10  # input requests one call may make before it is answered is_error (a server looping)
 
 
 # --- the hub ---------------------------------------------------------------------------------
@@ -201,17 +210,34 @@ class McpHub:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     async def call_async(
-        self, server: str, tool: str, arguments: dict[str, Any], side_effects: bool
+        self,
+        server: str,
+        tool: str,
+        arguments: dict[str, Any],
+        side_effects: bool,
+        reply: InputReply | None = None,
     ) -> ToolResult:
         """`call`, for code already on the hub's loop (the relay)."""
         found = self._servers.get(server)
         if found is None:
             reason = "not configured"
             return ToolResult(texts.MCP_SERVER_AWAY.format(server=server, name=tool, reason=reason), True)
-        return await self._call(found, tool, arguments, side_effects)
+        return await self._call(found, tool, arguments, side_effects, reply)
 
-    def call(self, server: str, tool: str, arguments: dict[str, Any], side_effects: bool) -> ToolResult:
-        """Call `tool` on `server`; every failure is an `is_error` result, never an exception."""
+    def call(
+        self,
+        server: str,
+        tool: str,
+        arguments: dict[str, Any],
+        side_effects: bool,
+        reply: InputReply | None = None,
+    ) -> ToolResult:
+        """Call `tool` on `server`; every failure is an `is_error` result, never an exception.
+
+        `reply`: a person's answers to the input request the server made of this call before (and
+        its `requestState`), sent with the call again. A server that asks a person now answers a
+        result whose `asks` says what (`harness.tools.inputs`).
+        """
         found = self._servers.get(server)
         if found is None:
             return ToolResult(
@@ -219,7 +245,7 @@ class McpHub:
             )
         timeout = found.resolved.config.timeout_seconds
         future = asyncio.run_coroutine_threadsafe(
-            self._call(found, tool, arguments, side_effects), self._loop
+            self._call(found, tool, arguments, side_effects, reply), self._loop
         )
         try:
             return future.result(timeout + _GRACE_SECONDS)
@@ -325,13 +351,15 @@ class McpHub:
         config = resolved.config
         if config.command is not None:
             server.guard = None
-            return Client(StdioTransport(resolved, self._sandbox))
+            return Client(StdioTransport(resolved, self._sandbox), elicitation_callback=_MID_CALL)
         assert config.url is not None
         http = create_mcp_http_client(headers=dict(resolved.headers) or None)
         guard = server.guard = SessionGuard(lambda refused: self._refused(server, refused))
         hooks = http.event_hooks
         http.event_hooks = {**hooks, "response": [*hooks.get("response", []), guard.response]}
-        return Client(HttpTransport(config.url, http, streamable_http_client))
+        return Client(
+            HttpTransport(config.url, http, streamable_http_client), elicitation_callback=_mid_call_question
+        )
 
     def _refused(self, server: _Server, guard: SessionGuard) -> None:
         """The server refused the session of `guard`'s connection: open a new one now."""
@@ -356,7 +384,12 @@ class McpHub:
         return client, server.guard
 
     async def _call(
-        self, server: _Server, tool: str, arguments: dict[str, Any], side_effects: bool
+        self,
+        server: _Server,
+        tool: str,
+        arguments: dict[str, Any],
+        side_effects: bool,
+        reply: InputReply | None = None,
     ) -> ToolResult:
         qualified = f"{server.name}{SEPARATOR}{tool}"
         timeout = server.resolved.config.timeout_seconds
@@ -370,7 +403,7 @@ class McpHub:
                 )
             try:
                 left = max(0.0, deadline - asyncio.get_running_loop().time())
-                result = await asyncio.wait_for(client.call_tool(tool, arguments), left)
+                result = await asyncio.wait_for(_rounds(client, tool, arguments, reply), left)
             except TimeoutError:
                 return _timed_out(server.name, tool, timeout, side_effects)
             except Exception as exc:
@@ -382,8 +415,75 @@ class McpHub:
                     return ToolResult(text.format(server=server.name, name=qualified), True)
                 return ToolResult(texts.MCP_CALL_FAILED.format(name=qualified, error=_describe(exc)), True)
             server.served = True
+            if isinstance(result, InputRequiredResult):
+                return _asks_person(server.name, qualified, result, reply)
             return convert_result(result)
         raise AssertionError("unreachable: the second attempt always returns")
+
+
+async def _mid_call_question(context: Any, params: Any) -> ElicitResult:
+    """A question sent mid-call (`elicitation/create`, the protocol before 2026-07-28): no person
+    can answer while the call holds its worker, so it is answered cancel, said once per server.
+    Declaring the capability is what makes servers offer (and ask through) input requests."""
+    log.info(
+        "an MCP server asked a question mid-call (elicitation/create, the older protocol): "
+        "answered cancel; input requests reach a person only as 2026-07-28 input_required"
+    )
+    return ElicitResult(action="cancel")
+
+
+_MID_CALL = cast("ElicitationFnT", _mid_call_question)
+
+
+async def _rounds(client: Any, tool: str, arguments: dict[str, Any], reply: InputReply | None) -> Any:
+    """The call's result, or the input request a person must answer first.
+
+    The call is sent with `reply`'s answers and state (its first time: none). A server that answers
+    with state alone (it is still working) is asked again with that state, backing off as the MCP
+    client does; one that asks a question is answered by a person, in the run's park, not here.
+    """
+    responses = _responses(reply)
+    state = reply.state if reply is not None else None
+    delay = _STATE_ONLY_FIRST
+    while True:
+        result = await client.session.call_tool(
+            tool, arguments, input_responses=responses, request_state=state, allow_input_required=True
+        )
+        if not isinstance(result, InputRequiredResult) or result.input_requests:
+            return result
+        responses, state = None, result.request_state
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, _STATE_ONLY_MAX)
+
+
+def _responses(reply: InputReply | None) -> dict[str, ElicitResult] | None:
+    if reply is None:
+        return None
+    return {key: ElicitResult.model_validate(answer) for key, answer in reply.responses.items()}
+
+
+def _asks_person(
+    server: str, qualified: str, result: InputRequiredResult, reply: InputReply | None
+) -> ToolResult:
+    """An input request as a result that asks a person (`asks`); one this client cannot put to a
+    person (sampling, roots, a form it cannot draw, an address not https) answers `is_error`."""
+    rounds = 1 + (reply.rounds if reply is not None else 0)
+    if rounds > ROUNDS_MAX:
+        return ToolResult(texts.MCP_INPUT_ROUNDS.format(name=qualified, rounds=ROUNDS_MAX), True)
+    questions = []
+    try:
+        for key, request in list((result.input_requests or {}).items())[: QUESTIONS_MAX + 1]:
+            params = request.params.model_dump(by_alias=True, exclude_none=True) if request.params else {}
+            questions.append(question_of(str(key), str(request.method), params))
+        if len(questions) > QUESTIONS_MAX:
+            raise BadInputRequest(f"it asked more than {QUESTIONS_MAX} questions at once")
+    except BadInputRequest as exc:
+        log.info(
+            "MCP server %s: an input request of %s cannot be put to a person: %s", server, qualified, exc
+        )
+        return ToolResult(texts.MCP_INPUT_REFUSED.format(name=qualified, why=exc), True)
+    ask = InputAsk(server, tuple(questions), result.request_state, rounds=rounds)
+    return ToolResult(texts.MCP_INPUT_WAITING.format(name=qualified), asks=ask)
 
 
 def _log_up(server: _Server, tools: int, failures: int, down_for: float) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from harness import texts
 from harness.policy import Tier
 from harness.tools.base import Tool, ToolContext, ToolResult
+from harness.tools.inputs import InputReply
 from harness.tools.schemas import input_checker, schema_problem
 
 log = logging.getLogger("harness.mcp")
@@ -117,7 +118,14 @@ class McpHost(Protocol):
 
     def listing(self) -> Listing: ...
 
-    def call(self, server: str, tool: str, arguments: dict[str, Any], side_effects: bool) -> ToolResult: ...
+    def call(
+        self,
+        server: str,
+        tool: str,
+        arguments: dict[str, Any],
+        side_effects: bool,
+        reply: InputReply | None = None,
+    ) -> ToolResult: ...
 
 
 def tools_of(
@@ -143,8 +151,8 @@ def _as_tool(host: McpHost, info: McpTool, timeout: float, paths: tuple[str, ...
     else:
         own_why = ""
 
-    def call(_ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
-        return host.call(info.server, info.name, arguments, side_effects)
+    def call(ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
+        return host.call(info.server, info.name, arguments, side_effects, ctx.reply)
 
     return Tool(
         name=info.qualified,

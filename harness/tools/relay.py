@@ -43,6 +43,7 @@ from typing import Any
 
 from harness import texts
 from harness.tools.base import ToolResult
+from harness.tools.inputs import InputReply
 from harness.tools.mcp import McpHub
 from harness.tools.mcp_bounds import RELAY_LINE_MAX
 from harness.tools.mcp_listing import SEPARATOR, Listing
@@ -136,11 +137,13 @@ class RelayServer:
             if request.get("op") == "listing":
                 return {"listing": self.hub.listing().to_json()}
             if request.get("op") == "call":
+                reply = request.get("reply")
                 result = await self.hub.call_async(
                     str(request["server"]),
                     str(request["tool"]),
                     request["arguments"],
                     bool(request["side_effects"]),
+                    InputReply.from_json(reply) if isinstance(reply, dict) else None,
                 )
                 return {"result": result.to_json()}
             return {"error": f"unknown op {request.get('op')!r}"}
@@ -171,14 +174,23 @@ class RelayClient:
             log.error("MCP relay at %s cannot be reached: %s", self.path, exc)
             return Listing()
 
-    def call(self, server: str, tool: str, arguments: dict[str, Any], side_effects: bool) -> ToolResult:
-        request = {
+    def call(
+        self,
+        server: str,
+        tool: str,
+        arguments: dict[str, Any],
+        side_effects: bool,
+        reply: InputReply | None = None,
+    ) -> ToolResult:
+        request: dict[str, Any] = {
             "op": "call",
             "server": server,
             "tool": tool,
             "arguments": arguments,
             "side_effects": side_effects,
         }
+        if reply is not None:  # a person's answers: over the worker's own socket, never logged
+            request["reply"] = reply.to_json()
         try:
             answer = self._ask(request, self._call_timeout + _GRACE_SECONDS)
             return ToolResult.from_json(answer["result"])
