@@ -8,14 +8,15 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TextIO
+from dataclasses import dataclass, field, replace
+from typing import Any, TextIO
 
 from harness import release, texts
 from harness.config import Config, ConfigError, load_config
 from harness.loop import (
     Agent,
     AwaitingApproval,
+    AwaitingInput,
     AwaitingLimit,
     Event,
     Failed,
@@ -30,8 +31,9 @@ from harness.loop import (
     stop_run,
 )
 from harness.policy import Policy
-from harness.state import Decision, RunState, Verdict, new_run, record_decisions
+from harness.state import Decision, RunState, Verdict, new_run, record_decisions, record_input_answers
 from harness.tools.catalog import Catalog, open_catalog
+from harness.tools.inputs import InputAnswer, InputAsk, InputQuestion, typed_answer
 from harness.tools.undumpable import protect_process
 
 SHOWN_RESULT_CHARS = 200
@@ -67,6 +69,7 @@ class Terminal:
     def __init__(self, out: TextIO, ask: Callable[[str], str]) -> None:
         self.out = out
         self.ask = ask
+        self.values: dict[str, dict[str, Any]] = {}  # a form's values, by reference, until sent
 
     def show(self, event: Event) -> None:
         if isinstance(event, ToolsRequested):
@@ -94,6 +97,55 @@ class Terminal:
             decisions[call.id] = Decision(Verdict.APPROVED if approved else Verdict.DECLINED, by="terminal")
         return decisions
 
+    def answer(self, outcome: AwaitingInput) -> InputAnswer:
+        """The person's answer to the question the call's server asks; its values kept here (for
+        `values`), never in the state. A closed stdin, or an empty first answer, cancels."""
+        call = outcome.call
+        assert call.asking is not None
+        question = call.asking.next_question
+        assert question is not None
+        self.say(
+            texts.CLI_INPUT_ASKS.format(server=call.asking.server, name=call.name, message=question.message)
+        )
+        try:
+            if question.mode == "url":
+                self.say(texts.CLI_INPUT_URL.format(url=question.url))
+                done = self.ask(texts.CLI_INPUT_URL_DONE).strip().lower()
+                return InputAnswer("accept" if done in APPROVING_ANSWERS - {""} else "decline", by="terminal")
+            if question.secret_fields:  # typed here it would sit in the terminal's scrollback
+                self.say(texts.CLI_INPUT_SECRET.format(fields=", ".join(question.secret_fields)))
+                return InputAnswer("decline", by="terminal")
+            values = self._form(question)
+        except EOFError:  # no one at the terminal
+            self.say("")
+            return InputAnswer("cancel", by="terminal")
+        if values is None:
+            return InputAnswer("decline", by="terminal")
+        ref = f"{len(self.values):016x}"
+        self.values[ref] = values
+        return InputAnswer("accept", by="terminal", ref=ref)
+
+    def _form(self, question: InputQuestion) -> dict[str, Any] | None:
+        """Each field asked in turn, typed by its schema; None: declined (an `n` to the first)."""
+        if self.ask(texts.CLI_INPUT_ANSWER).strip().lower() in ("n", "no"):
+            return None
+        values: dict[str, Any] = {}
+        for name, spec in question.fields.items():
+            while True:
+                raw = self.ask(texts.CLI_INPUT_FIELD.format(name=name, kind=spec.get("type", "string")))
+                if not raw.strip() and name not in question.required:
+                    break
+                try:
+                    values[name] = typed_answer(raw.strip(), spec)
+                    break
+                except ValueError as exc:
+                    self.say(f"  {exc}")
+        return values
+
+    def values_of(self, ask: InputAsk) -> dict[str, dict[str, Any]]:
+        """What was typed for `ask`'s answers (`Agent.input_values`), taken: it goes once."""
+        return {k: self.values.pop(a.ref, {}) for k, a in ask.answers.items() if a.ref}
+
     def keep_going(self, outcome: AwaitingLimit) -> bool:
         """Whether to continue past a limit ([limits] on_limit = "ask"); a closed stdin stops."""
         prompt = texts.CLI_LIMIT_PROMPT.format(question=outcome.question, more=outcome.more)
@@ -109,7 +161,9 @@ class Terminal:
 
 
 def run_in_terminal(task: str, agent: Agent, terminal: Terminal) -> tuple[RunState, Outcome]:
-    """Drive one run to its end, asking the terminal for every approval."""
+    """Drive one run to its end, asking the terminal for every approval (and every question a
+    tool's server asks)."""
+    agent = replace(agent, input_values=terminal.values_of)
     result = step(new_run(task), agent)
     while True:
         for event in result.events:
@@ -122,6 +176,8 @@ def run_in_terminal(task: str, agent: Agent, terminal: Terminal) -> tuple[RunSta
             continue
         if isinstance(outcome, AwaitingApproval):
             state = record_decisions(state, terminal.decide(outcome))
+        elif isinstance(outcome, AwaitingInput):
+            state = record_input_answers(state, {outcome.call.id: terminal.answer(outcome)})
         elif outcome is not None:
             return state, outcome
         result = step(state, agent)

@@ -119,6 +119,14 @@ CLI_APPROVE_PROMPT = (
     "[approve] About to run high-impact action {name}({args}) — Enter to allow / type n to decline: "
 )
 CLI_STOPPED = "[turn {turn}] {reason}"
+CLI_INPUT_ASKS = "[input] {server} asks, before {name} can go on: {message}"
+CLI_INPUT_URL = "[input] Open {url} and finish there."
+CLI_INPUT_URL_DONE = "[input] Type y once finished / Enter to decline: "
+CLI_INPUT_SECRET = (
+    "[input] It asks for a secret ({fields}) in a form: declined (a server should ask for one by a link)."
+)
+CLI_INPUT_ANSWER = "[input] Enter to answer / type n to decline: "
+CLI_INPUT_FIELD = "  {name} ({kind}): "
 CLI_LIMIT_PROMPT = "[limit] {question} Continue with {more}? Enter to continue / type n to stop: "
 CLI_NO_API_KEY = (
     "error: ANTHROPIC_API_KEY is not set. Create a key at "

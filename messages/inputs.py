@@ -17,11 +17,10 @@ text, escaped, cut to Slack's limits, never as a link or a mention.
 
 from __future__ import annotations
 
-import re
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from harness.tools.inputs import InputAsk, InputQuestion
+from harness.tools.inputs import InputAsk, InputQuestion, is_date, typed_answer
 from messages.blocks import Message, context, fit, scaled, section
 from messages.limits import MODAL_BLOCKS_MAX, PRIVATE_METADATA_MAX, SECTION_MAX
 from messages.text import inert, inline, mention, plain, slack_date
@@ -31,7 +30,6 @@ TEXT_VALUE_MAX = 3000  # Slack's plain_text_input max_length
 OPTIONS_MAX = 100  # a static select's options
 LABEL_MAX = 2000
 HINT_MAX = 2000
-_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 
 
 def input_value(run_id: str, call_id: str, question_id: str) -> str:
@@ -194,7 +192,7 @@ def _element(spec: dict[str, Any]) -> dict[str, Any]:
     fmt = spec.get("format")
     if fmt == "date":
         element = {"type": "datepicker", "action_id": "value"}
-        if isinstance(default, str) and _is_date(default):
+        if isinstance(default, str) and is_date(default):
             element["initial_date"] = default
         return element
     kinds = {"email": "email_text_input", "uri": "url_text_input"}
@@ -269,59 +267,20 @@ def _read(raw: dict[str, Any], spec: dict[str, Any]) -> Any:
         choices = {o["value"] for o in _choices(spec)}
         if text not in choices:
             raise ValueError("Choose from the list.")
-        return _typed(text, spec)
+        return typed_answer(text, spec)
     if element == "datepicker":
         picked = raw.get("selected_date")
-        return str(picked) if isinstance(picked, str) and _is_date(picked) else None
+        return str(picked) if isinstance(picked, str) and is_date(picked) else None
     text = raw.get("value")
     if not isinstance(text, str) or not text.strip():
         return None
-    return _typed(text.strip() if kind in ("number", "integer") else text, spec)
-
-
-def _typed(text: str, spec: dict[str, Any]) -> Any:
-    """`text` as the schema's type, within its bounds; ValueError says what is wrong."""
-    kind = spec.get("type")
-    if kind in ("number", "integer"):
-        try:
-            number: int | float = int(text) if kind == "integer" else float(text)
-        except ValueError:
-            raise ValueError("Enter a whole number." if kind == "integer" else "Enter a number.") from None
-        low, high = spec.get("minimum"), spec.get("maximum")
-        if isinstance(low, int | float) and number < low:
-            raise ValueError(f"At least {low}.")
-        if isinstance(high, int | float) and number > high:
-            raise ValueError(f"At most {high}.")
-        return number
-    if kind == "boolean":
-        return text == "true"
-    shortest, longest = spec.get("minLength"), spec.get("maxLength")
-    if isinstance(shortest, int) and len(text) < shortest:
-        raise ValueError(f"At least {shortest} characters.")
-    if isinstance(longest, int) and len(text) > longest:
-        raise ValueError(f"At most {longest} characters.")
-    fmt = spec.get("format")
-    if fmt == "email" and not _EMAIL.fullmatch(text):
-        raise ValueError("Enter an email address.")
-    if fmt == "uri" and not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://\S+$", text):
-        raise ValueError("Enter an address (https://…).")
-    if fmt == "date" and not _is_date(text):
-        raise ValueError("Enter a date (YYYY-MM-DD).")
-    return text
+    return typed_answer(text.strip() if kind in ("number", "integer") else text, spec)
 
 
 def _mapping(value: Any) -> dict[str, Any]:
     """`value` when it is a dict (a payload's part), else an empty one: nothing from outside is
     trusted to have the shape Slack documents."""
     return value if isinstance(value, dict) else {}
-
-
-def _is_date(text: str) -> bool:
-    try:
-        date.fromisoformat(text)
-    except ValueError:
-        return False
-    return len(text) == 10
 
 
 def _plain(text: str) -> dict[str, Any]:

@@ -16,7 +16,9 @@ never the run's record, a log, the audit or a trace.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field, replace
+from datetime import date
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -28,6 +30,7 @@ ACTIONS: tuple[Action, ...] = ("accept", "decline", "cancel")
 _SECRET_FORMATS = frozenset({"password"})
 _SECRET_FLAGS = ("writeOnly", "x-secret", "secret", "sensitive")
 
+EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 QUESTIONS_MAX = 8  # questions in one round; more is a server misbehaving (answered with an error)
 MESSAGE_MAX = 2_000  # characters of a question's message kept (a card shows less)
 FIELDS_MAX = 20  # fields of one form (a Slack modal holds 100 blocks; a person, far fewer)
@@ -227,3 +230,43 @@ def question_of(key: str, method: str, params: dict[str, Any]) -> InputQuestion:
         if kind not in ("string", "number", "integer", "boolean", "array"):
             raise BadInputRequest(f"its field {name!r} is of a type a form cannot ask ({kind!r})")
     return question
+
+
+def typed_answer(text: str, spec: dict[str, Any]) -> Any:
+    """`text`, typed by a person for a field of `spec`, as the schema's type within its bounds;
+    ValueError says, in a few words for the person, what is wrong."""
+    kind = spec.get("type")
+    if kind in ("number", "integer"):
+        try:
+            number: int | float = int(text) if kind == "integer" else float(text)
+        except ValueError:
+            raise ValueError("Enter a whole number." if kind == "integer" else "Enter a number.") from None
+        low, high = spec.get("minimum"), spec.get("maximum")
+        if isinstance(low, int | float) and number < low:
+            raise ValueError(f"At least {low}.")
+        if isinstance(high, int | float) and number > high:
+            raise ValueError(f"At most {high}.")
+        return number
+    if kind == "boolean":
+        return text == "true"
+    shortest, longest = spec.get("minLength"), spec.get("maxLength")
+    if isinstance(shortest, int) and len(text) < shortest:
+        raise ValueError(f"At least {shortest} characters.")
+    if isinstance(longest, int) and len(text) > longest:
+        raise ValueError(f"At most {longest} characters.")
+    fmt = spec.get("format")
+    if fmt == "email" and not EMAIL.fullmatch(text):
+        raise ValueError("Enter an email address.")
+    if fmt == "uri" and not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://\S+$", text):
+        raise ValueError("Enter an address (https://…).")
+    if fmt == "date" and not is_date(text):
+        raise ValueError("Enter a date (YYYY-MM-DD).")
+    return text
+
+
+def is_date(text: str) -> bool:
+    try:
+        date.fromisoformat(text)
+    except ValueError:
+        return False
+    return len(text) == 10

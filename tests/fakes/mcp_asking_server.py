@@ -78,7 +78,9 @@ def book_room(room: str, ctx: Context[Any, Any]) -> str | InputRequiredResult:
     if answer["action"] != "accept":
         return f"Room {room} was not booked: the person chose {answer['action']}."
     values = answer.get("content") or {}
-    return f"Booked room {room} for {values.get('title')!r}, {values.get('people')} people."
+    # Its title is not echoed: a test then shows the typed values reach nothing but the server.
+    size = len(str(values.get("title")))
+    return f"Booked room {room}: a {size}-character title, {values.get('people')} people."
 
 
 @server.tool()

@@ -75,7 +75,7 @@ def test_a_form_question_comes_back_as_an_ask_and_the_answers_reach_the_server(
     ctx = ToolContext(workspace=tmp_path, reply=reply_to(ask, values))
     done = registry.run("rooms__book_room", {"room": "4B"}, ctx)
     assert done.asks is None and not done.is_error
-    assert done.content == "Booked room 4B for 'Planning', 5 people."
+    assert done.content == "Booked room 4B: a 8-character title, 5 people."
     second = rounds(log)[-1]
     assert second["state"] == "booking:4B"  # the state went back exactly as it came (the server unsealed it)
     assert second["answers"]["booking"] == {"action": "accept", "content": values["booking"]}
