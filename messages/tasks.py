@@ -66,6 +66,10 @@ def task_line(call: PendingCall, *, running: bool = False, waiting: bool = False
         return TaskLine(title, ERROR if result.is_error else COMPLETE, said, output)
     if (never := _never_runs(call)) is not None:
         return TaskLine(title, ERROR, (*said, never))
+    if call.waits_for_input and call.asking is not None:  # its server asked a person something
+        return TaskLine(
+            title, PENDING, (*said, texts.TASK_WAITING_INPUT.format(server=plain(call.asking.server, 40)))
+        )
     if waiting and call.decision is None:
         return TaskLine(title, PENDING, (texts.TASK_WAITING,))
     return TaskLine(title, IN_PROGRESS if running or call.started else PENDING, said)

@@ -276,6 +276,7 @@ STATUS_WORKING = "is working on it…"
 # A call's task in a streamed message (messages.tasks): plain text, each sentence true from when
 # it is said on, as Slack adds a task's new details to what it showed.
 TASK_WAITING = "Waiting for approval: see its card below."
+TASK_WAITING_INPUT = "Waiting for the requester to answer what {server} asks."
 TASK_APPROVED = "Approved."
 TASK_APPROVED_EDITED = "Approved with edited arguments."
 TASK_GRANT_USED = "Let run by a standing grant."

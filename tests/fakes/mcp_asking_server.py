@@ -25,7 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import ElicitRequest, ElicitRequestFormParams, ElicitRequestURLParams, InputRequiredResult
+from mcp_types import (
+    CreateMessageRequest,
+    CreateMessageRequestParams,
+    ElicitRequest,
+    ElicitRequestFormParams,
+    ElicitRequestURLParams,
+    InputRequiredResult,
+    SamplingMessage,
+    TextContent,
+)
 
 server = MCPServer("rooms")
 
@@ -123,6 +132,32 @@ def ask_twice(ctx: Context[Any, Any]) -> str | InputRequiredResult:
         return _form("second", "Your favourite colour?", colour, "two:" + str(got.get("name")))
     got = (answers.get("second") or {}).get("content") or {}
     return f"{state.removeprefix('two:')} likes {got.get('colour')}."
+
+
+@server.tool()
+def ask_hostile(kind: str, ctx: Context[Any, Any]) -> str | InputRequiredResult:
+    """Ask what a client must refuse: `sampling` (an LLM call), `http` (a page not over https),
+    `many` (more questions than a person is asked at once), `forever` (it never stops asking)."""
+    answers = _round("ask_hostile", {"kind": kind}, ctx)
+    if kind == "sampling":
+        params = CreateMessageRequestParams(
+            messages=[SamplingMessage(role="user", content=TextContent(type="text", text="hi"))], max_tokens=5
+        )
+        return InputRequiredResult(
+            input_requests={"s": CreateMessageRequest(params=params)}, request_state="s"
+        )
+    if kind == "http":
+        params_url = ElicitRequestURLParams(message="Go here", url="http://plain.example.com/login")
+        return InputRequiredResult(input_requests={"u": ElicitRequest(params=params_url)}, request_state="u")
+    if kind == "many":
+        schema = {"type": "object", "properties": {"x": {"type": "string"}}}
+        requests = {
+            f"q{i}": ElicitRequest(params=ElicitRequestFormParams(message=f"{i}?", requested_schema=schema))
+            for i in range(20)
+        }
+        return InputRequiredResult(input_requests=requests, request_state="m")
+    schema = {"type": "object", "properties": {"x": {"type": "string"}}}
+    return _form(f"again{len(answers)}", "Once more?", schema, f"forever:{ctx.request_state}")
 
 
 if __name__ == "__main__":

@@ -159,3 +159,48 @@ def test_the_loop_parks_on_the_question_and_goes_on_with_the_answer(
         result = step(result.state, agent)
         assert isinstance(result.outcome, Finished) and result.outcome.answer == "Ann likes teal."
     assert len(rounds(log)) == 3
+
+
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [
+        ("sampling", "it asked for 'sampling/createMessage', which this client does not offer"),
+        ("http", "it asked the person to visit an address that is not https"),
+        ("many", "it asked more than 8 questions at once"),
+    ],
+)
+def test_a_question_no_person_may_be_asked_is_an_error_and_asks_nobody(
+    rooms: tuple[Catalog, McpHub, Path], kind: str, why: str
+) -> None:
+    catalog, _, tmp_path = rooms
+    said = catalog.registry().run("rooms__ask_hostile", {"kind": kind}, ToolContext(workspace=tmp_path))
+    assert said.is_error and said.asks is None
+    assert (
+        said.content
+        == f"Error: rooms__ask_hostile asked for input this client cannot put to a person: {why}. Nothing was asked."
+    )
+
+
+def test_a_server_that_never_stops_asking_is_given_up_after_ten_rounds(
+    rooms: tuple[Catalog, McpHub, Path], log: Path
+) -> None:
+    catalog, _, tmp_path = rooms
+    registry = catalog.registry()
+    result = registry.run("rooms__ask_hostile", {"kind": "forever"}, ToolContext(workspace=tmp_path))
+    answered = 0
+    while result.asks is not None:
+        ask = result.asks
+        question = ask.next_question
+        assert question is not None
+        ask = ask.answered(question.key, InputAnswer("accept", by="UANN", ref="r"))
+        reply = reply_to(ask, {question.key: {"x": "y"}})
+        result = registry.run(
+            "rooms__ask_hostile", {"kind": "forever"}, ToolContext(workspace=tmp_path, reply=reply)
+        )
+        answered += 1
+    assert answered == 10 and result.is_error
+    assert (
+        result.content
+        == "Error: rooms__ask_hostile asked for input 10 times in one call; the call was given up."
+    )
+    assert len(rounds(log)) == 11
