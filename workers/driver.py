@@ -16,15 +16,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
-
-import redis
 
 from harness.state import NewerRecord, PendingCall, RunState, StateError
 from messages import texts, turns
 from messages.blocks import Message, notice
-from messages.metadata import LIVE_KEY, tagged
 from store import (
     DAY,
     FINISHED_RUN_TTL,
@@ -39,6 +36,7 @@ from store import (
 )
 from workers import outbox, thread_status
 from workers.live import LiveView
+from workers.live_ledger import RunLedger
 from workers.services import Services
 
 log = logging.getLogger(__name__)
@@ -431,7 +429,7 @@ class Driver:
         if self._live is None:
             record = self._record
             where = (record.channel, record.thread_ts, record.team, record.requester)
-            ledger = _Ledger(self.svc, self.run_id)
+            ledger = RunLedger(self.svc, self.run_id)
             self._live = LiveView(self.svc.courtesy_slack, self.svc.live_streams, where, ledger=ledger)
         return self._live
 
@@ -572,31 +570,3 @@ class _Courier:
                 with self.idle:
                     self.pending -= 1
                     self.idle.notify_all()
-
-
-@dataclass(frozen=True)
-class _Ledger:
-    """Where a driver's live messages are written down (`workers.live.LiveLedger`, `store.live`)."""
-
-    svc: Services
-    run_id: str
-
-    @property
-    def tag(self) -> dict[str, Any]:
-        return tagged(self.run_id, LIVE_KEY)
-
-    def opening(self) -> None:
-        self.svc.store.live.opening(self.run_id)
-
-    def opened(self, ts: str) -> None:
-        """Recorded before anything can owe its settlement, so a driver after a crash finds it."""
-        try:
-            self.svc.store.live.opened(self.run_id, ts)
-        except redis.RedisError as exc:  # Redis away (a failover): the stream goes on regardless
-            log.warning(
-                "run %s: live message %s is not recorded (%s): this driver settles it; a driver "
-                "after a crash looks for it in the thread",
-                self.run_id,
-                ts,
-                exc,
-            )

@@ -41,12 +41,10 @@ from harness.state import (
     Verdict,
     new_run,
     record_decisions,
-    record_input_answers,
 )
 from harness.stops import stop_mid_turn
-from harness.tools.inputs import Action, InputAnswer, cancelled
 from harness.valves import Stop, Valve
-from messages import cards, endings, inputs, texts, turns
+from messages import cards, endings, texts, turns
 from messages.text import plural
 from observe import metrics, tracing
 from runtime.queue import RUN_JOB_TIMEOUT
@@ -59,7 +57,7 @@ from store import (
     RunStatus,
     Store,
 )
-from workers import granting, newer, outbox, park_cards, thread_status
+from workers import granting, newer, outbox, park_cards, questions, thread_status
 from workers.driver import Driver, park_ttl
 from workers.phases import (
     Advance,
@@ -114,7 +112,7 @@ def _next(svc: Services, driver: Driver, phase: Phase) -> Phase | Gone:
         case Park(state=state, agent=agent, calls=calls):
             return _park(svc, driver, state, agent, calls)
         case ParkForInput(state=state, call=call):
-            return _park_for_input(svc, driver, state, call)
+            return questions.park(svc, driver, state, call)
         case ParkAtLimit(state=state, outcome=limit):
             return _park_at_limit(svc, driver, state, limit)
         case Parked():
@@ -361,80 +359,11 @@ def _parked(svc: Services, driver: Driver) -> Phase | Gone:
     return Resume(state, view)
 
 
-def _park_for_input(svc: Services, driver: Driver, state: RunState, call: PendingCall) -> Parked:
-    """Park on the question `call`'s server asks the requester: a prompt only they see, a note for
-    everyone, and the park, whose one answer (or its expiry) is the question's."""
-    ask, question = call.asking, call.asking.next_question if call.asking else None
-    assert ask is not None and question is not None  # the loop parks only on an open question
-    minutes = svc.settings_of(driver.record).approvals.expire_after_minutes
-    expires_at = datetime.now(UTC) + timedelta(minutes=minutes)
-    record = driver.record
-    driver.amend(expires_at=expires_at.timestamp(), extensions=0, call_tools={})
-    driver.seal_for_park((call,))
-    note = inputs.input_note(
-        run_id=record.run_id,
-        call_id=call.id,
-        tool=call.name,
-        ask=ask,
-        question=question,
-        requester=record.requester,
-    )
-    driver.owe(note, role=outbox.CARD, call=call.id)
-    prompt = inputs.input_prompt(
-        run_id=record.run_id,
-        call_id=call.id,
-        tool=call.name,
-        ask=ask,
-        question=question,
-        expires_at=expires_at,
-    )
-    driver.owe_ephemeral(record.requester, prompt)
-    fingerprints = {call.id: ask.question_id(question)}
-    driver.park(state, (call,), park_ttl(minutes), expires_at.timestamp(), fingerprints=fingerprints)
-    driver.deliver()
-    driver.hand_parked_live()
-    driver.show(thread_status.Phase.WAITING)
-    log.info("run %s: parked on a question of MCP server %s (%s)", record.run_id, ask.server, question.mode)
-    return Parked()
-
-
-def _resume_input(svc: Services, driver: Driver, state: RunState, view: ParkView) -> Phase:
-    """The requester answered (or the park expired: cancel): the answer goes in the state, the
-    note shows it, and the call goes again, with its answers, once every question has one."""
-    record, decisions = driver.record, view.decisions
-    waiting = state.waiting_for_input
-    if set(decisions) != {c.id for c in waiting}:
-        return _refuse(driver, texts.DECISIONS_DO_NOT_MATCH)
-    answers, now = {}, datetime.now(UTC)
-    for call in waiting:
-        decision = decisions[call.id]
-        assert decision is not None and call.asking is not None  # `_parked` resumes when all are in
-        action = _INPUT_ACTIONS[decision.verdict]
-        ref = decision.reason if action == "accept" else None  # the values' reference (`store.inputs`)
-        answers[call.id] = InputAnswer(action, by=decision.by, ref=ref)
-        if call.id in record.cards:
-            settled = inputs.input_settled(
-                ask=call.asking, tool=call.name, outcome=action, by=decision.by, at=now
-            )
-            driver.owe_update(record.cards[call.id], settled)
-        log.info("run %s: the question of %s was answered: %s", record.run_id, call.asking.server, action)
-    state = record_input_answers(state, answers)
-    driver.beside_next_save(svc.store.threads.resumed(driver.record, RUN_JOB_TIMEOUT))
-    driver.save(status=RunStatus.RUNNING, state=state.to_json(), expires_at=None, call_tools={})
-    return Advance(state)
-
-
-_INPUT_ACTIONS: dict[Verdict, Action] = {
-    Verdict.APPROVED: "accept",
-    Verdict.DECLINED: "decline",
-    Verdict.EXPIRED: "cancel",
-}
-
-
 def _resume(svc: Services, driver: Driver, state: RunState, view: ParkView) -> Phase:
     """Resume with every decision in the state; the cards show them while the approved calls run."""
     if state.waiting_for_input:
-        return _resume_input(svc, driver, state, view)
+        answered = questions.resume(svc, driver, state, view)
+        return _refuse(driver, texts.DECISIONS_DO_NOT_MATCH) if answered is None else Advance(answered)
     record, decisions = driver.record, view.decisions
     if set(decisions) != {c.id for c in state.awaiting}:
         return _refuse(driver, texts.DECISIONS_DO_NOT_MATCH)
@@ -571,7 +500,7 @@ def _stop_parked(svc: Services, driver: Driver, by: str) -> End:
         return _refuse(driver, str(exc))
     _owe_stopped_cards(svc, driver, state, by)
     svc.store.parks.forget(record)
-    _cancel_questions(svc, driver, state)
+    questions.cancel(svc, driver, state)
     if tracing.current() is not None and state.status is Status.AWAITING_APPROVAL:
         view = svc.store.parks.view(record.run_id, record.park_id)
         tracing.approvals_waited(
@@ -593,24 +522,6 @@ def _stop_parked(svc: Services, driver: Driver, by: str) -> End:
     return End(RunStatus.STOPPED, Valve.STOPPED_BY_USER)
 
 
-def _cancel_questions(svc: Services, driver: Driver, state: RunState) -> None:
-    """Tell each server still waiting for a person's answer that none will come (the call again,
-    answered cancel); what it answers is not the model's any more: the run stops."""
-    waiting = state.waiting_for_input
-    if not waiting:
-        return
-    agent = agent_of(svc, driver)
-    for call in waiting:
-        assert call.asking is not None
-        result = agent.tools.run(call.name, call.input, replace(agent.context, reply=cancelled(call.asking)))
-        log.info(
-            "run %s: told %s its question was cancelled (%s)",
-            driver.run_id,
-            call.asking.server,
-            "it answered an error" if result.is_error else "it answered",
-        )
-
-
 def _owe_stopped_cards(svc: Services, driver: Driver, state: RunState, by: str) -> None:
     """Every card of the park not yet showing its decision shows the Stop, without buttons."""
     record, now = driver.record, datetime.now(UTC)
@@ -623,8 +534,8 @@ def _owe_stopped_cards(svc: Services, driver: Driver, state: RunState, by: str) 
             msg = cards.limit_decided(
                 question=record.limit_ask().question, verdict=Verdict.DECLINED, by=by, at=now, more=""
             )
-        elif call_id in calls and (asking := calls[call_id].asking) is not None:
-            msg = inputs.input_settled(ask=asking, tool=calls[call_id].name, outcome="stopped", by=by, at=now)
+        elif call_id in calls and calls[call_id].asking is not None:
+            msg = questions.stopped_note(calls[call_id], by, now)
         elif call_id in calls:
             msg = cards.card_stopped(call=calls[call_id], requester=record.requester, by=by, at=now)
         elif call_id == BATCH:

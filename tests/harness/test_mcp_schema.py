@@ -41,7 +41,9 @@ class Recorder:
     def listing(self) -> Listing:
         return Listing()
 
-    def call(self, server: str, tool: str, arguments: dict[str, Any], side_effects: bool) -> ToolResult:
+    def call(
+        self, server: str, tool: str, arguments: dict[str, Any], side_effects: bool, reply: Any = None
+    ) -> ToolResult:
         self.sent.append(arguments)
         return ToolResult("done")
 

@@ -185,7 +185,9 @@ class Desk:
     def listing(self) -> Listing:
         return Listing(tools=self.tools)
 
-    def call(self, server: str, tool: str, arguments: dict[str, Any], side_effects: bool) -> ToolResult:
+    def call(
+        self, server: str, tool: str, arguments: dict[str, Any], side_effects: bool, reply: Any = None
+    ) -> ToolResult:
         raise AssertionError("nothing runs here")
 
 

@@ -80,6 +80,13 @@ def test_a_run_state_of_every_version_loads(version: int) -> None:
     assert state.status is Status.AWAITING_APPROVAL and state.turns == 1
     decided = state.pending[2].decision
     assert decided is not None and decided.approvers == ("UANN", "UBEN")
+    if version >= 2:  # a call whose server asked a person: its second question still open
+        asking = state.pending[3].asking
+        assert asking is not None and asking.server == "rooms" and asking.rounds == 2
+        question = asking.next_question
+        assert question is not None and question.mode == "url" and question.domain == "auth.example.com"
+        assert state.waiting_for_input == (state.pending[3],)
+        assert RunState.loads(state.dumps()) == state
 
 
 @pytest.mark.parametrize("version", sorted(HISTORY_VERSIONS))
