@@ -26,6 +26,7 @@ from messages.limits import MODAL_BLOCKS_MAX, PRIVATE_METADATA_MAX, SECTION_MAX
 from messages.text import inert, inline, mention, plain, slack_date
 
 BUTTON_VALUE_MAX = 2000
+MID_CALL = "mid-call"  # what the buttons of a question asked mid-call name in place of a call id
 TEXT_VALUE_MAX = 3000  # Slack's plain_text_input max_length
 OPTIONS_MAX = 100  # a static select's options
 LABEL_MAX = 2000
@@ -46,10 +47,18 @@ def _asks(ask: InputAsk, question: InputQuestion, tool: str, limit: int) -> str:
 
 
 def input_prompt(
-    *, run_id: str, call_id: str, tool: str, ask: InputAsk, question: InputQuestion, expires_at: datetime
+    *,
+    run_id: str,
+    call_id: str,
+    tool: str,
+    ask: InputAsk,
+    question: InputQuestion,
+    expires_at: datetime,
+    question_id: str | None = None,
 ) -> Message:
-    """The requester's prompt (ephemeral): the question, and how to answer it."""
-    value = input_value(run_id, call_id, ask.question_id(question))
+    """The requester's prompt (ephemeral): the question, and how to answer it. `question_id`: what
+    its answer binds to (default: the question's id in `ask`; a mid-call question has its own)."""
+    value = input_value(run_id, call_id, question_id or ask.question_id(question))
     decline = _button("decline_input", "Decline", value, style="danger")
     secret = question.secret_fields if question.mode == "form" else ()
     when = f"Unanswered by {slack_date(expires_at)}, the server is told it was cancelled."
@@ -89,7 +98,14 @@ def input_prompt(
 
 
 def input_note(
-    *, run_id: str, call_id: str, tool: str, ask: InputAsk, question: InputQuestion, requester: str
+    *,
+    run_id: str,
+    call_id: str,
+    tool: str,
+    ask: InputAsk,
+    question: InputQuestion,
+    requester: str,
+    question_id: str | None = None,
 ) -> Message:
     """What everyone sees while the run waits for the requester's answer (never the URL)."""
     who = mention(requester)
@@ -97,7 +113,7 @@ def input_note(
     line += "the run waits for their answer (only they can give it)."
     blocks: list[dict[str, Any]] = [section(line)]
     if question.mode == "form" and not question.secret_fields:
-        value = input_value(run_id, call_id, ask.question_id(question))
+        value = input_value(run_id, call_id, question_id or ask.question_id(question))
         blocks.append({"type": "actions", "elements": [_button("provide_input", "Answer…", value)]})
     return Message(text=plain(f"{ask.server} asked the requester something", 300), blocks=blocks)
 
@@ -120,10 +136,16 @@ def input_settled(*, ask: InputAsk, tool: str, outcome: str, by: str | None, at:
 
 
 def input_modal(
-    *, run_id: str, call_id: str, ask: InputAsk, question: InputQuestion, tool: str
+    *,
+    run_id: str,
+    call_id: str,
+    ask: InputAsk,
+    question: InputQuestion,
+    tool: str,
+    question_id: str | None = None,
 ) -> dict[str, Any]:
     """The form of `question` as a modal (`mcp_input`): one input per field, `block_id` its name."""
-    metadata = input_value(run_id, call_id, ask.question_id(question))
+    metadata = input_value(run_id, call_id, question_id or ask.question_id(question))
     if len(metadata) > PRIVATE_METADATA_MAX:
         raise ValueError(f"private_metadata of {len(metadata)} characters exceeds {PRIVATE_METADATA_MAX}")
     blocks: list[dict[str, Any]] = [section(_asks(ask, question, tool, SECTION_MAX))]
@@ -217,9 +239,10 @@ def _choices(spec: dict[str, Any]) -> list[dict[str, Any]]:
         names: list[Any] = found_names if isinstance(found_names, list) else []
         values = [str(v) for v in spec["enum"]][:OPTIONS_MAX]
         return [_option(str(names[i]) if i < len(names) else v, v) for i, v in enumerate(values)]
-    if isinstance(spec.get("oneOf"), list):
-        found = [o for o in spec["oneOf"] if isinstance(o, dict) and "const" in o][:OPTIONS_MAX]
-        return [_option(str(o.get("title") or o["const"]), str(o["const"])) for o in found]
+    for key in ("oneOf", "anyOf"):  # titled choices: `const` with a `title` each
+        if isinstance(spec.get(key), list):
+            found = [o for o in spec[key] if isinstance(o, dict) and "const" in o][:OPTIONS_MAX]
+            return [_option(str(o.get("title") or o["const"]), str(o["const"])) for o in found]
     return []
 
 

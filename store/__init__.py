@@ -83,6 +83,7 @@ from store.parks import (
     ParkView,
     Settled,
 )
+from store.questions import QuestionStore
 from store.records import (
     AUDIT_PREVIEW_CHARS,
     ENDED,
@@ -127,6 +128,7 @@ class Store:
         self.budgets = BudgetStore(connection, self.replicas)
         self.live = LiveStore(connection, self.replicas)
         self.inputs = InputStore(connection, self.replicas)
+        self.questions = QuestionStore(connection, self.replicas)
         self.config_source = ConfigSourceStore(connection, self.replicas)
         self.mcp_servers = McpServerStore(connection, self.replicas)
 

@@ -242,6 +242,21 @@ class Keys:
         return f"{PREFIX}live:{check_id('run', run_id)}"
 
     @staticmethod
+    def question(run_id: str, question_id: str) -> str:
+        """A question a server asks in the middle of a call, while the call waits (`store.questions`)."""
+        return f"{PREFIX}question:{check_id('run', run_id)}:{check_id('ref', question_id)}"
+
+    @staticmethod
+    def question_answers(run_id: str, question_id: str) -> str:
+        """The answer to that question, on its way to the worker that waits for it (a list)."""
+        return f"{PREFIX}question-answer:{check_id('run', run_id)}:{check_id('ref', question_id)}"
+
+    @staticmethod
+    def question_answered(run_id: str, question_id: str) -> str:
+        """Set by the first answer to that question: any later one changes nothing."""
+        return f"{PREFIX}question-answered:{check_id('run', run_id)}:{check_id('ref', question_id)}"
+
+    @staticmethod
     def input_values(run_id: str, ref: str) -> str:
         """The values of a form a person accepted for a server's question (`store.inputs`)."""
         return f"{PREFIX}input:{check_id('run', run_id)}:{check_id('ref', ref)}"

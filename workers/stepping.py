@@ -4,6 +4,7 @@ settings now), the tier rulings and turn summaries a step owes, the figures it c
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from gates import budgets
@@ -91,7 +92,7 @@ def agent_of(svc: Services, driver: Driver) -> Agent:
         svc.store.inputs.drop(driver.run_id, list(refs.values()))
         return values
 
-    return Agent.from_config(
+    agent = Agent.from_config(
         settings,
         catalog,
         client=svc.model,
@@ -101,6 +102,8 @@ def agent_of(svc: Services, driver: Driver) -> Agent:
         tracer=tracing.run_tracer(),
         input_values=input_values,
     )
+    # A server's question in the middle of a call is put to this run's requester (`workers.mid_call`).
+    return replace(agent, context=replace(agent.context, who=driver.run_id))
 
 
 def record_rulings(svc: Services, driver: Driver, events: tuple[Event, ...], agent: Agent) -> None:

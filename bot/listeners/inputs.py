@@ -35,8 +35,9 @@ from bot.listening import (
     tell_clicker,
 )
 from harness.state import Decision, PendingCall, StateError, Verdict
-from harness.tools.inputs import InputQuestion
+from harness.tools.inputs import InputAsk, InputQuestion
 from messages import inputs, texts
+from messages.inputs import MID_CALL
 from store import DecideOutcome, RunStatus, check_id
 
 log = logging.getLogger(__name__)
@@ -57,11 +58,20 @@ class InputRef:
         return cls(check_id("run", run_id), check_id("call", call_id), check_id("fingerprint", question_id))
 
 
-def _opening() -> Opening[InputRef]:
+@dataclass(frozen=True)
+class _Asked:
+    """The question a click answers: one a parked call waits on (`call`), or one a server asks
+    while its call waits (`call` None: the older protocol's, in `store.questions`)."""
+
+    question: InputQuestion
+    server: str
+    tool: str
+    call: PendingCall | None = None
+
+
+def _opening(deps: BotDeps) -> Opening[InputRef]:
     def still_waiting(click: Click[InputRef]) -> Reply | None:
-        if click.record.status is not RunStatus.AWAITING_APPROVAL or _asked(click) is None:
-            return texts.INPUT_NOT_OPEN
-        return None
+        return texts.INPUT_NOT_OPEN if _asked(deps, click) is None else None
 
     def the_requester(click: Click[InputRef]) -> Reply | None:
         if click.clicker.user == click.record.requester:
@@ -77,19 +87,37 @@ def _opening() -> Opening[InputRef]:
     )
 
 
-def _asked(click: Click[InputRef]) -> tuple[PendingCall, InputQuestion] | None:
-    """The call the answer names and the question it waits on, if that is the question the
-    button showed; None when the run moved on (or the button is forged)."""
+def _asked(deps: BotDeps, click: Click[InputRef]) -> _Asked | None:
+    """The question the click answers, if it is still open and is the one its button showed;
+    None when the run moved on (or the button is forged)."""
+    record, ref = click.record, click.ref
+    if ref.call_id == MID_CALL:
+        if record.status is not RunStatus.RUNNING:
+            return None
+        kept = deps.store.questions.get(record.run_id, ref.question_id)
+        if (
+            kept is None
+            or kept.get("requester") != record.requester
+            or not isinstance(kept.get("question"), dict)
+        ):
+            return None
+        try:
+            question = InputQuestion.from_json(kept["question"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return _Asked(question, str(kept.get("server") or ""), str(kept.get("tool") or ""))
+    if record.status is not RunStatus.AWAITING_APPROVAL:
+        return None
     try:
-        call = next((c for c in click.record.run_state().pending if c.id == click.ref.call_id), None)
+        call = next((c for c in record.run_state().pending if c.id == ref.call_id), None)
     except StateError:
         return None
     if call is None or not call.waits_for_input or call.asking is None:
         return None
-    question = call.asking.next_question
-    if question is None or call.asking.question_id(question) != click.ref.question_id:
+    waiting = call.asking.next_question
+    if waiting is None or call.asking.question_id(waiting) != ref.question_id:
         return None
-    return call, question
+    return _Asked(waiting, call.asking.server, call.name, call)
 
 
 def _answer(
@@ -99,27 +127,33 @@ def _answer(
     context: BoltContext,
     values: dict[str, Any] | None = None,
 ) -> None:
-    """Record the requester's answer as the park's decision on the call (once), and resume the run.
+    """Record the requester's answer, once: a parked call's as the park's decision on it (the run
+    resumes), a mid-call question's handed to the worker that waits for it.
 
-    An accepted form's `values` are kept first (`store.inputs`), under a reference the decision
-    carries; a second answer finds the decision made and changes nothing (its values expire)."""
+    A parked call's accepted form's `values` are kept first (`store.inputs`), under a reference the
+    decision carries; a second answer finds the decision made and changes nothing (its values
+    expire). The audit keeps who answered, how, and the names of the fields, never their values."""
     record, ref = click.record, click.ref
-    asked = _asked(click)
+    asked = _asked(deps, click)
     if asked is None:
         context[REPLY] = texts.INPUT_NOT_OPEN
         return
-    call, question = asked
+    names = ", ".join(sorted(values or {}))[:300]
+    kind = "input request" if asked.call is not None else "mid-call question"
+    said = (
+        f"{asked.question.mode}, fields answered: {names or 'none'}"
+        if verdict is Verdict.APPROVED
+        else asked.question.mode
+    )
+    audit = record.audit_fields(asked.call)
+    audit["tier_why"] = f"{kind} of MCP server {asked.server}: {said}"
+    if asked.call is None:
+        _answer_mid_call(deps, click, verdict, context, values, {**audit, "tool": asked.tool})
+        return
     kept = None
     if values is not None:
         ttl = int(deps.settings_of(record).approvals.expire_after_minutes * 60)  # `keep` adds a day
         kept = deps.store.inputs.keep(record.run_id, values, ttl)
-    names = ", ".join(sorted(values or {}))[:300]
-    audit = record.audit_fields(call)
-    audit["tier_why"] = f"input request of MCP server {call.asking.server if call.asking else ''}: " + (
-        f"{question.mode}, fields answered: {names or 'none'}"
-        if verdict is Verdict.APPROVED
-        else question.mode
-    )
     decision = Decision(verdict, by=click.clicker.user, reason=kept)
     result = deps.store.parks.decide(
         record.run_id, record.park_id, ref.call_id, decision, audit=audit, fingerprint=ref.question_id
@@ -136,6 +170,27 @@ def _answer(
         context[REPLY] = texts.INPUT_ALREADY_ANSWERED
 
 
+def _answer_mid_call(
+    deps: BotDeps,
+    click: Click[InputRef],
+    verdict: Verdict,
+    context: BoltContext,
+    values: dict[str, Any] | None,
+    audit: dict[str, Any],
+) -> None:
+    """Hand the answer to the worker whose call waits for it, if it is the first; audit it."""
+    record, ref, user = click.record, click.ref, click.clicker.user
+    action = "accept" if verdict is Verdict.APPROVED else "decline"
+    answer: dict[str, Any] = {"action": action, "by": user}
+    if values is not None:
+        answer["content"] = values
+    if not deps.store.questions.answer(record.run_id, ref.question_id, answer):
+        context[REPLY] = texts.INPUT_ALREADY_ANSWERED
+        return
+    entry = {"run_id": record.run_id, "call_id": MID_CALL, **audit, "verdict": verdict.value, "by": user}
+    deps.store.audit.append(entry)
+
+
 def _on_provide(deps: BotDeps) -> Callable[..., None]:
     def on_provide(
         ack: Ack, body: dict[str, Any], action: dict[str, Any], context: BoltContext, client: WebClient
@@ -143,14 +198,14 @@ def _on_provide(deps: BotDeps) -> Callable[..., None]:
         ack()
         clicker, channel = clicker_and_channel(body)
         context["reply_channel"], context["reply_user"] = channel, clicker.user
-        click = open_click(deps, _opening(), action.get("value"), clicker, channel, context)
+        click = open_click(deps, _opening(deps), action.get("value"), clicker, channel, context)
         if click is None:
             return
-        asked = _asked(click)
+        asked = _asked(deps, click)
         if asked is None:
             context[REPLY] = texts.INPUT_NOT_OPEN
             return
-        call, question = asked
+        question = asked.question
         if question.mode == "url":  # "I've finished": nothing to carry, the server knows what was done
             _answer(deps, click, Verdict.APPROVED, context)
             return
@@ -158,11 +213,16 @@ def _on_provide(deps: BotDeps) -> Callable[..., None]:
             context[REPLY] = texts.INPUT_SECRET
             return
         trigger_id = body.get("trigger_id")
-        if not isinstance(trigger_id, str) or call.asking is None:
+        if not isinstance(trigger_id, str):
             context[REPLY] = texts.INPUT_NOT_OPEN
             return
         view = inputs.input_modal(
-            run_id=click.record.run_id, call_id=call.id, ask=call.asking, question=question, tool=call.name
+            run_id=click.record.run_id,
+            call_id=click.ref.call_id,
+            ask=InputAsk(asked.server, (question,)),
+            question=question,
+            tool=asked.tool,
+            question_id=click.ref.question_id,
         )
         client.views_open(trigger_id=trigger_id, view=view)
 
@@ -174,7 +234,7 @@ def _on_decline(deps: BotDeps) -> Callable[..., None]:
         ack()
         clicker, channel = clicker_and_channel(body)
         context["reply_channel"], context["reply_user"] = channel, clicker.user
-        click = open_click(deps, _opening(), action.get("value"), clicker, channel, context)
+        click = open_click(deps, _opening(deps), action.get("value"), clicker, channel, context)
         if click is not None:
             _answer(deps, click, Verdict.DECLINED, context)
 
@@ -187,17 +247,17 @@ def _on_submitted(deps: BotDeps) -> Callable[..., None]:
     def on_submitted(ack: Ack, body: dict[str, Any], view: dict[str, Any], context: BoltContext) -> None:
         clicker = Clicker.of(body)
         context["reply_user"] = clicker.user
-        click = open_click(deps, _opening(), view.get("private_metadata"), clicker, None, context)
+        click = open_click(deps, _opening(deps), view.get("private_metadata"), clicker, None, context)
         if click is None:
             ack()
             return
         context["reply_channel"] = click.record.channel
-        asked = _asked(click)
+        asked = _asked(deps, click)
         if asked is None:
             ack()
             context[REPLY] = texts.INPUT_NOT_OPEN
             return
-        _, question = asked
+        question = asked.question
         if question.mode != "form" or question.secret_fields:
             ack()
             context[REPLY] = texts.INPUT_SECRET if question.secret_fields else texts.INPUT_NOT_OPEN

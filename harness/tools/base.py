@@ -43,6 +43,8 @@ class ToolContext:
     allow_hidden: bool = False
     # A call its server asked a person about goes again with the answers (`harness.tools.inputs`).
     reply: InputReply | None = None
+    # The run a call is for: who a server's question in the middle of the call is put to.
+    who: str | None = None
 
 
 Content = str | list[dict[str, Any]]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import date
 from typing import Any, Literal
@@ -176,6 +177,22 @@ class InputReply:
         return cls(
             {str(k): dict(v) for k, v in responses.items()}, state if isinstance(state, str) else None, rounds
         )
+
+
+@dataclass(frozen=True)
+class MidCallQuestion:
+    """A question a server of the protocol before 2026-07-28 asks while its call waits for the
+    answer (`elicitation/create`): the call cannot park, so a person is asked while it waits."""
+
+    who: str  # the run the call is for
+    server: str
+    tool: str
+    question: InputQuestion
+    seconds: float  # how long the call may still wait for the answer
+
+
+# What answers a mid-call question: an ElicitResult as JSON (`action`, and `content` for a form).
+PersonAsker = Callable[[MidCallQuestion], Awaitable[dict[str, Any]]]
 
 
 def is_secret(spec: dict[str, Any]) -> bool:

@@ -29,6 +29,7 @@ hub: the supervisors, the sessions they keep, and the calls made over them.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -43,9 +44,10 @@ from mcp_types import ElicitResult, InputRequiredResult
 from harness import texts
 from harness.config import ResolvedServer
 from harness.tools.base import ToolResult
-from harness.tools.inputs import QUESTIONS_MAX, BadInputRequest, InputAsk, InputReply, question_of
+from harness.tools.inputs import InputReply, PersonAsker
 from harness.tools.mcp_bounds import bound_stdio_reads, convert_result
 from harness.tools.mcp_command import CommandMissing
+from harness.tools.mcp_inputs import asks_person, mid_call, rounds
 from harness.tools.mcp_listing import SEPARATOR, Listing, McpTool, list_tools
 from harness.tools.mcp_transports import HttpTransport, SessionGuard, StdioTransport
 from harness.tools.sandbox import Sandbox, SandboxUnavailable
@@ -69,9 +71,6 @@ _CLOSE_SECONDS = 5.0
 # An HTTP session at rest is pinged this often, so a server that restarted is noticed without a call.
 _PING_SECONDS = 15.0
 _PING_TIMEOUT_SECONDS = 10.0
-# A server that answers with state alone is asked again after this long, doubling (as `mcp` does).
-_STATE_ONLY_FIRST, _STATE_ONLY_MAX = 0.05, 0.25
-ROUNDS_MAX = 10  # input requests one call may make before it is answered is_error (a server looping)
 
 
 # --- the hub ---------------------------------------------------------------------------------
@@ -92,6 +91,9 @@ class _Server:
     failures: int = 0  # tries in a row that failed, since it was last up
     logged: str = ""  # the reason last logged at WARNING: the same again goes to DEBUG
     since: float = field(default_factory=time.time)  # when it last went up or down (wall clock)
+    # The calls in flight on it: (the run each is for, the tool, its deadline on the hub's loop),
+    # so a question the server asks mid-call (the older protocol) reaches the run's requester.
+    in_flight: dict[int, tuple[str | None, str, float]] = field(default_factory=dict)
 
     def lose(self, reason: str, *, recovering: bool = False) -> None:
         """The session is dead: calls stop using it, and the supervisor opens another."""
@@ -119,10 +121,17 @@ class McpHub:
     """Warm sessions to every configured MCP server, on a loop thread of the hub's own."""
 
     def __init__(
-        self, servers: Sequence[ResolvedServer], *, hidden: Sequence[str] = (), state_dir: str | None = None
+        self,
+        servers: Sequence[ResolvedServer],
+        *,
+        hidden: Sequence[str] = (),
+        state_dir: str | None = None,
+        ask_person: PersonAsker | None = None,
     ) -> None:
         """`hidden`: directories no stdio server may see into (the relay's; `harness.tools.sandbox`);
-        `state_dir`: where stdio servers' own directories are kept (`harness.tools.walls`)."""
+        `state_dir`: where stdio servers' own directories are kept (`harness.tools.walls`);
+        `ask_person`: who answers a question a server asks in the middle of a call (the older
+        protocol's `elicitation/create`): none, and every such question is answered cancel."""
         bound_stdio_reads()  # what a server sends is read in linear time, up to a limit
         self._servers = {s.config.name: _Server(s) for s in servers}
         self._loop = asyncio.new_event_loop()
@@ -131,6 +140,8 @@ class McpHub:
         self._tasks: list[asyncio.Task[None]] = []
         self._sandbox = Sandbox(hidden=tuple(hidden), state_dir=state_dir)
         self._stopping = asyncio.Event()
+        self._ask_person = ask_person
+        self._calls = itertools.count()
 
     @property
     def server_names(self) -> tuple[str, ...]:
@@ -216,13 +227,14 @@ class McpHub:
         arguments: dict[str, Any],
         side_effects: bool,
         reply: InputReply | None = None,
+        who: str | None = None,
     ) -> ToolResult:
         """`call`, for code already on the hub's loop (the relay)."""
         found = self._servers.get(server)
         if found is None:
             reason = "not configured"
             return ToolResult(texts.MCP_SERVER_AWAY.format(server=server, name=tool, reason=reason), True)
-        return await self._call(found, tool, arguments, side_effects, reply)
+        return await self._call(found, tool, arguments, side_effects, reply, who)
 
     def call(
         self,
@@ -231,12 +243,14 @@ class McpHub:
         arguments: dict[str, Any],
         side_effects: bool,
         reply: InputReply | None = None,
+        who: str | None = None,
     ) -> ToolResult:
         """Call `tool` on `server`; every failure is an `is_error` result, never an exception.
 
         `reply`: a person's answers to the input request the server made of this call before (and
         its `requestState`), sent with the call again. A server that asks a person now answers a
-        result whose `asks` says what (`harness.tools.inputs`).
+        result whose `asks` says what (`harness.tools.inputs`). `who`: the run the call is for, to
+        whom a question the server asks in the middle of the call is put (the older protocol).
         """
         found = self._servers.get(server)
         if found is None:
@@ -245,7 +259,7 @@ class McpHub:
             )
         timeout = found.resolved.config.timeout_seconds
         future = asyncio.run_coroutine_threadsafe(
-            self._call(found, tool, arguments, side_effects, reply), self._loop
+            self._call(found, tool, arguments, side_effects, reply, who), self._loop
         )
         try:
             return future.result(timeout + _GRACE_SECONDS)
@@ -351,15 +365,29 @@ class McpHub:
         config = resolved.config
         if config.command is not None:
             server.guard = None
-            return Client(StdioTransport(resolved, self._sandbox), elicitation_callback=_MID_CALL)
+            return Client(StdioTransport(resolved, self._sandbox), elicitation_callback=self._asker(server))
         assert config.url is not None
         http = create_mcp_http_client(headers=dict(resolved.headers) or None)
         guard = server.guard = SessionGuard(lambda refused: self._refused(server, refused))
         hooks = http.event_hooks
         http.event_hooks = {**hooks, "response": [*hooks.get("response", []), guard.response]}
         return Client(
-            HttpTransport(config.url, http, streamable_http_client), elicitation_callback=_mid_call_question
+            HttpTransport(config.url, http, streamable_http_client), elicitation_callback=self._asker(server)
         )
+
+    def _asker(self, server: _Server) -> ElicitationFnT:
+        """The server's `elicitation_callback`: declaring it is what makes servers offer (and ask
+        through) input requests; a question sent mid-call (the older protocol) is `_mid_call`'s."""
+
+        async def asked(context: Any, params: Any) -> ElicitResult:
+            return await self._mid_call(server, params)
+
+        return cast("ElicitationFnT", asked)
+
+    async def _mid_call(self, server: _Server, params: Any) -> ElicitResult:
+        """A question the server asks while a call of it waits: `mcp_inputs.mid_call`'s."""
+        calls = list(server.in_flight.values())
+        return await mid_call(server.name, server.resolved.config.describe(), calls, params, self._ask_person)
 
     def _refused(self, server: _Server, guard: SessionGuard) -> None:
         """The server refused the session of `guard`'s connection: open a new one now."""
@@ -390,10 +418,28 @@ class McpHub:
         arguments: dict[str, Any],
         side_effects: bool,
         reply: InputReply | None = None,
+        who: str | None = None,
+    ) -> ToolResult:
+        timeout = server.resolved.config.timeout_seconds
+        deadline = asyncio.get_running_loop().time() + timeout
+        token = next(self._calls)
+        server.in_flight[token] = (who, tool, deadline)
+        try:
+            return await self._attempts(server, tool, arguments, side_effects, reply, deadline)
+        finally:
+            server.in_flight.pop(token, None)
+
+    async def _attempts(
+        self,
+        server: _Server,
+        tool: str,
+        arguments: dict[str, Any],
+        side_effects: bool,
+        reply: InputReply | None,
+        deadline: float,
     ) -> ToolResult:
         qualified = f"{server.name}{SEPARATOR}{tool}"
         timeout = server.resolved.config.timeout_seconds
-        deadline = asyncio.get_running_loop().time() + timeout
         for attempt in (1, 2):
             client, guard = await self._session(server, deadline)
             if client is None:
@@ -403,7 +449,7 @@ class McpHub:
                 )
             try:
                 left = max(0.0, deadline - asyncio.get_running_loop().time())
-                result = await asyncio.wait_for(_rounds(client, tool, arguments, reply), left)
+                result = await asyncio.wait_for(rounds(client, tool, arguments, reply), left)
             except TimeoutError:
                 return _timed_out(server.name, tool, timeout, side_effects)
             except Exception as exc:
@@ -416,74 +462,9 @@ class McpHub:
                 return ToolResult(texts.MCP_CALL_FAILED.format(name=qualified, error=_describe(exc)), True)
             server.served = True
             if isinstance(result, InputRequiredResult):
-                return _asks_person(server.name, qualified, result, reply)
+                return asks_person(server.name, qualified, result, reply)
             return convert_result(result)
         raise AssertionError("unreachable: the second attempt always returns")
-
-
-async def _mid_call_question(context: Any, params: Any) -> ElicitResult:
-    """A question sent mid-call (`elicitation/create`, the protocol before 2026-07-28): no person
-    can answer while the call holds its worker, so it is answered cancel, said once per server.
-    Declaring the capability is what makes servers offer (and ask through) input requests."""
-    log.info(
-        "an MCP server asked a question mid-call (elicitation/create, the older protocol): "
-        "answered cancel; input requests reach a person only as 2026-07-28 input_required"
-    )
-    return ElicitResult(action="cancel")
-
-
-_MID_CALL = cast("ElicitationFnT", _mid_call_question)
-
-
-async def _rounds(client: Any, tool: str, arguments: dict[str, Any], reply: InputReply | None) -> Any:
-    """The call's result, or the input request a person must answer first.
-
-    The call is sent with `reply`'s answers and state (its first time: none). A server that answers
-    with state alone (it is still working) is asked again with that state, backing off as the MCP
-    client does; one that asks a question is answered by a person, in the run's park, not here.
-    """
-    responses = _responses(reply)
-    state = reply.state if reply is not None else None
-    delay = _STATE_ONLY_FIRST
-    while True:
-        result = await client.session.call_tool(
-            tool, arguments, input_responses=responses, request_state=state, allow_input_required=True
-        )
-        if not isinstance(result, InputRequiredResult) or result.input_requests:
-            return result
-        responses, state = None, result.request_state
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, _STATE_ONLY_MAX)
-
-
-def _responses(reply: InputReply | None) -> dict[str, ElicitResult] | None:
-    if reply is None:
-        return None
-    return {key: ElicitResult.model_validate(answer) for key, answer in reply.responses.items()}
-
-
-def _asks_person(
-    server: str, qualified: str, result: InputRequiredResult, reply: InputReply | None
-) -> ToolResult:
-    """An input request as a result that asks a person (`asks`); one this client cannot put to a
-    person (sampling, roots, a form it cannot draw, an address not https) answers `is_error`."""
-    rounds = 1 + (reply.rounds if reply is not None else 0)
-    if rounds > ROUNDS_MAX:
-        return ToolResult(texts.MCP_INPUT_ROUNDS.format(name=qualified, rounds=ROUNDS_MAX), True)
-    questions = []
-    try:
-        for key, request in list((result.input_requests or {}).items())[: QUESTIONS_MAX + 1]:
-            params = request.params.model_dump(by_alias=True, exclude_none=True) if request.params else {}
-            questions.append(question_of(str(key), str(request.method), params))
-        if len(questions) > QUESTIONS_MAX:
-            raise BadInputRequest(f"it asked more than {QUESTIONS_MAX} questions at once")
-    except BadInputRequest as exc:
-        log.info(
-            "MCP server %s: an input request of %s cannot be put to a person: %s", server, qualified, exc
-        )
-        return ToolResult(texts.MCP_INPUT_REFUSED.format(name=qualified, why=exc), True)
-    ask = InputAsk(server, tuple(questions), result.request_state, rounds=rounds)
-    return ToolResult(texts.MCP_INPUT_WAITING.format(name=qualified), asks=ask)
 
 
 def _log_up(server: _Server, tools: int, failures: int, down_for: float) -> None:

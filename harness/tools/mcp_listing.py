@@ -125,6 +125,7 @@ class McpHost(Protocol):
         arguments: dict[str, Any],
         side_effects: bool,
         reply: InputReply | None = None,
+        who: str | None = None,
     ) -> ToolResult: ...
 
 
@@ -152,7 +153,7 @@ def _as_tool(host: McpHost, info: McpTool, timeout: float, paths: tuple[str, ...
         own_why = ""
 
     def call(ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
-        return host.call(info.server, info.name, arguments, side_effects, ctx.reply)
+        return host.call(info.server, info.name, arguments, side_effects, ctx.reply, ctx.who)
 
     return Tool(
         name=info.qualified,

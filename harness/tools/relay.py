@@ -144,6 +144,7 @@ class RelayServer:
                     request["arguments"],
                     bool(request["side_effects"]),
                     InputReply.from_json(reply) if isinstance(reply, dict) else None,
+                    str(request["who"]) if isinstance(request.get("who"), str) else None,
                 )
                 return {"result": result.to_json()}
             return {"error": f"unknown op {request.get('op')!r}"}
@@ -181,6 +182,7 @@ class RelayClient:
         arguments: dict[str, Any],
         side_effects: bool,
         reply: InputReply | None = None,
+        who: str | None = None,
     ) -> ToolResult:
         request: dict[str, Any] = {
             "op": "call",
@@ -191,6 +193,8 @@ class RelayClient:
         }
         if reply is not None:  # a person's answers: over the worker's own socket, never logged
             request["reply"] = reply.to_json()
+        if who is not None:
+            request["who"] = who
         try:
             answer = self._ask(request, self._call_timeout + _GRACE_SECONDS)
             return ToolResult.from_json(answer["result"])

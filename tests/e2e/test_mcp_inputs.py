@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -280,3 +281,74 @@ def test_the_terminal_asks_the_question_field_by_field_and_sends_the_answers(tmp
         "action": "accept",
         "content": {"title": "Standup", "people": 4, "contact": "bo@example.com"},
     }
+
+
+# --- a question asked mid-call: server-everything speaks the 2025 protocol (`elicitation/create`) ---
+
+EVERYTHING = ROOT / ".ci" / "node_modules" / ".bin" / "mcp-server-everything"
+
+
+@pytest.fixture
+def everything_stack(redis_url: str, tmp_path: Path) -> Iterator[Stack]:
+    require_bwrap()
+    if not (os.access(EVERYTHING, os.X_OK) and shutil.which("node")):
+        pytest.skip(
+            f"@modelcontextprotocol/server-everything is not installed at {EVERYTHING}: `bash .ci/run` installs it"
+        )
+    config = (
+        f'[[mcp.servers]]\nname = "ev"\ncommand = {json.dumps(str(EVERYTHING))}\nargs = ["stdio"]\n'
+        'timeout_seconds = 60\n[policy]\ndefault = "allow"\n'
+    )
+    with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
+        stack = Stack(redis_url, slack, model, tmp_path, config=config)
+        try:
+            stack.start_bot()
+            stack.start_worker()
+            yield stack
+        finally:
+            stack.stop()
+
+
+def test_a_question_asked_mid_call_is_answered_by_the_requester_while_the_call_waits(
+    everything_stack: Stack,
+) -> None:
+    stack = everything_stack
+    stack.model.script(reply(tool_use("ev__trigger-elicitation-request", {})), reply(text("Thanks, noted.")))
+    _, ts, _ = stack.mention("ask me", channel="C61", user="UANN")
+    prompt = prompt_for(stack, "UANN")
+    note = wait_text(stack, "C61", ts, "asked the requester something")
+    assert stack.click(note, "provide_input", user="UBEN") == 200  # not the requester
+    wait_until(lambda: any(e["user"] == "UBEN" and "Only" in e["text"] for e in stack.slack.ephemerals))
+    assert stack.click(prompt, "provide_input", user="UANN") == 200
+    opened = wait_until(lambda: stack.slack.views, 30)[-1]["view"]
+    fields = {b["block_id"] for b in opened["blocks"] if b["type"] == "input"}
+    assert {
+        "name",
+        "check",
+        "email",
+        "integer",
+        "untitledSingleSelectEnum",
+        "titledMultipleSelectEnum",
+    } <= fields
+    state = {
+        "name": {"value": {"type": "plain_text_input", "value": SECRET_TITLE}},
+        "check": {"value": {"type": "radio_buttons", "selected_option": {"value": "true"}}},
+        "integer": {"value": {"type": "number_input", "value": "7"}},
+    }
+    status, body = submit(stack, opened, state)
+    assert status == 200 and "errors" not in body, body
+    wait_text(stack, "C61", ts, "Thanks, noted.")
+    results = [
+        b
+        for m in stack.model.requests[-1]["messages"]
+        for b in (m["content"] if isinstance(m["content"], list) else [])
+        if b.get("type") == "tool_result"
+    ]
+    said = json.dumps(results[-1]["content"])
+    assert f"- Name: {SECRET_TITLE}" in said and "- Agreed to terms: true" in said
+    assert submit(stack, opened, state)[0] == 200  # a second answer changes nothing
+    wait_until(lambda: any("no longer open" in e["text"] for e in stack.slack.ephemerals))
+    conn = redis.Redis.from_url(stack.redis_url)
+    assert "mid-call question of MCP server ev" in str(conn.xrange("harness:audit"))
+    for process in stack.processes:
+        assert SECRET_TITLE not in process.output()

@@ -27,6 +27,7 @@ from harness.policy import Tier
 from harness.state import new_run
 from harness.tools import ToolContext
 from harness.tools.catalog import Catalog
+from harness.tools.inputs import MidCallQuestion
 from harness.tools.mcp import McpHub
 from tests.conftest import make_agent
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
@@ -353,3 +354,51 @@ def test_mcp_server_git_works_on_the_repository_it_is_given(tmp_path: Path) -> N
         assert not added.is_error, added.content
     staged = subprocess.run([*git, "diff", "--cached", "--name-only"], capture_output=True, text=True)
     assert staged.stdout.strip() == "a.txt"
+
+
+# --- a question asked mid-call (server-everything speaks the 2025 protocol: `elicitation/create`) ---
+
+
+def test_a_question_asked_mid_call_reaches_the_asker_for_the_calls_run_and_its_answer_the_server(
+    tmp_path: Path,
+) -> None:
+    if not (os.access(EVERYTHING, os.X_OK) and shutil.which("node")):
+        pytest.skip(NO_EVERYTHING)
+    asked: list[MidCallQuestion] = []
+
+    async def person(question: MidCallQuestion) -> dict[str, Any]:
+        asked.append(question)
+        return {"action": "accept", "content": {"name": "Ann Example", "check": True, "integer": 7}}
+
+    toml = f'[[mcp.servers]]\nname = "ev"\ncommand = {json.dumps(str(EVERYTHING))}\nargs = ["stdio"]\n'
+    config = config_of(tmp_path, toml)
+    with McpHub(config.resolved_servers({}), ask_person=person) as hub:
+        registry = Catalog.from_config(config, host=hub).registry()
+        assert "ev__trigger-elicitation-request" in registry.names()  # offered: elicitation is declared
+        ctx = ToolContext(workspace=tmp_path, who="a" * 32)
+        said = registry.run("ev__trigger-elicitation-request", {}, ctx)
+        (question,) = asked
+        assert question.who == "a" * 32 and question.tool == "ev__trigger-elicitation-request"
+        assert question.question.mode == "form" and "name" in question.question.fields
+        assert 0 < question.seconds <= 30
+        assert (
+            not said.is_error
+            and "- Name: Ann Example" in said.text
+            and "- Agreed to terms: true" in said.text
+        )
+        # No run to ask (the terminal's own hub would pass one): the server hears cancel at once.
+        said = registry.run("ev__trigger-elicitation-request", {}, ToolContext(workspace=tmp_path))
+        assert len(asked) == 1 and not said.is_error and "cancel" in said.text.lower()
+
+
+def test_a_mid_call_question_nobody_can_answer_is_cancelled_without_waiting(tmp_path: Path) -> None:
+    if not (os.access(EVERYTHING, os.X_OK) and shutil.which("node")):
+        pytest.skip(NO_EVERYTHING)
+    toml = f'[[mcp.servers]]\nname = "ev"\ncommand = {json.dumps(str(EVERYTHING))}\nargs = ["stdio"]\n'
+    config = config_of(tmp_path, toml)
+    with McpHub(config.resolved_servers({})) as hub:  # no asker: nobody to put it to
+        registry = Catalog.from_config(config, host=hub).registry()
+        said = registry.run(
+            "ev__trigger-elicitation-request", {}, ToolContext(workspace=tmp_path, who="a" * 32)
+        )
+        assert not said.is_error and "cancel" in said.text.lower()

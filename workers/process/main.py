@@ -53,6 +53,7 @@ from store import DAY, RunStatus, Store
 from workers import jobs, newer
 from workers.driver import lease_seconds
 from workers.mcp_health import ServerReports
+from workers.mid_call import MidCallQuestions
 from workers.process import horses
 from workers.process.slots import Slots
 from workers.services import InForce, Services
@@ -257,7 +258,11 @@ def work() -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    hub, relay = _start_mcp(svc, servers)
+    in_force: InForce | None = None  # set below, before any job can call a server
+    asker = MidCallQuestions(
+        lambda: in_force.services if in_force is not None else svc, Store(redis_connection())
+    )
+    hub, relay = _start_mcp(svc, servers, asker)
     reports = ServerReports(hub.health) if hub is not None else None
     if relay is not None:
         svc = replace(svc, catalog=_relayed(svc, relay))
@@ -377,7 +382,7 @@ def _serve_horse(in_force: InForce, limits: horses.Limits, slots: int = 1) -> in
 
 
 def _start_mcp(
-    svc: Services, servers: tuple[ResolvedServer, ...]
+    svc: Services, servers: tuple[ResolvedServer, ...], asker: MidCallQuestions | None = None
 ) -> tuple[McpHub | None, RelayServer | None]:
     """Open every MCP session here, in the worker, for its whole life, and serve them to its jobs.
 
@@ -390,7 +395,7 @@ def _start_mcp(
         return None, None
     guard_forks()  # RQ forks a horse per job while the hub may be spawning a stdio server
     directory = private_directory()
-    hub = McpHub(servers, hidden=(directory,)).start()
+    hub = McpHub(servers, hidden=(directory,), ask_person=asker).start()
     return hub, RelayServer(hub, directory).start()
 
 
