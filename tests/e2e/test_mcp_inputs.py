@@ -292,9 +292,8 @@ EVERYTHING = ROOT / ".ci" / "node_modules" / ".bin" / "mcp-server-everything"
 def everything_stack(redis_url: str, tmp_path: Path) -> Iterator[Stack]:
     require_bwrap()
     if not (os.access(EVERYTHING, os.X_OK) and shutil.which("node")):
-        pytest.skip(
-            f"@modelcontextprotocol/server-everything is not installed at {EVERYTHING}: `bash .ci/run` installs it"
-        )
+        missing = f"@modelcontextprotocol/server-everything is not installed at {EVERYTHING}"
+        pytest.skip(f"{missing}: `bash .ci/run` installs it")
     config = (
         f'[[mcp.servers]]\nname = "ev"\ncommand = {json.dumps(str(EVERYTHING))}\nargs = ["stdio"]\n'
         'timeout_seconds = 60\n[policy]\ndefault = "allow"\n'
