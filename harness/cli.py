@@ -212,7 +212,8 @@ def budgets_line(settings: Config) -> str:
 
 
 def list_tools(catalog: Catalog, policy: Policy, out: TextIO) -> int:
-    """`--list-tools`: one `NAME<TAB>TIER<TAB>WHY` line per tool offered."""
+    """`--list-tools`: one `NAME<TAB>TIER<TAB>WHY` line per tool offered, then a `# left out:` line
+    per tool of an MCP server that its `include_tools` / `exclude_tools` leave out."""
     for found in catalog.registry():
         ruling = policy.decide(found.name, {}, found.own_tier, found.own_tier_why, found.always_ask_why)
         others = [r for r in policy.rules_for(found.name) if r.args]
@@ -221,6 +222,8 @@ def list_tools(catalog: Catalog, policy: Policy, out: TextIO) -> int:
             numbers = ", ".join(f"policy.rules[{r.number}]" for r in others)
             why += texts.CLI_RULES_MAY_DECIDE.format(rules=numbers)
         print(f"{found.name}\t{ruling.tier.value}\t{why}", file=out)
+    for name, left_out_by in sorted(catalog.left_out().items()):
+        print(texts.CLI_LEFT_OUT.format(name=name, why=left_out_by), file=out)
     return 0
 
 

@@ -150,6 +150,8 @@ CLI_BUDGET_TOKENS = "{tokens:,} tokens a day"
 CLI_NO_BUDGET = "none"
 WHY_NOT_OFFERED_HERE = "not offered under {where}: answered as an error, never run"
 CLI_RULES_MAY_DECIDE = "; {rules} may decide a call by its arguments"
+# `--list-tools`, after the tool lines: a tool of an MCP server its globs leave out (never offered).
+CLI_LEFT_OUT = "# left out: {name} ({why})"
 CLI_EXPLAIN_BAD_JSON = "error: --explain-call: the arguments are not a JSON object: {error}"
 CLI_INTERRUPTED = "Interrupted: stopped cleanly; no tool was left running."
 

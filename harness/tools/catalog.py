@@ -134,6 +134,14 @@ class Catalog:
         server = next((s for s in self.servers if name.startswith(s + SEPARATOR)), None)
         return f"mcp:{server}" if server else ""
 
+    def left_out(self) -> dict[str, str]:
+        """The tools of this catalog's servers that their `include_tools` / `exclude_tools` leave
+        out, each with the key and glob that did (`--list-tools` says them)."""
+        if self.host is None:
+            return {}
+        found = self.host.listing().left_out
+        return {name: why for name, why in found.items() if name.split(SEPARATOR)[0] in self.servers}
+
     def registry(self) -> ToolRegistry:
         """The tools to offer now; rebuilt only when the MCP listing changed."""
         if self.host is None:
