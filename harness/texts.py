@@ -152,6 +152,19 @@ WHY_NOT_OFFERED_HERE = "not offered under {where}: answered as an error, never r
 CLI_RULES_MAY_DECIDE = "; {rules} may decide a call by its arguments"
 # `--list-tools`, after the tool lines: a tool of an MCP server its globs leave out (never offered).
 CLI_LEFT_OUT = "# left out: {name} ({why})"
+# `--list-tools`, after the tool lines: what each MCP server's tool definitions add to every request,
+# then all the tool definitions together (estimated as JSON characters / 3, `harness.tools.tool_search`).
+CLI_SERVER_COST = (
+    "# mcp server {server}: {tools} tools, about {tokens:,} tokens a request ({share} of {budget})"
+)
+CLI_SERVER_DEFERRED = (
+    "# mcp server {server}: {tools} tools, deferred ({why}): nothing a request until a search finds "
+    "one, each found then loaded; about {tokens:,} tokens if all were found ({share} of {budget})"
+)
+CLI_TOOLS_COST = (
+    "# tool definitions: about {tokens:,} tokens every request ({share} of {budget}), "
+    "estimated as JSON characters / 3"
+)
 CLI_EXPLAIN_BAD_JSON = "error: --explain-call: the arguments are not a JSON object: {error}"
 CLI_INTERRUPTED = "Interrupted: stopped cleanly; no tool was left running."
 
