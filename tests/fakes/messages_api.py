@@ -243,6 +243,7 @@ class _Validator:
         self.cache_controls = 0
         self.tool_names: set[str] = set()
         self.tool_use_ids: set[str] = set()
+        self.continued = ""  # the message a paused reply may continue (the last one)
         self.search_tools: set[str] = set()  # the names of the tool search tools declared
         self.deferred: set[str] = set()  # the tools declared with defer_loading: true
 
@@ -445,6 +446,9 @@ class _Validator:
         if not isinstance(messages, list) or not messages:
             self.add("messages: at least one message is required (a non-empty list)")
             return
+        # A reply paused (`pause_turn`) mid-search is sent back to be continued: its last message may
+        # hold a search whose result is still to come.
+        self.continued = f"messages.{len(messages) - 1}"
         pending: list[str] = []  # tool_use ids of the previous assistant message
         prev_role: Any = None
         for i, msg in enumerate(messages):
@@ -583,7 +587,7 @@ class _Validator:
                 opened[sid] = True
                 self.references(bw, block.get("content"))
         for sid, answered in opened.items():
-            if not answered:
+            if not answered and where != self.continued:
                 self.add(f"{where}: `server_tool_use` {sid} has no `tool_search_tool_result` after it")
 
     def references(self, where: str, content: Any) -> None:

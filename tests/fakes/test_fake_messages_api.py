@@ -972,6 +972,17 @@ def test_a_search_without_its_result_is_refused() -> None:
     ]
 
 
+def test_a_reply_paused_mid_search_goes_back_to_be_continued() -> None:
+    use, _ = tool_search("sheet", "sheets__write_cells", id="srvtoolu_paused")
+    messages = [{"role": "user", "content": "fill A1"}, {"role": "assistant", "content": [use]}]
+    assert (
+        validate_request(
+            base_body(tools=[*copy.deepcopy(TOOLS), SEARCH_TOOL, deferred(BIG)], messages=messages)
+        )
+        == []
+    )
+
+
 def test_a_script_that_finds_or_calls_what_the_model_could_not_is_a_test_bug(
     fake: FakeMessagesAPI, client: anthropic.Anthropic
 ) -> None:

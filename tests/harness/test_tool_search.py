@@ -112,8 +112,9 @@ def test_a_server_no_longer_deferred_leaves_a_history_the_api_still_takes(
 # --- a run with a deferred server ------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["created", "streamed"])
 def test_a_run_searches_calls_the_found_tool_and_keeps_the_search_through_a_checkpoint(
-    tmp_path: Path, log: Path, model: FakeMessagesAPI
+    tmp_path: Path, log: Path, model: FakeMessagesAPI, streamed: bool
 ) -> None:
     config = config_of(tmp_path, stdio_table("desk", log) + "defer_loading = true\n")
     use, found = tool_search("look up a ticket", "desk__get_ticket")
@@ -129,6 +130,8 @@ def test_a_run_searches_calls_the_found_tool_and_keeps_the_search_through_a_chec
             policy={},
             default="allow",
         )
+        if streamed:  # as a worker with a live view (Slack's streaming message) sends it
+            agent = replace(agent, live=lambda _event: None)
         asked = step(new_run("what about T-1?"), agent)
         state = RunState.loads(asked.state.dumps())  # the checkpoint a driver parks, as JSON
         assert state == asked.state
@@ -137,6 +140,7 @@ def test_a_run_searches_calls_the_found_tool_and_keeps_the_search_through_a_chec
     assert isinstance(outcome, Finished) and outcome.answer == "T-1 is on fire."
     assert model.errors == []  # every request was one the API takes
     first, second = model.requests
+    assert bool(first.get("stream")) is streamed
     by_name = {t["name"]: t for t in first["tools"]}
     assert (
         by_name["desk__get_ticket"]["defer_loading"] is True and "defer_loading" not in by_name["read_file"]
@@ -146,6 +150,26 @@ def test_a_run_searches_calls_the_found_tool_and_keeps_the_search_through_a_chec
     assert sent == ["text", "server_tool_use", "tool_search_tool_result", "tool_use"]
     results = [b for b in second["messages"][2]["content"] if b["type"] == "tool_result"]
     assert [r["tool_use_id"] for r in results] == ["toolu_t"]  # one, for the tool_use only
+    assert [c["tool"] for c in calls(log)] == ["get_ticket"]
+
+
+def test_a_reply_paused_mid_search_is_continued_and_the_tool_found_runs(
+    tmp_path: Path, log: Path, model: FakeMessagesAPI
+) -> None:
+    config = config_of(tmp_path, stdio_table("desk", log) + "defer_loading = true\n")
+    use, found = tool_search("look up a ticket", "desk__get_ticket", id="srvtoolu_paused")
+    model.script(
+        reply(use, stop_reason="pause_turn"),  # the API paused its own turn mid-search
+        reply(found, tool_use("desk__get_ticket", {"id": "T-2"})),
+        reply(text("T-2 is fine.")),
+    )
+    with McpHub(config.resolved_servers({})) as hub:
+        registry = Catalog.from_config(config, host=hub).registry()
+        agent = make_agent(model, tmp_path, tools=registry, policy={}, default="allow")
+        state, outcome = drive(new_run("and T-2?"), agent, lambda _event: None)
+    assert isinstance(outcome, Finished) and model.errors == []
+    merged = [b["type"] for b in state.messages[1]["content"]]
+    assert merged == ["server_tool_use", "tool_search_tool_result", "tool_use"]  # one assistant message
     assert [c["tool"] for c in calls(log)] == ["get_ticket"]
 
 
