@@ -334,6 +334,8 @@ def _inspect(inspection: Inspection, config: Config, catalog: Catalog) -> int:
     name, raw = inspection.values
     if catalog.registry().get(name) is None:
         not_offered = ""  # offered nowhere: the unknown tool's why
+    if left_out := catalog.left_out().get(name):
+        not_offered = texts.WHY_LEFT_OUT.format(why=left_out)
     return explain_call(offered, settings.policy, name, raw, sys.stdout, not_offered)
 
 

@@ -148,6 +148,8 @@ CLI_REQUESTER_REFUSED = (
 CLI_BUDGETS = "# budgets: per user {user}, per channel {channel} (UTC days; {key})"
 CLI_BUDGET_TOKENS = "{tokens:,} tokens a day"
 CLI_NO_BUDGET = "none"
+# `--explain-call` of a tool an MCP server's `include_tools` / `exclude_tools` leave out.
+WHY_LEFT_OUT = "left out by {why}: never offered nor callable"
 WHY_NOT_OFFERED_HERE = "not offered under {where}: answered as an error, never run"
 CLI_RULES_MAY_DECIDE = "; {rules} may decide a call by its arguments"
 # `--list-tools`, after the tool lines: a tool of an MCP server its globs leave out (never offered).

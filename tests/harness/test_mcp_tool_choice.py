@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import list_tools
+from harness.cli import list_tools, main
 from harness.config import Config, ConfigError, load_config
 from harness.loop import Finished, drive
 from harness.state import new_run
@@ -157,3 +157,18 @@ def test_list_tools_names_each_left_out_tool_and_its_glob_after_the_tools_offere
         '# left out: desk__crash (mcp.servers[desk].exclude_tools "c*")',
         '# left out: desk__delete_ticket (mcp.servers[desk].exclude_tools "delete_*")',
     ]
+
+
+def test_explain_call_of_a_left_out_tool_names_its_glob(
+    tmp_path: Path, log: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "harness.toml"
+    path.write_text(stdio_table("desk", log) + 'exclude_tools = ["delete_*"]\n')
+    monkeypatch.setenv("HARNESS_CONFIG", str(path))
+    monkeypatch.setenv("HARNESS_WORKSPACE", str(tmp_path))
+    monkeypatch.setattr("harness.cli.protect_process", lambda: True)  # not this test process's /proc
+    assert main(["--explain-call", "desk__delete_ticket", '{"id": "T-1"}']) == 1
+    assert capsys.readouterr().out == (
+        'desk__delete_ticket\t-\tleft out by mcp.servers[desk].exclude_tools "delete_*": '
+        "never offered nor callable\n"
+    )
