@@ -12,12 +12,13 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
+from harness import texts
 from harness.agent import Agent
 from harness.client import streamed_reply
 from harness.context import prompt_tokens
 from harness.signals import TextWritten
 from harness.state import RunState, Usage
-from harness.tools.tool_search import searchable
+from harness.tools.tool_search import searchable, servers_of
 from harness.valves import Stop
 
 _EPHEMERAL = {"type": "ephemeral"}
@@ -33,7 +34,7 @@ def build_request(state: RunState, agent: Agent) -> dict[str, Any]:
     request: dict[str, Any] = {
         "model": agent.model,
         "max_tokens": agent.limits.max_tokens,
-        "system": [{"type": "text", "text": agent.system, "cache_control": _EPHEMERAL}],
+        "system": [{"type": "text", "text": system_prompt(agent), "cache_control": _EPHEMERAL}],
         "tools": agent.tools.schemas(),
         # A search's blocks go back as they came, but refer only to tools this request defers.
         "messages": cache_marked(searchable(state.messages, agent.tools.deferred())),
@@ -41,6 +42,15 @@ def build_request(state: RunState, agent: Agent) -> dict[str, Any]:
     if agent.thinking_budget > 0:
         request["thinking"] = {"type": "enabled", "budget_tokens": agent.thinking_budget}
     return request
+
+
+def system_prompt(agent: Agent) -> str:
+    """The system prompt, naming the MCP servers whose tools are deferred (none: as configured)."""
+    deferred = agent.tools.deferred()
+    if not deferred:
+        return agent.system
+    servers = ", ".join(servers_of(deferred))
+    return f"{agent.system}\n\n{texts.SYSTEM_DEFERRED_TOOLS.format(servers=servers)}"
 
 
 def cache_marked(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -148,6 +148,12 @@ CLI_REQUESTER_REFUSED = (
 CLI_BUDGETS = "# budgets: per user {user}, per channel {channel} (UTC days; {key})"
 CLI_BUDGET_TOKENS = "{tokens:,} tokens a day"
 CLI_NO_BUDGET = "none"
+# Added to the system prompt while some MCP servers' tools are deferred (`harness.tools.tool_search`):
+# the model sees none of their tools until it searches, so it is told what there is to find.
+SYSTEM_DEFERRED_TOOLS = (
+    "More tools are loaded on demand, those of these MCP servers: {servers}. When the task needs one, "
+    "find it with the tool search tool before saying no tool can do it."
+)
 # `--explain-call` of a tool an MCP server's `include_tools` / `exclude_tools` leave out.
 WHY_LEFT_OUT = "left out by {why}: never offered nor callable"
 WHY_NOT_OFFERED_HERE = "not offered under {where}: answered as an error, never run"

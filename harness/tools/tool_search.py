@@ -27,6 +27,7 @@ from typing import Any
 
 SEARCH_TOOL: Mapping[str, str] = {"type": "tool_search_tool_bm25_20251119", "name": "tool_search_tool_bm25"}
 CHARS_PER_TOKEN = 3  # as `harness.context`: pessimistic
+SEPARATOR = "__"  # `<server>__<tool>`, as `mcp_listing.SEPARATOR` (not imported: the registry imports this)
 _SEARCH_BLOCKS = frozenset({"server_tool_use", "tool_search_tool_result"})
 
 
@@ -60,8 +61,9 @@ def server_costs(
     it is deferred: its `defer_loading = true`, or, not set, its estimate over `threshold` (> 0)."""
     sizes = {s: [0, 0] for s in servers}
     for schema in schemas:
-        server = str(schema.get("name", "")).split("__", 1)[0]
-        if server in sizes and "__" in str(schema.get("name", "")):
+        name = str(schema.get("name", ""))
+        server = name.split(SEPARATOR, 1)[0]
+        if server in sizes and SEPARATOR in name:
             sizes[server][0] += 1
             sizes[server][1] += definition_tokens(schema)
     costs = []
@@ -74,6 +76,11 @@ def server_costs(
             why = f"over limits.defer_tools_over_tokens ({threshold})"
         costs.append(ServerCost(server, count, tokens, why if count else ""))
     return tuple(costs)
+
+
+def servers_of(names: Iterable[str]) -> list[str]:
+    """The MCP servers of these `<server>__<tool>` names, sorted."""
+    return sorted({name.split(SEPARATOR, 1)[0] for name in names if SEPARATOR in name})
 
 
 def request_tools(schemas: Sequence[Mapping[str, Any]], deferred: Iterable[str]) -> list[dict[str, Any]]:

@@ -146,6 +146,7 @@ def test_a_run_searches_calls_the_found_tool_and_keeps_the_search_through_a_chec
         by_name["desk__get_ticket"]["defer_loading"] is True and "defer_loading" not in by_name["read_file"]
     )
     assert by_name["tool_search_tool_bm25"] == dict(SEARCH_TOOL)
+    assert "those of these MCP servers: desk." in first["system"][0]["text"]  # told what there is to find
     sent = [b["type"] for b in second["messages"][1]["content"]]
     assert sent == ["text", "server_tool_use", "tool_search_tool_result", "tool_use"]
     results = [b for b in second["messages"][2]["content"] if b["type"] == "tool_result"]
