@@ -235,3 +235,16 @@ def test_list_tools_shows_each_servers_tokens_and_share_of_the_budget(tmp_path: 
     assert lines[2].startswith("# tool definitions: about ") and "of limits.token_budget 10000" in lines[2]
     total = int(lines[2].split("about ")[1].split(" ")[0].replace(",", ""))
     assert desk.tokens < total < desk.tokens + later.tokens  # the deferred server adds nothing
+
+
+def test_a_profile_takes_its_own_threshold(tmp_path: Path, log: Path) -> None:
+    toml = stdio_table("desk", log) + "[limits]\ndefer_tools_over_tokens = 0\n"
+    toml += '[[profiles]]\nname = "lean"\nchannels = ["C0LEAN"]\n'
+    toml += "[profiles.limits]\ndefer_tools_over_tokens = 100\n"
+    config = config_of(tmp_path, toml)
+    with McpHub(config.resolved_servers({})) as hub:
+        catalog = Catalog.from_config(config, host=hub)
+        top = catalog.narrowed(config.for_run("C0ELSE")).registry()
+        lean = catalog.narrowed(config.for_run("C0LEAN")).registry()
+    assert not top.deferred()  # 0: never by size
+    assert "desk__get_ticket" in lean.deferred() and "get_time" not in lean.deferred()
