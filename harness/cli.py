@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from harness import release, texts
-from harness.config import Config, ConfigError, load_config
+from harness.config import Config, ConfigError, Limits, load_config
 from harness.loop import (
     Agent,
     AwaitingApproval,
@@ -34,6 +34,7 @@ from harness.policy import Policy
 from harness.state import Decision, RunState, Verdict, new_run, record_decisions, record_input_answers
 from harness.tools.catalog import Catalog, open_catalog
 from harness.tools.inputs import InputAnswer, InputAsk, InputQuestion, typed_answer
+from harness.tools.tool_search import definition_tokens
 from harness.tools.undumpable import protect_process
 
 SHOWN_RESULT_CHARS = 200
@@ -267,8 +268,10 @@ def budgets_line(settings: Config) -> str:
     )
 
 
-def list_tools(catalog: Catalog, policy: Policy, out: TextIO) -> int:
-    """`--list-tools`: one `NAME<TAB>TIER<TAB>WHY` line per tool offered."""
+def list_tools(catalog: Catalog, policy: Policy, out: TextIO, token_budget: int = Limits.token_budget) -> int:
+    """`--list-tools`: one `NAME<TAB>TIER<TAB>WHY` line per tool offered; then, with MCP servers, a
+    `#` line per server with what its tools add to every request and the total (`cost_lines`), and
+    a `# left out:` line per tool of a server that its `include_tools` / `exclude_tools` leave out."""
     for found in catalog.registry():
         ruling = policy.decide(found.name, {}, found.own_tier, found.own_tier_why, found.always_ask_why)
         others = [r for r in policy.rules_for(found.name) if r.args]
@@ -277,7 +280,42 @@ def list_tools(catalog: Catalog, policy: Policy, out: TextIO) -> int:
             numbers = ", ".join(f"policy.rules[{r.number}]" for r in others)
             why += texts.CLI_RULES_MAY_DECIDE.format(rules=numbers)
         print(f"{found.name}\t{ruling.tier.value}\t{why}", file=out)
+    for line in cost_lines(catalog, token_budget):
+        print(line, file=out)
+    for name, left_out_by in sorted(catalog.left_out().items()):
+        print(texts.CLI_LEFT_OUT.format(name=name, why=left_out_by), file=out)
     return 0
+
+
+def cost_lines(catalog: Catalog, token_budget: int) -> list[str]:
+    """What the tool definitions cost every request, per MCP server and in all, with their share of
+    `token_budget` (none without an MCP server: the built-ins alone cost little and never change)."""
+    costs = [c for c in catalog.costs() if c.tools]
+    if not costs:
+        return []
+    budget = f"limits.token_budget {token_budget}"
+
+    def share(tokens: int) -> str:
+        return f"{tokens / token_budget:.1%}"
+
+    lines = []
+    for cost in costs:
+        form = texts.CLI_SERVER_DEFERRED if cost.deferred_why else texts.CLI_SERVER_COST
+        lines.append(
+            form.format(
+                server=cost.server,
+                tools=cost.tools,
+                tokens=cost.tokens,
+                why=cost.deferred_why,
+                share=share(cost.tokens),
+                budget=budget,
+            )
+        )
+    total = sum(
+        definition_tokens(s) for s in catalog.registry().schemas() if s.get("defer_loading") is not True
+    )
+    lines.append(texts.CLI_TOOLS_COST.format(tokens=total, share=share(total), budget=budget))
+    return lines
 
 
 def explain_call(
@@ -348,10 +386,12 @@ def _inspect(inspection: Inspection, config: Config, catalog: Catalog) -> int:
         where = f"profile {settings.profile}" if settings.profile else "the top level"
         not_offered = texts.WHY_NOT_OFFERED_HERE.format(where=where)
     if inspection.flag == "--list-tools":
-        return list_tools(offered, settings.policy, sys.stdout)
+        return list_tools(offered, settings.policy, sys.stdout, settings.limits.token_budget)
     name, raw = inspection.values
     if catalog.registry().get(name) is None:
         not_offered = ""  # offered nowhere: the unknown tool's why
+    if left_out := catalog.left_out().get(name):
+        not_offered = texts.WHY_LEFT_OUT.format(why=left_out)
     return explain_call(offered, settings.policy, name, raw, sys.stdout, not_offered)
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from harness import texts
 from harness.state import RunState
+from harness.tools.tool_search import deferred_names, found_names
 
 CHARS_PER_TOKEN = 3  # real text runs about 3.5-4.5 characters a token: erring on the large side
 IMAGE_TOKENS = 1_600  # about what a full-size image costs
@@ -134,10 +135,16 @@ def estimate_tokens(request: Mapping[str, Any]) -> int:
 
 
 def prompt_tokens(request: Mapping[str, Any]) -> int:
-    """The estimate of a request's system prompt and tool definitions."""
+    """The estimate of a request's system prompt and tool definitions: a deferred tool counts only
+    once a search found it (the API then loads it into every request)."""
     system = request.get("system") or ()
     tokens = _tokens(json.dumps(system)) if isinstance(system, str) else sum(map(block_tokens, system))
-    return tokens + sum(block_tokens(tool) for tool in request.get("tools") or ())
+    tools = request.get("tools") or ()
+    deferred = deferred_names(tools)
+    loaded = found_names(request.get("messages") or ()) if deferred else set()
+    return tokens + sum(
+        block_tokens(t) for t in tools if t.get("name") not in deferred or t.get("name") in loaded
+    )
 
 
 def messages_tokens(messages: Sequence[Mapping[str, Any]]) -> int:

@@ -8,14 +8,17 @@ storable (no lone surrogates, no shared call ids) on the way back.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
+from harness import texts
 from harness.agent import Agent
 from harness.client import streamed_reply
 from harness.context import prompt_tokens
 from harness.signals import TextWritten
 from harness.state import RunState, Usage
+from harness.tools.tool_search import searchable, servers_of
 from harness.valves import Stop
 
 _EPHEMERAL = {"type": "ephemeral"}
@@ -25,21 +28,32 @@ def build_request(state: RunState, agent: Agent) -> dict[str, Any]:
     """The `messages.create` arguments, with prompt-cache breakpoints on the stable prefix.
 
     With thinking on, the stored thinking blocks go back as they came (the API checks their
-    signatures); no temperature or top_k is ever set, as thinking forbids them.
+    signatures); no temperature or top_k is ever set, as thinking forbids them. Tools of a deferred
+    MCP server go with `defer_loading: true` beside the tool search tool (`harness.tools.tool_search`).
     """
     request: dict[str, Any] = {
         "model": agent.model,
         "max_tokens": agent.limits.max_tokens,
-        "system": [{"type": "text", "text": agent.system, "cache_control": _EPHEMERAL}],
+        "system": [{"type": "text", "text": system_prompt(agent), "cache_control": _EPHEMERAL}],
         "tools": agent.tools.schemas(),
-        "messages": cache_marked(state.messages),
+        # A search's blocks go back as they came, but refer only to tools this request defers.
+        "messages": cache_marked(searchable(state.messages, agent.tools.deferred())),
     }
     if agent.thinking_budget > 0:
         request["thinking"] = {"type": "enabled", "budget_tokens": agent.thinking_budget}
     return request
 
 
-def cache_marked(messages: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
+def system_prompt(agent: Agent) -> str:
+    """The system prompt, naming the MCP servers whose tools are deferred (none: as configured)."""
+    deferred = agent.tools.deferred()
+    if not deferred:
+        return agent.system
+    servers = ", ".join(servers_of(deferred))
+    return f"{agent.system}\n\n{texts.SYSTEM_DEFERRED_TOOLS.format(servers=servers)}"
+
+
+def cache_marked(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """A copy of `messages` with breakpoints on the last message and the one two before it.
 
     The newest breakpoint writes the whole conversation to the cache; the older one sits where

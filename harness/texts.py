@@ -156,8 +156,31 @@ CLI_REQUESTER_REFUSED = (
 CLI_BUDGETS = "# budgets: per user {user}, per channel {channel} (UTC days; {key})"
 CLI_BUDGET_TOKENS = "{tokens:,} tokens a day"
 CLI_NO_BUDGET = "none"
+# Added to the system prompt while some MCP servers' tools are deferred (`harness.tools.tool_search`):
+# the model sees none of their tools until it searches, so it is told what there is to find.
+SYSTEM_DEFERRED_TOOLS = (
+    "More tools are loaded on demand, those of these MCP servers: {servers}. When the task needs one, "
+    "find it with the tool search tool before saying no tool can do it."
+)
+# `--explain-call` of a tool an MCP server's `include_tools` / `exclude_tools` leave out.
+WHY_LEFT_OUT = "left out by {why}: never offered nor callable"
 WHY_NOT_OFFERED_HERE = "not offered under {where}: answered as an error, never run"
 CLI_RULES_MAY_DECIDE = "; {rules} may decide a call by its arguments"
+# `--list-tools`, after the tool lines: a tool of an MCP server its globs leave out (never offered).
+CLI_LEFT_OUT = "# left out: {name} ({why})"
+# `--list-tools`, after the tool lines: what each MCP server's tool definitions add to every request,
+# then all the tool definitions together (estimated as JSON characters / 3, `harness.tools.tool_search`).
+CLI_SERVER_COST = (
+    "# mcp server {server}: {tools} tools, about {tokens:,} tokens a request ({share} of {budget})"
+)
+CLI_SERVER_DEFERRED = (
+    "# mcp server {server}: {tools} tools, deferred ({why}): nothing a request until a search finds "
+    "one, each found then loaded; about {tokens:,} tokens if all were found ({share} of {budget})"
+)
+CLI_TOOLS_COST = (
+    "# tool definitions: about {tokens:,} tokens every request ({share} of {budget}), "
+    "estimated as JSON characters / 3"
+)
 CLI_EXPLAIN_BAD_JSON = "error: --explain-call: the arguments are not a JSON object: {error}"
 CLI_INTERRUPTED = "Interrupted: stopped cleanly; no tool was left running."
 

@@ -57,6 +57,7 @@ _LIMITS: dict[str, _Spec] = {
     "max_runs_per_channel": ((int,), lambda v: v >= 1, "a whole number >= 1"),
     "max_input_tokens": ((int,), lambda v: 1_000 <= v <= 2_000_000, "a whole number from 1000 to 2000000"),
     "on_limit": ((str,), lambda v: v in ON_LIMIT_CHOICES, '"stop" or "ask"'),
+    "defer_tools_over_tokens": ((int,), lambda v: v >= 0, "a whole number >= 0 (0: never by size)"),
 }
 _TOOLS: dict[str, _Spec] = {
     "builtin": ((list,), None, "a list of built-in tool names"),
@@ -90,6 +91,10 @@ _SERVER: dict[str, _Spec] = {
         'true, false, or a list of host names (globs: "*.example.com")',
     ),
     "path_arguments": ((dict,), None, 'a table of tool = ["argument", …]'),
+    # Checked one by one in `_tool_globs`, so that the line names the bad entry.
+    "include_tools": ((list,), None, 'a list of the server\'s tool names or globs, like ["read_*"]'),
+    "exclude_tools": ((list,), None, 'a list of the server\'s tool names or globs, like ["write_*"]'),
+    "defer_loading": ((bool,), None, "true or false"),
 }
 _APPROVALS: dict[str, _Spec] = {
     "approvers": ((list,), None, "a list of Slack user or user group IDs"),
@@ -429,6 +434,10 @@ def _mcp(raw: Any, where: str, tools: ToolsConfig) -> tuple[McpServerConfig, ...
             for k, v in values.get(field_name, {}).items():
                 _check_template(v, where, f"{key}.{field_name}.{k}")
         path_arguments = _path_arguments(values.get("path_arguments", {}), name, where, key)
+        include, exclude = (
+            _tool_globs(values.get(k, []), name, f"{key}.{k}", where)
+            for k in ("include_tools", "exclude_tools")
+        )
         servers.append(
             McpServerConfig(
                 name=name,
@@ -443,9 +452,27 @@ def _mcp(raw: Any, where: str, tools: ToolsConfig) -> tuple[McpServerConfig, ...
                 writable=tuple(os.path.abspath(os.path.expanduser(w)) for w in values.get("writable", ())),
                 network=_network(values.get("network", False)),
                 path_arguments=path_arguments,
+                include_tools=include,
+                exclude_tools=exclude,
+                defer_loading=values.get("defer_loading"),
             )
         )
     return tuple(servers)
+
+
+def _tool_globs(raw: list[Any], server: str, key: str, where: str) -> tuple[str, ...]:
+    """`include_tools` / `exclude_tools`: globs over the server's own tool names (no `<server>__`)."""
+    for i, glob in enumerate(raw):
+        if not isinstance(glob, str) or not glob.strip():
+            raise ConfigError(
+                f'{where}: {key}[{i}] must be a tool name or glob, like "write_*", got {glob!r}'
+            )
+        if glob.startswith(server + "__"):
+            own = glob.removeprefix(server + "__")
+            raise ConfigError(
+                f"{where}: {key}[{i}]: name the server's own tools ({own!r}), without {server}__"
+            )
+    return tuple(dict.fromkeys(raw))
 
 
 def _network(value: bool | list[str]) -> bool | tuple[str, ...]:

@@ -42,6 +42,9 @@ class Limits:
     # At max_turns or token_budget: "stop" ends the run; "ask" parks it until someone chooses
     # Continue (one more allowance of that limit) or Stop.
     on_limit: str = "stop"
+    # An MCP server whose `defer_loading` is not set goes through the Messages API's tool search
+    # when its tool definitions are estimated over this many tokens a request (0: never by size).
+    defer_tools_over_tokens: int = 10_000
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,13 @@ class McpServerConfig:
     # This server's tool name (without the `<name>__` prefix) -> its arguments that hold paths,
     # besides those its inputSchema marks: what a directory grant holds inside its directory.
     path_arguments: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Globs over its own tool names: only tools some `include_tools` glob matches are listed (empty:
+    # all), and none an `exclude_tools` glob matches; a tool left out is never offered nor callable.
+    include_tools: tuple[str, ...] = ()
+    exclude_tools: tuple[str, ...] = ()
+    # True: its tools go through the Messages API's tool search; False: never; None (not set):
+    # when its definitions are estimated over `[limits] defer_tools_over_tokens`.
+    defer_loading: bool | None = None
 
     @property
     def transport(self) -> str:

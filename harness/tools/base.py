@@ -128,6 +128,9 @@ class Tool:
     listed_paths: tuple[str, ...] = ()
     # Arguments the tool never reads as a path (the built-in write_file's `content`): not looked into.
     text_arguments: tuple[str, ...] = ()
+    # Sent with `defer_loading: true` beside the Messages API's tool search tool: its definition costs
+    # input tokens only once a search found it (an MCP server's, `harness.tools.tool_search`).
+    deferred: bool = False
 
     @property
     def path_args(self) -> PathArgs:

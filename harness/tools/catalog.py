@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 
 from harness.config import Config, ConfigError
 from harness.tools.base import Tool
@@ -21,8 +23,10 @@ from harness.tools.mcp_listing import (
 )
 from harness.tools.modules import load_module_tools
 from harness.tools.registry import ToolRegistry
+from harness.tools.tool_search import ServerCost, server_costs
 
 BUILTIN = "builtin"  # `Catalog.sources` of a built-in tool
+log = logging.getLogger("harness.mcp")
 
 
 class Catalog:
@@ -37,6 +41,9 @@ class Catalog:
         timeout_seconds: float = 30.0,
         sources: Mapping[str, str] | None = None,
         path_arguments: Mapping[str, tuple[str, ...]] | None = None,
+        deferral: Mapping[str, bool | None] | None = None,
+        defer_over: int = 0,
+        logged: set[str] | None = None,
     ) -> None:
         self.static = tuple(static)
         self.host = host
@@ -46,6 +53,10 @@ class Catalog:
         self.sources: Mapping[str, str] = dict(sources or {t.name: BUILTIN for t in self.static})
         # `[[mcp.servers]] path_arguments`, by qualified tool name (`<server>__<tool>`).
         self.path_arguments: Mapping[str, tuple[str, ...]] = dict(path_arguments or {})
+        # `[[mcp.servers]] defer_loading` by server, and `[limits] defer_tools_over_tokens`.
+        self.deferral: Mapping[str, bool | None] = dict(deferral or {})
+        self.defer_over = defer_over
+        self._logged = logged if logged is not None else set()  # servers deferred by size, said once
         self._lock = threading.Lock()
         self._cached: tuple[Listing | None, ToolRegistry] = (None, ToolRegistry(self.static, timeout_seconds))
         self._narrowed: dict[tuple[object, ...], Catalog] = {}
@@ -84,6 +95,8 @@ class Catalog:
                 for s in config.mcp_servers
                 for tool, names in s.path_arguments.items()
             },
+            deferral={s.name: s.defer_loading for s in config.mcp_servers},
+            defer_over=config.limits.defer_tools_over_tokens,
         )
 
     def with_host(self, host: McpHost) -> Catalog:
@@ -95,6 +108,9 @@ class Catalog:
             timeout_seconds=self.timeout_seconds,
             sources=self.sources,
             path_arguments=self.path_arguments,
+            deferral=self.deferral,
+            defer_over=self.defer_over,
+            logged=self._logged,
         )
 
     def narrowed(self, settings: Config) -> Catalog:
@@ -106,6 +122,7 @@ class Catalog:
             settings.tools.modules,
             settings.offered_servers,
             settings.limits.tool_timeout_seconds,
+            settings.limits.defer_tools_over_tokens,
         )
         with self._lock:
             found = self._narrowed.get(key)
@@ -123,6 +140,9 @@ class Catalog:
                     timeout_seconds=settings.limits.tool_timeout_seconds,
                     sources=self.sources,
                     path_arguments=self.path_arguments,
+                    deferral=self.deferral,
+                    defer_over=settings.limits.defer_tools_over_tokens,
+                    logged=self._logged,
                 )
                 self._narrowed[key] = found
         return found
@@ -133,6 +153,14 @@ class Catalog:
             return self.sources[name]
         server = next((s for s in self.servers if name.startswith(s + SEPARATOR)), None)
         return f"mcp:{server}" if server else ""
+
+    def left_out(self) -> dict[str, str]:
+        """The tools of this catalog's servers that their `include_tools` / `exclude_tools` leave
+        out, each with the key and glob that did (`--list-tools` says them)."""
+        if self.host is None:
+            return {}
+        found = self.host.listing().left_out
+        return {name: why for name, why in found.items() if name.split(SEPARATOR)[0] in self.servers}
 
     def registry(self) -> ToolRegistry:
         """The tools to offer now; rebuilt only when the MCP listing changed."""
@@ -147,11 +175,34 @@ class Catalog:
                     away=listing.away,
                     timeouts=listing.timeouts,
                 )
-                tools = [*self.static, *tools_of(self.host, mine, self.path_arguments)]
+                tools = [*self.static, *self._deferred(tools_of(self.host, mine, self.path_arguments))]
                 absent = absent_answer(self.servers, listing)
                 registry = ToolRegistry(tools, self.timeout_seconds, absent=absent)
                 self._cached = (listing, registry)
         return registry
+
+    def costs(self) -> tuple[ServerCost, ...]:
+        """What each MCP server of this catalog adds to every request now (`--list-tools`)."""
+        listed = [t.schema() for t in self.registry() if self.source(t.name).startswith("mcp:")]
+        return server_costs(listed, self.servers, self.deferral, self.defer_over)
+
+    def _deferred(self, tools: list[Tool]) -> list[Tool]:
+        """`tools` (MCP tools) with those of each deferred server marked so."""
+        costs = server_costs([t.schema() for t in tools], self.servers, self.deferral, self.defer_over)
+        deferred = {c.server: c for c in costs if c.deferred_why}
+        for cost in deferred.values():
+            if cost.deferred_why.startswith("over") and cost.server not in self._logged:
+                self._logged.add(cost.server)
+                log.info(
+                    "MCP server %s: its %d tools' definitions are about %d tokens a request, %s: they go "
+                    "through the Messages API's tool search, paid for once found "
+                    "(defer_loading = false sends them whole with every request)",
+                    cost.server,
+                    cost.tools,
+                    cost.tokens,
+                    cost.deferred_why,
+                )
+        return [replace(t, deferred=True) if t.name.split(SEPARATOR)[0] in deferred else t for t in tools]
 
 
 @contextmanager

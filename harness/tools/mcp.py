@@ -94,6 +94,7 @@ class _Server:
     # The calls in flight on it: (the run each is for, the tool, its deadline on the hub's loop),
     # so a question the server asks mid-call (the older protocol) reaches the run's requester.
     in_flight: dict[int, tuple[str | None, str, float]] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)  # tools its globs leave out -> why
 
     def lose(self, reason: str, *, recovering: bool = False) -> None:
         """The session is dead: calls stop using it, and the supervisor opens another."""
@@ -197,15 +198,17 @@ class McpHub:
         with self._lock:
             tools: list[McpTool] = []
             away: dict[str, str] = {}
+            left_out: dict[str, str] = {}
             for server in self._servers.values():
                 # A server that forgot its session keeps its tools while a new one opens: a call
                 # then waits for that session (`_session`) rather than being answered "away".
                 if server.client is not None or server.recovering:
                     tools.extend(server.tools)
+                    left_out.update(server.left_out)
                 else:
                     away[server.name] = server.reason
             timeouts = {s.name: s.resolved.config.timeout_seconds for s in self._servers.values()}
-        return Listing(tuple(tools), away, timeouts)
+        return Listing(tuple(tools), away, timeouts, left_out)
 
     def health(self) -> tuple[ServerHealth, ...]:
         """Where each server stands now (a server being given a new session counts as up)."""
@@ -277,7 +280,7 @@ class McpHub:
             try:
                 # Leaving this block ends the session gracefully (an HTTP session's DELETE is sent).
                 async with self._open(server) as client:
-                    tools = await list_tools(client, server.name, server.resolved.config.trust_annotations)
+                    tools, server.left_out = await list_tools(client, server.resolved.config)
                     with self._lock:
                         server.client, server.tools, server.reason = client, tools, ""
                         failures, down_for = server.failures, time.time() - server.since

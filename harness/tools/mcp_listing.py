@@ -3,7 +3,9 @@
 Plain data apart from the hub that keeps the sessions: a `Listing` crosses the relay as JSON to a
 forked work horse, which makes its `Tool`s from it (`tools_of`) without a session of its own. A
 tool the Messages API would refuse (a bad or shared name, a schema that is none, a task-only tool)
-is left out here, where the listing is read, and named in one log line.
+is left out here, where the listing is read, and named in one log line; so is a tool the
+operator's `include_tools` / `exclude_tools` globs leave out (`left_out_by`), which is then
+never offered nor callable, and said by `--list-tools` with the glob that left it out.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from fnmatch import fnmatchcase
+from typing import Any, NamedTuple, Protocol
 
 from harness import texts
+from harness.config import McpServerConfig
 from harness.policy import Tier
 from harness.tools.base import Tool, ToolContext, ToolResult
 from harness.tools.inputs import InputReply
@@ -96,12 +100,15 @@ class Listing:
     tools: tuple[McpTool, ...] = ()
     away: Mapping[str, str] = field(default_factory=dict)  # server -> reason
     timeouts: Mapping[str, float] = field(default_factory=dict)  # server -> call timeout (s)
+    # `<server>__<tool>` -> the `include_tools` / `exclude_tools` key that left it out (not offered).
+    left_out: Mapping[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "tools": [t.to_json() for t in self.tools],
             "away": dict(self.away),
             "timeouts": dict(self.timeouts),
+            "left_out": dict(self.left_out),
         }
 
     @classmethod
@@ -110,7 +117,15 @@ class Listing:
             tools=tuple(McpTool.from_json(t) for t in data["tools"]),
             away=dict(data["away"]),
             timeouts={k: float(v) for k, v in data["timeouts"].items()},
+            left_out=dict(data.get("left_out") or {}),
         )
+
+
+class Listed(NamedTuple):
+    """What one server lists: the tools it offers, and those its globs leave out (name -> why)."""
+
+    tools: tuple[McpTool, ...]
+    left_out: dict[str, str]
 
 
 class McpHost(Protocol):
@@ -193,17 +208,38 @@ def valid_tool_name(name: str) -> bool:
     return _TOOL_NAME.fullmatch(name) is not None
 
 
-async def list_tools(client: Any, server: str, trusted: bool = False) -> tuple[McpTool, ...]:
+def left_out_by(config: McpServerConfig, name: str) -> str:
+    """Why the operator's globs leave tool `name` of `config`'s server out ("" when they keep it)."""
+    key = f"mcp.servers[{config.name}]"
+    glob = next((g for g in config.exclude_tools if fnmatchcase(name, g)), None)
+    if glob is not None:
+        return f'{key}.exclude_tools "{glob}"'
+    if config.include_tools and not any(fnmatchcase(name, g) for g in config.include_tools):
+        return f"{key}.include_tools (no glob matches it)"
+    return ""
+
+
+async def list_tools(client: Any, config: McpServerConfig) -> Listed:
     """The server's tools the API can be offered; the others are named in one log line.
 
-    A name the API refuses, or one two tools share (which of them would a call reach?), is left
-    out; offering it would make every request of every run refused, built-in-only runs included.
+    A tool the server's `include_tools` / `exclude_tools` leave out is never offered (and named
+    in `Listed.left_out`). A name the API refuses, or one two tools share (which of them would a
+    call reach?), is left out; offering it would make every request of every run refused,
+    built-in-only runs included.
     """
+    server, trusted = config.name, config.trust_annotations
     found: list[McpTool] = []
+    left_out: dict[str, str] = {}
+    names: list[str] = []
     cursor = None
     for _ in range(100):  # pages; a server that pages forever is cut off
         page = await client.list_tools(cursor=cursor)
         for tool in page.tools:
+            names.append(tool.name)
+            why = left_out_by(config, tool.name)
+            if why:
+                left_out[f"{server}{SEPARATOR}{tool.name}"] = why
+                continue
             unusable = _unusable(tool)
             if unusable:
                 log.warning("MCP server %s: tool %r is not offered: %s", server, tool.name, unusable)
@@ -226,7 +262,24 @@ async def list_tools(client: Any, server: str, trusted: bool = False) -> tuple[M
         cursor = page.next_cursor
         if not cursor:
             break
-    return _offerable(found, server)
+    _unmatched_globs(config, names)
+    return Listed(_offerable(found, server), left_out)
+
+
+def _unmatched_globs(config: McpServerConfig, names: Sequence[str]) -> None:
+    """One log line per glob of `include_tools` / `exclude_tools` that matches none of the tools listed
+    (a typo, or a tool the server no longer has)."""
+    for key in ("include_tools", "exclude_tools"):
+        for glob in getattr(config, key):
+            if not any(fnmatchcase(name, glob) for name in names):
+                log.warning(
+                    "MCP server %s: mcp.servers[%s].%s %r matches none of its %d tools",
+                    config.name,
+                    config.name,
+                    key,
+                    glob,
+                    len(names),
+                )
 
 
 def _requires_interaction(tool: Any) -> bool:

@@ -20,6 +20,7 @@ from harness.tools.base import (
     bounded,
     cut,
 )
+from harness.tools.tool_search import request_tools
 
 # Answers a call to a name no tool has, when the name belongs to a source that is away (an MCP
 # server that is down); None when the name is simply unknown.
@@ -51,7 +52,9 @@ class ToolRegistry:
         self._timeout = timeout_seconds
         self._absent = absent
         # Built once: rebuilding JSON schemas on every request was most of the loop's own cost.
-        self._schemas = [t.schema() for t in self._tools.values()]
+        offered = self._tools.values()
+        self._deferred = frozenset(t.name for t in offered if t.deferred)
+        self._schemas = request_tools([t.schema() for t in offered], self._deferred)
         self._lanes = threading.local()
 
     def __contains__(self, name: object) -> bool:
@@ -67,7 +70,12 @@ class ToolRegistry:
         return list(self._tools)
 
     def schemas(self) -> list[dict[str, Any]]:
+        """The request's `tools`: deferred ones marked, and the tool search tool when any is."""
         return self._schemas
+
+    def deferred(self) -> frozenset[str]:
+        """The tools sent through the tool search (`Tool.deferred`)."""
+        return self._deferred
 
     def not_offered(self, name: str) -> ToolResult:
         """The answer to a call of a tool this registry does not offer (its server may be away)."""

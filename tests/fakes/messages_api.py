@@ -13,6 +13,18 @@ Extended thinking: :func:`thinking` and :func:`redacted_thinking` make blocks th
 fake enforces the real API's rules: ``budget_tokens`` >= 1024 and < ``max_tokens``, no
 ``temperature`` (other than 1), ``top_k`` or forced tool use, and the assistant turn being
 continued with tool results must start with its thinking block(s), passed back exactly as returned.
+
+Tool search: a request may declare the server-side tool search tool
+(``tool_search_tool_regex_20251119`` / ``tool_search_tool_bm25_20251119``, or their undated
+aliases, each under its fixed name) and mark tools ``defer_loading: true``. The fake refuses what the
+real API refuses: a deferred tool with no tool search tool in ``tools``, every tool deferred, a
+deferred tool search tool, a ``server_tool_use`` of a search tool the request does not declare or
+without its ``tool_search_tool_result`` in the same message, and a ``tool_reference`` naming no
+deferred tool of the request. :func:`tool_search` scripts the two blocks of a search (the model then
+calls the tool found in the same reply, as the real one does); a script whose reply references, or
+calls, a deferred tool the model could not have found is a test bug, answered 500. With
+``count_tools`` set, ``input_tokens`` also counts the tool definitions as the API bills them (the
+loaded ones, and the deferred ones a search found), at the same 4 characters a token.
 """
 
 from __future__ import annotations
@@ -42,6 +54,7 @@ __all__ = [
     "reply",
     "text",
     "thinking",
+    "tool_search",
     "tool_use",
     "validate_request",
 ]
@@ -50,8 +63,24 @@ _TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _TOOL_ID_RE = re.compile(r"[a-zA-Z0-9_-]+")
 _USER_BLOCKS = frozenset({"text", "image", "document", "search_result", "tool_result"})
 _ASSISTANT_BLOCKS = frozenset(
-    {"text", "tool_use", "thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result"}
+    {
+        "text",
+        "tool_use",
+        "thinking",
+        "redacted_thinking",
+        "server_tool_use",
+        "web_search_tool_result",
+        "tool_search_tool_result",
+    }
 )
+# The tool search tool's types (dated and undated) -> the one name each must be declared under.
+SEARCH_TOOL_TYPES = {
+    "tool_search_tool_regex_20251119": "tool_search_tool_regex",
+    "tool_search_tool_regex": "tool_search_tool_regex",
+    "tool_search_tool_bm25_20251119": "tool_search_tool_bm25",
+    "tool_search_tool_bm25": "tool_search_tool_bm25",
+}
+_SEARCH_ERROR_CODES = frozenset({"too_many_requests", "invalid_pattern", "pattern_too_long", "unavailable"})
 _RESULT_BLOCKS = frozenset({"text", "image", "document", "search_result"})
 _THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 _MAX_CACHE_CONTROL = 4
@@ -109,6 +138,25 @@ def text(value: str) -> dict[str, Any]:
 def tool_use(name: str, input: Mapping[str, Any], id: str | None = None) -> dict[str, Any]:  # noqa: A002
     """A tool_use content block; ``id`` defaults to a fresh unique ``toolu_...`` id."""
     return {"type": "tool_use", "id": id or _fresh_id("toolu"), "name": name, "input": dict(input)}
+
+
+def tool_search(
+    query: str,
+    *found: str,
+    name: str = "tool_search_tool_bm25",
+    id: str | None = None,  # noqa: A002
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The two blocks of a server-side tool search that found the tools named ``found``: a
+    ``server_tool_use`` and its ``tool_search_tool_result`` with one ``tool_reference`` each."""
+    sid = id or _fresh_id("srvtoolu")
+    use = {"type": "server_tool_use", "id": sid, "name": name, "input": {"query": query}}
+    references = [{"type": "tool_reference", "tool_name": n} for n in found]
+    result = {
+        "type": "tool_search_tool_result",
+        "tool_use_id": sid,
+        "content": {"type": "tool_search_tool_search_result", "tool_references": references},
+    }
+    return use, result
 
 
 def _sign(value: str) -> str:
@@ -195,6 +243,9 @@ class _Validator:
         self.cache_controls = 0
         self.tool_names: set[str] = set()
         self.tool_use_ids: set[str] = set()
+        self.continued = ""  # the message a paused reply may continue (the last one)
+        self.search_tools: set[str] = set()  # the names of the tool search tools declared
+        self.deferred: set[str] = set()  # the tools declared with defer_loading: true
 
     def add(self, problem: str) -> None:
         self.problems.append(problem)
@@ -338,6 +389,37 @@ class _Validator:
                 schema = tool.get("input_schema")
                 if not isinstance(schema, dict) or schema.get("type") != "object":
                     self.add(f'{where}.input_schema: must be an object with "type": "object"')
+            self.deferral(where, tool)
+        self.search_declared(tools)
+
+    def deferral(self, where: str, tool: Mapping[str, Any]) -> None:
+        """A tool search tool under its own name, never deferred; `defer_loading` a boolean."""
+        kind, name = tool.get("type", "custom"), tool.get("name")
+        defer = tool.get("defer_loading", False)
+        if not isinstance(defer, bool):
+            self.add(f"{where}.defer_loading: Input should be a valid boolean")
+            return
+        if kind in SEARCH_TOOL_TYPES:
+            if name != SEARCH_TOOL_TYPES[kind]:
+                self.add(
+                    f"{where}.name: Input should be '{SEARCH_TOOL_TYPES[kind]}' for a tool of type {kind}"
+                )
+            elif defer:
+                self.add(f"{where}: the tool search tool cannot have defer_loading set")
+            else:
+                self.search_tools.add(name)
+        elif defer and isinstance(name, str):
+            self.deferred.add(name)
+
+    def search_declared(self, tools: list[Any]) -> None:
+        """Deferred tools need a tool search tool; at least one tool must be loaded."""
+        if self.deferred and not self.search_tools:
+            self.add(
+                "tools: tools with defer_loading require a tool search tool "
+                "(tool_search_tool_regex_20251119 or tool_search_tool_bm25_20251119) in `tools`"
+            )
+        if tools and all(isinstance(t, dict) and t.get("defer_loading") is True for t in tools):
+            self.add("All tools have defer_loading set. At least one tool must be non-deferred.")
 
     def system(self, system: Any) -> None:
         if system is None or isinstance(system, str):
@@ -364,6 +446,9 @@ class _Validator:
         if not isinstance(messages, list) or not messages:
             self.add("messages: at least one message is required (a non-empty list)")
             return
+        # A reply paused (`pause_turn`) mid-search is sent back to be continued: its last message may
+        # hold a search whose result is still to come.
+        self.continued = f"messages.{len(messages) - 1}"
         pending: list[str] = []  # tool_use ids of the previous assistant message
         prev_role: Any = None
         for i, msg in enumerate(messages):
@@ -469,7 +554,58 @@ class _Validator:
                 self.tool_result(bw, block)
             elif kind in _THINKING_BLOCKS:
                 self.thinking_block(bw, block)
+        if role == "assistant":
+            self.searches(where, blocks)
         return blocks
+
+    def searches(self, where: str, blocks: list[dict[str, Any]]) -> None:
+        """A tool search's `server_tool_use` names a declared search tool and gets its
+        `tool_search_tool_result` in the same message; every `tool_reference` names a deferred tool."""
+        opened: dict[str, bool] = {}  # server_tool_use id -> answered
+        for j, block in enumerate(blocks):
+            bw = f"{where}.content.{j}"
+            if block["type"] == "server_tool_use" and str(block.get("name", "")).startswith(
+                "tool_search_tool"
+            ):
+                sid = block.get("id")
+                if not isinstance(sid, str) or not _TOOL_ID_RE.fullmatch(sid):
+                    self.add(f"{bw}.id: must be a string matching '^[a-zA-Z0-9_-]+$'")
+                    continue
+                if block["name"] not in self.search_tools:
+                    self.add(f"{bw}: `server_tool_use` of {block['name']!r}, which is not in `tools`")
+                if not isinstance(block.get("input"), dict):
+                    self.add(f"{bw}.input: must be an object")
+                opened[sid] = False
+            elif block["type"] == "tool_search_tool_result":
+                sid = block.get("tool_use_id")
+                if sid not in opened or opened[sid]:
+                    self.add(
+                        f"{bw}: `tool_search_tool_result` for {sid!r} must follow its `server_tool_use` "
+                        "in the same message, once"
+                    )
+                    continue
+                opened[sid] = True
+                self.references(bw, block.get("content"))
+        for sid, answered in opened.items():
+            if not answered and where != self.continued:
+                self.add(f"{where}: `server_tool_use` {sid} has no `tool_search_tool_result` after it")
+
+    def references(self, where: str, content: Any) -> None:
+        kind = content.get("type") if isinstance(content, dict) else None
+        if kind == "tool_search_tool_result_error":
+            if content.get("error_code") not in _SEARCH_ERROR_CODES:  # type: ignore[union-attr]
+                self.add(f"{where}.content.error_code: not a tool search error code")
+            return
+        refs = content.get("tool_references") if isinstance(content, dict) else None
+        if kind != "tool_search_tool_search_result" or not isinstance(refs, list):
+            self.add(f"{where}.content: must be a tool_search_tool_search_result with tool_references")
+            return
+        for ref in refs:
+            name = ref.get("tool_name") if isinstance(ref, dict) else None
+            if not isinstance(ref, dict) or ref.get("type") != "tool_reference" or not isinstance(name, str):
+                self.add(f"{where}.content.tool_references: each must be a tool_reference with a tool_name")
+            elif name not in self.tool_names:
+                self.add(f"Tool reference '{name}' has no corresponding tool definition")
 
     def thinking_block(self, where: str, block: Mapping[str, Any]) -> None:
         fields = ("thinking", "signature") if block["type"] == "thinking" else ("data",)
@@ -513,6 +649,50 @@ class _Validator:
             self.cache_control(iw, inner)
             if inner["type"] == "text":
                 self.text_block(iw, inner, allow_blank=True)
+
+
+def found_by_search(messages: Any) -> set[str]:
+    """The tools a tool search found anywhere in ``messages`` (the API loads them in every request)."""
+    found: set[str] = set()
+    for msg in messages if isinstance(messages, list) else ():
+        content = msg.get("content") if isinstance(msg, dict) else None
+        for block in content if isinstance(content, list) else ():
+            if isinstance(block, dict) and block.get("type") == "tool_search_tool_result":
+                inner = block.get("content")
+                refs = inner.get("tool_references") if isinstance(inner, dict) else None
+                found.update(r.get("tool_name") for r in refs or () if isinstance(r, dict))
+    return found
+
+
+def tools_tokens(body: Mapping[str, Any]) -> int:
+    """The tool definitions a request is billed for, at 4 characters a token: every loaded tool, and
+    every deferred one a search found (in the history or not at all)."""
+    found = found_by_search(body.get("messages"))
+    billed = [
+        t
+        for t in body.get("tools") or ()
+        if isinstance(t, dict) and (t.get("defer_loading") is not True or t.get("name") in found)
+    ]
+    return len(json.dumps(billed)) // 4 if billed else 0
+
+
+def _script_problem(content: Iterable[Mapping[str, Any]], body: Mapping[str, Any]) -> str:
+    """Why a scripted reply is one the real API could not give to ``body`` ("" when it could): a
+    search that finds a tool the request does not defer, or a call of a deferred tool no search found."""
+    tools = [t for t in body.get("tools") or () if isinstance(t, dict)]
+    deferred = {t.get("name") for t in tools if t.get("defer_loading") is True}
+    found = found_by_search(body.get("messages"))
+    for block in content:
+        if block.get("type") == "tool_search_tool_result":
+            for ref in block["content"].get("tool_references", ()):
+                if ref["tool_name"] not in deferred:
+                    return (
+                        f"script bug: a search found {ref['tool_name']!r}, which the request does not defer"
+                    )
+                found.add(ref["tool_name"])
+        elif block.get("type") == "tool_use" and block.get("name") in deferred and block["name"] not in found:
+            return f"script bug: the model calls deferred tool {block['name']!r} before any search found it"
+    return ""
 
 
 def _has_results(message: Mapping[str, Any]) -> bool:
@@ -582,7 +762,7 @@ def _sse_pieces(message: dict[str, Any], *, paced: bool) -> list[tuple[bool, byt
             step = TOKEN_CHARS if paced else max(len(body), 1)
             pieces = [body[i : i + step] for i in range(0, len(body), step)] or [""]
             deltas = [{"type": "text_delta", "text": piece} for piece in pieces]
-        elif kind == "tool_use":
+        elif kind in ("tool_use", "server_tool_use"):
             skeleton = {**block, "input": {}}
             deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block["input"])}]
         elif kind == "thinking":
@@ -702,6 +882,8 @@ class FakeMessagesAPI:
         self._served_thinking: dict[str, tuple[dict[str, Any], ...]] = {}
         self.responder: Callable[[dict[str, Any]], Reply] | None = None
         self.check_tool_names = True
+        # Count the tool definitions in `input_tokens` too (off: today's tests count messages only).
+        self.count_tools = False
 
     # lifecycle -----------------------------------------------------------------------
     def start(self) -> FakeMessagesAPI:
@@ -759,6 +941,7 @@ class FakeMessagesAPI:
             self._valid.clear()
             self._errors.clear()
             self.responder = None
+            self.count_tools = False
 
     # inspection ----------------------------------------------------------------------
     @property
@@ -827,6 +1010,10 @@ class FakeMessagesAPI:
                 self._errors.append(chosen.message)
         if chosen.is_error:
             return self._render_error(chosen)
+        if problem := _script_problem(chosen.content, body):
+            with self._cond:
+                self._errors.append(problem)
+            return self._render_error(http_error(500, message=problem))
         message = self._render_message(chosen, body)
         if body.get("stream") is True and chosen.tokens_per_second > 0:
             paced = _Paced(_sse_pieces(message, paced=True), chosen.tokens_per_second)
@@ -847,18 +1034,23 @@ class FakeMessagesAPI:
     def _render_message(self, chosen: Reply, body: Mapping[str, Any]) -> dict[str, Any]:
         content = copy.deepcopy(list(chosen.content))
         with self._cond:  # tool_use ids are unique across the fake's lifetime
+            fresh: dict[str, str] = {}  # a server_tool_use id served before -> its new one
             for block in content:
-                if block.get("type") == "tool_use" and not chosen.verbatim_ids:
+                if block.get("type") in ("tool_use", "server_tool_use") and not chosen.verbatim_ids:
                     if block.get("id") in self._served_ids:
-                        block["id"] = _fresh_id("toolu")
+                        new = _fresh_id("toolu" if block["type"] == "tool_use" else "srvtoolu")
+                        fresh[block["id"]] = block["id"] = new
                     self._served_ids.add(block["id"])
+                elif block.get("type") == "tool_search_tool_result" and block.get("tool_use_id") in fresh:
+                    block["tool_use_id"] = fresh[block["tool_use_id"]]
             returned = tuple(_thinking_fields(b) for b in content if b.get("type") in _THINKING_BLOCKS)
             if returned:
                 for block in content:
                     if block.get("type") == "tool_use":
                         self._served_thinking[block["id"]] = returned
         usage = {
-            "input_tokens": len(json.dumps(body["messages"])) // 4,
+            "input_tokens": len(json.dumps(body["messages"])) // 4
+            + (tools_tokens(body) if self.count_tools else 0),
             "output_tokens": 10,
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": 0,

@@ -35,6 +35,7 @@ from tests.fakes.messages_api import (
     reply,
     text,
     thinking,
+    tool_search,
     tool_use,
     validate_request,
 )
@@ -835,3 +836,197 @@ def test_served_thinking_dropped_or_reordered_is_refused(
     with pytest.raises(anthropic.BadRequestError) as info:
         send(client, body)
     assert "passed back unmodified and in their original order" in info.value.message
+
+
+# --- tool search: deferred tools, as the real API takes them --------------------------------------
+
+SEARCH_TOOL = {"type": "tool_search_tool_bm25_20251119", "name": "tool_search_tool_bm25"}
+BIG = {
+    "name": "sheets__write_cells",
+    "description": "Write cells of a sheet. " * 40,
+    "input_schema": {"type": "object", "properties": {"cells": {"type": "array"}}},
+}
+
+
+def deferred(tool: dict[str, Any]) -> dict[str, Any]:
+    return {**copy.deepcopy(tool), "defer_loading": True}
+
+
+def test_a_deferred_tool_needs_a_tool_search_tool() -> None:
+    problems = validate_request(base_body(tools=[*copy.deepcopy(TOOLS), deferred(BIG)]))
+    assert problems == [
+        "tools: tools with defer_loading require a tool search tool "
+        "(tool_search_tool_regex_20251119 or tool_search_tool_bm25_20251119) in `tools`"
+    ]
+    assert validate_request(base_body(tools=[*copy.deepcopy(TOOLS), SEARCH_TOOL, deferred(BIG)])) == []
+
+
+def test_every_tool_deferred_is_refused_and_the_search_tool_itself_is_never_deferred() -> None:
+    alone = validate_request(base_body(tools=[deferred(t) for t in TOOLS]))
+    assert "All tools have defer_loading set. At least one tool must be non-deferred." in alone
+    searched = validate_request(base_body(tools=[deferred(SEARCH_TOOL), deferred(BIG)]))
+    assert "tools.0: the tool search tool cannot have defer_loading set" in searched
+    assert "All tools have defer_loading set. At least one tool must be non-deferred." in searched
+    # The API's own example: the search tool loaded, every other tool deferred.
+    assert validate_request(base_body(tools=[SEARCH_TOOL, deferred(BIG)])) == []
+
+
+def test_the_tool_search_tool_is_declared_under_its_own_name() -> None:
+    wrong = {"type": "tool_search_tool_regex_20251119", "name": "tool_search_tool_bm25"}
+    problems = validate_request(base_body(tools=[wrong, *copy.deepcopy(TOOLS)]))
+    assert problems == [
+        "tools.0.name: Input should be 'tool_search_tool_regex' "
+        "for a tool of type tool_search_tool_regex_20251119"
+    ]
+    bad_flag = validate_request(base_body(tools=[SEARCH_TOOL, {**deferred(BIG), "defer_loading": "yes"}]))
+    assert bad_flag == ["tools.1.defer_loading: Input should be a valid boolean"]
+
+
+def searched_reply(
+    fake: FakeMessagesAPI, client: anthropic.Anthropic, tools: list[dict[str, Any]]
+) -> Message:
+    use, found = tool_search("write cells in a sheet", "sheets__write_cells", id="srvtoolu_1")
+    fake.script(
+        reply(
+            text("Let me look for a tool."),
+            use,
+            found,
+            tool_use("sheets__write_cells", {"cells": []}, id="toolu_w"),
+        )
+    )
+    return client.messages.create(
+        model=MODEL, max_tokens=256, tools=tools, messages=[{"role": "user", "content": "fill A1"}]
+    )  # type: ignore[arg-type]
+
+
+def test_a_scripted_search_finds_a_deferred_tool_and_calls_it_in_the_same_reply(
+    fake: FakeMessagesAPI, client: anthropic.Anthropic
+) -> None:
+    tools = [*copy.deepcopy(TOOLS), SEARCH_TOOL, deferred(BIG)]
+    message = searched_reply(fake, client, tools)
+    kinds = [b.type for b in message.content]
+    assert kinds == ["text", "server_tool_use", "tool_search_tool_result", "tool_use"]
+    assert message.stop_reason == "tool_use"
+    result = message.content[2]
+    assert result.content.tool_references[0].tool_name == "sheets__write_cells"  # type: ignore[union-attr]
+    history = [b.model_dump(mode="json", exclude_none=True) for b in message.content]
+    answered = {"type": "tool_result", "tool_use_id": history[3]["id"], "content": "done"}
+    body = base_body(
+        tools=tools,
+        messages=[
+            {"role": "user", "content": "fill A1"},
+            {"role": "assistant", "content": history},
+            {"role": "user", "content": [answered]},
+        ],
+    )
+    assert validate_request(body) == []  # the search blocks go back as they came; only tool_use is answered
+    body["messages"][2]["content"].append(
+        {"type": "tool_result", "tool_use_id": "srvtoolu_1", "content": "x"}
+    )
+    assert any("unexpected `tool_use_id`" in p for p in validate_request(body))
+
+
+def test_a_streamed_search_reply_reaches_the_sdk_whole(
+    fake: FakeMessagesAPI, client: anthropic.Anthropic
+) -> None:
+    use, found = tool_search("sheet", "sheets__write_cells")
+    fake.script(reply(use, found, tool_use("sheets__write_cells", {"cells": [1]})))
+    tools = [*copy.deepcopy(TOOLS), SEARCH_TOOL, deferred(BIG)]
+    with client.messages.stream(
+        model=MODEL, max_tokens=256, tools=tools, messages=[{"role": "user", "content": "go"}]
+    ) as stream:  # type: ignore[arg-type]
+        message = stream.get_final_message()
+    assert [b.type for b in message.content] == ["server_tool_use", "tool_search_tool_result", "tool_use"]
+    assert message.content[0].input == {"query": "sheet"}  # type: ignore[union-attr]
+
+
+def test_history_whose_search_found_a_tool_no_longer_defined_is_refused() -> None:
+    use, found = tool_search("sheet", "sheets__write_cells")
+    messages = [
+        {"role": "user", "content": "fill A1"},
+        {"role": "assistant", "content": [use, found, text("None fits.")]},
+        {"role": "user", "content": "ok"},
+    ]
+    assert validate_request(base_body(tools=[*copy.deepcopy(TOOLS), SEARCH_TOOL], messages=messages)) == [
+        "Tool reference 'sheets__write_cells' has no corresponding tool definition"
+    ]
+    without_search_tool = validate_request(base_body(messages=messages))
+    assert (
+        "messages.1.content.0: `server_tool_use` of 'tool_search_tool_bm25', which is not in `tools`"
+        in without_search_tool
+    )
+
+
+def test_a_search_without_its_result_is_refused() -> None:
+    use, _ = tool_search("sheet", "sheets__write_cells", id="srvtoolu_lone")
+    messages = [
+        {"role": "user", "content": "fill A1"},
+        {"role": "assistant", "content": [use, text("Hm.")]},
+        {"role": "user", "content": "ok"},
+    ]
+    problems = validate_request(
+        base_body(tools=[*copy.deepcopy(TOOLS), SEARCH_TOOL, deferred(BIG)], messages=messages)
+    )
+    assert problems == [
+        "messages.1: `server_tool_use` srvtoolu_lone has no `tool_search_tool_result` after it"
+    ]
+
+
+def test_a_reply_paused_mid_search_goes_back_to_be_continued() -> None:
+    use, _ = tool_search("sheet", "sheets__write_cells", id="srvtoolu_paused")
+    messages = [{"role": "user", "content": "fill A1"}, {"role": "assistant", "content": [use]}]
+    assert (
+        validate_request(
+            base_body(tools=[*copy.deepcopy(TOOLS), SEARCH_TOOL, deferred(BIG)], messages=messages)
+        )
+        == []
+    )
+
+
+def test_a_script_that_finds_or_calls_what_the_model_could_not_is_a_test_bug(
+    fake: FakeMessagesAPI, client: anthropic.Anthropic
+) -> None:
+    use, found = tool_search("read", "read_file")  # loaded, not deferred: no search returns it
+    fake.script(reply(use, found), reply(tool_use("sheets__write_cells", {})))
+    tools = [*copy.deepcopy(TOOLS), SEARCH_TOOL, deferred(BIG)]
+    for _ in range(2):
+        with pytest.raises(anthropic.InternalServerError):
+            client.messages.create(
+                model=MODEL, max_tokens=256, tools=tools, messages=[{"role": "user", "content": "go"}]
+            )  # type: ignore[arg-type]
+    assert fake.errors == [
+        "script bug: a search found 'read_file', which the request does not defer",
+        "script bug: the model calls deferred tool 'sheets__write_cells' before any search found it",
+    ]
+
+
+def test_input_tokens_count_loaded_tools_and_deferred_ones_only_once_found(
+    fake: FakeMessagesAPI, client: anthropic.Anthropic
+) -> None:
+    fake.count_tools = True
+    ask = [{"role": "user", "content": "go"}]
+    fake.script(reply(text("a")), reply(text("b")))
+    loaded = client.messages.create(
+        model=MODEL, max_tokens=64, tools=[*copy.deepcopy(TOOLS), BIG], messages=ask
+    )  # type: ignore[arg-type]
+    lazy = client.messages.create(
+        model=MODEL, max_tokens=64, tools=[*copy.deepcopy(TOOLS), SEARCH_TOOL, deferred(BIG)], messages=ask
+    )  # type: ignore[arg-type]
+    big = len(json.dumps(BIG)) // 4
+    assert loaded.usage.input_tokens - lazy.usage.input_tokens > big - 30  # the big one costs nothing yet
+    tools = [*copy.deepcopy(TOOLS), SEARCH_TOOL, deferred(BIG)]
+    first = searched_reply(fake, client, tools)
+    history = [b.model_dump(mode="json", exclude_none=True) for b in first.content]
+    call_id = history[-1]["id"]  # the fake keeps ids unique: toolu_w was served before
+    fake.script(reply(text("done")))
+    after = client.messages.create(
+        model=MODEL,
+        max_tokens=64,
+        tools=tools,  # type: ignore[arg-type]
+        messages=[
+            *ask,
+            {"role": "assistant", "content": history},  # type: ignore[list-item]
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": "ok"}]},
+        ],
+    )
+    assert after.usage.input_tokens >= lazy.usage.input_tokens + big  # found: loaded from then on

@@ -42,7 +42,13 @@ class Recorder:
         return Listing()
 
     def call(
-        self, server: str, tool: str, arguments: dict[str, Any], side_effects: bool, reply: Any = None
+        self,
+        server: str,
+        tool: str,
+        arguments: dict[str, Any],
+        side_effects: bool,
+        reply: Any = None,
+        who: Any = None,
     ) -> ToolResult:
         self.sent.append(arguments)
         return ToolResult("done")

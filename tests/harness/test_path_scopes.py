@@ -186,7 +186,13 @@ class Desk:
         return Listing(tools=self.tools)
 
     def call(
-        self, server: str, tool: str, arguments: dict[str, Any], side_effects: bool, reply: Any = None
+        self,
+        server: str,
+        tool: str,
+        arguments: dict[str, Any],
+        side_effects: bool,
+        reply: Any = None,
+        who: Any = None,
     ) -> ToolResult:
         raise AssertionError("nothing runs here")
 

@@ -193,9 +193,10 @@ def test_the_link_checker_catches_a_broken_link(tmp_path: Path) -> None:
 def test_the_readme_starts_small() -> None:
     """Issue 24: the README is the front door (at most ~250 lines); docs/ holds the rest. Issue 20
     adds "Rolling it out" (~40 lines: three channels' real `--list-tools --channel` output); issue 32
-    the license and links to the release's pages (6 lines)."""
+    the license and links to the release's pages (6 lines); issue 33 what the ops channel's MCP
+    server costs a request, in that output (2 lines)."""
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
-    assert lines <= 266, f"README.md has {lines} lines"
+    assert lines <= 268, f"README.md has {lines} lines"
     for page in ("approvals", "tools-and-mcp", "configuration", "operations", "reliability", "performance"):
         assert (ROOT / "docs" / f"{page}.md").is_file()
 
