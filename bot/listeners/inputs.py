@@ -20,8 +20,8 @@ from typing import Any
 from slack_bolt import Ack, App, BoltContext
 from slack_sdk import WebClient
 
-from bot.listeners.approvals import set_going
 from bot.listening import (
+    APPLY_DECISIONS,
     REPLY,
     BotDeps,
     Click,
@@ -147,6 +147,7 @@ def _answer(
     )
     audit = record.audit_fields(asked.call)
     audit["tier_why"] = f"{kind} of MCP server {asked.server}: {said}"
+    audit["kind"] = "input"  # an answer to a server, not an approval: no rule is suggested from it
     if asked.call is None:
         _answer_mid_call(deps, click, verdict, context, values, {**audit, "tool": asked.tool})
         return
@@ -158,7 +159,9 @@ def _answer(
     result = deps.store.parks.decide(
         record.run_id, record.park_id, ref.call_id, decision, audit=audit, fingerprint=ref.question_id
     )
-    if set_going(deps, record, verdict, result):
+    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED):
+        deps.enqueue(APPLY_DECISIONS, record.run_id)  # the run resumes (no approval metric: an answer)
+    if result.outcome is DecideOutcome.RECORDED:
         return
     if kept is not None:
         deps.store.inputs.drop(record.run_id, [kept])

@@ -86,6 +86,13 @@ def test_ten_approvals_and_one_decline_suggest_nothing(tmp_path: Path) -> None:
     assert audit.suggest(_config(tmp_path)) == []
 
 
+def test_answers_to_a_servers_questions_are_not_approvals(tmp_path: Path) -> None:
+    audit = Audit()
+    for _ in range(12):  # the requester answered a server's question each time: nobody approved
+        audit.add("approved", kind="input")
+    assert audit.suggest(_config(tmp_path)) == []
+
+
 def test_an_approval_with_edited_input_counts_as_a_no(tmp_path: Path) -> None:
     audit = Audit()
     for _ in range(12):
