@@ -537,7 +537,7 @@ def test_an_mcp_server_whose_command_is_not_there_shows_as_down_and_why(
         playground(db, tmp_path / "ws", HARNESS_CONFIG=str(config)) as started,
         opened(browser, started.url) as tab,
     ):
-        in_channel(tab, OPS_CHANNEL_ID)
+        in_channel(tab, CHANNEL_ID)  # #ops offers no MCP server
         down = tab.locator('#profile-tools [data-down="MCP server tickets"]')
         expect(down).to_have_text("MCP server tickets · down")
         expect(tab.locator("#profile-rules")).to_contain_text(
