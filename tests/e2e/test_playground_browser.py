@@ -636,3 +636,33 @@ def test_a_sign_in_asks_the_requester_to_visit_an_address_then_say_they_finished
     prompt.locator("button[data-action-id=provide_input]").click()  # "I've finished"
     expect(tab.get_by_text("Signed in to Jira (a demo: nothing was signed in to).").first).to_be_visible()
     expect(tab.get_by_text("That took 1 turns of tool calls across 2 model requests.").last).to_be_visible()
+
+
+def test_without_bubblewrap_the_playground_starts_and_shows_its_rooms_server_down_and_why(
+    browser: Any, redis_server: Any, tmp_path: Path
+) -> None:
+    """No stdio server starts outside bubblewrap; the playground still does, and says why it is down."""
+    expect = pytest.importorskip("playwright.sync_api").expect
+    no_bwrap = tmp_path / "bin"  # every program on this PATH but bwrap
+    no_bwrap.mkdir()
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        for program in Path(folder).glob("*") if Path(folder).is_dir() else ():
+            if program.name != "bwrap" and not (no_bwrap / program.name).exists():
+                (no_bwrap / program.name).symlink_to(program)
+    (tmp_path / "ws").mkdir()
+    db = str(redis_server.url.rsplit("/", 1)[0] + "/13")
+    with (
+        playground(db, tmp_path / "ws", PATH=str(no_bwrap)) as started,
+        opened(browser, started.url) as tab,
+    ):
+        down = tab.locator('#profile-tools [data-down="MCP server rooms"]')
+        expect(down).to_have_text("MCP server rooms · down")
+        expect(tab.locator("#profile-rules")).to_contain_text(
+            "MCP server rooms is down: bubblewrap (bwrap) is not installed"
+        )
+        as_user(tab, ALICE)
+        mention(tab, "book a room for the retro")
+        expect(
+            tab.get_by_text("it needs rooms__book_room, which this run does not offer").first
+        ).to_be_visible()
+        assert "bubblewrap (bwrap) is not installed" in started.output()  # the worker's log says so too
