@@ -621,20 +621,22 @@ def test_a_sign_in_asks_the_requester_to_visit_an_address_then_say_they_finished
 
     tab.context.route("https://example.com/**", serve)
     as_user(tab, ALICE)
-    mention(tab, "sign in to Jira")
+    tab.locator(".chip", has_text="Sign in to the wiki").click()  # the page's own suggestion
+    expect(tab.locator("#composer")).to_have_value("Sign in to the wiki")
+    tab.press("#composer", "Enter")
     prompt = tab.locator(".ephemeral", has_text="rooms asks, before").last
     expect(prompt).to_contain_text("It sends you to example.com.")
     link = prompt.locator("a[data-action-id=open_input_url]")
-    expect(link).to_have_attribute("href", "https://example.com/sign-in?service=Jira")
+    expect(link).to_have_attribute("href", "https://example.com/sign-in?service=wiki")
     expect(link).to_have_attribute("target", "_blank")
     with tab.context.expect_page() as opened_tab:
         link.click()  # a new tab, and the click goes to the bot too (it acks it), as in Slack
     opened_tab.value.wait_for_load_state()
-    assert visited == ["https://example.com/sign-in?service=Jira"]
+    assert visited == ["https://example.com/sign-in?service=wiki"]
     opened_tab.value.close()
 
     prompt.locator("button[data-action-id=provide_input]").click()  # "I've finished"
-    expect(tab.get_by_text("Signed in to Jira (a demo: nothing was signed in to).").first).to_be_visible()
+    expect(tab.get_by_text("Signed in to wiki (a demo: nothing was signed in to).").first).to_be_visible()
     expect(tab.get_by_text("That took 1 turns of tool calls across 2 model requests.").last).to_be_visible()
 
 
