@@ -4,9 +4,9 @@
  * url_text_input, number_input, datepicker, static_select, multi_static_select, radio_buttons and
  * checkboxes. What a person typed or chose is kept across renders (app.modal.values) and read by
  * readInput as the server wants it: a string, a list of option values, or null for nothing.
- * The server turns that into Slack's view_submission state (playground/view_inputs.py). Like the
- * real Slack's client, nothing is checked here; unlike it, not even required fields or bounds:
- * the bot's own checks answer, under the field they name.
+ * The server turns that into Slack's view_submission state (playground/view_inputs.py). Slack's
+ * own client checks required fields, lengths, number bounds and email formats before it sends; the
+ * page checks nothing, so the bot's own checks (which say the same) answer, under the field they name.
  */
 
 import { el } from './dom.js';
