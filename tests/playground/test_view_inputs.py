@@ -3,7 +3,11 @@ are refused, and what the page sends comes back to the bot as Slack's `view_subm
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -12,11 +16,12 @@ from slack_sdk.errors import SlackApiError
 
 from harness.tools.inputs import InputAsk, InputQuestion
 from messages.inputs import input_modal, read_answers
+from playground.bot_client import Bot
 from playground.rooms_server import BOOKING_SCHEMA
 from playground.server import Server
 from playground.view_inputs import state_values
 from tests.messages.test_inputs import SCHEMA
-from tests.playground_support import ALICE, stand_in
+from tests.playground_support import ALICE, Page, stand_in
 
 TOKEN = "xoxb-playground-test"
 
@@ -142,3 +147,56 @@ def test_a_view_slack_refuses_is_refused_with_invalid_arguments(served: Any, blo
         opened(served, view)
     assert refused.value.response["error"] == "invalid_arguments"
     assert server.playground.workspace.views == []
+
+
+@contextmanager
+def bot_answering(answer: dict[str, Any]) -> Iterator[str]:
+    """A loopback stand-in for the bot that answers every interaction with `answer` (its events URL)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server naming
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/slack/events"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("errors", "shown"),
+    [({"people": "At most 12."}, True), ({"nope": "x"}, False), ({}, False)],
+)
+def test_a_bots_errors_stay_under_their_input_blocks_and_errors_naming_none_are_refused(
+    served: Any, errors: dict[str, str], shown: bool
+) -> None:
+    """Slack shows a bot's `response_action: errors` only under the view's input blocks."""
+    server, _ = served
+    view = opened(served, modal_of(BOOKING_SCHEMA)[1])
+    page = Page(server.playground.base_url)
+    with bot_answering({"response_action": "errors", "errors": errors}) as url:
+        server.playground.bot = Bot(url, "secret")
+        status, answer = page.request(
+            "POST", "play/submit", {"user": ALICE, "view_id": view["id"], "values": {}}
+        )
+    if shown:
+        assert (status, answer) == (200, {"ok": False, "errors": errors})
+        (entry,) = server.playground.workspace.views
+        assert entry["errors"] == errors  # the modal stays open, the error under its field
+    else:
+        assert status == 502 and "name no input block" in answer["error"]
+        assert [v["errors"] for v in server.playground.workspace.views] == [{}]  # open, as it was
