@@ -7,7 +7,9 @@ keys reach which child, the demo model's stand-in key) are read here on their ow
 
 from __future__ import annotations
 
+import os
 import secrets
+import sys
 import threading
 import time
 import urllib.request
@@ -19,7 +21,8 @@ from playground import url_host
 
 SLACK_SETTINGS = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN")
 PLAYGROUND_PORT = 3000
-PLAYGROUND_CONFIG = Path(__file__).resolve().parents[1] / "playground" / "config.toml"
+ROOT = Path(__file__).resolve().parents[1]
+PLAYGROUND_CONFIG = ROOT / "playground" / "config.toml"
 PLAYGROUND_START_TIMEOUT = 15.0
 BOT_START_TIMEOUT = 60.0
 SLACK_APPS = "https://api.slack.com/apps"
@@ -80,7 +83,9 @@ def playground_envs(env: Mapping[str, str]) -> tuple[dict[str, dict[str, str]], 
     with ``PLAYGROUND_MODEL=demo``, the worker's SDK talks to the playground's offline demo model
     with a dummy key: the real key and token reach no child. The playground's own process never
     gets them (it shows the model's name, never a key). Without ``HARNESS_CONFIG`` the
-    playground's own settings give the demo users their roles.
+    playground's own settings give the demo users their roles. ``PLAYGROUND_PYTHON_BIN`` (the
+    folder of this Python) and ``PLAYGROUND_ROOT`` (this project) are what those settings start
+    the playground's own MCP server with.
     """
     host = env.get("HOST") or "127.0.0.1"  # a loopback address: `prepare` refuses any other
     port = int(env.get("PORT") or PLAYGROUND_PORT)
@@ -93,6 +98,8 @@ def playground_envs(env: Mapping[str, str]) -> tuple[dict[str, dict[str, str]], 
         SLACK_API_URL=f"{page}api/",
     )
     common.setdefault("HARNESS_CONFIG", str(PLAYGROUND_CONFIG))
+    # What the playground's config starts its own MCP server with (`rooms`): this Python, this project.
+    common.update({"PLAYGROUND_PYTHON_BIN": os.path.dirname(sys.executable), "PLAYGROUND_ROOT": str(ROOT)})
     if wants_demo_model(env):
         for name in MODEL_CREDENTIALS:
             common.pop(name, None)

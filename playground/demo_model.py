@@ -20,6 +20,10 @@ scenario:
   harness's no-progress valve stops the run.
 - "report": `list_files` ., then a Markdown report with a 400-row table, longer than a Slack
   message holds (the product posts it cut, and whole as a file).
+- "sign in", "sign-in", "log in" or "login": `rooms__sign_in` (the service named after "to"),
+  whose server asks the requester to visit an address; then says what the tool said.
+- "book" or "room": `rooms__book_room` (the room named after "room"), whose server asks the
+  requester a form; then says what the tool said.
 - anything else: `get_time` and `list_files` . in one turn, then `write_file` notes.md (quoting the
   task and the time), then `read_file` notes.md unless the write failed or was declined, then an
   answer.
@@ -54,6 +58,9 @@ TASK_QUOTE_CHARS = 200
 RESULT_QUOTE_CHARS = 300
 NOTE_LINES_SHOWN = 8
 CHARS_PER_TOKEN = 4
+# The tools of the playground's own MCP server (`playground.rooms_server`), as a run is offered them.
+ROOMS_BOOK = "rooms__book_room"
+ROOMS_SIGN_IN = "rooms__sign_in"
 
 # The line `list_files` ends a long listing with ("… and 12 more"): a note, not a file name.
 _MORE_ENTRIES = re.compile(re.escape(texts.FILE_MORE_ENTRIES).replace(re.escape("{more}"), r"[\d,]+"))
@@ -403,7 +410,41 @@ def _report(task: str, turns: tuple[Turn, ...]) -> Reply:
     )
 
 
+def _asked(tool: str, intent: str, arguments: dict[str, Any], said: str) -> Callable[..., Reply]:
+    """A scenario of one call to the playground's `rooms` server, whose tool asks the requester
+    first (the harness parks the run until they answer); then it says what the tool said."""
+
+    def next_reply(task: str, turns: tuple[Turn, ...]) -> Reply:
+        if not turns:
+            return Reply(intent.format(**arguments), ((tool, arguments),))
+        done = next((c for c in turns[-1] if c.name == tool), None)
+        if done is None or done.is_error:
+            why = done.result if done else "no result came back"
+            return Reply(f"That did not go through. The harness said:\n{_quote(why)}")
+        return Reply(f"{said}\n{_quote(done.result)}")
+
+    return next_reply
+
+
+def _book(task: str, turns: tuple[Turn, ...]) -> Reply:
+    named = re.search(r"\broom\s+([A-Za-z0-9-]{1,20})\b", task, re.IGNORECASE)
+    room = named[1] if named and named[1].lower() not in ("for", "on", "at", "in") else "Orion"
+    intent = "I'll book room {room}; the rooms server will ask you the details."
+    return _asked(ROOMS_BOOK, intent, {"room": room}, "The rooms server answered:")(task, turns)
+
+
+def _sign_in(task: str, turns: tuple[Turn, ...]) -> Reply:
+    named = re.search(
+        r"\b(?:sign|log)[ -]?in (?:to|into|at) (?:the )?([A-Za-z0-9.-]{1,40})", task, re.IGNORECASE
+    )
+    service = named[1].rstrip(".") if named else "the calendar"
+    intent = "I'll sign in to {service}; the rooms server will send you to its sign-in page."
+    return _asked(ROOMS_SIGN_IN, intent, {"service": service}, "The rooms server answered:")(task, turns)
+
+
 SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("sign-in", ("sign in", "sign-in", "log in", "login"), (ROOMS_SIGN_IN,), _sign_in),
+    Scenario("booking", ("book", "room"), (ROOMS_BOOK,), _book),
     Scenario("secret", ("secret",), ("write_file",), _secret),
     Scenario("delete", ("delete", "remove"), ("list_files", "delete_file"), _delete),
     Scenario("forever", ("forever", "loop", "valve"), ("list_files",), _forever),

@@ -4,8 +4,10 @@ Read from the same config the bot and the worker run with (`HARNESS_CONFIG`), by
 they use: `Config.match` picks the profile, `Catalog.narrowed` the tools, `Policy.decide` their
 tiers, so the page shows what `python -m harness --list-tools --channel C…` prints for the
 built-ins. Module and MCP tools are only named by where they come from: the playground imports no
-module and starts no server. A stdio server whose command is not there is shown as down, with the
-reason the worker logs (`harness.tools.mcp_command`), told without the command. Nothing here is
+module and starts no server. A stdio server that cannot start is shown as down, with the reason
+the worker logs: no bubblewrap on the PATH (`harness.tools.sandbox`), or a command that is not
+there (`harness.tools.mcp_command`), told without the command. (A kernel that refuses bubblewrap
+its namespaces is found out only when the worker tries: the worker's log says so.) Nothing here is
 secret: profile, tool and server names, tiers and why, user IDs; never a server's command, URL,
 environment or headers.
 """
@@ -13,10 +15,12 @@ environment or headers.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from harness.config import Config
+from harness import texts
+from harness.config import Config, McpServerConfig
 from harness.tools.catalog import Catalog
 from harness.tools.files import BUILTIN_TOOLS
 from harness.tools.mcp_command import command_problem
@@ -67,6 +71,15 @@ def tools(settings: Config) -> list[Json]:
     return listed
 
 
+def _problem(server: McpServerConfig, environ: Mapping[str, str]) -> str | None:
+    """Why the worker cannot start `server` here, as it says it (without the command), or None.
+
+    A stdio server runs only in bubblewrap, which the worker looks for first, on its PATH."""
+    if server.command is not None and shutil.which("bwrap", path=environ.get("PATH")) is None:
+        return texts.SANDBOX_MISSING
+    return command_problem(server, environ, os.getcwd(), named=False)
+
+
 def describe(
     config: Config,
     channels: Iterable[Channel],
@@ -80,7 +93,7 @@ def describe(
     for (this process's environment and directory, which `make run` gives its worker too)."""
     people = tuple(people)
     environ = os.environ if environ is None else environ
-    problems = {s.name: command_problem(s, environ, os.getcwd(), named=False) for s in config.mcp_servers}
+    problems = {s.name: _problem(s, environ) for s in config.mcp_servers}
     described = {}
     for channel in channels:
         match = config.match(channel.id, TEAM_ID)

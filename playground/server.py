@@ -40,6 +40,7 @@ from playground import bot_client, demo_model, demo_stream
 from playground.bot_client import Bot, BotUnreachable
 from playground.delivery import Deliveries
 from playground.slack import BOT_USER_ID, CHANNEL_ID, ApiError, Channel, Person, Workspace
+from playground.view_inputs import state_values
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,7 @@ class Playground:
         view = self.workspace.view(str(view_id), person.id)
         if view is None:
             raise PageError("that view is no longer open")
-        values = _state_values(view, typed if isinstance(typed, dict) else {})
+        values = state_values(view, typed if isinstance(typed, dict) else {})
         trigger = self.workspace.new_trigger(person.id)
         reply = self._deliver(
             lambda: self.bot.send_interaction(
@@ -211,6 +212,8 @@ class Playground:
         answer = reply.body if isinstance(reply.body, dict) else {}
         if answer.get("response_action") == "errors":
             errors = {str(k): str(v) for k, v in (answer.get("errors") or {}).items()}
+            if not errors or set(errors) - set(values):  # Slack shows no error but under an input block
+                raise PageError(f"the bot's errors name no input block of the view: {sorted(errors)}", 502)
             self.workspace.close_view(view["id"], person.id, errors=errors)
             return {"ok": False, "errors": errors}
         self.workspace.close_view(view["id"], person.id)
@@ -307,22 +310,6 @@ def _element(blocks: Any, block_id: Any, action_id: Any, value: Any = None) -> J
                         action[key] = element[key]
                 return action
     raise PageError("that button is no longer there (the message changed)")
-
-
-def _state_values(view: Json, typed: Json) -> Json:
-    """A view's `state.values` from what the page typed: every input block, typed or not."""
-    values: Json = {}
-    for block in view.get("blocks") or []:
-        if not isinstance(block, dict) or block.get("type") != "input":
-            continue
-        element = block.get("element") or {}
-        block_id, action_id = str(block.get("block_id")), str(element.get("action_id"))
-        given = (typed.get(block_id) or {}).get(action_id) if isinstance(typed.get(block_id), dict) else None
-        value = given if isinstance(given, str) else element.get("initial_value")
-        values[block_id] = {
-            action_id: {"type": element.get("type", "plain_text_input"), "value": value or None}
-        }
-    return values
 
 
 class Server(ThreadingHTTPServer):

@@ -47,6 +47,7 @@ from playground.slack_store import (
     SlackStore,
     Trigger,
 )
+from playground.view_inputs import Refused, check_inputs
 
 __all__ = [
     "APP_ID",
@@ -574,4 +575,8 @@ def _view(params: Json, kind: str) -> Json:
         raise ApiError("invalid_arguments")
     if not isinstance(view.get("blocks"), list) or not all(isinstance(b, dict) for b in view["blocks"]):
         raise ApiError("invalid_arguments")
+    try:
+        check_inputs(view["blocks"])
+    except Refused:
+        raise ApiError("invalid_arguments") from None
     return {**copy.deepcopy(view), "blocks": _with_block_ids(view["blocks"])}

@@ -26,6 +26,7 @@ from slack_sdk import WebClient
 
 from launch.modes import PLAYGROUND_CONFIG
 from playground.slack import CHANNEL_ID, OPS_CHANNEL_ID, TEAM_ID
+from tests.mcp_support import require_bwrap
 from tests.playground_support import (
     ALICE,
     BOB,
@@ -537,7 +538,7 @@ def test_an_mcp_server_whose_command_is_not_there_shows_as_down_and_why(
         playground(db, tmp_path / "ws", HARNESS_CONFIG=str(config)) as started,
         opened(browser, started.url) as tab,
     ):
-        in_channel(tab, OPS_CHANNEL_ID)
+        in_channel(tab, CHANNEL_ID)  # #ops offers no MCP server
         down = tab.locator('#profile-tools [data-down="MCP server tickets"]')
         expect(down).to_have_text("MCP server tickets · down")
         expect(tab.locator("#profile-rules")).to_contain_text(
@@ -553,3 +554,117 @@ def test_an_mcp_server_whose_command_is_not_there_shows_as_down_and_why(
             "cannot start: its command 'tickets-mcp-not-installed' is not on the PATH it is given"
             in worker_said
         )
+
+
+# --- a tool's server asks the requester (the playground's own `rooms` MCP server) -------------
+
+
+def test_a_booking_asks_the_requester_a_form_whose_wrong_answer_is_refused_under_its_field(
+    tab: Any, redis_db: str, tmp_path: Path
+) -> None:
+    """The demo model calls `rooms__book_room`; the real server (over stdio, in bubblewrap) asks a form."""
+    expect = pytest.importorskip("playwright.sync_api").expect
+    require_bwrap()
+    as_user(tab, ALICE)
+    parent = mention(tab, "book room 4B for the retro")
+    prompt = tab.locator(".ephemeral", has_text="rooms asks, before").last
+    expect(prompt).to_contain_text("Only visible to you")
+    expect(prompt).to_contain_text("It asks for: title, people, floor, lunch, day, equipment.")
+    note = tab.locator("#messages [data-ts]", has_text="the run waits for their answer").last
+    expect(note).to_be_visible()
+
+    as_user(tab, CAROL)  # someone else sees the note, never the prompt, and cannot answer
+    expect(tab.locator(".ephemeral", has_text="rooms asks, before")).to_have_count(0)
+    note.locator("button[data-action-id=provide_input]").click()
+    refused = tab.locator(".ephemeral", has_text="who asked for this run, can answer")
+    expect(refused.first).to_be_visible()
+    expect(tab.locator("#modal")).to_have_count(0)
+
+    as_user(tab, ALICE)
+    prompt.locator("button[data-action-id=provide_input]").click()
+    modal = tab.locator("#modal")
+    expect(modal).to_be_visible()
+    modal.locator("#input-title").fill("Planning zq7")
+    modal.locator("#input-people").fill("99")  # the form allows 1 to 12
+    modal.locator("#input-floor").select_option("3")
+    modal.get_by_label("Yes").check()
+    modal.locator("#input-day").fill("2026-12-11")
+    modal.locator("#input-equipment").select_option(["screen", "whiteboard"])
+    tab.click("#modal-submit")
+    people = modal.locator('.bk-input[data-block-id="people"]')
+    expect(people.locator(".bk-error")).to_have_text("At most 12.")
+    expect(modal.locator(".bk-error")).to_have_count(1)  # under that field alone
+    expect(modal.locator("#input-title")).to_have_value("Planning zq7")  # what was typed is kept
+    shoot(tab, "playground-input-form.png", tmp_path)
+
+    modal.locator("#input-people").fill("6")
+    tab.click("#modal-submit")
+    expect(modal).to_be_hidden()
+    booked = "Booked room 4B on the second floor on 2026-12-11 for 6 people, with lunch,"
+    expect(tab.get_by_text(f"{booked} needing screen, whiteboard.").first).to_be_visible()
+    expect(tab.locator("#messages")).not_to_contain_text("zq7")  # the title typed stays the server's
+    expect(tab.get_by_text("That took 1 turns of tool calls across 2 model requests.").first).to_be_visible()
+    expect(tab.get_by_text("answered what rooms asked").first).to_be_visible()
+    assert len(runs_started_by(redis_db, str(parent.get_attribute("data-ts")))) == 1
+
+
+def test_a_sign_in_asks_the_requester_to_visit_an_address_then_say_they_finished(tab: Any) -> None:
+    expect = pytest.importorskip("playwright.sync_api").expect
+    require_bwrap()
+    # The address is on example.com, a documentation domain: the browser is given a page for it
+    # here, offline, and the demo goes on when the person says they finished.
+    visited: list[str] = []
+
+    def serve(route: Any) -> None:
+        visited.append(route.request.url)
+        route.fulfill(status=200, content_type="text/html", body="<title>Signed in</title><p>Signed in.</p>")
+
+    tab.context.route("https://example.com/**", serve)
+    as_user(tab, ALICE)
+    tab.locator(".chip", has_text="Sign in to the wiki").click()  # the page's own suggestion
+    expect(tab.locator("#composer")).to_have_value("Sign in to the wiki")
+    tab.press("#composer", "Enter")
+    prompt = tab.locator(".ephemeral", has_text="rooms asks, before").last
+    expect(prompt).to_contain_text("It sends you to example.com.")
+    link = prompt.locator("a[data-action-id=open_input_url]")
+    expect(link).to_have_attribute("href", "https://example.com/sign-in?service=wiki")
+    expect(link).to_have_attribute("target", "_blank")
+    with tab.context.expect_page() as opened_tab:
+        link.click()  # a new tab, and the click goes to the bot too (it acks it), as in Slack
+    opened_tab.value.wait_for_load_state()
+    assert visited == ["https://example.com/sign-in?service=wiki"]
+    opened_tab.value.close()
+
+    prompt.locator("button[data-action-id=provide_input]").click()  # "I've finished"
+    expect(tab.get_by_text("Signed in to wiki (a demo: nothing was signed in to).").first).to_be_visible()
+    expect(tab.get_by_text("That took 1 turns of tool calls across 2 model requests.").last).to_be_visible()
+
+
+def test_without_bubblewrap_the_playground_starts_and_shows_its_rooms_server_down_and_why(
+    browser: Any, redis_server: Any, tmp_path: Path
+) -> None:
+    """No stdio server starts outside bubblewrap; the playground still does, and says why it is down."""
+    expect = pytest.importorskip("playwright.sync_api").expect
+    no_bwrap = tmp_path / "bin"  # every program on this PATH but bwrap
+    no_bwrap.mkdir()
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        for program in Path(folder).glob("*") if Path(folder).is_dir() else ():
+            if program.name != "bwrap" and not (no_bwrap / program.name).exists():
+                (no_bwrap / program.name).symlink_to(program)
+    (tmp_path / "ws").mkdir()
+    db = str(redis_server.url.rsplit("/", 1)[0] + "/13")
+    with (
+        playground(db, tmp_path / "ws", PATH=str(no_bwrap)) as started,
+        opened(browser, started.url) as tab,
+    ):
+        down = tab.locator('#profile-tools [data-down="MCP server rooms"]')
+        expect(down).to_have_text("MCP server rooms · down")
+        expect(tab.locator("#profile-rules")).to_contain_text(
+            "MCP server rooms is down: bubblewrap (bwrap) is not installed"
+        )
+        as_user(tab, ALICE)
+        mention(tab, "book a room for the retro")
+        expect(
+            tab.get_by_text("it needs rooms__book_room, which this run does not offer").first
+        ).to_be_visible()
+        assert "bubblewrap (bwrap) is not installed" in started.output()  # the worker's log says so too

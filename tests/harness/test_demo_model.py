@@ -33,7 +33,16 @@ from tests.harness.test_cli import harness as run_cli
 from tests.playground_support import stand_in
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOLS = ToolRegistry(BUILTIN_TOOLS).schemas()
+# The built-ins, and the two tools of the playground's own MCP server as a run is offered them.
+ROOMS_TOOLS = [
+    {
+        "name": name,
+        "description": "A tool of the playground's rooms server (it asks the requester first).",
+        "input_schema": {"type": "object", "properties": {arg: {"type": "string"}}, "required": [arg]},
+    }
+    for name, arg in (("rooms__book_room", "room"), ("rooms__sign_in", "service"))
+]
+TOOLS = [*ToolRegistry(BUILTIN_TOOLS).schemas(), *ROOMS_TOOLS]
 NAMES = tuple(t["name"] for t in TOOLS)
 ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 TIME = "2030-01-02T03:04:05Z"
@@ -236,6 +245,50 @@ def test_forever_repeats_the_same_turn_with_fresh_ids() -> None:
     assert len(set(ids)) == len(ids)
 
 
+# --- the rooms server: a tool whose server asks the requester first ----------------------------
+
+
+def test_a_booking_calls_the_rooms_server_with_the_room_named_then_says_what_it_booked() -> None:
+    run = Conversation("Book room 4B for the retro on Friday")
+    first = run.ask()
+    assert [(u["name"], u["input"]) for u in tool_uses(first)] == [("rooms__book_room", {"room": "4B"})]
+    assert "ask you the details" in first["content"][0]["text"]
+    said = "Booked room 4B on the second floor for 6 people, with lunch, needing screen."
+    final = answer(run.answer((said, False)))
+    assert "The rooms server answered:" in final and f"> {said}" in final
+
+
+def test_a_booking_with_no_room_named_books_a_default_one_and_a_decline_is_said_as_such() -> None:
+    run = Conversation("Please book a meeting room for us")
+    (call,) = tool_uses(run.ask())
+    assert call["input"] == {"room": "Orion"}
+    final = answer(run.answer(("Room Orion was not booked: the person chose decline.", False)))
+    assert "> Room Orion was not booked: the person chose decline." in final
+
+
+def test_a_sign_in_calls_the_rooms_server_for_the_service_named_and_quotes_a_failure() -> None:
+    run = Conversation("Sign in to Jira, then list my tickets")
+    (call,) = tool_uses(run.ask())
+    assert (call["name"], call["input"]) == ("rooms__sign_in", {"service": "Jira"})
+    why = "Not run: nobody answered in time."
+    final = answer(run.answer((why, True)))
+    assert "did not go through" in final and f"> {why}" in final
+
+
+@pytest.mark.parametrize(
+    ("task", "service"),
+    [("log in please", "the calendar"), ("sign-in for me", "the calendar"), ("login to the wiki", "wiki")],
+)
+def test_a_sign_in_signs_in_to_the_service_named_else_to_the_calendar(task: str, service: str) -> None:
+    (call,) = tool_uses(Conversation(task).ask())
+    assert (call["name"], call["input"]) == ("rooms__sign_in", {"service": service})
+
+
+def test_without_the_rooms_server_a_booking_names_the_tool_it_lacks() -> None:
+    final = answer(Conversation("book a room", tools=tuple(t["name"] for t in TOOLS[:-2])).ask())
+    assert "`rooms__book_room`" in final and "does not offer" in final
+
+
 # --- a reviewer's edit ------------------------------------------------------------------------
 
 
@@ -381,7 +434,9 @@ _blocks = st.one_of(
 )
 _contents = st.one_of(st.none(), st.text(), st.lists(_blocks, max_size=4))
 _tasks = st.one_of(
-    st.sampled_from(["hello", "delete a file", "remove it", "my secret", "loop forever", "valve"]),
+    st.sampled_from(
+        ["hello", "delete a file", "remove it", "my secret", "loop forever", "valve", "book a room", "log in"]
+    ),
     st.text(min_size=1).filter(str.strip),
 )
 

@@ -239,6 +239,9 @@ def test_no_slack_setting_at_all_means_the_playground_with_its_own_slack_and_mod
     assert play["PORT"] == "4321" and web["PORT"] != "4321" and web["HOST"] == "127.0.0.1"
     assert play["PLAYGROUND_BOT_URL"] == f"http://127.0.0.1:{web['PORT']}/slack/events"
     assert worker["HARNESS_CONFIG"].endswith("playground/config.toml")
+    # what the playground's config starts its own MCP server (`rooms`) with: this Python, this project
+    assert worker["PLAYGROUND_PYTHON_BIN"] == os.path.dirname(sys.executable)
+    assert worker["PLAYGROUND_ROOT"] == str(ROOT)
     again, _ = playground_envs({})
     assert again["web"]["SLACK_SIGNING_SECRET"] != web["SLACK_SIGNING_SECRET"]  # fresh per start
 

@@ -13,6 +13,7 @@ import pytest
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
+from harness import texts
 from harness.config import load_config
 from messages.home import PERMALINK
 from playground import server as server_module
@@ -482,8 +483,9 @@ mcp = ["tickets"]
     )
     tools = tmp_path / "tools"
     tools.mkdir()
-    (tools / "tickets-server").write_text("#!/bin/sh\n")
-    (tools / "tickets-server").chmod(0o755)
+    for program in ("tickets-server", "bwrap"):  # the sandbox a stdio server runs in, found on PATH too
+        (tools / program).write_text("#!/bin/sh\n")
+        (tools / program).chmod(0o755)
     loaded = load_config(config, env={"TICKETS_KEY": "var-secret-4"})
     described = describe(loaded, CHANNELS, PEOPLE, environ={"TICKETS_KEY": "k", "PATH": str(tools)})
     shown = json.dumps(described)
@@ -500,7 +502,10 @@ mcp = ["tickets"]
     ):
         assert secret not in shown
     # Where its command is not there, the server is shown as down, and why, still without it.
-    elsewhere = {"TICKETS_KEY": "k", "PATH": str(tmp_path / "empty")}
+    sandbox_only = tmp_path / "empty"
+    sandbox_only.mkdir()
+    (sandbox_only / "bwrap").symlink_to(tools / "bwrap")
+    elsewhere = {"TICKETS_KEY": "k", "PATH": str(sandbox_only)}
     described = describe(loaded, CHANNELS, PEOPLE, environ=elsewhere)
     assert described[CHANNEL_ID]["elsewhere"] == ["MCP server wiki"]
     assert described[OPS_CHANNEL_ID]["elsewhere"] == []
@@ -512,6 +517,11 @@ mcp = ["tickets"]
     }
     assert described[CHANNEL_ID]["down"] == [down]
     assert "tickets-server" not in json.dumps(described) and "empty" not in json.dumps(described)
+    # Without bubblewrap no stdio server starts (the worker goes on without it): down, and why.
+    (tools / "bwrap").unlink()
+    described = describe(loaded, CHANNELS, PEOPLE, environ={"TICKETS_KEY": "k", "PATH": str(tools)})
+    assert described[OPS_CHANNEL_ID]["down"] == [{"name": "MCP server tickets", "why": texts.SANDBOX_MISSING}]
+    assert described[CHANNEL_ID]["elsewhere"] == ["MCP server wiki"]
 
 
 @pytest.mark.filterwarnings("ignore:The top-level `text` argument is missing")

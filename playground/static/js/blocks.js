@@ -1,12 +1,13 @@
 /*
  * Block Kit blocks and elements as the page draws them: sections, context, rich text, headers,
  * actions with their buttons (a click is sent to the server as the bot's block_actions), and a
- * modal's input fields. Anything else is drawn as a placeholder naming it.
+ * modal's input fields (inputs.js). Anything else is drawn as a placeholder naming it.
  */
 
 import { post } from './api.js';
 import { askConfirm } from './dialogs.js';
 import { button, el } from './dom.js';
+import { renderInput } from './inputs.js';
 import { EMOJI, isSafeUrl, makeLink, plainText, renderMrkdwn, renderText, renderToken } from './mrkdwn.js';
 import { app } from './state.js';
 
@@ -157,41 +158,6 @@ function renderRichText(block) {
   };
   (block.elements || []).forEach((elem) => root.append(part(elem)));
   return root;
-}
-
-/** One input block of a modal: label, field (keeps what was typed), hint and error. */
-function renderInput(block, index, ctx) {
-  const blockId = block.block_id || `input_${index}`;
-  const element = block.element || {};
-  const node = el('div', 'bk-input');
-  node.dataset.blockId = blockId;
-  const label = el('label', 'bk-input-label', plainText(block.label));
-  if (block.optional) label.append(el('span', 'optional', ' (optional)'));
-  node.append(label);
-  if (element.type !== 'plain_text_input') {
-    node.append(placeholder(element.type || 'input'));
-    return node;
-  }
-  const field = el(element.multiline ? 'textarea' : 'input', 'bk-field-input');
-  if (!element.multiline) field.type = 'text';
-  else field.rows = 4;
-  field.id = `input-${blockId}`;
-  label.htmlFor = field.id;
-  field.dataset.blockId = blockId;
-  field.dataset.actionId = element.action_id || 'value';
-  if (element.placeholder) field.placeholder = plainText(element.placeholder);
-  if (element.max_length) field.maxLength = element.max_length;
-  const saved = app.modal.values[blockId];
-  field.value = saved !== undefined ? saved : element.initial_value || '';
-  field.addEventListener('input', () => { app.modal.values[blockId] = field.value; });
-  node.append(field);
-  if (block.hint) node.append(el('div', 'bk-hint', plainText(block.hint)));
-  const error = (ctx.errors || {})[blockId];
-  if (error) {
-    node.classList.add('has-error');
-    node.append(el('div', 'bk-error', error));
-  }
-  return node;
 }
 
 function renderBlock(block, ctx, index) {

@@ -15,6 +15,8 @@ const SUGGESTIONS = [
   'List the files forever (shows a valve)',
   'Write my secret to secrets/token.txt (shows a deny)',
   'Write a long report on the folder (shows a file)',
+  "Book room 4B for the retro (shows a server's form)",
+  "Sign in to the wiki (shows a server's link)",
 ];
 
 /** Enter sends, Shift+Enter starts a new line. */

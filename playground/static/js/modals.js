@@ -7,6 +7,7 @@ import { post, showError } from './api.js';
 import { renderBlocks } from './blocks.js';
 import { dialogFrame } from './dialogs.js';
 import { $, button } from './dom.js';
+import { readInput } from './inputs.js';
 import { plainText } from './mrkdwn.js';
 import { app } from './state.js';
 
@@ -39,7 +40,7 @@ export function renderModal() {
   app.sigs.modal = sig;
   layer.replaceChildren(buildModal(top.entry, errors));
   layer.hidden = false;
-  const first = layer.querySelector(fresh ? 'input, textarea' : '.has-error input, .has-error textarea');
+  const first = layer.querySelector(fresh ? 'input, textarea, select' : '.has-error input, .has-error textarea, .has-error select');
   if (first) first.focus();
   else if (fresh) $('modal').focus();
 }
@@ -61,8 +62,9 @@ function buildModal(entry, errors) {
 
 async function submitModal(entry, button) {
   const values = {};
-  for (const field of $('modal').querySelectorAll('.bk-field-input')) {
-    values[field.dataset.blockId] = { [field.dataset.actionId]: field.value };
+  for (const node of $('modal').querySelectorAll('.bk-input')) {
+    const value = readInput(node);
+    if (value !== undefined) values[node.dataset.blockId] = { [node.dataset.actionId]: value };
   }
   const key = app.modal.key;
   button.disabled = true;
