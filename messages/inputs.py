@@ -162,7 +162,10 @@ def input_modal(
             block["hint"] = _plain(str(spec["description"])[:HINT_MAX])
         blocks.append(block)
     blocks.append(
-        context("What you submit goes to the server only; it is not kept in the thread or the log.")
+        context(
+            "What you send goes to the server: this app keeps it in no thread, log or record "
+            "(the server's answer may quote it)."
+        )
     )
     return {
         "type": "modal",
