@@ -33,6 +33,7 @@ _SECRET_FLAGS = ("writeOnly", "x-secret", "secret", "sensitive")
 
 EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 QUESTIONS_MAX = 8  # questions in one round; more is a server misbehaving (answered with an error)
+URL_MAX = 3_000  # Slack's limit for a link button's url
 MESSAGE_MAX = 2_000  # characters of a question's message kept (a card shows less)
 FIELDS_MAX = 20  # fields of one form (a Slack modal holds 100 blocks; a person, far fewer)
 
@@ -53,8 +54,15 @@ class InputQuestion:
 
     @property
     def domain(self) -> str:
-        """The host a URL question sends the person to (shown before they click)."""
-        return urlsplit(self.url).hostname or ""
+        """The host a URL question sends the person to, shown before they click: in its ASCII form
+        (`xn--…`) when it has other characters, so a look-alike of a known name shows as what it is."""
+        host = urlsplit(self.url).hostname or ""
+        if host.isascii():
+            return host
+        try:
+            return host.encode("idna").decode("ascii")
+        except UnicodeError:
+            return host.encode("ascii", "backslashreplace").decode("ascii")
 
     @property
     def fields(self) -> dict[str, dict[str, Any]]:
@@ -231,6 +239,8 @@ def question_of(key: str, method: str, params: dict[str, Any]) -> InputQuestion:
         parts = urlsplit(url)
         if parts.scheme != "https" or not parts.hostname:
             raise BadInputRequest("it asked the person to visit an address that is not https")
+        if len(url) > URL_MAX:
+            raise BadInputRequest(f"it asked the person to visit an address longer than {URL_MAX} characters")
         return InputQuestion(key, "url", message, url=url)
     schema = params.get("requestedSchema")
     if schema is None:

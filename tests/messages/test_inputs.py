@@ -218,3 +218,23 @@ def test_typed_answers_keep_to_the_bounds() -> None:
         except ValueError:
             continue
         raise AssertionError(f"{bad!r} passed {spec}")
+
+
+def test_a_look_alike_domain_shows_in_its_ascii_form() -> None:
+    q = InputQuestion("login", "url", "Sign in", url="https://аpple.com/login")  # a Cyrillic "а"
+    assert q.domain == "xn--pple-43d.com"
+    assert (
+        InputQuestion("l", "url", "", url="https://user:pw@auth.example.com/x").domain == "auth.example.com"
+    )
+
+
+def test_an_address_a_link_cannot_hold_is_not_asked() -> None:
+    from harness.tools.inputs import BadInputRequest, question_of
+
+    params = {"mode": "url", "message": "Go", "url": "https://auth.example.com/" + "a" * 3000}
+    try:
+        question_of("k", "elicitation/create", params)
+    except BadInputRequest as exc:
+        assert "longer than 3000" in str(exc)
+    else:
+        raise AssertionError("a 3,000-character address was asked")
