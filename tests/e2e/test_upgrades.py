@@ -25,9 +25,11 @@ from typing import Any
 import pytest
 import redis
 
+from harness.state import STATE_VERSIONS
 from runtime.queue import make_queue
 from store import RECORD_VERSION, RunRecord, RunStatus, pack, unpack
 from store.keys import Keys
+from store.threads import HISTORY_VERSIONS
 from tests.e2e.test_failover import TOOLS
 from tests.e2e.test_faults import FAST_LEASE, card_of, is_card, posts, wait_text
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
@@ -160,9 +162,9 @@ def test_a_worker_leaves_runs_a_newer_release_wrote_as_they_were_until_it_reads_
     assert {ts: len(posts(stack, ch, ts)) for ch, ts in (("C1", p_ts), ("C2", q_ts), ("C3", r_ts))} == seen
     assert len(stack.model.requests) == 2 and ledger(stack) == []
     for run_id, what in (
-        (p.run_id, "stored run state has format version 2"),
+        (p.run_id, f"stored run state has format version {max(STATE_VERSIONS) + 1}"),
         (q.run_id, f"stored run record has format version {RECORD_VERSION + 1}"),
-        (r.run_id, "stored thread history has format version 2"),
+        (r.run_id, f"stored thread history has format version {max(HISTORY_VERSIONS) + 1}"),
     ):
         said = [line for line in worker.output().splitlines() if run_id in line and "left untouched" in line]
         assert len(said) == 1 and what in said[0], worker.output()
@@ -229,14 +231,14 @@ def value_of_call(card: dict[str, Any]) -> str:
 def newer_state(conn: redis.Redis, run_id: str) -> None:
     """Rewrite the run as a newer release would: its harness state in a format after this one's."""
     data = json.loads(unpack(conn.get(Keys.run(run_id))))
-    data["state"]["version"] = 2
+    data["state"]["version"] = max(STATE_VERSIONS) + 1
     conn.set(Keys.run(run_id), pack(json.dumps(data)), keepttl=True)
 
 
 def newer_history(conn: redis.Redis, record: RunRecord) -> None:
     """Rewrite the thread's history as a newer release would: a format after this one's."""
     data = json.loads(unpack(conn.hget(Keys.history(*record.thread), "data")))
-    data["version"] = 2
+    data["version"] = max(HISTORY_VERSIONS) + 1
     conn.hset(Keys.history(*record.thread), "data", pack(json.dumps(data)))
 
 
