@@ -8,7 +8,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TextIO
 
 from harness import release, texts
@@ -32,6 +32,7 @@ from harness.loop import (
 from harness.policy import Policy
 from harness.state import Decision, RunState, Verdict, new_run, record_decisions
 from harness.tools.catalog import Catalog, open_catalog
+from harness.tools.registry import ToolRegistry
 from harness.tools.undumpable import protect_process
 
 SHOWN_RESULT_CHARS = 200
@@ -108,9 +109,17 @@ class Terminal:
         print(line, file=self.out, flush=True)
 
 
-def run_in_terminal(task: str, agent: Agent, terminal: Terminal) -> tuple[RunState, Outcome]:
-    """Drive one run to its end, asking the terminal for every approval."""
-    result = step(new_run(task), agent)
+def run_in_terminal(
+    task: str, agent: Agent, terminal: Terminal, offered: Callable[[], ToolRegistry] | None = None
+) -> tuple[RunState, Outcome]:
+    """Drive one run to its end, asking the terminal for every approval; `offered`: the tools
+    offered now (an MCP server's may change), read again before every step."""
+
+    def now(agent: Agent) -> Agent:
+        tools = offered() if offered is not None else agent.tools
+        return agent if tools is agent.tools else replace(agent, tools=tools)
+
+    result = step(new_run(task), now(agent))
     while True:
         for event in result.events:
             terminal.show(event)
@@ -124,6 +133,7 @@ def run_in_terminal(task: str, agent: Agent, terminal: Terminal) -> tuple[RunSta
             state = record_decisions(state, terminal.decide(outcome))
         elif outcome is not None:
             return state, outcome
+        agent = now(agent)
         result = step(state, agent)
 
 
@@ -305,7 +315,7 @@ def _run(task: str, config: Config, catalog: Catalog) -> int:
         return EXIT_USAGE
     terminal = Terminal(sys.stdout, input)
     try:
-        state, outcome = run_in_terminal(task, Agent.from_config(config, catalog), terminal)
+        state, outcome = run_in_terminal(task, Agent.from_config(config, catalog), terminal, catalog.registry)
     except KeyboardInterrupt:
         terminal.say("\n" + texts.CLI_INTERRUPTED)
         return EXIT_INTERRUPTED

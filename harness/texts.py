@@ -183,6 +183,9 @@ MCP_LOST_OUTCOME_UNKNOWN = (
     "It may or may not have taken effect; it was NOT run again. Check before trying again."
 )
 MCP_CALL_FAILED = "Error: {name} failed: {error}"
+MCP_TOOL_GONE = (
+    "Not executed: the MCP server {server!r} no longer offers {name} (its tools changed), so it did not run."
+)
 MCP_IMAGE_DROPPED = "[an image was left out: {why}]"
 MCP_BLOB_RESOURCE = "(binary resource {uri}, not shown)"
 MCP_CONTENT_DROPPED = "[a block of type {kind!r} was left out: the model cannot read it]"

@@ -78,6 +78,7 @@ from workers.phases import (
 from workers.services import Services
 from workers.stepping import (
     agent_of,
+    offered_now,
     owe_summaries,
     record_rulings,
     thread_profile,
@@ -203,6 +204,7 @@ def _advance(svc: Services, driver: Driver, state: RunState) -> Leave:
     working = functools.partial(thread_status.show, svc, phase=thread_status.Phase.WORKING)
     while True:
         driver.dispatch(then=working)  # the status after the posts: a post in a DM clears it
+        agent = offered_now(svc, driver, agent)
         result = step(state, agent)
         state = result.state
         record_rulings(svc, driver, result.events, agent)

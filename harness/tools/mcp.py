@@ -42,6 +42,7 @@ from harness import texts
 from harness.config import ResolvedServer
 from harness.tools.base import ToolResult
 from harness.tools.mcp_bounds import bound_stdio_reads, convert_result
+from harness.tools.mcp_changes import settle
 from harness.tools.mcp_command import CommandMissing
 from harness.tools.mcp_listing import SEPARATOR, Listing, McpTool, list_tools
 from harness.tools.mcp_transports import HttpTransport, SessionGuard, StdioTransport
@@ -63,6 +64,8 @@ _CLOSE_SECONDS = 5.0
 # An HTTP session at rest is pinged this often, so a server that restarted is noticed without a call.
 _PING_SECONDS = 15.0
 _PING_TIMEOUT_SECONDS = 10.0
+# How long listing the tools again after `notifications/tools/list_changed` may take.
+_RELIST_SECONDS = 30.0
 
 
 # --- the hub ---------------------------------------------------------------------------------
@@ -73,8 +76,13 @@ class _Server:
     resolved: ResolvedServer
     client: Any = None  # an open `mcp.Client` while up
     tools: tuple[McpTool, ...] = ()
+    # The tools last taken (with `pin_tools`, the first listed), kept while the server is down: what
+    # a later listing is compared with (`harness.tools.mcp_changes`).
+    known: tuple[McpTool, ...] | None = None
     reason: str = "not started yet"
     broken: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # it said its tools changed
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # `broken` or `changed` was set
     tried: threading.Event = field(default_factory=threading.Event)  # first attempt over
     up: asyncio.Event = field(default_factory=asyncio.Event)  # `client` is usable
     guard: SessionGuard | None = None  # the current HTTP connection's
@@ -89,6 +97,7 @@ class _Server:
         self.reason, self.recovering = reason, recovering
         self.up.clear()
         self.broken.set()
+        self.wake.set()
 
     @property
     def name(self) -> str:
@@ -237,7 +246,8 @@ class McpHub:
             try:
                 # Leaving this block ends the session gracefully (an HTTP session's DELETE is sent).
                 async with self._open(server) as client:
-                    tools = await list_tools(client, server.name, server.resolved.config.trust_annotations)
+                    server.changed.clear()  # what the new session lists is the news
+                    tools = self._settle(server, await self._list(server, client), "on a new session")
                     with self._lock:
                         server.client, server.tools, server.reason = client, tools, ""
                         failures, down_for = server.failures, time.time() - server.since
@@ -250,7 +260,12 @@ class McpHub:
                     delay = _BACKOFF_FIRST
                     _log_up(server, len(tools), failures, down_for)
                     opened = time.monotonic()
-                    await self._watch(server, client)
+                    listening = asyncio.ensure_future(_listen(server, client))
+                    try:
+                        await self._watch(server, client)
+                    finally:
+                        listening.cancel()
+                        await asyncio.gather(listening, return_exceptions=True)
                     steady = server.served or time.monotonic() - opened >= _STEADY_SECONDS
                     reason = lost = server.reason or "the session ended"
                     server.up.clear()
@@ -290,6 +305,7 @@ class McpHub:
 
     async def _watch(self, server: _Server, client: Any) -> None:
         """Return once the session is known to be dead: a call saw it, or it closed at rest.
+        Meanwhile, list its tools again whenever it says they changed.
 
         A stdio session closes with its process; an HTTP one does not notice that its server
         restarted until a request is refused, so one with a session id (the 2025 protocol) is
@@ -301,12 +317,45 @@ class McpHub:
             if _closed(client):
                 server.reason = "the session closed (the server exited?)"
                 return
+            if server.changed.is_set():
+                await self._relist(server, client)
             due = loop.time() >= pinged + _PING_SECONDS  # read each time: a test shortens it
             if server.guard is not None and server.guard.has_session and due:
                 await self._ping(server, client)
                 pinged = loop.time()
+            server.wake.clear()
+            if server.broken.is_set() or server.changed.is_set():
+                continue
             with suppress(TimeoutError):
-                await asyncio.wait_for(server.broken.wait(), _LIVENESS_SECONDS)
+                await asyncio.wait_for(server.wake.wait(), _LIVENESS_SECONDS)
+
+    async def _list(self, server: _Server, client: Any) -> tuple[McpTool, ...]:
+        return await list_tools(client, server.name, server.resolved.config.trust_annotations)
+
+    def _settle(self, server: _Server, listed: tuple[McpTool, ...], why: str) -> tuple[McpTool, ...]:
+        """The tools to offer after `listed` (pinned or taken: `harness.tools.mcp_changes`)."""
+        config = server.resolved.config
+        tools = settle(config.describe(), server.known, listed, pinned=config.pin_tools, why=why)
+        server.known = tools
+        return tools
+
+    async def _relist(self, server: _Server, client: Any) -> None:
+        """The server said its tools changed: list them again, and offer them from now on."""
+        server.changed.clear()
+        try:
+            listed = await asyncio.wait_for(self._list(server, client), _RELIST_SECONDS)
+        except Exception as exc:  # the session may be dying: its watch sees that; the tools stay
+            log.warning(
+                "MCP server %s said its tools changed, and listing them failed (%s); the tools "
+                "listed before are offered",
+                server.resolved.config.describe(),
+                _describe(exc),
+            )
+            return
+        tools = self._settle(server, listed, "notifications/tools/list_changed")
+        with self._lock:
+            if server.client is client:
+                server.tools = tools
 
     async def _ping(self, server: _Server, client: Any) -> None:
         """Ping an HTTP session; one the server refused or did not answer is opened again."""
@@ -323,15 +372,16 @@ class McpHub:
 
         resolved = server.resolved
         config = resolved.config
+        heard = _Notified(server)
         if config.command is not None:
             server.guard = None
-            return Client(StdioTransport(resolved, self._sandbox))
+            return Client(StdioTransport(resolved, self._sandbox), message_handler=heard)
         assert config.url is not None
         http = create_mcp_http_client(headers=dict(resolved.headers) or None)
         guard = server.guard = SessionGuard(lambda refused: self._refused(server, refused))
         hooks = http.event_hooks
         http.event_hooks = {**hooks, "response": [*hooks.get("response", []), guard.response]}
-        return Client(HttpTransport(config.url, http, streamable_http_client))
+        return Client(HttpTransport(config.url, http, streamable_http_client), message_handler=heard)
 
     def _refused(self, server: _Server, guard: SessionGuard) -> None:
         """The server refused the session of `guard`'s connection: open a new one now."""
@@ -368,6 +418,8 @@ class McpHub:
                 return ToolResult(
                     texts.MCP_SERVER_AWAY.format(server=server.name, name=qualified, reason=reason), True
                 )
+            if all(t.name != tool for t in server.tools):  # removed since the caller's listing
+                return ToolResult(texts.MCP_TOOL_GONE.format(server=server.name, name=qualified), True)
             try:
                 left = max(0.0, deadline - asyncio.get_running_loop().time())
                 result = await asyncio.wait_for(client.call_tool(tool, arguments), left)
@@ -384,6 +436,44 @@ class McpHub:
             server.served = True
             return convert_result(result)
         raise AssertionError("unreachable: the second attempt always returns")
+
+
+class _Notified:
+    """A session's message handler: `notifications/tools/list_changed` wakes its watch to list again."""
+
+    def __init__(self, server: _Server) -> None:
+        self._server = server
+
+    async def __call__(self, message: Any) -> None:
+        from mcp.types import ToolListChangedNotification
+
+        if isinstance(message, ToolListChangedNotification):
+            self._server.changed.set()
+            self._server.wake.set()
+
+
+async def _listen(server: _Server, client: Any) -> None:
+    """Keep a `subscriptions/listen` stream open for tool changes, at the 2026-07-28 protocol: there
+    a server sends `notifications/tools/list_changed` only on such a stream (an earlier protocol's
+    server sends them on the connection). Its events reach `_Notified` as well."""
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+    tools = client.server_capabilities.tools
+    if client.protocol_version not in MODERN_PROTOCOL_VERSIONS or tools is None or not tools.list_changed:
+        return
+    try:
+        async with client.listen(tools_list_changed=True) as subscription:
+            async for _event in subscription:
+                server.changed.set()
+                server.wake.set()
+    except Exception as exc:  # the tools stay as listed; a dying session is seen by its watch
+        if server.broken.is_set():
+            return
+        log.info(
+            "MCP server %s: its tool changes are not heard (%s)",
+            server.resolved.config.describe(),
+            _describe(exc),
+        )
 
 
 def _log_up(server: _Server, tools: int, failures: int, down_for: float) -> None:

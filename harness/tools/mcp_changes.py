@@ -1,0 +1,86 @@
+"""When a server's tools change: what a new listing adds, removes or redefines, and whether it is taken.
+
+A server says its tools changed (`notifications/tools/list_changed`), or a new session lists them
+again. Without `pin_tools` the new listing is taken and its changes named in one INFO line: an added
+tool is offered (and tiered by the policy like any other), a removed one no longer is, and a tool
+whose description or schema changed under the same name is offered as now defined. With
+`pin_tools = true` the tools first listed stay for the process's life: a listing that differs is
+named in one WARNING line and not taken (a rug-pull guard: a tool approved as one thing cannot
+quietly become another).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from harness.tools.mcp_listing import McpTool
+
+log = logging.getLogger("harness.mcp")
+
+_NAMED_MAX = 20  # tools named per kind of change in the one log line
+
+
+@dataclass(frozen=True)
+class Changes:
+    """The tool names a new listing adds, removes, and redefines (same name, another definition)."""
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.changed)
+
+    def describe(self) -> str:
+        """`added 'a'; removed 'b', 'c'; changed 'd'` (names as repr: they are the server's text)."""
+        parts = []
+        for label, names in (("added", self.added), ("removed", self.removed), ("changed", self.changed)):
+            if names:
+                shown = ", ".join(repr(n) for n in names[:_NAMED_MAX])
+                more = f" and {len(names) - _NAMED_MAX} more" if len(names) > _NAMED_MAX else ""
+                parts.append(f"{label} {shown}{more}")
+        return "; ".join(parts)
+
+
+def changes(old: tuple[McpTool, ...], new: tuple[McpTool, ...]) -> Changes:
+    """What `new` changes of `old`: a definition is its description, schemas, title, annotations."""
+    before = {t.name: t for t in old}
+    after = {t.name: t for t in new}
+    return Changes(
+        added=tuple(n for n in after if n not in before),
+        removed=tuple(n for n in before if n not in after),
+        changed=tuple(n for n in after if n in before and after[n] != before[n]),
+    )
+
+
+def settle(
+    server: str, known: tuple[McpTool, ...] | None, listed: tuple[McpTool, ...], *, pinned: bool, why: str
+) -> tuple[McpTool, ...]:
+    """The tools to offer after `listed`, given those `known` (None: the first listing, taken).
+
+    `server`: how the log names it; `why`: what made the hub list again.
+    """
+    if known is None:
+        return listed
+    found = changes(known, listed)
+    if not found:
+        return known
+    if pinned:
+        log.warning(
+            "MCP server %s: its tools changed (%s): %s; not taken: pin_tools = true keeps the %d tools "
+            "first listed",
+            server,
+            why,
+            found.describe(),
+            len(known),
+        )
+        return known
+    log.info(
+        "MCP server %s: its tools changed (%s): %s; %d tools offered",
+        server,
+        why,
+        found.describe(),
+        len(listed),
+    )
+    return listed

@@ -1,0 +1,207 @@
+"""A server whose tools change while it runs (`notifications/tools/list_changed`), and `pin_tools`.
+
+Against a real stdio server (`tests/fakes/mcp_moving_server.py`) at both protocol eras: the
+2026-07-28 one, where the change comes on a `subscriptions/listen` stream, and the 2025 one, where
+it comes on the connection.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.cli import Terminal, run_in_terminal
+from harness.config import Config, load_config
+from harness.loop import Finished
+from harness.policy import Tier
+from harness.tools import ToolContext
+from harness.tools.catalog import Catalog
+from harness.tools.mcp import McpHub
+from harness.tools.relay import RelayServer
+from tests.conftest import make_agent
+from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
+from tests.mcp_support import calls, require_bwrap
+from tests.stack import wait_until
+
+MOVING = Path(__file__).resolve().parents[1] / "fakes" / "mcp_moving_server.py"
+
+
+def moving_table(log: Path, *flags: str, pin: bool = False) -> str:
+    """A `[[mcp.servers]]` table running the moving server over stdio, named `moving`."""
+    require_bwrap()
+    args = json.dumps([str(MOVING), *flags])
+    table = (
+        f'[[mcp.servers]]\nname = "moving"\ncommand = {json.dumps(sys.executable)}\nargs = {args}\n'
+        f"env = {{ MCP_CALL_LOG = {json.dumps(str(log))} }}\nwritable = [{json.dumps(str(log.parent))}]\n"
+        "timeout_seconds = 10\n"
+    )
+    return table + ("pin_tools = true\n" if pin else "")
+
+
+def config_of(tmp_path: Path, toml: str) -> Config:
+    path = tmp_path / "harness.toml"
+    path.write_text(toml + '[policy]\ndefault = "ask"\n[policy.tools]\n"moving__extra" = "deny"\n')
+    return load_config(path, env={"HARNESS_WORKSPACE": str(tmp_path)})
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    (tmp_path / "server").mkdir(exist_ok=True)
+    return tmp_path / "server" / "calls.jsonl"
+
+
+@pytest.fixture(params=["2026-07-28", "2025"])
+def era(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """The moving server's flags for one protocol era."""
+    return () if request.param == "2026-07-28" else ("--legacy",)
+
+
+def started(tmp_path: Path, toml: str) -> tuple[Config, McpHub]:
+    config = config_of(tmp_path, toml)
+    return config, McpHub(config.resolved_servers({})).start()
+
+
+@pytest.fixture
+def moving(tmp_path: Path, log: Path, era: tuple[str, ...]) -> Iterator[tuple[Catalog, McpHub]]:
+    config, hub = started(tmp_path, moving_table(log, *era))
+    try:
+        yield Catalog.from_config(config, host=hub), hub
+    finally:
+        hub.close()
+
+
+@pytest.fixture
+def pinned(tmp_path: Path, log: Path, era: tuple[str, ...]) -> Iterator[tuple[Catalog, McpHub]]:
+    config, hub = started(tmp_path, moving_table(log, *era, pin=True))
+    try:
+        yield Catalog.from_config(config, host=hub), hub
+    finally:
+        hub.close()
+
+
+def offered(catalog: Catalog) -> set[str]:
+    return set(catalog.registry().names())
+
+
+def test_a_tool_added_later_is_offered_and_tiered_by_the_policy(
+    moving: tuple[Catalog, McpHub], tmp_path: Path, log: Path
+) -> None:
+    catalog, hub = moving
+    assert "moving__extra" not in offered(catalog)
+    assert not hub.call("moving", "add", {"name": "extra", "description": "An extra."}, False).is_error
+
+    assert wait_until(lambda: "moving__extra" in offered(catalog), timeout=20)
+    extra = catalog.registry().get("moving__extra")
+    assert extra is not None and extra.description == "An extra."
+    config = config_of(tmp_path, "")
+    assert config.policy.decide_tool("moving__extra").tier is Tier.DENY  # the policy's, as for any tool
+    answer = catalog.registry().run("moving__extra", {}, ToolContext(workspace=tmp_path))
+    assert answer.text == "I am extra"
+
+
+def test_a_removed_tool_is_no_longer_offered_and_a_call_of_it_never_reaches_the_server(
+    moving: tuple[Catalog, McpHub], tmp_path: Path, log: Path
+) -> None:
+    catalog, hub = moving
+    before = catalog.registry()  # what a run's step was given before the change
+    assert "moving__note" in before
+    assert not hub.call("moving", "drop", {"name": "note"}, False).is_error
+
+    assert wait_until(lambda: "moving__note" not in offered(catalog), timeout=20)
+    answer = before.run("moving__note", {"text": "hello"}, ToolContext(workspace=tmp_path))
+    assert answer.is_error and "no longer offers moving__note" in answer.text
+    assert [c for c in calls(log) if c["tool"] == "note"] == []
+
+
+def test_a_tool_redefined_under_its_name_is_offered_as_now_defined_and_logged_at_info(
+    moving: tuple[Catalog, McpHub], caplog: pytest.LogCaptureFixture
+) -> None:
+    catalog, hub = moving
+    caplog.set_level(logging.INFO, logger="harness.mcp")
+    redescribe = {"name": "note", "description": "Now it mails."}
+    assert not hub.call("moving", "redescribe", redescribe, False).is_error
+
+    def description() -> str:
+        found = catalog.registry().get("moving__note")
+        return found.description if found is not None else ""
+
+    assert wait_until(lambda: description() == "Now it mails.", timeout=20)
+    lines = [r for r in caplog.records if "its tools changed" in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.INFO]
+    assert "changed 'note'" in lines[0].getMessage()
+
+
+def test_pin_tools_keeps_the_first_listing_and_names_the_change_in_one_warning(
+    pinned: tuple[Catalog, McpHub], caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    catalog, hub = pinned
+    caplog.set_level(logging.INFO, logger="harness.mcp")
+    first = catalog.registry().get("moving__note")
+    assert first is not None
+    assert not hub.call("moving", "add", {"name": "extra", "description": "An extra."}, False).is_error
+    redescribe = {"name": "note", "description": "Now it mails."}
+    assert not hub.call("moving", "redescribe", redescribe, False).is_error
+
+    def warned() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if "its tools changed" in r.getMessage() and r.levelno == logging.WARNING
+        ]
+
+    assert wait_until(lambda: any("changed 'note'" in w for w in warned()), timeout=20)
+    assert any("added 'extra'" in w for w in warned())
+    assert all("pin_tools = true" in w for w in warned())
+    assert "moving__extra" not in offered(catalog)
+    note = catalog.registry().get("moving__note")
+    assert note is not None and note.description == first.description
+    infos = [r for r in caplog.records if "its tools changed" in r.getMessage() and r.levelno == logging.INFO]
+    assert infos == []
+
+
+def test_a_work_horse_offers_the_refreshed_listing_through_the_relay(
+    moving: tuple[Catalog, McpHub], tmp_path: Path
+) -> None:
+    catalog, hub = moving
+    relay = RelayServer(hub).start()
+    try:
+        horse = catalog.with_host(relay.client())
+        assert "moving__extra" not in set(horse.registry().names())
+        assert not hub.call("moving", "add", {"name": "extra", "description": "An extra."}, False).is_error
+        assert wait_until(lambda: "moving__extra" in set(horse.registry().names()), timeout=20)
+        answer = horse.registry().run("moving__extra", {}, ToolContext(workspace=tmp_path))
+        assert answer.text == "I am extra"
+    finally:
+        relay.close()
+
+
+def test_the_terminal_agent_offers_a_tool_added_mid_run_on_its_next_request(
+    moving: tuple[Catalog, McpHub], model: FakeMessagesAPI, tmp_path: Path
+) -> None:
+    """Turn 1 adds a tool; turn 2's call asks a person, who answers once the hub has the new
+    listing; the request after that offers the new tool, the first did not."""
+    catalog, hub = moving
+    model.script(
+        reply(tool_use("moving__add", {"name": "extra", "description": "An extra."})),
+        reply(tool_use("moving__note", {"text": "n"})),
+        reply(text("done")),
+    )
+    agent = make_agent(model, tmp_path, tools=catalog.registry(), policy={"moving__add": "allow"})
+
+    def ask(_prompt: str) -> str:
+        assert wait_until(lambda: "moving__extra" in offered(catalog), timeout=20)
+        return "y"
+
+    state, outcome = run_in_terminal("go", agent, Terminal(io.StringIO(), ask), catalog.registry)
+
+    assert isinstance(outcome, Finished)
+    names = [{t["name"] for t in r.get("tools", [])} for r in model.requests]
+    # The first request came before the change; the last one after the hub took it (the second
+    # may have come before or after: the server's notification races the call's answer).
+    assert len(names) == 3 and "moving__extra" not in names[0] and "moving__extra" in names[2]
