@@ -8,10 +8,11 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TextIO
 
 from harness import release, texts
+from harness.agent import with_tools
 from harness.config import Config, ConfigError, load_config
 from harness.loop import (
     Agent,
@@ -115,11 +116,11 @@ def run_in_terminal(
     """Drive one run to its end, asking the terminal for every approval; `offered`: the tools
     offered now (an MCP server's may change), read again before every step."""
 
-    def now(agent: Agent) -> Agent:
-        tools = offered() if offered is not None else agent.tools
-        return agent if tools is agent.tools else replace(agent, tools=tools)
+    def now(agent: Agent, state: RunState) -> Agent:
+        return with_tools(agent, offered(), state) if offered is not None else agent
 
-    result = step(new_run(task), now(agent))
+    state = new_run(task)
+    result = step(state, now(agent, state))
     while True:
         for event in result.events:
             terminal.show(event)
@@ -133,7 +134,7 @@ def run_in_terminal(
             state = record_decisions(state, terminal.decide(outcome))
         elif outcome is not None:
             return state, outcome
-        agent = now(agent)
+        agent = now(agent, state)
         result = step(state, agent)
 
 

@@ -204,7 +204,7 @@ def _advance(svc: Services, driver: Driver, state: RunState) -> Leave:
     working = functools.partial(thread_status.show, svc, phase=thread_status.Phase.WORKING)
     while True:
         driver.dispatch(then=working)  # the status after the posts: a post in a DM clears it
-        agent = offered_now(svc, driver, agent)
+        agent = offered_now(svc, driver, agent, state)
         result = step(state, agent)
         state = result.state
         record_rulings(svc, driver, result.events, agent)

@@ -4,10 +4,10 @@ settings now), the tier rulings and turn summaries a step owes, the figures it c
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
 from gates import budgets
 from harness import texts as harness_texts
+from harness.agent import with_tools
 from harness.loop import (
     Agent,
     Event,
@@ -92,14 +92,13 @@ def agent_of(svc: Services, driver: Driver) -> Agent:
     )
 
 
-def offered_now(svc: Services, driver: Driver, agent: Agent) -> Agent:
+def offered_now(svc: Services, driver: Driver, agent: Agent, state: RunState) -> Agent:
     """`agent` with the tools offered now: an MCP server's may have changed since its last step
     (`notifications/tools/list_changed`). The same agent while they have not (the catalog keeps
     its registry until the listing changes)."""
     if svc.catalog is None:
         return agent
-    tools = svc.catalog.narrowed(svc.settings_of(driver.record)).registry()
-    return agent if tools is agent.tools else replace(agent, tools=tools)
+    return with_tools(agent, svc.catalog.narrowed(svc.settings_of(driver.record)).registry(), state)
 
 
 def record_rulings(svc: Services, driver: Driver, events: tuple[Event, ...], agent: Agent) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import queue
 import threading
@@ -53,6 +54,7 @@ class ToolRegistry:
         # Built once: rebuilding JSON schemas on every request was most of the loop's own cost.
         self._schemas = [t.schema() for t in self._tools.values()]
         self._lanes = threading.local()
+        self._retired: dict[str, dict[str, Any]] = {}  # defined for the history only: see `keeping`
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
@@ -68,6 +70,30 @@ class ToolRegistry:
 
     def schemas(self) -> list[dict[str, Any]]:
         return self._schemas
+
+    def keeping(self, before: ToolRegistry, named: Iterable[str]) -> ToolRegistry:
+        """This registry, still defining each tool of `named` that `before` defined and this one
+        does not offer (an MCP server removed it, or went away).
+
+        The API refuses a request whose history names a tool its `tools` do not define, so such a
+        tool keeps its definition in `schemas()`, and nothing else: it is not offered (`get`,
+        `run`, `in`), and a call of it is answered as one of a tool not offered.
+        """
+        gone = {
+            name: before._defined(name)
+            for name in dict.fromkeys(named)
+            if name not in self._tools and before._defined(name) is not None
+        }
+        if not gone:
+            return self
+        kept = copy.copy(self)
+        kept._retired = {**self._retired, **{n: s for n, s in gone.items() if s is not None}}
+        kept._schemas = [*(t.schema() for t in self._tools.values()), *kept._retired.values()]
+        return kept
+
+    def _defined(self, name: str) -> dict[str, Any] | None:
+        found = self._tools.get(name)
+        return found.schema() if found is not None else self._retired.get(name)
 
     def not_offered(self, name: str) -> ToolResult:
         """The answer to a call of a tool this registry does not offer (its server may be away)."""

@@ -10,7 +10,8 @@ cancellation, and `junk(text)`, which writes `text` as a line of its own on stdo
 before it answers. An added tool answers its own name.
 
 Every call it receives is appended as one JSON line to the file named by `MCP_CALL_LOG` (when
-set), with the request's `_meta` (so a test can read the trace context that came with it).
+set), with the request's `_meta` (so a test can read the trace context that came with it), and so
+is each listing of its tools (`"tool": "tools/list"`).
 
 `--legacy`: it refuses the newest protocol's `server/discover` probe, as a 2025 server does, so
 a client falls back to the `initialize` handshake. `--junk`: a line that is not JSON-RPC goes to
@@ -29,7 +30,16 @@ import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 
-server = MCPServer("moving")
+
+class _Moving(MCPServer):
+    """Writes down each listing of its tools (`tools/list`), so a test sees the client list again."""
+
+    async def list_tools(self) -> list[Any]:
+        _log("tools/list", None)
+        return await super().list_tools()
+
+
+server = _Moving("moving")
 
 
 def _log(tool: str, ctx: Context | None, **entry: Any) -> None:

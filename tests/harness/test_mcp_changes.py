@@ -205,3 +205,32 @@ def test_the_terminal_agent_offers_a_tool_added_mid_run_on_its_next_request(
     # The first request came before the change; the last one after the hub took it (the second
     # may have come before or after: the server's notification races the call's answer).
     assert len(names) == 3 and "moving__extra" not in names[0] and "moving__extra" in names[2]
+
+
+def test_a_tool_removed_mid_run_stays_defined_for_the_history_and_a_later_call_of_it_is_refused(
+    moving: tuple[Catalog, McpHub], model: FakeMessagesAPI, tmp_path: Path, log: Path
+) -> None:
+    """The API refuses a request whose history names a tool `tools` does not define: a run that
+    called a tool its server then removed goes on, and the model's next call of it never runs."""
+    catalog, _ = moving
+    model.script(
+        reply(tool_use("moving__note", {"text": "first"})),
+        reply(tool_use("moving__drop", {"name": "note"})),
+        reply(tool_use("write_file", {"path": "x.txt", "content": "x"})),  # asks: answered once the
+        # hub took the removal
+        reply(tool_use("moving__note", {"text": "again"})),
+        reply(text("done")),
+    )
+    allowed = {"moving__note": "allow", "moving__drop": "allow"}
+    agent = make_agent(model, tmp_path, tools=catalog.registry(), policy=allowed)
+
+    def ask(_prompt: str) -> str:
+        assert wait_until(lambda: "moving__note" not in offered(catalog), timeout=20)
+        return "y"
+
+    state, outcome = run_in_terminal("go", agent, Terminal(io.StringIO(), ask), catalog.registry)
+
+    assert isinstance(outcome, Finished) and model.errors == []
+    refused = model.requests[4]["messages"][-1]["content"][0]
+    assert refused["is_error"] is True and "moving__note" in str(refused["content"])
+    assert [c["text"] for c in calls(log) if c["tool"] == "note"] == ["first"]
