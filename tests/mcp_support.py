@@ -211,3 +211,20 @@ def hostile_table(
     if cwd is not None:
         table += f"cwd = {json.dumps(str(cwd))}\n"
     return table
+
+
+# --- the server whose tools change (`tests/fakes/mcp_moving_server.py`) --------------------
+
+MOVING = Path(__file__).resolve().parent / "fakes" / "mcp_moving_server.py"
+
+
+def moving_table(log: Path, *flags: str, pin: bool = False, timeout: float = 10) -> str:
+    """A `[[mcp.servers]]` table running the moving server over stdio, named `moving`."""
+    require_bwrap()
+    args = json.dumps([str(MOVING), *flags])
+    table = (
+        f'[[mcp.servers]]\nname = "moving"\ncommand = {json.dumps(sys.executable)}\nargs = {args}\n'
+        f"env = {{ MCP_CALL_LOG = {json.dumps(str(log))} }}\nwritable = [{json.dumps(str(log.parent))}]\n"
+        f"timeout_seconds = {timeout}\n"
+    )
+    return table + ("pin_tools = true\n" if pin else "")

@@ -45,6 +45,7 @@ from harness.tools.mcp_bounds import bound_stdio_reads, convert_result
 from harness.tools.mcp_changes import settle
 from harness.tools.mcp_command import CommandMissing
 from harness.tools.mcp_listing import SEPARATOR, Listing, McpTool, list_tools
+from harness.tools.mcp_trace import trace_meta
 from harness.tools.mcp_transports import HttpTransport, SessionGuard, StdioTransport
 from harness.tools.sandbox import Sandbox, SandboxUnavailable
 
@@ -210,17 +211,26 @@ class McpHub:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     async def call_async(
-        self, server: str, tool: str, arguments: dict[str, Any], side_effects: bool
+        self,
+        server: str,
+        tool: str,
+        arguments: dict[str, Any],
+        side_effects: bool,
+        trace: dict[str, str] | None = None,
     ) -> ToolResult:
-        """`call`, for code already on the hub's loop (the relay)."""
+        """`call`, for code already on the hub's loop (the relay); `trace`: the caller's
+        `harness.tools.mcp_trace.trace_meta`, taken in its own thread."""
         found = self._servers.get(server)
         if found is None:
             reason = "not configured"
             return ToolResult(texts.MCP_SERVER_AWAY.format(server=server, name=tool, reason=reason), True)
-        return await self._call(found, tool, arguments, side_effects)
+        return await self._call(found, tool, arguments, side_effects, trace or {})
 
     def call(self, server: str, tool: str, arguments: dict[str, Any], side_effects: bool) -> ToolResult:
-        """Call `tool` on `server`; every failure is an `is_error` result, never an exception."""
+        """Call `tool` on `server`; every failure is an `is_error` result, never an exception.
+
+        The request carries the trace context of the span current in the calling thread (SEP-414).
+        """
         found = self._servers.get(server)
         if found is None:
             return ToolResult(
@@ -228,7 +238,7 @@ class McpHub:
             )
         timeout = found.resolved.config.timeout_seconds
         future = asyncio.run_coroutine_threadsafe(
-            self._call(found, tool, arguments, side_effects), self._loop
+            self._call(found, tool, arguments, side_effects, trace_meta()), self._loop
         )
         try:
             return future.result(timeout + _GRACE_SECONDS)
@@ -406,7 +416,7 @@ class McpHub:
         return client, server.guard
 
     async def _call(
-        self, server: _Server, tool: str, arguments: dict[str, Any], side_effects: bool
+        self, server: _Server, tool: str, arguments: dict[str, Any], side_effects: bool, trace: dict[str, str]
     ) -> ToolResult:
         qualified = f"{server.name}{SEPARATOR}{tool}"
         timeout = server.resolved.config.timeout_seconds
@@ -422,7 +432,8 @@ class McpHub:
                 return ToolResult(texts.MCP_TOOL_GONE.format(server=server.name, name=qualified), True)
             try:
                 left = max(0.0, deadline - asyncio.get_running_loop().time())
-                result = await asyncio.wait_for(client.call_tool(tool, arguments), left)
+                meta = dict(trace) or None  # SEP-414: `traceparent`, `tracestate` in `_meta`
+                result = await asyncio.wait_for(client.call_tool(tool, arguments, meta=meta), left)
             except TimeoutError:
                 return _timed_out(server.name, tool, timeout, side_effects)
             except Exception as exc:

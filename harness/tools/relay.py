@@ -8,7 +8,9 @@ a first line that proves the connection is one of the worker's own horses:
 
     {"op": "hello", "token": "..."}                        (no answer)
     {"op": "listing"}                                      -> {"listing": {...}}
-    {"op": "call", "server", "tool", "arguments", "side_effects"} -> {"result": {...}}
+    {"op": "call", "server", "tool", "arguments", "side_effects", "trace"} -> {"result": {...}}
+
+(`trace`: the horse's trace context, `harness.tools.mcp_trace`: the worker has no span of the run.)
 
 Every session stays warm in the worker; a job never starts a server.
 
@@ -46,6 +48,7 @@ from harness.tools.base import ToolResult
 from harness.tools.mcp import McpHub
 from harness.tools.mcp_bounds import RELAY_LINE_MAX
 from harness.tools.mcp_listing import SEPARATOR, Listing
+from harness.tools.mcp_trace import checked, trace_meta
 
 log = logging.getLogger("harness.mcp")
 
@@ -141,6 +144,7 @@ class RelayServer:
                     str(request["tool"]),
                     request["arguments"],
                     bool(request["side_effects"]),
+                    checked(request.get("trace")),
                 )
                 return {"result": result.to_json()}
             return {"error": f"unknown op {request.get('op')!r}"}
@@ -178,6 +182,7 @@ class RelayClient:
             "tool": tool,
             "arguments": arguments,
             "side_effects": side_effects,
+            "trace": trace_meta(),
         }
         try:
             answer = self._ask(request, self._call_timeout + _GRACE_SECONDS)

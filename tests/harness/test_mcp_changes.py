@@ -8,9 +8,7 @@ it comes on the connection.
 from __future__ import annotations
 
 import io
-import json
 import logging
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,22 +24,8 @@ from harness.tools.mcp import McpHub
 from harness.tools.relay import RelayServer
 from tests.conftest import make_agent
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
-from tests.mcp_support import calls, require_bwrap
+from tests.mcp_support import calls, moving_table
 from tests.stack import wait_until
-
-MOVING = Path(__file__).resolve().parents[1] / "fakes" / "mcp_moving_server.py"
-
-
-def moving_table(log: Path, *flags: str, pin: bool = False) -> str:
-    """A `[[mcp.servers]]` table running the moving server over stdio, named `moving`."""
-    require_bwrap()
-    args = json.dumps([str(MOVING), *flags])
-    table = (
-        f'[[mcp.servers]]\nname = "moving"\ncommand = {json.dumps(sys.executable)}\nargs = {args}\n'
-        f"env = {{ MCP_CALL_LOG = {json.dumps(str(log))} }}\nwritable = [{json.dumps(str(log.parent))}]\n"
-        "timeout_seconds = 10\n"
-    )
-    return table + ("pin_tools = true\n" if pin else "")
 
 
 def config_of(tmp_path: Path, toml: str) -> Config:
