@@ -183,6 +183,13 @@ MCP_LOST_OUTCOME_UNKNOWN = (
     "It may or may not have taken effect; it was NOT run again. Check before trying again."
 )
 MCP_CALL_FAILED = "Error: {name} failed: {error}"
+# A side-effecting MCP call past its timeout: the SDK sends the server notifications/cancelled as
+# the wait is given up (harness/tools/mcp.py `_timed_out`), so it was asked to stop, not left running.
+MCP_TIMED_OUT_OUTCOME_UNKNOWN = (
+    "Outcome unknown: {name} did not finish within {seconds:g} seconds, and the MCP server was asked "
+    "to cancel it. It may have taken effect, in part or in full, before it stopped. It was NOT run "
+    "again; check its effect before trying again."
+)
 MCP_TOOL_GONE = (
     "Not executed: the MCP server {server!r} no longer offers {name} (its tools changed), so it did not run."
 )

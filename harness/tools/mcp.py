@@ -46,7 +46,12 @@ from harness.tools.mcp_changes import settle
 from harness.tools.mcp_command import CommandMissing
 from harness.tools.mcp_listing import SEPARATOR, Listing, McpTool, list_tools
 from harness.tools.mcp_trace import trace_meta
-from harness.tools.mcp_transports import HttpTransport, SessionGuard, StdioTransport
+from harness.tools.mcp_transports import (
+    HttpTransport,
+    SessionGuard,
+    StdioTransport,
+    quiet_forgotten_deletes,
+)
 from harness.tools.sandbox import Sandbox, SandboxUnavailable
 
 log = logging.getLogger("harness.mcp")
@@ -87,6 +92,7 @@ class _Server:
     tried: threading.Event = field(default_factory=threading.Event)  # first attempt over
     up: asyncio.Event = field(default_factory=asyncio.Event)  # `client` is usable
     guard: SessionGuard | None = None  # the current HTTP connection's
+    stdio: StdioTransport | None = None  # the current stdio session's (its stderr's last lines)
     recovering: bool = False  # the server forgot the session: a new one is being opened now
     served: bool = False  # the current session answered a call (the server does keep sessions)
     failures: int = 0  # tries in a row that failed, since it was last up
@@ -125,6 +131,7 @@ class McpHub:
         """`hidden`: directories no stdio server may see into (the relay's; `harness.tools.sandbox`);
         `state_dir`: where stdio servers' own directories are kept (`harness.tools.walls`)."""
         bound_stdio_reads()  # what a server sends is read in linear time, up to a limit
+        quiet_forgotten_deletes()  # a restarted server's refusal of the old session's DELETE
         self._servers = {s.config.name: _Server(s) for s in servers}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="mcp-hub", daemon=True)
@@ -287,6 +294,9 @@ class McpHub:
             except BaseException as exc:  # noqa: BLE001 - whatever a server does, the hub goes on
                 reason = lost or _describe(exc)  # why a session was lost, not how its closing failed
                 cannot_start = not lost and isinstance(_first(exc), SandboxUnavailable | CommandMissing)
+                tail = server.stdio.stderr_tail() if server.stdio is not None and not lost else ""
+                if tail:  # it exited before its session opened ("Connection closed"): say why
+                    reason = f"{reason}; its stderr ended: {tail}"
             else:
                 cannot_start = False
             recovering = server.recovering and (steady or not reopened) and not self._stopping.is_set()
@@ -385,7 +395,9 @@ class McpHub:
         heard = _Notified(server)
         if config.command is not None:
             server.guard = None
-            return Client(StdioTransport(resolved, self._sandbox), message_handler=heard)
+            server.stdio = StdioTransport(resolved, self._sandbox)
+            return Client(server.stdio, message_handler=heard)
+        server.stdio = None
         assert config.url is not None
         http = create_mcp_http_client(headers=dict(resolved.headers) or None)
         guard = server.guard = SessionGuard(lambda refused: self._refused(server, refused))
@@ -527,7 +539,10 @@ def _log_down(server: _Server, reason: str, delay: float, cannot_start: bool) ->
 
 
 def _timed_out(server: str, tool: str, seconds: float, side_effects: bool) -> ToolResult:
-    text = texts.RESULT_TIMED_OUT_OUTCOME_UNKNOWN if side_effects else texts.RESULT_TIMED_OUT
+    """The answer to a call past its timeout. Its task is cancelled, and the SDK's request then
+    sends the server `notifications/cancelled` (its "courtesy cancel"): whether the server stopped
+    in time, and what it did before, is unknown."""
+    text = texts.MCP_TIMED_OUT_OUTCOME_UNKNOWN if side_effects else texts.RESULT_TIMED_OUT
     return ToolResult(text.format(name=f"{server}{SEPARATOR}{tool}", seconds=seconds), True)
 
 

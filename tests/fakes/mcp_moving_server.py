@@ -15,8 +15,9 @@ is each listing of its tools (`"tool": "tools/list"`).
 
 `--legacy`: it refuses the newest protocol's `server/discover` probe, as a 2025 server does, so
 a client falls back to the `initialize` handshake. `--junk`: a line that is not JSON-RPC goes to
-stdout before it serves. `--crash-at-start`: it writes a traceback to stderr and exits 1 before
-it reads anything, as a server written for `mcp` 1.x does under `mcp` 2.x.
+stdout before it serves. `--crash-at-start`: it writes a traceback to stderr (its last line in
+terminal colours) and exits 1 before it reads anything, as a server written for `mcp` 1.x does under
+`mcp` 2.x.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ class _Moving(MCPServer):
 
 
 server = _Moving("moving")
+
+# The wire itself: the SDK's stdio server points fd 1 at stderr while it serves (so that a stray
+# print cannot break the protocol); a server of another SDK, or of none, writes junk on the wire.
+WIRE = os.dup(1)
 
 
 def _log(tool: str, ctx: Context | None, **entry: Any) -> None:
@@ -116,10 +121,12 @@ async def hang(seconds: float, ctx: Context) -> str:
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
-def junk(text: str, ctx: Context) -> str:
-    """Write `text` on stdout as a line of its own, outside JSON-RPC, then answer."""
+def junk(text: str, ctx: Context, count: int = 1) -> str:
+    """Write `text` on the wire (its real stdout) as a line of its own, `count` times, outside
+    JSON-RPC, then answer."""
     _log("junk", ctx, text=text)
-    os.write(1, text.encode() + b"\n")
+    for _ in range(count):
+        os.write(WIRE, text.encode() + b"\n")
     return "junk written"
 
 
@@ -129,7 +136,7 @@ def main() -> None:
             "Traceback (most recent call last):\n"
             '  File "/srv/old_server.py", line 3, in <module>\n'
             "    from mcp.server.fastmcp import FastMCP\n"
-            "ModuleNotFoundError: No module named 'mcp.server.fastmcp'\n"
+            "\x1b[31mModuleNotFoundError: No module named 'mcp.server.fastmcp'\x1b[0m\n"
         )
         sys.stderr.flush()
         sys.exit(1)
