@@ -42,7 +42,7 @@ from harness import texts
 from harness.config import ResolvedServer
 from harness.tools.base import ToolResult
 from harness.tools.mcp_bounds import bound_stdio_reads, convert_result
-from harness.tools.mcp_changes import settle
+from harness.tools.mcp_changes import ToolBook
 from harness.tools.mcp_command import CommandMissing
 from harness.tools.mcp_listing import SEPARATOR, Listing, McpTool, list_tools
 from harness.tools.mcp_trace import trace_meta
@@ -84,7 +84,7 @@ class _Server:
     tools: tuple[McpTool, ...] = ()
     # The tools last taken (with `pin_tools`, the first listed), kept while the server is down: what
     # a later listing is compared with (`harness.tools.mcp_changes`).
-    known: tuple[McpTool, ...] | None = None
+    book: ToolBook = field(default_factory=lambda: ToolBook(""))
     reason: str = "not started yet"
     broken: asyncio.Event = field(default_factory=asyncio.Event)
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # it said its tools changed
@@ -132,7 +132,9 @@ class McpHub:
         `state_dir`: where stdio servers' own directories are kept (`harness.tools.walls`)."""
         bound_stdio_reads()  # what a server sends is read in linear time, up to a limit
         quiet_forgotten_deletes()  # a restarted server's refusal of the old session's DELETE
-        self._servers = {s.config.name: _Server(s) for s in servers}
+        self._servers = {
+            s.config.name: _Server(s, book=ToolBook(s.config.describe(), s.config.pin_tools)) for s in servers
+        }
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="mcp-hub", daemon=True)
         self._lock = threading.Lock()
@@ -354,10 +356,7 @@ class McpHub:
 
     def _settle(self, server: _Server, listed: tuple[McpTool, ...], why: str) -> tuple[McpTool, ...]:
         """The tools to offer after `listed` (pinned or taken: `harness.tools.mcp_changes`)."""
-        config = server.resolved.config
-        tools = settle(config.describe(), server.known, listed, pinned=config.pin_tools, why=why)
-        server.known = tools
-        return tools
+        return server.book.take(listed, why)
 
     async def _relist(self, server: _Server, client: Any) -> None:
         """The server said its tools changed: list them again, and offer them from now on."""

@@ -12,7 +12,7 @@ quietly become another).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from harness.tools.mcp_listing import McpTool
 
@@ -54,33 +54,45 @@ def changes(old: tuple[McpTool, ...], new: tuple[McpTool, ...]) -> Changes:
     )
 
 
-def settle(
-    server: str, known: tuple[McpTool, ...] | None, listed: tuple[McpTool, ...], *, pinned: bool, why: str
-) -> tuple[McpTool, ...]:
-    """The tools to offer after `listed`, given those `known` (None: the first listing, taken).
+@dataclass
+class ToolBook:
+    """A server's tools as the hub takes them, listing after listing, for the life of the process.
 
-    `server`: how the log names it; `why`: what made the hub list again.
+    `server`: how the log names it; `pinned`: its `pin_tools`.
     """
-    if known is None:
-        return listed
-    found = changes(known, listed)
-    if not found:
-        return known
-    if pinned:
-        log.warning(
-            "MCP server %s: its tools changed (%s): %s; not taken: pin_tools = true keeps the %d tools "
-            "first listed",
-            server,
+
+    server: str
+    pinned: bool = False
+    known: tuple[McpTool, ...] | None = field(default=None)  # the tools last taken (None: none yet)
+    warned: str = ""  # the change last named at WARNING (pinned): the same again goes to DEBUG
+
+    def take(self, listed: tuple[McpTool, ...], why: str) -> tuple[McpTool, ...]:
+        """The tools to offer after `listed` (the first listing is taken as it is); `why`: what made
+        the hub list them."""
+        if self.known is None:
+            self.known = listed
+            return listed
+        found = changes(self.known, listed)
+        if not found:
+            return self.known
+        if self.pinned:
+            described = found.describe()
+            again, self.warned = self.warned == described, described
+            (log.debug if again else log.warning)(
+                "MCP server %s: its tools changed (%s): %s; not taken: pin_tools = true keeps the %d "
+                "tools first listed",
+                self.server,
+                why,
+                described,
+                len(self.known),
+            )
+            return self.known
+        log.info(
+            "MCP server %s: its tools changed (%s): %s; %d tools offered",
+            self.server,
             why,
             found.describe(),
-            len(known),
+            len(listed),
         )
-        return known
-    log.info(
-        "MCP server %s: its tools changed (%s): %s; %d tools offered",
-        server,
-        why,
-        found.describe(),
-        len(listed),
-    )
-    return listed
+        self.known = listed
+        return listed

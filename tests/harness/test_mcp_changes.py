@@ -121,32 +121,34 @@ def test_a_tool_redefined_under_its_name_is_offered_as_now_defined_and_logged_at
     assert "changed 'note'" in lines[0].getMessage()
 
 
-def test_pin_tools_keeps_the_first_listing_and_names_the_change_in_one_warning(
+def test_pin_tools_keeps_the_first_listing_and_names_each_change_in_one_warning(
     pinned: tuple[Catalog, McpHub], caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     catalog, hub = pinned
-    caplog.set_level(logging.INFO, logger="harness.mcp")
+    caplog.set_level(logging.DEBUG, logger="harness.mcp")
     first = catalog.registry().get("moving__note")
     assert first is not None
+
+    def changed(level: int) -> list[str]:
+        said = (r for r in caplog.records if r.levelno == level)
+        return [r.getMessage() for r in said if "its tools changed" in r.getMessage()]
+
     assert not hub.call("moving", "add", {"name": "extra", "description": "An extra."}, False).is_error
+    assert wait_until(lambda: changed(logging.WARNING), timeout=20)
     redescribe = {"name": "note", "description": "Now it mails."}
     assert not hub.call("moving", "redescribe", redescribe, False).is_error
-
-    def warned() -> list[str]:
-        return [
-            r.getMessage()
-            for r in caplog.records
-            if "its tools changed" in r.getMessage() and r.levelno == logging.WARNING
-        ]
-
-    assert wait_until(lambda: any("changed 'note'" in w for w in warned()), timeout=20)
-    assert any("added 'extra'" in w for w in warned())
-    assert all("pin_tools = true" in w for w in warned())
+    assert wait_until(lambda: any("changed 'note'" in w for w in changed(logging.WARNING)), timeout=20)
+    assert all("added 'extra'" in w and "pin_tools = true" in w for w in changed(logging.WARNING))
     assert "moving__extra" not in offered(catalog)
     note = catalog.registry().get("moving__note")
     assert note is not None and note.description == first.description
-    infos = [r for r in caplog.records if "its tools changed" in r.getMessage() and r.levelno == logging.INFO]
-    assert infos == []
+    assert changed(logging.INFO) == []
+
+    # The server says so again, with nothing new: the same change is not a new warning.
+    warnings = len(changed(logging.WARNING))
+    assert not hub.call("moving", "redescribe", redescribe, False).is_error
+    assert wait_until(lambda: changed(logging.DEBUG), timeout=20)
+    assert len(changed(logging.WARNING)) == warnings
 
 
 def test_a_work_horse_offers_the_refreshed_listing_through_the_relay(
