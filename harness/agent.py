@@ -76,10 +76,9 @@ class Agent:
 
 
 def with_tools(agent: Agent, tools: ToolRegistry, state: RunState) -> Agent:
-    """`agent` offering `tools` from its next step on (an MCP server's tools changed since it was
-    made), still defining every tool `state`'s history names (`ToolRegistry.keeping`)."""
-    if tools is agent.tools:
-        return agent
+    """`agent` offering `tools` from its next step on (an MCP server's tools may have changed since
+    it was made), still defining every tool `state`'s history names (`ToolRegistry.keeping`), with
+    the definition `agent` had for it when it had one."""
     named = (
         block["name"]
         for message in state.messages
@@ -87,4 +86,5 @@ def with_tools(agent: Agent, tools: ToolRegistry, state: RunState) -> Agent:
         for block in message["content"]
         if block.get("type") == "tool_use"
     )
-    return replace(agent, tools=tools.keeping(agent.tools, named))
+    kept = tools.keeping(named, agent.tools)
+    return agent if kept is agent.tools else replace(agent, tools=kept)

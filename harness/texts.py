@@ -190,6 +190,9 @@ MCP_TIMED_OUT_OUTCOME_UNKNOWN = (
     "to cancel it. It may have taken effect, in part or in full, before it stopped. It was NOT run "
     "again; check its effect before trying again."
 )
+# The description a run's requests give a tool its history names that is no longer offered (the API
+# refuses a history naming a tool it is not given): harness/tools/registry.py `keeping`.
+TOOL_NO_LONGER_OFFERED = "No longer offered: do not call it; a call of it is refused."
 MCP_TOOL_GONE = (
     "Not executed: the MCP server {server!r} no longer offers {name} (its tools changed), so it did not run."
 )

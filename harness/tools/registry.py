@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import queue
+import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ Absent = Callable[[str], "ToolResult | None"]
 
 
 IDLE_LANE = "tool-lane"  # the name of a lane thread, until a call on it times out
+_API_TOOL_NAME = re.compile("^[a-zA-Z0-9_-]{1,64}$")  # the Messages API's rule for a tool's name
 
 
 class _TimedOut(Exception):
@@ -71,24 +73,30 @@ class ToolRegistry:
     def schemas(self) -> list[dict[str, Any]]:
         return self._schemas
 
-    def keeping(self, before: ToolRegistry, named: Iterable[str]) -> ToolRegistry:
-        """This registry, still defining each tool of `named` that `before` defined and this one
-        does not offer (an MCP server removed it, or went away).
+    def keeping(self, named: Iterable[str], before: ToolRegistry | None = None) -> ToolRegistry:
+        """This registry, also defining each tool of `named` it does not offer (an MCP server
+        removed it, or went away): with `before`'s definition when it had one, else a placeholder.
 
         The API refuses a request whose history names a tool its `tools` do not define, so such a
-        tool keeps its definition in `schemas()`, and nothing else: it is not offered (`get`,
-        `run`, `in`), and a call of it is answered as one of a tool not offered.
+        tool keeps a definition in `schemas()`, and nothing else: it is not offered (`get`, `run`,
+        `in`), and a call of it is answered as one of a tool not offered. A name the API would
+        refuse as a tool's (one a model invented) is left out.
         """
-        gone = {
-            name: before._defined(name)
-            for name in dict.fromkeys(named)
-            if name not in self._tools and before._defined(name) is not None
-        }
+        gone = {}
+        for name in dict.fromkeys(named):
+            if name in self._tools or name in self._retired or not _API_TOOL_NAME.fullmatch(name):
+                continue
+            found = before._defined(name) if before is not None else None
+            gone[name] = found or {
+                "name": name,
+                "description": texts.TOOL_NO_LONGER_OFFERED,
+                "input_schema": {"type": "object"},
+            }
         if not gone:
             return self
         kept = copy.copy(self)
-        kept._retired = {**self._retired, **{n: s for n, s in gone.items() if s is not None}}
-        kept._schemas = [*(t.schema() for t in self._tools.values()), *kept._retired.values()]
+        kept._retired = {**self._retired, **gone}
+        kept._schemas = [*self._schemas, *gone.values()]
         return kept
 
     def _defined(self, name: str) -> dict[str, Any] | None:

@@ -34,6 +34,8 @@ desk__crash = "allow"
 odd__echo = "allow"
 moving__add = "allow"
 moving__extra = "allow"
+moving__note = "allow"
+moving__drop = "allow"
 [[policy.rules]]
 tool = "desk__delete_*"
 tier = "deny"
@@ -239,6 +241,37 @@ def test_a_tool_its_server_adds_mid_run_is_offered_to_the_same_run_on_a_later_re
     assert [c["tool"] for c in calls(moving_log) if c["tool"] in ("add", "extra")] == ["add", "extra"]
 
 
+def test_a_run_resumed_after_its_server_removed_a_tool_it_called_goes_on(
+    stack: Stack, moving_log: Path
+) -> None:
+    """The API refuses a request whose history names a tool `tools` does not define. A run called
+    `note`, then had the server remove it, and parked; the job that resumes it after the click
+    (a new agent, which never had `note`) still defines it, as a tool no longer offered."""
+
+    def listed_since_the_drop() -> bool:
+        seen = [c["tool"] for c in calls(moving_log)]
+        return "drop" in seen and "tools/list" in seen[seen.index("drop") :]
+
+    stack.model.script_for(
+        "dropmid",
+        reply(tool_use("moving__note", {"text": "dropmid"})),
+        reply(
+            tool_use("moving__drop", {"name": "note"}),
+            tool_use("write_file", {"path": "dropmid.txt", "content": "x"}),
+        ),
+        reply(text("dropmid done")),
+    )
+    _, ts, _ = stack.mention("dropmid", channel="C910")
+    card = wait_until(lambda: next(iter(cards(stack, "C910", ts)), None), 30)
+    wait_until(listed_since_the_drop, timeout=30)  # the worker's hub asked for the tools again
+    assert stack.click(card, "approve") == 200
+    wait_post(stack, "C910", ts, "dropmid done")
+    last = [r for r in stack.model.requests if "dropmid" in str(r["messages"][0])][-1]
+    (note,) = [t for t in last["tools"] if t["name"] == "moving__note"]
+    assert note["description"].startswith("No longer offered")
+    assert not [e for e in stack.model.errors if "moving__note" in e]
+
+
 def status_of(stack: Stack) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "workers", "status"],
@@ -270,7 +303,7 @@ def test_a_server_whose_command_is_not_there_is_said_once_and_status_shows_it_do
     )
     down = wait_until(lambda: gone_down_for_a_while(stack), timeout=60, interval=1.0)
     assert down.endswith(f": {why}") and f":{worker.proc.pid}, down for " in down
-    assert "MCP servers down: 1 (of 3, as 1 running worker said)" in status_of(stack).splitlines()
+    assert "MCP servers down: 1 (of 4, as 1 running worker said)" in status_of(stack).splitlines()
     said = [line for line in worker.output().splitlines() if "MCP server gone " in line]
     assert len(said) == 1, said  # one line at start, not one per try
     assert (
