@@ -84,6 +84,7 @@ class HttpDesk:
     forgetful: bool = False  # forgets each session at its first tool call (404), as a restart would
     hold: Path | None = None  # while this file exists, a session's `initialize` waits (`.held` shows it)
     started: bool = False  # once: its port is fixed from then on (a restart keeps it)
+    script: Path = SERVER  # or another server of ours with an `http PORT` mode and a `/pid` route
 
     @property
     def http_log(self) -> Path:
@@ -110,6 +111,15 @@ class HttpDesk:
         raise AssertionError(f"the HTTP MCP server could not have port {self.port} to itself")
 
     def _spawn(self) -> None:
+        if self.script != SERVER:  # another server of ours: its log, its port, nothing more
+            env = {**os.environ, "MCP_CALL_LOG": str(self.log)}
+            self.proc = subprocess.Popen(
+                [sys.executable, str(self.script), "http", str(self.port)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            return
         env = {**os.environ, "MCP_CALL_LOG": str(self.log), "MCP_REQUIRED_TOKEN": self.token}
         env["MCP_HTTP_LOG"] = str(self.http_log)
         if self.forgetful:

@@ -1,6 +1,7 @@
 """A real MCP stdio server whose tools change while it runs, written with the `mcp` package.
 
     python tests/fakes/mcp_moving_server.py [--legacy] [--junk] [--crash-at-start]
+    python tests/fakes/mcp_moving_server.py http PORT
 
 Its tools: `note` (side effects, unannotated), `add(name, description)`, `drop(name)` and
 `redescribe(name, description)`, which change its tool list and then say so
@@ -130,7 +131,22 @@ def junk(text: str, ctx: Context, count: int = 1) -> str:
     return "junk written"
 
 
+@server.custom_route("/pid", methods=["GET"])
+async def pid(_request: Any) -> Any:
+    """Which process holds the port (`tests.mcp_support.HttpDesk` asks)."""
+    from starlette.responses import PlainTextResponse
+
+    return PlainTextResponse(str(os.getpid()))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["http"]:
+        import uvicorn
+
+        uvicorn.run(
+            server.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning"
+        )
+        return
     if "--crash-at-start" in sys.argv:
         sys.stderr.write(
             "Traceback (most recent call last):\n"

@@ -24,7 +24,7 @@ from harness.tools.mcp import McpHub
 from harness.tools.relay import RelayServer
 from tests.conftest import make_agent
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
-from tests.mcp_support import calls, moving_table
+from tests.mcp_support import MOVING, HttpDesk, calls, moving_table
 from tests.stack import wait_until
 
 
@@ -220,3 +220,28 @@ def test_a_tool_removed_mid_run_stays_defined_for_the_history_and_a_later_call_o
     refused = model.requests[4]["messages"][-1]["content"][0]
     assert refused["is_error"] is True and "moving__note" in str(refused["content"])
     assert [c["text"] for c in calls(log) if c["tool"] == "note"] == ["first"]
+
+
+@pytest.fixture
+def http_moving(tmp_path: Path, log: Path) -> Iterator[tuple[Catalog, McpHub]]:
+    """The moving server over streamable HTTP (the 2026-07-28 protocol: a listen stream over HTTP)."""
+    desk = HttpDesk(log, script=MOVING).start()
+    try:
+        config, hub = started(tmp_path, f'[[mcp.servers]]\nname = "moving"\nurl = "{desk.url}"\n')
+        try:
+            yield Catalog.from_config(config, host=hub), hub
+        finally:
+            hub.close()
+    finally:
+        desk.stop()
+
+
+def test_over_http_a_tool_added_later_is_offered_and_a_removed_one_is_not(
+    http_moving: tuple[Catalog, McpHub], tmp_path: Path
+) -> None:
+    catalog, hub = http_moving
+    assert not hub.call("moving", "add", {"name": "extra", "description": "An extra."}, False).is_error
+    assert wait_until(lambda: "moving__extra" in offered(catalog), timeout=20)
+    assert catalog.registry().run("moving__extra", {}, ToolContext(workspace=tmp_path)).text == "I am extra"
+    assert not hub.call("moving", "drop", {"name": "extra"}, False).is_error
+    assert wait_until(lambda: "moving__extra" not in offered(catalog), timeout=20)
