@@ -18,6 +18,12 @@ the session id, as the spec has it, or 400 as some servers answer) is given a ne
 and a call it refused is sent once more on the new one: the server ran nothing on the old id.
 Closing the hub ends each session as the spec asks (an HTTP session gets its DELETE).
 
+A server that says its tools changed (`notifications/tools/list_changed`; at the 2026-07-28
+protocol on a `subscriptions/listen` stream the hub keeps open) has them listed again at once; what
+a new listing changes, and whether it is taken (`pin_tools`), is `harness.tools.mcp_changes`. A call
+of a tool the server no longer offers is answered `is_error` and not sent. Each call carries the
+caller's trace context (`harness.tools.mcp_trace`).
+
 Callers on other threads use `listing()` and `call()`. A process that forks (RQ's work horse)
 cannot use the hub's pipes or loop from the child: see `harness.tools.relay`.
 
@@ -82,8 +88,8 @@ class _Server:
     resolved: ResolvedServer
     client: Any = None  # an open `mcp.Client` while up
     tools: tuple[McpTool, ...] = ()
-    # The tools last taken (with `pin_tools`, the first listed), kept while the server is down: what
-    # a later listing is compared with (`harness.tools.mcp_changes`).
+    # How its listings are taken (`pin_tools`), and the tools last taken, kept while it is down:
+    # what a later listing is compared with (`harness.tools.mcp_changes`).
     book: ToolBook = field(default_factory=lambda: ToolBook(""))
     reason: str = "not started yet"
     broken: asyncio.Event = field(default_factory=asyncio.Event)
