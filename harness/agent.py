@@ -7,7 +7,7 @@ The state is what a driver parks between steps; the agent is what it builds agai
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anthropic
@@ -77,3 +77,18 @@ class Agent:
             "thinking_budget": config.model_settings.thinking_budget,
         }
         return cls(**{**fields, **overrides})
+
+
+def with_tools(agent: Agent, tools: ToolRegistry, state: RunState) -> Agent:
+    """`agent` offering `tools` from its next step on (an MCP server's tools may have changed since
+    it was made), still defining every tool `state`'s history names (`ToolRegistry.keeping`), with
+    the definition `agent` had for it when it had one."""
+    named = (
+        block["name"]
+        for message in state.messages
+        if message["role"] == "assistant" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_use"
+    )
+    kept = tools.keeping(named, agent.tools)
+    return agent if kept is agent.tools else replace(agent, tools=kept)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from harness import release, texts
+from harness.agent import with_tools
 from harness.config import Config, ConfigError, Limits, load_config
 from harness.loop import (
     Agent,
@@ -34,6 +35,7 @@ from harness.policy import Policy
 from harness.state import Decision, RunState, Verdict, new_run, record_decisions, record_input_answers
 from harness.tools.catalog import Catalog, open_catalog
 from harness.tools.inputs import InputAnswer, InputAsk, InputQuestion, typed_answer
+from harness.tools.registry import ToolRegistry
 from harness.tools.tool_search import definition_tokens
 from harness.tools.undumpable import protect_process
 
@@ -161,11 +163,19 @@ class Terminal:
         print(line, file=self.out, flush=True)
 
 
-def run_in_terminal(task: str, agent: Agent, terminal: Terminal) -> tuple[RunState, Outcome]:
+def run_in_terminal(
+    task: str, agent: Agent, terminal: Terminal, offered: Callable[[], ToolRegistry] | None = None
+) -> tuple[RunState, Outcome]:
     """Drive one run to its end, asking the terminal for every approval (and every question a
-    tool's server asks)."""
+    tool's server asks); `offered`: the tools offered now (an MCP server's may change), read again
+    before every step."""
     agent = replace(agent, input_values=terminal.values_of)
-    result = step(new_run(task), agent)
+
+    def now(agent: Agent, state: RunState) -> Agent:
+        return with_tools(agent, offered(), state) if offered is not None else agent
+
+    state = new_run(task)
+    result = step(state, now(agent, state))
     while True:
         for event in result.events:
             terminal.show(event)
@@ -181,6 +191,7 @@ def run_in_terminal(task: str, agent: Agent, terminal: Terminal) -> tuple[RunSta
             state = record_input_answers(state, {outcome.call.id: terminal.answer(outcome)})
         elif outcome is not None:
             return state, outcome
+        agent = now(agent, state)
         result = step(state, agent)
 
 
@@ -401,7 +412,7 @@ def _run(task: str, config: Config, catalog: Catalog) -> int:
         return EXIT_USAGE
     terminal = Terminal(sys.stdout, input)
     try:
-        state, outcome = run_in_terminal(task, Agent.from_config(config, catalog), terminal)
+        state, outcome = run_in_terminal(task, Agent.from_config(config, catalog), terminal, catalog.registry)
     except KeyboardInterrupt:
         terminal.say("\n" + texts.CLI_INTERRUPTED)
         return EXIT_INTERRUPTED

@@ -214,6 +214,19 @@ MCP_LOST_OUTCOME_UNKNOWN = (
     "It may or may not have taken effect; it was NOT run again. Check before trying again."
 )
 MCP_CALL_FAILED = "Error: {name} failed: {error}"
+# A side-effecting MCP call past its timeout: the SDK sends the server notifications/cancelled as
+# the wait is given up (harness/tools/mcp.py `_timed_out`), so it was asked to stop, not left running.
+MCP_TIMED_OUT_OUTCOME_UNKNOWN = (
+    "Outcome unknown: {name} did not finish within {seconds:g} seconds, and the MCP server was asked "
+    "to cancel it. It may have taken effect, in part or in full, before it stopped. It was NOT run "
+    "again; check its effect before trying again."
+)
+# The description a run's requests give a tool its history names that is no longer offered (the API
+# refuses a history naming a tool it is not given): harness/tools/registry.py `keeping`.
+TOOL_NO_LONGER_OFFERED = "No longer offered: do not call it; a call of it is refused."
+MCP_TOOL_GONE = (
+    "Not executed: the MCP server {server!r} no longer offers {name} (its tools changed), so it did not run."
+)
 MCP_IMAGE_DROPPED = "[an image was left out: {why}]"
 MCP_BLOB_RESOURCE = "(binary resource {uri}, not shown)"
 MCP_CONTENT_DROPPED = "[a block of type {kind!r} was left out: the model cannot read it]"

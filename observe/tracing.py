@@ -259,8 +259,9 @@ class RunTracer:
         self.tracing = tracing
         self.client = SpanKind.CLIENT
 
-    # Neither span is made current: nothing opens a span inside them, and attaching a context costs
-    # as much as a third of the span (tests/bench/bench_tracing.py).
+    # A chat span is not made current: nothing opens a span inside it, and attaching a context costs
+    # as much as a third of the span (tests/bench/bench_tracing.py). A tool's span is, while its call
+    # runs: an MCP request carries it as its parent (SEP-414 `traceparent`: harness/tools/mcp_trace.py).
 
     def chat(self, request: dict[str, Any], send: Callable[[], Any]) -> Any:
         model = str(request.get("model", ""))
@@ -317,9 +318,12 @@ class RunTracer:
             edited = call.decision.edited_input if call.decision is not None else None
             arguments = edited if edited is not None else call.input
             attributes["gen_ai.tool.call.arguments"] = self._json(arguments)
+        from opentelemetry.trace import use_span
+
         span = self.tracing.tracer.start_span(f"execute_tool {call.name}", attributes=attributes)
         try:
-            result = answer()
+            with use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+                result = answer()
         except BaseException as exc:  # the registry answers errors; this is a crash or a lost lease
             _failed(span, exc, self.tracing)
             span.end()

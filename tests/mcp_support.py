@@ -84,6 +84,7 @@ class HttpDesk:
     forgetful: bool = False  # forgets each session at its first tool call (404), as a restart would
     hold: Path | None = None  # while this file exists, a session's `initialize` waits (`.held` shows it)
     started: bool = False  # once: its port is fixed from then on (a restart keeps it)
+    script: Path = SERVER  # or another server of ours with an `http PORT` mode and a `/pid` route
 
     @property
     def http_log(self) -> Path:
@@ -110,6 +111,15 @@ class HttpDesk:
         raise AssertionError(f"the HTTP MCP server could not have port {self.port} to itself")
 
     def _spawn(self) -> None:
+        if self.script != SERVER:  # another server of ours: its log, its port, nothing more
+            env = {**os.environ, "MCP_CALL_LOG": str(self.log)}
+            self.proc = subprocess.Popen(
+                [sys.executable, str(self.script), "http", str(self.port)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            return
         env = {**os.environ, "MCP_CALL_LOG": str(self.log), "MCP_REQUIRED_TOKEN": self.token}
         env["MCP_HTTP_LOG"] = str(self.http_log)
         if self.forgetful:
@@ -211,3 +221,20 @@ def hostile_table(
     if cwd is not None:
         table += f"cwd = {json.dumps(str(cwd))}\n"
     return table
+
+
+# --- the server whose tools change (`tests/fakes/mcp_moving_server.py`) --------------------
+
+MOVING = Path(__file__).resolve().parent / "fakes" / "mcp_moving_server.py"
+
+
+def moving_table(log: Path, *flags: str, pin: bool = False, timeout: float = 10) -> str:
+    """A `[[mcp.servers]]` table running the moving server over stdio, named `moving`."""
+    require_bwrap()
+    args = json.dumps([str(MOVING), *flags])
+    table = (
+        f'[[mcp.servers]]\nname = "moving"\ncommand = {json.dumps(sys.executable)}\nargs = {args}\n'
+        f"env = {{ MCP_CALL_LOG = {json.dumps(str(log))} }}\nwritable = [{json.dumps(str(log.parent))}]\n"
+        f"timeout_seconds = {timeout}\n"
+    )
+    return table + ("pin_tools = true\n" if pin else "")

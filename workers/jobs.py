@@ -21,6 +21,8 @@ import rq
 from harness.state import (
     Decision,
     NewerRecord,
+    PendingCall,
+    StateError,
     Verdict,
 )
 from observe import families, logs, metrics, tracing
@@ -28,12 +30,13 @@ from runtime.queue import enqueue_run_job
 from store import (
     LIMIT_CALL,
     DecideOutcome,
+    RunRecord,
     RunStatus,
     Store,
 )
 from workers import granting, newer, park_cards
 from workers.driver import Driver
-from workers.life import life, load_record, pending_by_id
+from workers.life import life
 from workers.services import Services, handed_services, keep_handed
 
 log = logging.getLogger(__name__)
@@ -196,3 +199,22 @@ def _expire(store: Store, queue: rq.Queue, run_id: str, park_id: int, now: float
     else:
         store.escalations.forget_expiry(run_id, park_id)
     return done
+
+
+def load_record(store: Store, run_id: str) -> RunRecord | None:
+    """The run's record; None when there is none or it cannot be read (logged), `NewerRecord`
+    when a newer release wrote it."""
+    try:
+        return store.runs.load(run_id)
+    except NewerRecord:
+        raise
+    except StateError as exc:
+        log.error("run %s cannot be read: %s", run_id, exc)  # nowhere to post: refuse quietly
+        return None
+
+
+def pending_by_id(record: RunRecord) -> dict[str, PendingCall]:
+    try:
+        return {c.id: c for c in record.run_state().pending}
+    except StateError:
+        return {}

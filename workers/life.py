@@ -55,7 +55,6 @@ from store import (
     ParkView,
     RunRecord,
     RunStatus,
-    Store,
 )
 from workers import granting, newer, outbox, park_cards, questions, thread_status
 from workers.driver import Driver, park_ttl
@@ -80,6 +79,7 @@ from workers.phases import (
 from workers.services import Services
 from workers.stepping import (
     agent_of,
+    offered_now,
     owe_summaries,
     record_rulings,
     thread_profile,
@@ -207,6 +207,7 @@ def _advance(svc: Services, driver: Driver, state: RunState) -> Leave:
     working = functools.partial(thread_status.show, svc, phase=thread_status.Phase.WORKING)
     while True:
         driver.dispatch(then=working)  # the status after the posts: a post in a DM clears it
+        agent = offered_now(svc, driver, agent, state)
         result = step(state, agent)
         state = result.state
         record_rulings(svc, driver, result.events, agent)
@@ -569,29 +570,10 @@ def _give_up(driver: Driver) -> End:
     return End(RunStatus.STOPPED, Valve.CRASHES)
 
 
-def load_record(store: Store, run_id: str) -> RunRecord | None:
-    """The run's record; None when there is none or it cannot be read (logged), `NewerRecord`
-    when a newer release wrote it."""
-    try:
-        return store.runs.load(run_id)
-    except NewerRecord:
-        raise
-    except StateError as exc:
-        log.error("run %s cannot be read: %s", run_id, exc)  # nowhere to post: refuse quietly
-        return None
-
-
 def _checkpointed_state(record: RunRecord) -> RunState:
     if record.state is None:  # no state yet: start over
         return new_run(_task_text(record.task) or "(empty)")
     return record.run_state()
-
-
-def pending_by_id(record: RunRecord) -> dict[str, PendingCall]:
-    try:
-        return {c.id: c for c in record.run_state().pending}
-    except StateError:
-        return {}
 
 
 def _task_text(raw: str) -> str:

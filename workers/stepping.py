@@ -9,6 +9,7 @@ from typing import Any
 
 from gates import budgets
 from harness import texts as harness_texts
+from harness.agent import with_tools
 from harness.loop import (
     Agent,
     Event,
@@ -104,6 +105,15 @@ def agent_of(svc: Services, driver: Driver) -> Agent:
     )
     # A server's question in the middle of a call is put to this run's requester (`workers.mid_call`).
     return replace(agent, context=replace(agent.context, who=driver.run_id))
+
+
+def offered_now(svc: Services, driver: Driver, agent: Agent, state: RunState) -> Agent:
+    """`agent` with the tools offered now: an MCP server's may have changed since its last step
+    (`notifications/tools/list_changed`). The same agent while they have not (the catalog keeps
+    its registry until the listing changes)."""
+    if svc.catalog is None:
+        return agent
+    return with_tools(agent, svc.catalog.narrowed(svc.settings_of(driver.record)).registry(), state)
 
 
 def record_rulings(svc: Services, driver: Driver, events: tuple[Event, ...], agent: Agent) -> None:

@@ -80,6 +80,7 @@ _SERVER: dict[str, _Spec] = {
     "headers": ((dict,), lambda v: all(isinstance(a, str) for a in v.values()), "a table of strings"),
     "timeout_seconds": ((int, float), lambda v: 0 < v <= 3600, "a number of seconds > 0"),
     "trust_annotations": ((bool,), None, "true or false"),
+    "pin_tools": ((bool,), None, "true or false"),
     "writable": (
         (list,),
         lambda v: all(isinstance(a, str) and a.strip() for a in v),
@@ -449,6 +450,7 @@ def _mcp(raw: Any, where: str, tools: ToolsConfig) -> tuple[McpServerConfig, ...
                 headers=dict(values.get("headers", {})),
                 timeout_seconds=float(values.get("timeout_seconds", 60.0)),
                 trust_annotations=values.get("trust_annotations", False),
+                pin_tools=values.get("pin_tools", False),
                 writable=tuple(os.path.abspath(os.path.expanduser(w)) for w in values.get("writable", ())),
                 network=_network(values.get("network", False)),
                 path_arguments=path_arguments,

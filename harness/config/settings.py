@@ -99,6 +99,9 @@ class McpServerConfig:
     timeout_seconds: float = 60.0
     # Annotations are the server's own claims: only with true may its readOnlyHint make a tool allow.
     trust_annotations: bool = False
+    # The tools first listed are kept for the process's life: a later listing that differs (after
+    # `notifications/tools/list_changed` or a reconnect) is logged, never offered (a rug-pull guard).
+    pin_tools: bool = False
     # stdio only: the directories it may write besides its cwd and temporary directory (absolute),
     # and where it may connect: nowhere (False), any public host (True), or only these host names.
     writable: tuple[str, ...] = ()

@@ -18,6 +18,12 @@ the session id, as the spec has it, or 400 as some servers answer) is given a ne
 and a call it refused is sent once more on the new one: the server ran nothing on the old id.
 Closing the hub ends each session as the spec asks (an HTTP session gets its DELETE).
 
+A server that says its tools changed (`notifications/tools/list_changed`; at the 2026-07-28
+protocol on a `subscriptions/listen` stream the hub keeps open) has them listed again at once; what
+a new listing changes, and whether it is taken (`pin_tools`), is `harness.tools.mcp_changes`. A call
+of a tool the server no longer offers is answered `is_error` and not sent. Each call carries the
+caller's trace context (`harness.tools.mcp_trace`).
+
 Callers on other threads use `listing()` and `call()`. A process that forks (RQ's work horse)
 cannot use the hub's pipes or loop from the child: see `harness.tools.relay`.
 
@@ -46,10 +52,18 @@ from harness.config import ResolvedServer
 from harness.tools.base import ToolResult
 from harness.tools.inputs import InputReply, PersonAsker
 from harness.tools.mcp_bounds import bound_stdio_reads, convert_result
+from harness.tools.mcp_changes import Notified, ToolBook, listen
 from harness.tools.mcp_command import CommandMissing
 from harness.tools.mcp_inputs import asks_person, mid_call, rounds
 from harness.tools.mcp_listing import SEPARATOR, Listing, McpTool, list_tools
-from harness.tools.mcp_transports import HttpTransport, SessionGuard, StdioTransport
+from harness.tools.mcp_log import closed, describe, first, is_connection_error, log_down, log_up
+from harness.tools.mcp_trace import trace_meta
+from harness.tools.mcp_transports import (
+    HttpTransport,
+    SessionGuard,
+    StdioTransport,
+    quiet_forgotten_deletes,
+)
 from harness.tools.sandbox import Sandbox, SandboxUnavailable
 
 if TYPE_CHECKING:
@@ -71,6 +85,8 @@ _CLOSE_SECONDS = 5.0
 # An HTTP session at rest is pinged this often, so a server that restarted is noticed without a call.
 _PING_SECONDS = 15.0
 _PING_TIMEOUT_SECONDS = 10.0
+# How long listing the tools again after `notifications/tools/list_changed` may take.
+_RELIST_SECONDS = 30.0
 
 
 # --- the hub ---------------------------------------------------------------------------------
@@ -81,11 +97,17 @@ class _Server:
     resolved: ResolvedServer
     client: Any = None  # an open `mcp.Client` while up
     tools: tuple[McpTool, ...] = ()
+    # How its listings are taken (`pin_tools`), and the tools last taken, kept while it is down:
+    # what a later listing is compared with (`harness.tools.mcp_changes`).
+    book: ToolBook = field(default_factory=lambda: ToolBook(""))
     reason: str = "not started yet"
     broken: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # it said its tools changed
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # `broken` or `changed` was set
     tried: threading.Event = field(default_factory=threading.Event)  # first attempt over
     up: asyncio.Event = field(default_factory=asyncio.Event)  # `client` is usable
     guard: SessionGuard | None = None  # the current HTTP connection's
+    stdio: StdioTransport | None = None  # the current stdio session's (its stderr's last lines)
     recovering: bool = False  # the server forgot the session: a new one is being opened now
     served: bool = False  # the current session answered a call (the server does keep sessions)
     failures: int = 0  # tries in a row that failed, since it was last up
@@ -101,6 +123,7 @@ class _Server:
         self.reason, self.recovering = reason, recovering
         self.up.clear()
         self.broken.set()
+        self.wake.set()
 
     @property
     def name(self) -> str:
@@ -134,7 +157,10 @@ class McpHub:
         `ask_person`: who answers a question a server asks in the middle of a call (the older
         protocol's `elicitation/create`): none, and every such question is answered cancel."""
         bound_stdio_reads()  # what a server sends is read in linear time, up to a limit
-        self._servers = {s.config.name: _Server(s) for s in servers}
+        quiet_forgotten_deletes()  # a restarted server's refusal of the old session's DELETE
+        self._servers = {
+            s.config.name: _Server(s, book=ToolBook(s.config.describe(), s.config.pin_tools)) for s in servers
+        }
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="mcp-hub", daemon=True)
         self._lock = threading.Lock()
@@ -231,13 +257,15 @@ class McpHub:
         side_effects: bool,
         reply: InputReply | None = None,
         who: str | None = None,
+        trace: dict[str, str] | None = None,
     ) -> ToolResult:
-        """`call`, for code already on the hub's loop (the relay)."""
+        """`call`, for code already on the hub's loop (the relay); `trace`: the caller's
+        `harness.tools.mcp_trace.trace_meta`, taken in its own thread."""
         found = self._servers.get(server)
         if found is None:
             reason = "not configured"
             return ToolResult(texts.MCP_SERVER_AWAY.format(server=server, name=tool, reason=reason), True)
-        return await self._call(found, tool, arguments, side_effects, reply, who)
+        return await self._call(found, tool, arguments, side_effects, reply, who, trace or {})
 
     def call(
         self,
@@ -253,7 +281,8 @@ class McpHub:
         `reply`: a person's answers to the input request the server made of this call before (and
         its `requestState`), sent with the call again. A server that asks a person now answers a
         result whose `asks` says what (`harness.tools.inputs`). `who`: the run the call is for, to
-        whom a question the server asks in the middle of the call is put (the older protocol).
+        whom a question the server asks in the middle of the call is put (the older protocol). The
+        request carries the trace context of the span current in the calling thread (SEP-414).
         """
         found = self._servers.get(server)
         if found is None:
@@ -262,7 +291,7 @@ class McpHub:
             )
         timeout = found.resolved.config.timeout_seconds
         future = asyncio.run_coroutine_threadsafe(
-            self._call(found, tool, arguments, side_effects, reply, who), self._loop
+            self._call(found, tool, arguments, side_effects, reply, who, trace_meta()), self._loop
         )
         try:
             return future.result(timeout + _GRACE_SECONDS)
@@ -280,7 +309,8 @@ class McpHub:
             try:
                 # Leaving this block ends the session gracefully (an HTTP session's DELETE is sent).
                 async with self._open(server) as client:
-                    tools, server.left_out = await list_tools(client, server.resolved.config)
+                    server.changed.clear()  # what the new session lists is the news
+                    tools = self._settle(server, await self._list(server, client), "on a new session")
                     with self._lock:
                         server.client, server.tools, server.reason = client, tools, ""
                         failures, down_for = server.failures, time.time() - server.since
@@ -291,9 +321,14 @@ class McpHub:
                     server.up.set()
                     server.tried.set()
                     delay = _BACKOFF_FIRST
-                    _log_up(server, len(tools), failures, down_for)
+                    log_up(server, len(tools), failures, down_for)
                     opened = time.monotonic()
-                    await self._watch(server, client)
+                    listening = asyncio.ensure_future(listen(server, client))
+                    try:
+                        await self._watch(server, client)
+                    finally:
+                        listening.cancel()
+                        await asyncio.gather(listening, return_exceptions=True)
                     steady = server.served or time.monotonic() - opened >= _STEADY_SECONDS
                     reason = lost = server.reason or "the session ended"
                     server.up.clear()
@@ -303,8 +338,11 @@ class McpHub:
                     server.client = None
                 raise
             except BaseException as exc:  # noqa: BLE001 - whatever a server does, the hub goes on
-                reason = lost or _describe(exc)  # why a session was lost, not how its closing failed
-                cannot_start = not lost and isinstance(_first(exc), SandboxUnavailable | CommandMissing)
+                reason = lost or describe(exc)  # why a session was lost, not how its closing failed
+                cannot_start = not lost and isinstance(first(exc), SandboxUnavailable | CommandMissing)
+                tail = server.stdio.stderr_tail() if server.stdio is not None and not lost else ""
+                if tail:  # it exited before its session opened ("Connection closed"): say why
+                    reason = f"{reason}; its stderr ended: {tail}"
             else:
                 cannot_start = False
             recovering = server.recovering and (steady or not reopened) and not self._stopping.is_set()
@@ -326,13 +364,14 @@ class McpHub:
                 reopened = True  # calls wait for the new session rather than answer "away"
                 continue
             reopened = False
-            _log_down(server, reason, delay, cannot_start)
+            log_down(server, reason, delay, cannot_start, _BACKOFF_MAX)
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)
             delay = min(delay * 2, _BACKOFF_MAX)
 
     async def _watch(self, server: _Server, client: Any) -> None:
         """Return once the session is known to be dead: a call saw it, or it closed at rest.
+        Meanwhile, list its tools again whenever it says they changed.
 
         A stdio session closes with its process; an HTTP one does not notice that its server
         restarted until a request is refused, so one with a session id (the 2025 protocol) is
@@ -341,15 +380,47 @@ class McpHub:
         loop = asyncio.get_running_loop()
         pinged = loop.time()
         while not server.broken.is_set():
-            if _closed(client):
+            if closed(client):
                 server.reason = "the session closed (the server exited?)"
                 return
+            if server.changed.is_set():
+                await self._relist(server, client)
             due = loop.time() >= pinged + _PING_SECONDS  # read each time: a test shortens it
             if server.guard is not None and server.guard.has_session and due:
                 await self._ping(server, client)
                 pinged = loop.time()
+            server.wake.clear()
+            if server.broken.is_set() or server.changed.is_set():
+                continue
             with suppress(TimeoutError):
-                await asyncio.wait_for(server.broken.wait(), _LIVENESS_SECONDS)
+                await asyncio.wait_for(server.wake.wait(), _LIVENESS_SECONDS)
+
+    async def _list(self, server: _Server, client: Any) -> tuple[McpTool, ...]:
+        """The server's tools its globs keep (those they leave out, named in `server.left_out`)."""
+        tools, server.left_out = await list_tools(client, server.resolved.config)
+        return tools
+
+    def _settle(self, server: _Server, listed: tuple[McpTool, ...], why: str) -> tuple[McpTool, ...]:
+        """The tools to offer after `listed` (pinned or taken: `harness.tools.mcp_changes`)."""
+        return server.book.take(listed, why)
+
+    async def _relist(self, server: _Server, client: Any) -> None:
+        """The server said its tools changed: list them again, and offer them from now on."""
+        server.changed.clear()
+        try:
+            listed = await asyncio.wait_for(self._list(server, client), _RELIST_SECONDS)
+        except Exception as exc:  # the session may be dying: its watch sees that; the tools stay
+            log.warning(
+                "MCP server %s said its tools changed, and listing them failed (%s); the tools "
+                "listed before are offered",
+                server.resolved.config.describe(),
+                describe(exc),
+            )
+            return
+        tools = self._settle(server, listed, "notifications/tools/list_changed")
+        with self._lock:
+            if server.client is client:
+                server.tools = tools
 
     async def _ping(self, server: _Server, client: Any) -> None:
         """Ping an HTTP session; one the server refused or did not answer is opened again."""
@@ -357,7 +428,7 @@ class McpHub:
             await asyncio.wait_for(client.session.send_ping(), _PING_TIMEOUT_SECONDS)
         except Exception as exc:  # a refused session was already marked by its guard
             if not server.broken.is_set():
-                server.lose(f"it did not answer a ping ({_describe(exc)})")
+                server.lose(f"it did not answer a ping ({describe(exc)})")
 
     def _open(self, server: _Server) -> AbstractAsyncContextManager[Any]:
         from mcp import Client
@@ -366,16 +437,21 @@ class McpHub:
 
         resolved = server.resolved
         config = resolved.config
+        heard = Notified(server)
         if config.command is not None:
             server.guard = None
-            return Client(StdioTransport(resolved, self._sandbox), elicitation_callback=self._asker(server))
+            server.stdio = StdioTransport(resolved, self._sandbox)
+            return Client(server.stdio, message_handler=heard, elicitation_callback=self._asker(server))
+        server.stdio = None
         assert config.url is not None
         http = create_mcp_http_client(headers=dict(resolved.headers) or None)
         guard = server.guard = SessionGuard(lambda refused: self._refused(server, refused))
         hooks = http.event_hooks
         http.event_hooks = {**hooks, "response": [*hooks.get("response", []), guard.response]}
         return Client(
-            HttpTransport(config.url, http, streamable_http_client), elicitation_callback=self._asker(server)
+            HttpTransport(config.url, http, streamable_http_client),
+            message_handler=heard,
+            elicitation_callback=self._asker(server),
         )
 
     def _asker(self, server: _Server) -> ElicitationFnT:
@@ -408,7 +484,7 @@ class McpHub:
             with suppress(TimeoutError):
                 await asyncio.wait_for(server.up.wait(), max(0.0, wait))
         client = server.client
-        if client is not None and _closed(client):
+        if client is not None and closed(client):
             server.lose("the session closed (the server exited?)")
         if client is None or not server.up.is_set():
             return None, None
@@ -422,13 +498,14 @@ class McpHub:
         side_effects: bool,
         reply: InputReply | None = None,
         who: str | None = None,
+        trace: dict[str, str] | None = None,
     ) -> ToolResult:
         timeout = server.resolved.config.timeout_seconds
         deadline = asyncio.get_running_loop().time() + timeout
         token = next(self._calls)
         server.in_flight[token] = (who, tool, deadline)
         try:
-            return await self._attempts(server, tool, arguments, side_effects, reply, deadline)
+            return await self._attempts(server, tool, arguments, side_effects, reply, deadline, trace or {})
         finally:
             server.in_flight.pop(token, None)
 
@@ -440,6 +517,7 @@ class McpHub:
         side_effects: bool,
         reply: InputReply | None,
         deadline: float,
+        trace: dict[str, str],
     ) -> ToolResult:
         qualified = f"{server.name}{SEPARATOR}{tool}"
         timeout = server.resolved.config.timeout_seconds
@@ -450,19 +528,22 @@ class McpHub:
                 return ToolResult(
                     texts.MCP_SERVER_AWAY.format(server=server.name, name=qualified, reason=reason), True
                 )
+            if all(t.name != tool for t in server.tools):  # removed since the caller's listing
+                return ToolResult(texts.MCP_TOOL_GONE.format(server=server.name, name=qualified), True)
             try:
                 left = max(0.0, deadline - asyncio.get_running_loop().time())
-                result = await asyncio.wait_for(rounds(client, tool, arguments, reply), left)
+                meta = dict(trace) or None  # SEP-414: `traceparent`, `tracestate` in `_meta`
+                result = await asyncio.wait_for(rounds(client, tool, arguments, reply, meta), left)
             except TimeoutError:
                 return _timed_out(server.name, tool, timeout, side_effects)
             except Exception as exc:
                 if guard is not None and guard.refused and attempt == 1:
                     continue  # refused on the forgotten session, so nothing ran: once more on a new one
-                if _closed(client) or _is_connection_error(exc):
+                if closed(client) or is_connection_error(exc):
                     server.lose(f"the connection broke during a call of {tool}")  # opened again
                     text = texts.MCP_LOST_OUTCOME_UNKNOWN if side_effects else texts.MCP_LOST
                     return ToolResult(text.format(server=server.name, name=qualified), True)
-                return ToolResult(texts.MCP_CALL_FAILED.format(name=qualified, error=_describe(exc)), True)
+                return ToolResult(texts.MCP_CALL_FAILED.format(name=qualified, error=describe(exc)), True)
             server.served = True
             if isinstance(result, InputRequiredResult):
                 return asks_person(server.name, qualified, result, reply)
@@ -470,81 +551,9 @@ class McpHub:
         raise AssertionError("unreachable: the second attempt always returns")
 
 
-def _log_up(server: _Server, tools: int, failures: int, down_for: float) -> None:
-    """The server is up: said at INFO, with how long it was down when it was."""
-    name = server.resolved.config.describe()
-    if not failures:
-        log.info("MCP server %s is up: %d tools", name, tools)
-        return
-    log.info(
-        "MCP server %s is up again after %.0f s down (%d failed tries): %d tools",
-        name,
-        down_for,
-        failures,
-        tools,
-    )
-
-
-def _log_down(server: _Server, reason: str, delay: float, cannot_start: bool) -> None:
-    """A try failed: at WARNING the first time for this reason, at DEBUG while the reason stays."""
-    why = f"cannot start: {reason}" if cannot_start else f"is not reachable ({reason})"
-    name = server.resolved.config.describe()
-    if reason == server.logged:
-        log.debug(
-            "MCP server %s still %s; %d tries failed, trying again in %.1f s",
-            name,
-            why,
-            server.failures,
-            delay,
-        )
-        return
-    server.logged = reason
-    log.warning(
-        "MCP server %s %s; trying again in %.1f s and less often after (up to every %.0f s), "
-        "said again only if the reason changes",
-        name,
-        why,
-        delay,
-        _BACKOFF_MAX,
-    )
-
-
 def _timed_out(server: str, tool: str, seconds: float, side_effects: bool) -> ToolResult:
-    text = texts.RESULT_TIMED_OUT_OUTCOME_UNKNOWN if side_effects else texts.RESULT_TIMED_OUT
+    """The answer to a call past its timeout. Its task is cancelled, and the SDK's request then
+    sends the server `notifications/cancelled` (its "courtesy cancel"): whether the server stopped
+    in time, and what it did before, is unknown."""
+    text = texts.MCP_TIMED_OUT_OUTCOME_UNKNOWN if side_effects else texts.RESULT_TIMED_OUT
     return ToolResult(text.format(name=f"{server}{SEPARATOR}{tool}", seconds=seconds), True)
-
-
-def _closed(client: Any) -> bool:
-    """Whether the session's connection is known to be closed.
-
-    The SDK keeps this on its dispatcher (`_closed`, set when the read stream ends); read
-    defensively, since it is not public: unknown reads as open, and a call then finds out.
-    """
-    try:
-        dispatcher = client.session._dispatcher
-    except (AttributeError, RuntimeError):
-        return True
-    return bool(getattr(dispatcher, "_closed", False))
-
-
-def _is_connection_error(exc: BaseException) -> bool:
-    from mcp.shared.exceptions import MCPError
-
-    if isinstance(exc, MCPError):
-        return getattr(exc, "code", None) == -32000  # CONNECTION_CLOSED
-    return isinstance(exc, OSError | EOFError)
-
-
-def _first(exc: BaseException) -> BaseException:
-    """The first exception inside `exc` (a task group raises a group of them)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
-
-
-def _describe(exc: BaseException) -> str:
-    exc = _first(exc)
-    if isinstance(exc, SandboxUnavailable | CommandMissing):
-        return str(exc)  # bounded where it is made, and never cut: its end says how to fix it
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__

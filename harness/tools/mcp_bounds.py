@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import binascii
 import codecs
+import contextvars
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -171,13 +173,20 @@ _ID = rb'"id"\s*:\s*(-?\d{1,18}|"[^"\\]{0,200}")'
 _ID_FIRST = re.compile(rb'^\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?' + _ID)
 _ID_LAST = re.compile(_ID + rb"\s*\}\s*$")
 _KEPT_ENDS = 512  # bytes kept of each end of a line past the limit, to find its id
+# Where a line of a server's stdout that is not JSON-RPC goes (its `StderrLog.junk`: one escaped,
+# rate-limited log line) instead of the SDK's parser, which logs an ERROR with a traceback for each.
+# Set around the spawn (`mcp_transports.StdioTransport`): the SDK's reader task inherits it.
+STDOUT_JUNK: contextvars.ContextVar[Callable[[bytes], None] | None] = contextvars.ContextVar(
+    "mcp_stdout_junk", default=None
+)
 
 
 class WholeLines:
     """The server's stdout as text that always ends at a line's end: the SDK's stdio reader then
     splits each line once. Linear in what is read; a line past `WIRE_LINE_MAX` is skipped, and
     answered for the server with an error to the request it answered (or, with no id to be found,
-    the stream ends: the session is closed and opened again).
+    the stream ends: the session is closed and opened again). A line that is not a JSON object
+    (a banner, a stray print) goes to `STDOUT_JUNK`; a blank one is dropped.
 
     Stands in for `anyio.streams.text.TextReceiveStream`, which the SDK builds with these arguments.
     """
@@ -189,6 +198,7 @@ class WholeLines:
         self._size = 0
         self._head: bytes | None = None  # set while skipping a line past the limit
         self._tail = b""
+        self._junk = STDOUT_JUNK.get()
 
     def __aiter__(self) -> WholeLines:
         return self
@@ -212,8 +222,13 @@ class WholeLines:
         """The whole lines `chunk` completes, each ending in a newline."""
         lines, start = [], 0
         while (end := chunk.find(b"\n", start)) >= 0:
-            lines.append(self._end_line(chunk[start : end + 1]))
+            line = self._end_line(chunk[start : end + 1])
             start = end + 1
+            if self._junk is not None and not line.lstrip().startswith((b"{", b"[")):
+                if line.strip():
+                    self._junk(line)
+                continue
+            lines.append(line)
         self._keep(chunk[start:])
         return b"".join(lines)
 

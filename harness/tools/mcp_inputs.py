@@ -36,7 +36,13 @@ _STATE_ONLY_FIRST, _STATE_ONLY_MAX = 0.05, 0.25
 ROUNDS_MAX = 10  # input requests one call may make before it is answered is_error (a server looping)
 
 
-async def rounds(client: Any, tool: str, arguments: dict[str, Any], reply: InputReply | None) -> Any:
+async def rounds(
+    client: Any,
+    tool: str,
+    arguments: dict[str, Any],
+    reply: InputReply | None,
+    meta: dict[str, Any] | None = None,
+) -> Any:
     """The call's result, or the input request a person must answer first.
 
     The call is sent with `reply`'s answers and state (its first time: none). A server that answers
@@ -48,7 +54,12 @@ async def rounds(client: Any, tool: str, arguments: dict[str, Any], reply: Input
     delay = _STATE_ONLY_FIRST
     while True:
         result = await client.session.call_tool(
-            tool, arguments, input_responses=responses, request_state=state, allow_input_required=True
+            tool,
+            arguments,
+            input_responses=responses,
+            request_state=state,
+            meta=meta,
+            allow_input_required=True,
         )
         if not isinstance(result, InputRequiredResult) or result.input_requests:
             return result

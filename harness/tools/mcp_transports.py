@@ -7,6 +7,7 @@ Apart from the hub, which only decides when to open, wait and open again: what i
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.config import ResolvedServer
+from harness.tools.mcp_bounds import STDOUT_JUNK
 from harness.tools.sandbox import Sandbox, Server, StderrLog, read_stderr
 
 # Held while a stdio server's process is being spawned. A process that also forks (an RQ worker
@@ -32,6 +34,26 @@ def guard_forks() -> None:
 
 
 SESSION_HEADER = "mcp-session-id"
+
+# What the SDK logs at WARNING when the DELETE that ends a session is answered 404 or 400: after a
+# server restarted, the hub ends the session the server already forgot, which is expected.
+_FORGOTTEN_DELETE = frozenset({"Session termination failed: 404", "Session termination failed: 400"})
+
+
+class _ForgottenDelete(logging.Filter):
+    """Lowers `_FORGOTTEN_DELETE` to DEBUG; every other line of the SDK stays as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and record.getMessage() in _FORGOTTEN_DELETE:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+def quiet_forgotten_deletes() -> None:
+    """Log a forgotten session's refused DELETE at DEBUG, not WARNING (idempotent; the hub calls it)."""
+    sdk = logging.getLogger("mcp.client.streamable_http")
+    if not any(isinstance(f, _ForgottenDelete) for f in sdk.filters):
+        sdk.addFilter(_ForgottenDelete())
 
 
 @dataclass
@@ -62,12 +84,17 @@ class SessionGuard:
 
 
 class StdioTransport:
-    """`stdio_client` as a `Transport`: the server confined by the sandbox, its stderr logged as data."""
+    """`stdio_client` as a `Transport`: the server confined by the sandbox, its stderr (and any line
+    of its stdout that is not JSON-RPC) logged as data."""
 
     def __init__(self, resolved: ResolvedServer, sandbox: Sandbox) -> None:
         self._resolved, self._sandbox = resolved, sandbox
         self._cm: Any = None
         self._stderr: StderrLog | None = None
+
+    def stderr_tail(self) -> str:
+        """The server's last stderr lines, escaped and cut ("" before it started, or if none)."""
+        return self._stderr.tail() if self._stderr is not None else ""
 
     async def __aenter__(self) -> Any:
         from mcp import StdioServerParameters
@@ -75,6 +102,7 @@ class StdioTransport:
 
         config = self._resolved.config
         assert config.command is not None
+        stderr = self._stderr = StderrLog(config.name)
         # Entering spawns the process and sets up its pipes, the stderr one included; no await
         # waits on others. A fork meanwhile would copy the pipes' ends (see SPAWNING).
         with SPAWNING:
@@ -95,12 +123,16 @@ class StdioTransport:
             try:
                 with open(write_end, "w", encoding="utf-8") as errlog:  # the server holds its own copy
                     self._cm = stdio_client(params, errlog=errlog)
-                    streams = await self._cm.__aenter__()
+                    junk = STDOUT_JUNK.set(stderr.junk)  # the SDK's stdout reader starts in here
+                    try:
+                        streams = await self._cm.__aenter__()
+                    finally:
+                        STDOUT_JUNK.reset(junk)
             except BaseException:
                 os.close(read_end)
                 raise
         try:
-            self._stderr = await read_stderr(config.name, read_end)
+            await read_stderr(config.name, read_end, stderr)
         except BaseException:
             await self._cm.__aexit__(None, None, None)
             raise

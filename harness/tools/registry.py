@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import queue
+import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ Absent = Callable[[str], "ToolResult | None"]
 
 
 IDLE_LANE = "tool-lane"  # the name of a lane thread, until a call on it times out
+_API_TOOL_NAME = re.compile("^[a-zA-Z0-9_-]{1,64}$")  # the Messages API's rule for a tool's name
 
 
 class _TimedOut(Exception):
@@ -56,6 +59,7 @@ class ToolRegistry:
         self._deferred = frozenset(t.name for t in offered if t.deferred)
         self._schemas = request_tools([t.schema() for t in offered], self._deferred)
         self._lanes = threading.local()
+        self._retired: dict[str, dict[str, Any]] = {}  # defined for the history only: see `keeping`
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
@@ -76,6 +80,36 @@ class ToolRegistry:
     def deferred(self) -> frozenset[str]:
         """The tools sent through the tool search (`Tool.deferred`)."""
         return self._deferred
+
+    def keeping(self, named: Iterable[str], before: ToolRegistry | None = None) -> ToolRegistry:
+        """This registry, also defining each tool of `named` it does not offer (an MCP server
+        removed it, or went away): with `before`'s definition when it had one, else a placeholder.
+
+        The API refuses a request whose history names a tool its `tools` do not define, so such a
+        tool keeps a definition in `schemas()`, and nothing else: it is not offered (`get`, `run`,
+        `in`), and a call of it is answered as one of a tool not offered. A name the API would
+        refuse as a tool's (one a model invented) is left out.
+        """
+        gone = {}
+        for name in dict.fromkeys(named):
+            if name in self._tools or name in self._retired or not _API_TOOL_NAME.fullmatch(name):
+                continue
+            found = before._defined(name) if before is not None else None
+            gone[name] = found or {
+                "name": name,
+                "description": texts.TOOL_NO_LONGER_OFFERED,
+                "input_schema": {"type": "object"},
+            }
+        if not gone:
+            return self
+        kept = copy.copy(self)
+        kept._retired = {**self._retired, **gone}
+        kept._schemas = [*self._schemas, *gone.values()]
+        return kept
+
+    def _defined(self, name: str) -> dict[str, Any] | None:
+        found = self._tools.get(name)
+        return found.schema() if found is not None else self._retired.get(name)
 
     def not_offered(self, name: str) -> ToolResult:
         """The answer to a call of a tool this registry does not offer (its server may be away)."""

@@ -8,7 +8,9 @@ a first line that proves the connection is one of the worker's own horses:
 
     {"op": "hello", "token": "..."}                        (no answer)
     {"op": "listing"}                                      -> {"listing": {...}}
-    {"op": "call", "server", "tool", "arguments", "side_effects"} -> {"result": {...}}
+    {"op": "call", "server", "tool", "arguments", "side_effects", "trace"} -> {"result": {...}}
+
+(`trace`: the horse's trace context, `harness.tools.mcp_trace`: the worker has no span of the run.)
 
 Every session stays warm in the worker; a job never starts a server.
 
@@ -47,6 +49,7 @@ from harness.tools.inputs import InputReply
 from harness.tools.mcp import McpHub
 from harness.tools.mcp_bounds import RELAY_LINE_MAX
 from harness.tools.mcp_listing import SEPARATOR, Listing
+from harness.tools.mcp_trace import checked, trace_meta
 
 log = logging.getLogger("harness.mcp")
 
@@ -145,6 +148,7 @@ class RelayServer:
                     bool(request["side_effects"]),
                     InputReply.from_json(reply) if isinstance(reply, dict) else None,
                     str(request["who"]) if isinstance(request.get("who"), str) else None,
+                    checked(request.get("trace")),
                 )
                 return {"result": result.to_json()}
             return {"error": f"unknown op {request.get('op')!r}"}
@@ -190,6 +194,7 @@ class RelayClient:
             "tool": tool,
             "arguments": arguments,
             "side_effects": side_effects,
+            "trace": trace_meta(),
         }
         if reply is not None:  # a person's answers: over the worker's own socket, never logged
             request["reply"] = reply.to_json()

@@ -37,7 +37,10 @@ The worker and the terminal agent also call `harness.tools.undumpable.protect_pr
 
 A server's stderr is not the process's stderr: `StderrLog` reads it from a pipe and logs each line
 as data under the server's name (control characters escaped, cut at `LINE_BYTES`), at most
-`STDERR_BUDGET_BYTES` every `STDERR_WINDOW_SECONDS`, and says how much it dropped.
+`STDERR_BUDGET_BYTES` every `STDERR_WINDOW_SECONDS`, and says how much it dropped. A line of its
+stdout that is not JSON-RPC (`harness.tools.mcp_bounds.WholeLines`) is logged the same way, within
+the same budget, at WARNING; and its last `TAIL_LINES` stderr lines are kept (`tail`), for the reason
+given when it exits before its session opened (a server that crashes at start says why there).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ import sys
 import tempfile
 import time
 import unicodedata
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +73,7 @@ _PROBE_SECONDS = 10.0
 STDERR_BUDGET_BYTES = 64 * 1024
 STDERR_WINDOW_SECONDS = 60.0
 LINE_BYTES = 2000
+TAIL_LINES, TAIL_CHARS = 4, 200  # the stderr lines kept for `StderrLog.tail`, each cut to this
 _ESCAPED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -327,6 +332,7 @@ class StderrLog(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._transport: asyncio.ReadTransport | None = None
         self.ended = asyncio.Event()
+        self._recent: deque[str] = deque(maxlen=TAIL_LINES)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.ReadTransport)
@@ -380,7 +386,15 @@ class StderrLog(asyncio.Protocol):
             transport.close()
         self.ended.set()
 
-    def _line(self, raw: bytes) -> None:
+    def junk(self, raw: bytes) -> None:
+        """A line of the server's stdout that is not JSON-RPC: logged as data, within the budget."""
+        self._line(raw.rstrip(b"\r\n"), "stdout, not JSON-RPC")
+
+    def tail(self) -> str:
+        """The server's last stderr lines, escaped and cut ("" when it wrote none)."""
+        return " | ".join(self._recent)
+
+    def _line(self, raw: bytes, stream: str = "stderr") -> None:
         now = self._clock()
         if now - self._since >= self._window:
             self._report()
@@ -389,6 +403,8 @@ class StderrLog(asyncio.Protocol):
             raw = raw[:-1]  # a CRLF line ending, not a trick
         if not raw:
             return
+        if stream == "stderr":
+            self._recent.append(escape(raw[:TAIL_CHARS].decode("utf-8", "backslashreplace")))
         shown, cut = raw[:LINE_BYTES], len(raw) - LINE_BYTES
         if self._spent + len(shown) > self._budget:
             self._dropped += len(raw) + 1
@@ -398,7 +414,8 @@ class StderrLog(asyncio.Protocol):
         text = escape(shown.decode("utf-8", "backslashreplace"))
         if cut > 0:
             text += texts.MCP_STDERR_CUT.format(bytes=cut)
-        stderr_log.info("MCP server %s stderr: %s", self.server, text)
+        said = stderr_log.info if stream == "stderr" else stderr_log.warning
+        said("MCP server %s %s: %s", self.server, stream, text)
 
     def _report_later(self) -> None:
         """Say what was dropped when the window ends, even if the server says nothing more."""
@@ -423,11 +440,13 @@ class StderrLog(asyncio.Protocol):
             self._dropped = 0
 
 
-async def read_stderr(server: str, fd: int) -> StderrLog:
-    """Start logging the pipe `fd` (a server's stderr) on the running loop; the log owns the fd."""
+async def read_stderr(server: str, fd: int, into: StderrLog | None = None) -> StderrLog:
+    """Start logging the pipe `fd` (a server's stderr) on the running loop, into `into` (or a new
+    log); the log owns the fd."""
     pipe = open(fd, "rb", buffering=0)  # noqa: SIM115 - the loop's transport closes it
+    made = into if into is not None else StderrLog(server)
     try:
-        _, protocol = await asyncio.get_running_loop().connect_read_pipe(lambda: StderrLog(server), pipe)
+        _, protocol = await asyncio.get_running_loop().connect_read_pipe(lambda: made, pipe)
     except BaseException:
         pipe.close()
         raise

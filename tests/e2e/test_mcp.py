@@ -24,12 +24,18 @@ from tests.stack import wait_post as wait_for_post
 
 pytestmark = pytest.mark.e2e
 
+MOVING = ROOT / "tests" / "fakes" / "mcp_moving_server.py"
+
 POLICY = """
 [policy]
 default = "ask"
 [policy.tools]
 desk__crash = "allow"
 odd__echo = "allow"
+moving__add = "allow"
+moving__extra = "allow"
+moving__note = "allow"
+moving__drop = "allow"
 [[policy.rules]]
 tool = "desk__delete_*"
 tier = "deny"
@@ -58,14 +64,29 @@ def odd_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def moving_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("moving") / "calls.jsonl"
+
+
+@pytest.fixture(scope="module")
 def stack(
-    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, desk_log: Path, odd_log: Path
+    redis_server: RedisServer,
+    tmp_path_factory: pytest.TempPathFactory,
+    desk_log: Path,
+    odd_log: Path,
+    moving_log: Path,
 ) -> Iterator[Stack]:
     never = '[[mcp.servers]]\nname = "gone"\ncommand = "/nonexistent/mcp-server"\n'
     # `odd` lists two tools of one name, and names the API refuses: no run may fail for it.
     odd = odd_table("odd", odd_log)
     desk = stdio_table("desk", desk_log, DESK_TOKEN="${DESK_TOKEN}") + TRUSTED
-    config = desk + never + odd + POLICY
+    # `moving` adds a tool when asked, and says so (notifications/tools/list_changed).
+    moving = (
+        f'[[mcp.servers]]\nname = "moving"\ncommand = {json.dumps(sys.executable)}\n'
+        f"args = [{json.dumps(str(MOVING))}]\nenv = {{ MCP_CALL_LOG = {json.dumps(str(moving_log))} }}\n"
+        f"writable = [{json.dumps(str(moving_log.parent))}]\n"
+    )
+    config = desk + never + odd + moving + POLICY
     workdir = tmp_path_factory.mktemp("mcp")
     yield from running_stack(redis_server, workdir, config, 5, extra_env={"DESK_TOKEN": TOKEN})
 
@@ -186,6 +207,71 @@ def test_a_server_that_dies_mid_run_answers_outcome_unknown_and_the_run_goes_on(
         stack.model.check_tool_names = True
 
 
+def test_a_tool_its_server_adds_mid_run_is_offered_to_the_same_run_on_a_later_request(
+    stack: Stack, moving_log: Path
+) -> None:
+    """Turn 1 makes the server add a tool; the model then waits, turn after turn (one allowed
+    `get_time` each, each asked for once the hub listed the server's tools again), until a request
+    offers the new tool, and calls it: all in one job of one run, whose horse reads the listing
+    through the worker's relay."""
+
+    def listed_again() -> bool:
+        seen = [c["tool"] for c in calls(moving_log)]
+        return "add" in seen and "tools/list" in seen[seen.index("add") :]
+
+    def respond(body: dict[str, Any]) -> Any:
+        if "addmid" not in str(body["messages"][0]):
+            return None
+        if "I am extra" in json.dumps(body["messages"][-1]):
+            return reply(text("addmid done"))
+        if "moving__extra" in {t["name"] for t in body.get("tools", [])}:
+            return reply(tool_use("moving__extra", {}))
+        wait_until(listed_again, timeout=20)
+        return reply(tool_use("get_time", {}))
+
+    stack.model.script_for(
+        "addmid", reply(tool_use("moving__add", {"name": "extra", "description": "More."}))
+    )
+    stack.model.responder = respond
+    try:
+        _, ts, _ = stack.mention("addmid", channel="C909")
+        wait_post(stack, "C909", ts, "addmid done")
+    finally:
+        stack.model.responder = None
+    assert [c["tool"] for c in calls(moving_log) if c["tool"] in ("add", "extra")] == ["add", "extra"]
+
+
+def test_a_run_resumed_after_its_server_removed_a_tool_it_called_goes_on(
+    stack: Stack, moving_log: Path
+) -> None:
+    """The API refuses a request whose history names a tool `tools` does not define. A run called
+    `note`, then had the server remove it, and parked; the job that resumes it after the click
+    (a new agent, which never had `note`) still defines it, as a tool no longer offered."""
+
+    def listed_since_the_drop() -> bool:
+        seen = [c["tool"] for c in calls(moving_log)]
+        return "drop" in seen and "tools/list" in seen[seen.index("drop") :]
+
+    stack.model.script_for(
+        "dropmid",
+        reply(tool_use("moving__note", {"text": "dropmid"})),
+        reply(
+            tool_use("moving__drop", {"name": "note"}),
+            tool_use("write_file", {"path": "dropmid.txt", "content": "x"}),
+        ),
+        reply(text("dropmid done")),
+    )
+    _, ts, _ = stack.mention("dropmid", channel="C910")
+    card = wait_until(lambda: next(iter(cards(stack, "C910", ts)), None), 30)
+    wait_until(listed_since_the_drop, timeout=30)  # the worker's hub asked for the tools again
+    assert stack.click(card, "approve") == 200
+    wait_post(stack, "C910", ts, "dropmid done")
+    last = [r for r in stack.model.requests if "dropmid" in str(r["messages"][0])][-1]
+    (note,) = [t for t in last["tools"] if t["name"] == "moving__note"]
+    assert note["description"].startswith("No longer offered")
+    assert not [e for e in stack.model.errors if "moving__note" in e]
+
+
 def status_of(stack: Stack) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "workers", "status"],
@@ -217,7 +303,7 @@ def test_a_server_whose_command_is_not_there_is_said_once_and_status_shows_it_do
     )
     down = wait_until(lambda: gone_down_for_a_while(stack), timeout=60, interval=1.0)
     assert down.endswith(f": {why}") and f":{worker.proc.pid}, down for " in down
-    assert "MCP servers down: 1 (of 3, as 1 running worker said)" in status_of(stack).splitlines()
+    assert "MCP servers down: 1 (of 4, as 1 running worker said)" in status_of(stack).splitlines()
     said = [line for line in worker.output().splitlines() if "MCP server gone " in line]
     assert len(said) == 1, said  # one line at start, not one per try
     assert (

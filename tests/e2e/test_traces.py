@@ -22,6 +22,7 @@ from store import Store
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.fakes.otlp_receiver import OTLPReceiver, ReceivedSpan
 from tests.fakes.slack_api import FakeSlackAPI
+from tests.mcp_support import calls, moving_table
 from tests.stack import BOT_TOKEN, ROOT, SIGNING_SECRET, RedisServer, Stack, has_actions, thread, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -182,6 +183,45 @@ def test_a_run_parked_and_resumed_on_another_worker_is_one_trace(
     assert "write my notes" not in recorded and "hello" not in recorded  # no content unless asked
 
 
+def test_an_mcp_call_carries_the_run_s_trace_to_its_server(
+    locked_redis: PasswordRedis, receiver: OTLPReceiver, tmp_path: Path
+) -> None:
+    """SEP-414: the server gets `_meta.traceparent` naming the run's trace and, as its parent, the
+    call's `execute_tool` span (made in a work horse, carried across the worker's relay)."""
+    marker = "traced-mcp"
+    (tmp_path / "server").mkdir()
+    log = tmp_path / "server" / "calls.jsonl"
+    config = moving_table(log) + CONFIG + '[policy.tools]\nmoving__note = "allow"\n'
+    with FakeSlackAPI(bot_token=BOT_TOKEN) as slack, FakeMessagesAPI() as model:
+        url = locked_redis.url.rsplit("/", 1)[0] + "/1"
+        stack = Stack(url, slack, model, tmp_path, config=config, extra_env=otel_env(receiver))
+        stack.model.script_for(
+            marker, reply(tool_use("moving__note", {"text": "traced"})), reply(text(f"{marker} done"))
+        )
+        try:
+            stack.start_bot()
+            stack.start_worker()
+            status, ts, _ = stack.mention(f"{marker}: note it", channel="C902")
+            assert status == 200
+            wait_until(lambda: any(f"{marker} done" in m["text"] for m in thread(stack, "C902", ts)), 30)
+            stack.settled()
+
+            def run_of_the_root() -> str | None:
+                roots = (s for s in receiver.received() if not s.parent_span_id)
+                return next((s.attributes.get("harness.run.id") for s in roots), None)
+
+            run_id = wait_until(run_of_the_root, timeout=30)
+            spans = run_trace(receiver, run_id, chats=2)
+        finally:
+            stack.stop()
+    (call,) = [c for c in calls(log) if c["tool"] == "note"]
+    version, trace_id, parent_id, _flags = call["meta"]["traceparent"].split("-")
+    (tool,) = spans_named(spans, "execute_tool moving__note")
+    assert (version, trace_id, parent_id) == ("00", tool.trace_id, tool.span_id)
+    (root,) = [s for s in spans if not s.parent_span_id]
+    assert root.trace_id == trace_id  # the run's trace
+
+
 def approve_value(card: dict) -> str:
     return next(
         e["value"]
@@ -199,8 +239,15 @@ def test_with_nothing_set_nothing_is_sent_and_the_sdk_is_never_loaded(
     url = redis_server.url.rsplit("/", 1)[0] + "/7"
     redis.Redis.from_url(url).flushdb()
     with FakeSlackAPI(bot_token=BOT_TOKEN) as slack, FakeMessagesAPI() as model:
-        stack = Stack(url, slack, model, tmp_path, config=CONFIG)
-        stack.model.script_for(marker, reply(tool_use("get_time", {})), reply(text(f"{marker} done")))
+        (tmp_path / "server").mkdir()
+        log = tmp_path / "server" / "calls.jsonl"
+        config = moving_table(log) + CONFIG + '[policy.tools]\nmoving__note = "allow"\n'
+        stack = Stack(url, slack, model, tmp_path, config=config)
+        stack.model.script_for(
+            marker,
+            reply(tool_use("get_time", {}), tool_use("moving__note", {"text": "untraced"})),
+            reply(text(f"{marker} done")),
+        )
         try:
             stack.start_bot()
             stack.start_worker()
@@ -214,6 +261,8 @@ def test_with_nothing_set_nothing_is_sent_and_the_sdk_is_never_loaded(
         finally:
             stack.stop()
     assert receiver.requests == 0 and receiver.received() == []
+    (call,) = [c for c in calls(log) if c["tool"] == "note"]  # and nothing of a trace to the server
+    assert "traceparent" not in (call["meta"] or {}) and "tracestate" not in (call["meta"] or {})
     assert records and all(r is not None and r.trace == "" for r in records)  # no trace kept either
     # The bot's and the jobs' own code paths load no tracing SDK nor exporter. (redis-py 8 imports
     # `opentelemetry.sdk.metrics` itself whenever it is installed, and sets nothing up with it.)

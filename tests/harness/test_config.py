@@ -126,6 +126,15 @@ def test_annotations_are_trusted_only_where_the_config_says_so(tmp_path: Path) -
     assert [s.trust_annotations for s in servers] == [False, True, False]
 
 
+def test_a_server_pins_its_tools_only_where_the_config_says_so(tmp_path: Path) -> None:
+    text = (
+        "[[mcp.servers]]\nname = 'plain'\ncommand = 'x'\n"
+        "[[mcp.servers]]\nname = 'pinned'\nurl = 'https://h/mcp'\npin_tools = true\n"
+    )
+    servers = load_config(write(tmp_path, text), env={}).mcp_servers
+    assert [s.pin_tools for s in servers] == [False, True]
+
+
 def test_harness_model_wins_over_the_model_name(tmp_path: Path) -> None:
     path = write(tmp_path, "[model]\nname = 'claude-from-file'\n")
     assert load_config(path, env={}).model == "claude-from-file"
@@ -236,6 +245,14 @@ def test_fractional_expiry_and_env_model(tmp_path: Path) -> None:
         (
             "[[mcp.servers]]\nname = 'a'\ncommand = 'x'\ntrust_annotations = 1\n",
             "mcp.servers[0].trust_annotations",
+        ),
+        (
+            "[[mcp.servers]]\nname = 'a'\ncommand = 'x'\npin_tools = 'yes'\n",
+            "mcp.servers[0].pin_tools",
+        ),
+        (
+            "[[mcp.servers]]\nname = 'a'\ncommand = 'x'\npin_tools = 1\n",
+            "mcp.servers[0].pin_tools",
         ),
         (
             "[[mcp.servers]]\nname = 'a'\ncommand = 'x'\ntrust_annotation = true\n",
