@@ -53,6 +53,11 @@ def stack(redis_url: str, tmp_path: Path, rounds_log: Path) -> Iterator[Stack]:
         '[[profiles]]\nname = "hurried"\nchannels = ["C54"]\n'
         "[profiles.approvals]\nexpire_after_minutes = 0.05\n"
     )
+    yield from running(redis_url, tmp_path, config)
+
+
+def running(redis_url: str, tmp_path: Path, config: str) -> Iterator[Stack]:
+    """A bot and a worker with `config`, on loopback Slack and model stand-ins, stopped after."""
     with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
         stack = Stack(redis_url, slack, model, tmp_path, config=config)
         try:
@@ -298,14 +303,7 @@ def everything_stack(redis_url: str, tmp_path: Path) -> Iterator[Stack]:
         f'[[mcp.servers]]\nname = "ev"\ncommand = {json.dumps(str(EVERYTHING))}\nargs = ["stdio"]\n'
         'timeout_seconds = 60\n[policy]\ndefault = "allow"\n'
     )
-    with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
-        stack = Stack(redis_url, slack, model, tmp_path, config=config)
-        try:
-            stack.start_bot()
-            stack.start_worker()
-            yield stack
-        finally:
-            stack.stop()
+    yield from running(redis_url, tmp_path, config)
 
 
 def test_a_question_asked_mid_call_is_answered_by_the_requester_while_the_call_waits(
