@@ -16,7 +16,7 @@ run: $(STAMP)
 	$(BIN)/python -m launch
 
 # Test files run in parallel on up to 4 processes (one per core), each file on one process, so a
-# module's stack (its bot, worker and Redis database) stays together; 13 minutes on 2 cores (2026-12-05).
+# module's stack (its bot, worker and Redis database) stays together; 16 minutes on 2 cores (2026-12-05).
 XDIST := -n auto --maxprocesses 4 --dist loadfile
 
 test: $(STAMP)
