@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST)
 
 # The inner loop: every test but those marked e2e, which start the product's processes (docs/testing.md);
-# under 2 minutes on 2 cores.
+# 2 minutes 16 seconds on 2 cores (2026-12-05).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m "not e2e"
 
