@@ -108,7 +108,9 @@ def cancel(svc: Services, driver: Driver, state: RunState) -> None:
     agent = agent_of(svc, driver)
     for call in waiting:
         assert call.asking is not None
-        result = agent.tools.run(call.name, call.input, replace(agent.context, reply=cancelled(call.asking)))
+        edited = call.decision.edited_input if call.decision is not None else None
+        arguments = edited if edited is not None else call.input  # as the call was sent
+        result = agent.tools.run(call.name, arguments, replace(agent.context, reply=cancelled(call.asking)))
         log.info(
             "run %s: told %s its question was cancelled (%s)",
             driver.run_id,

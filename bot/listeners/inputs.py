@@ -151,6 +151,9 @@ def _answer(
     if asked.call is None:
         _answer_mid_call(deps, click, verdict, context, values, {**audit, "tool": asked.tool})
         return
+    if refused := deps.no_more_work(record):  # an answer resumes the run: its model work goes on
+        context[REPLY] = refused
+        return
     kept = None
     if values is not None:
         ttl = int(deps.settings_of(record).approvals.expire_after_minutes * 60)  # `keep` adds a day
