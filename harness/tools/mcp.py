@@ -85,6 +85,7 @@ _CLOSE_SECONDS = 5.0
 # An HTTP session at rest is pinged this often, so a server that restarted is noticed without a call.
 _PING_SECONDS = 15.0
 _PING_TIMEOUT_SECONDS = 10.0
+_RELIST_EVERY = 1.0  # a server's tools are listed again at most this often (what it says coalesces)
 # How long listing the tools again after `notifications/tools/list_changed` may take.
 _RELIST_SECONDS = 30.0
 
@@ -378,13 +379,19 @@ class McpHub:
         pinged now and then while it rests.
         """
         loop = asyncio.get_running_loop()
-        pinged = loop.time()
+        pinged, relisted = loop.time(), float("-inf")
         while not server.broken.is_set():
             if closed(client):
                 server.reason = "the session closed (the server exited?)"
                 return
             if server.changed.is_set():
+                early = relisted + _RELIST_EVERY - loop.time()
+                if early > 0:  # a server that says so again and again is listed once a second
+                    with suppress(TimeoutError):
+                        await asyncio.wait_for(server.broken.wait(), early)
+                    continue
                 await self._relist(server, client)
+                relisted = loop.time()
             due = loop.time() >= pinged + _PING_SECONDS  # read each time: a test shortens it
             if server.guard is not None and server.guard.has_session and due:
                 await self._ping(server, client)

@@ -109,6 +109,16 @@ async def redescribe(name: str, description: str, ctx: Context) -> str:
     return f"redescribed {name}"
 
 
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+async def flood(count: int, every: float, ctx: Context) -> str:
+    """Say the tool list changed `count` times, `every` seconds apart (nothing changed)."""
+    _log("flood", ctx, count=count)
+    for _ in range(count):
+        await _changed(ctx)
+        await anyio.sleep(every)
+    return f"said it {count} times"
+
+
 @server.tool()
 async def hang(seconds: float, ctx: Context) -> str:
     """Wait `seconds`; a cancellation that arrives meanwhile is written down."""

@@ -8,6 +8,7 @@ it comes on the connection.
 from __future__ import annotations
 
 import io
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,6 +88,23 @@ def test_a_tool_added_later_is_offered_and_tiered_by_the_policy(
     assert config.policy.decide_tool("moving__extra").tier is Tier.DENY  # the policy's, as for any tool
     answer = catalog.registry().run("moving__extra", {}, ToolContext(workspace=tmp_path))
     assert answer.text == "I am extra"
+
+
+def test_a_server_that_says_its_tools_changed_again_and_again_is_listed_once_a_second(
+    moving: tuple[Catalog, McpHub], log: Path
+) -> None:
+    catalog, hub = moving
+    before = len(listings(log))
+    said = hub.call("moving", "flood", {"count": 100, "every": 0.02}, False)  # 100 in about 2 s
+    assert not said.is_error, said.text
+    assert not hub.call("moving", "add", {"name": "late", "description": "After the flood."}, False).is_error
+    assert wait_until(lambda: "moving__late" in offered(catalog), timeout=20)  # still heard, once it settles
+    assert len(listings(log)) - before < 10  # not one listing per notice (each one listed: about 100)
+
+
+def listings(log: Path) -> list[dict[str, object]]:
+    """Each listing of the server's tools, as it wrote them down."""
+    return [e for e in map(json.loads, log.read_text().splitlines()) if e.get("tool") == "tools/list"]
 
 
 def test_a_removed_tool_is_no_longer_offered_and_a_call_of_it_never_reaches_the_server(
