@@ -79,8 +79,8 @@ def asks_person(
 ) -> ToolResult:
     """An input request as a result that asks a person (`asks`); one this client cannot put to a
     person (sampling, roots, a form it cannot draw, an address not https) answers `is_error`."""
-    rounds = 1 + (reply.rounds if reply is not None else 0)
-    if rounds > ROUNDS_MAX:
+    count = 1 + (reply.rounds if reply is not None else 0)  # the input requests this call met
+    if count > ROUNDS_MAX:
         return ToolResult(texts.MCP_INPUT_ROUNDS.format(name=qualified, rounds=ROUNDS_MAX), True)
     questions = []
     try:
@@ -94,7 +94,7 @@ def asks_person(
             "MCP server %s: an input request of %s cannot be put to a person: %s", server, qualified, exc
         )
         return ToolResult(texts.MCP_INPUT_REFUSED.format(name=qualified, why=exc), True)
-    ask = InputAsk(server, tuple(questions), result.request_state, rounds=rounds)
+    ask = InputAsk(server, tuple(questions), result.request_state, rounds=count)
     return ToolResult(texts.MCP_INPUT_WAITING.format(name=qualified), asks=ask)
 
 

@@ -4,7 +4,6 @@ records nothing."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,8 @@ from harness.state import PendingCall, Status, Verdict, new_run
 from harness.tools.inputs import InputAsk, InputQuestion
 from messages import texts
 from runtime.queue import make_queue
-from store import RunRecord, RunStatus, Store, new_run_id, pack
-from store.keys import Keys
+from store import RunRecord, Store
+from tests.bot.test_clicks import parked as parked_run
 
 ALICE = Clicker("UALICE", "T1")  # the requester
 BOB = Clicker("UBOB", "T1")
@@ -34,20 +33,7 @@ CALL = PendingCall("toolu_1", "rooms__book", {"room": "4B"}, Tier.ALLOW, asking=
 def parked(conn: redis.Redis) -> RunRecord:
     """A run of UALICE's in C1, parked (park 1) on its call's question, as a worker parks it."""
     state = replace(new_run("book it"), status=Status.AWAITING_APPROVAL, pending=(CALL,))
-    record = RunRecord(
-        new_run_id(),
-        "T1",
-        "C1",
-        "1.2",
-        "UALICE",
-        "book it",
-        status=RunStatus.AWAITING_APPROVAL,
-        state=state.to_json(),
-        park_id=1,
-        expires_at=time.time() + 3600,
-    )
-    conn.set(Keys.run(record.run_id), pack(record.to_json()))
-    return record
+    return parked_run(conn, state=state.to_json())  # test_clicks' run, its state this one
 
 
 def answer(deps: BotDeps, record: RunRecord, clicker: Clicker, question_id: str | None = None) -> BoltContext:
