@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from harness import texts
 from harness.policy import PathArgs, Tier, schema_path_arguments
 from harness.tools.inputs import InputAsk, InputReply
+from harness.tools.tasks import TaskHandle
 
 RESULT_LIMIT_CHARS = 20_000
 
@@ -61,6 +62,8 @@ class ToolResult:
     is_error: bool = False
     # Not an answer yet: the server asks a person first (the call goes again with the answers).
     asks: InputAsk | None = None
+    # Not an answer yet: the server works on it as a task, and its result answers the call later.
+    task: TaskHandle | None = None
 
     @property
     def text(self) -> str:
@@ -79,6 +82,8 @@ class ToolResult:
         data: dict[str, Any] = {"content": self.content, "is_error": self.is_error}
         if self.asks is not None:
             data["asks"] = self.asks.to_json()
+        if self.task is not None:
+            data["task"] = self.task.to_json()
         return data
 
     @classmethod
@@ -87,7 +92,8 @@ class ToolResult:
         if not isinstance(content, list):
             content = str(content)
         asks = InputAsk.from_json(data["asks"]) if isinstance(data.get("asks"), dict) else None
-        return cls(content=content, is_error=bool(data["is_error"]), asks=asks)
+        task = TaskHandle.from_json(data["task"]) if isinstance(data.get("task"), dict) else None
+        return cls(content=content, is_error=bool(data["is_error"]), asks=asks, task=task)
 
 
 Caller = Callable[[ToolContext, dict[str, Any]], "ToolResult | str"]
