@@ -19,6 +19,7 @@ from harness.loop import (
     AwaitingApproval,
     AwaitingInput,
     AwaitingLimit,
+    AwaitingTask,
     Event,
     Failed,
     Finished,
@@ -32,10 +33,20 @@ from harness.loop import (
     stop_run,
 )
 from harness.policy import Policy
-from harness.state import Decision, RunState, Verdict, new_run, record_decisions, record_input_answers
+from harness.state import (
+    Decision,
+    RunState,
+    Verdict,
+    new_run,
+    record_decisions,
+    record_input_answers,
+    record_task_result,
+)
+from harness.tools import ToolResult
 from harness.tools.catalog import Catalog, open_catalog
 from harness.tools.inputs import InputAnswer, InputAsk, InputQuestion, typed_answer
 from harness.tools.registry import ToolRegistry
+from harness.tools.tasks import TaskHandle, TaskHost, follow
 from harness.tools.tool_search import definition_tokens
 from harness.tools.undumpable import protect_process
 
@@ -99,6 +110,22 @@ class Terminal:
             approved = answer.strip().lower() in APPROVING_ANSWERS  # anything else declines
             decisions[call.id] = Decision(Verdict.APPROVED if approved else Verdict.DECLINED, by="terminal")
         return decisions
+
+    def follow(self, outcome: AwaitingTask, host: TaskHost | None) -> ToolResult:
+        """Wait here for the task the call's server works on, saying how it stands as it changes:
+        its result, or (past the server's time) a timeout, the server told to cancel it."""
+        call, handle = outcome.call, outcome.call.tasking
+        assert handle is not None
+
+        def seen(now: TaskHandle) -> None:
+            if now.message:
+                self.say(texts.CLI_TASK_STATUS.format(server=now.server, message=compact(now.message)))
+
+        self.say(texts.CLI_TASK_WORKS.format(server=handle.server, name=call.name))
+        seen(handle)
+        if host is None:  # a task from a host that cannot poll it: nothing to wait for
+            return ToolResult(texts.MCP_TASK_RESULT_LOST.format(server=handle.server, name=call.name), True)
+        return follow(host, handle, call.name, seen=seen)
 
     def answer(self, outcome: AwaitingInput) -> InputAnswer:
         """The person's answer to the question the call's server asks; its values kept here (for
@@ -164,11 +191,15 @@ class Terminal:
 
 
 def run_in_terminal(
-    task: str, agent: Agent, terminal: Terminal, offered: Callable[[], ToolRegistry] | None = None
+    task: str,
+    agent: Agent,
+    terminal: Terminal,
+    offered: Callable[[], ToolRegistry] | None = None,
+    tasks: TaskHost | None = None,
 ) -> tuple[RunState, Outcome]:
     """Drive one run to its end, asking the terminal for every approval (and every question a
     tool's server asks); `offered`: the tools offered now (an MCP server's may change), read again
-    before every step."""
+    before every step; `tasks`: who polls a task a server works on (the terminal waits for it)."""
     agent = replace(agent, input_values=terminal.values_of)
 
     def now(agent: Agent, state: RunState) -> Agent:
@@ -189,6 +220,8 @@ def run_in_terminal(
             state = record_decisions(state, terminal.decide(outcome))
         elif isinstance(outcome, AwaitingInput):
             state = record_input_answers(state, {outcome.call.id: terminal.answer(outcome)})
+        elif isinstance(outcome, AwaitingTask):
+            state = record_task_result(state, outcome.call.id, terminal.follow(outcome, tasks))
         elif outcome is not None:
             return state, outcome
         agent = now(agent, state)
@@ -412,7 +445,9 @@ def _run(task: str, config: Config, catalog: Catalog) -> int:
         return EXIT_USAGE
     terminal = Terminal(sys.stdout, input)
     try:
-        state, outcome = run_in_terminal(task, Agent.from_config(config, catalog), terminal, catalog.registry)
+        host = catalog.host if isinstance(catalog.host, TaskHost) else None
+        agent = Agent.from_config(config, catalog)
+        state, outcome = run_in_terminal(task, agent, terminal, catalog.registry, host)
     except KeyboardInterrupt:
         terminal.say("\n" + texts.CLI_INTERRUPTED)
         return EXIT_INTERRUPTED

@@ -47,6 +47,7 @@ from harness.signals import (
     AwaitingApproval,
     AwaitingInput,
     AwaitingLimit,
+    AwaitingTask,
     CallRunning,
     Event,
     Failed,
@@ -78,6 +79,7 @@ __all__ = [
     "AwaitingApproval",
     "AwaitingInput",
     "AwaitingLimit",
+    "AwaitingTask",
     "Event",
     "Failed",
     "Finished",
@@ -194,6 +196,8 @@ def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
             return StepResult(parked, AwaitingApproval(state.awaiting), tuple(events))
         if call.waits_for_input:  # its server's next question, still to a person
             return _await_input(state, call, events)
+        if call.waits_on_task:  # it started as its server's task, which has not ended
+            return _await_task(state, call, events)
         if needs_write_ahead(agent, call):
             if call.started:  # an earlier attempt began it and died before recording what happened
                 result = ToolResult(texts.RESULT_OUTCOME_UNKNOWN.format(name=call.name), True)
@@ -217,6 +221,10 @@ def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
             call = replace(call, asking=result.asks, started=False)
             state = with_call(state, index, call)
             return _await_input(state, call, events)
+        if result.task is not None:  # the server works on it as a task: its result comes later
+            call = replace(call, tasking=result.task)
+            state = with_call(state, index, call)
+            return _await_task(state, call, events)
         call = replace(call, result=result)
         state = with_call(state, index, call)
         returned = ToolReturned(state.turns, call)
@@ -238,6 +246,12 @@ def _await_input(state: RunState, call: PendingCall, events: list[Event]) -> Ste
     """Park the turn on `call`'s question to a person; the calls before it keep their results."""
     parked = replace(state, status=Status.AWAITING_APPROVAL)
     return StepResult(parked, AwaitingInput(call), tuple(events))
+
+
+def _await_task(state: RunState, call: PendingCall, events: list[Event]) -> StepResult:
+    """Park the turn on `call`'s task; the calls before it keep their results."""
+    parked = replace(state, status=Status.AWAITING_APPROVAL)
+    return StepResult(parked, AwaitingTask(call), tuple(events))
 
 
 def stop_run(state: RunState, valve: Valve, reason: str) -> RunState:

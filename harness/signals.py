@@ -46,6 +46,14 @@ class AwaitingInput:
 
 
 @dataclass(frozen=True)
+class AwaitingTask:
+    """The run is parked while the server of `call` works on it as a task (`call.tasking`); the
+    task's result, once it ends, answers the call (`harness.tools.tasks`)."""
+
+    call: PendingCall
+
+
+@dataclass(frozen=True)
 class AwaitingLimit:
     """With `on_limit = "ask"`: the run reached `valve` (max turns, token budget, a daily budget) and waits.
 
@@ -75,7 +83,7 @@ class Failed:
     status_code: int | None = None
 
 
-Outcome = Finished | Stopped | AwaitingApproval | AwaitingInput | AwaitingLimit | Failed
+Outcome = Finished | Stopped | AwaitingApproval | AwaitingInput | AwaitingTask | AwaitingLimit | Failed
 
 
 # --- events: what a front end shows as the run goes ------------------------------------------

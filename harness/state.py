@@ -18,6 +18,7 @@ from typing import Any
 from harness.policy import PathArgs, Tier
 from harness.tools import ToolResult
 from harness.tools.inputs import InputAnswer, InputAsk
+from harness.tools.tasks import TaskHandle
 
 FORMAT_VERSION = 2  # what `RunState.to_json` writes; `_STATE_READERS` holds what this release reads
 
@@ -164,6 +165,14 @@ class PendingCall:
     # The call's server asked a person for input (`harness.tools.inputs`): the call waits for the
     # answers, then goes again with them. Nothing ran yet, so it is not `started`.
     asking: InputAsk | None = None
+    # The call's server works on it as a task (`harness.tools.tasks`): it started, and its result
+    # comes once the task ends.
+    tasking: TaskHandle | None = None
+
+    @property
+    def waits_on_task(self) -> bool:
+        """Whether this call waits for its server's task to end."""
+        return self.tasking is not None and self.result is None
 
     @property
     def waits_for_input(self) -> bool:
@@ -200,6 +209,8 @@ class PendingCall:
             data["path_args"] = self.path_args.to_json()
         if self.asking is not None:
             data["asking"] = self.asking.to_json()
+        if self.tasking is not None:
+            data["tasking"] = self.tasking.to_json()
         return data
 
     @classmethod
@@ -215,6 +226,7 @@ class PendingCall:
             why=str(data.get("why", "")),
             path_args=PathArgs.from_json(data.get("path_args")),
             asking=InputAsk.from_json(data["asking"]) if isinstance(data.get("asking"), dict) else None,
+            tasking=TaskHandle.from_json(data["tasking"]) if isinstance(data.get("tasking"), dict) else None,
         )
 
 
@@ -266,6 +278,11 @@ class RunState:
         return tuple(c for c in self.pending if c.awaiting)
 
     @property
+    def waiting_on_task(self) -> tuple[PendingCall, ...]:
+        """The calls of this turn whose server's task has not ended yet."""
+        return tuple(c for c in self.pending if c.waits_on_task)
+
+    @property
     def waiting_for_input(self) -> tuple[PendingCall, ...]:
         """The calls of this turn whose server waits for a person's answer."""
         return tuple(c for c in self.pending if c.waits_for_input)
@@ -273,9 +290,9 @@ class RunState:
     def to_json(self) -> dict[str, Any]:
         """A plain dict for `json.dumps`; read back with `RunState.from_json`."""
         return {
-            # A state with a call waiting for input is of version 2, which 0.2.0 does not read (it
-            # leaves the run for a newer worker); any other is written as version 1, as before.
-            "version": FORMAT_VERSION if any(c.asking for c in self.pending) else 1,
+            # A state with a call waiting for input or on a task is of version 2, which 0.2.0 does not
+            # read (it leaves the run for a newer worker); any other is written as version 1, as before.
+            "version": FORMAT_VERSION if any(c.asking or c.tasking for c in self.pending) else 1,
             "messages": list(self.messages),
             "status": self.status.value,
             "turns": self.turns,
@@ -384,6 +401,14 @@ def record_decisions(state: RunState, decisions: dict[str, Decision]) -> RunStat
         if not call.awaiting:
             raise StateError(f"call {call_id!r} ({call.name}) is not awaiting a decision")
     pending = tuple(replace(c, decision=decisions[c.id]) if c.id in decisions else c for c in state.pending)
+    return replace(state, pending=pending)
+
+
+def record_task_result(state: RunState, call_id: str, result: ToolResult) -> RunState:
+    """`state` with the task of call `call_id` ended: `result` answers it (others unchanged)."""
+    pending = tuple(
+        replace(c, result=result) if c.id == call_id and c.waits_on_task else c for c in state.pending
+    )
     return replace(state, pending=pending)
 
 

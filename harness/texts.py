@@ -120,6 +120,8 @@ CLI_APPROVE_PROMPT = (
 )
 CLI_STOPPED = "[turn {turn}] {reason}"
 CLI_INPUT_ASKS = "[input] {server} asks, before {name} can go on: {message}"
+CLI_TASK_WORKS = "[task] {server} works on {name} as a task; waiting for it to end (Ctrl-C stops)"
+CLI_TASK_STATUS = "[task] {server}: {message}"
 CLI_INPUT_URL = "[input] Open {url} and finish there."
 CLI_INPUT_URL_DONE = "[input] Type y once finished / Enter to decline: "
 CLI_INPUT_SECRET = (
@@ -309,3 +311,14 @@ RESULT_EDIT_DENIED = (
 PREVIEW_NEW_FILE = "(a new file: {path}, {chars:,} characters)"
 PREVIEW_TOO_BIG = "({path} is too big or not text: no diff shown)"
 PREVIEW_NO_CHANGE = "(no change: the file already has exactly this content)"
+
+# A call its server worked on as a task (harness/tools/tasks.py), once the run ended it.
+MCP_TASK_STOPPED = (
+    "Stopped: the run was stopped while {server} worked on {name} as a task; the server was asked "
+    "to cancel it. It may have taken effect, in part or in full, before it stopped. It was NOT run "
+    "again; check its effect before trying again."
+)
+MCP_TASK_RESULT_LOST = (
+    "Outcome unknown: {server} ended its task for {name}, but its result could not be read back. "
+    "It was NOT run again; check its effect before trying again."
+)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from harness.policy import Tier
 from harness.state import GrantUse, PendingCall, Verdict
+from harness.tools.tasks import TaskHandle
 from harness.texts import WHY_UNKNOWN_TOOL
 from messages import texts
 from messages.arguments import args_json
@@ -70,9 +71,19 @@ def task_line(call: PendingCall, *, running: bool = False, waiting: bool = False
         return TaskLine(
             title, PENDING, (*said, texts.TASK_WAITING_INPUT.format(server=plain(call.asking.server, 40)))
         )
+    if call.waits_on_task and call.tasking is not None:  # its server works on it as a task
+        return TaskLine(title, IN_PROGRESS, (*said, _waiting_on(call.tasking)))
     if waiting and call.decision is None:
         return TaskLine(title, PENDING, (texts.TASK_WAITING,))
     return TaskLine(title, IN_PROGRESS if running or call.started else PENDING, said)
+
+
+def _waiting_on(handle: TaskHandle) -> str:
+    """The sentence of a call its server works on as a task: the server's status message, cut."""
+    server = plain(handle.server, 40)
+    if not handle.message:
+        return texts.TASK_WAITING_ON_QUIET.format(server=server)
+    return texts.TASK_WAITING_ON.format(server=server, message=plain(" ".join(handle.message.split()), REASON_CHARS))
 
 
 def task_update(

@@ -277,6 +277,8 @@ STATUS_WORKING = "is working on it…"
 # it is said on, as Slack adds a task's new details to what it showed.
 TASK_WAITING = "Waiting for approval: see its card below."
 TASK_WAITING_INPUT = "Waiting for the requester to answer what {server} asks."
+TASK_WAITING_ON = "Waiting on {server}: {message}"
+TASK_WAITING_ON_QUIET = "Waiting on {server}, which works on it as a task."
 TASK_APPROVED = "Approved."
 TASK_APPROVED_EDITED = "Approved with edited arguments."
 TASK_GRANT_USED = "Let run by a standing grant."

@@ -102,6 +102,7 @@ from store.records import (
 )
 from store.replicas import Replicas, Shortfall
 from store.runs import PENDING_TTL, FinishResult, RunStore, Saved
+from store.tasks import TaskEntry, TaskStore
 from store.threads import HISTORY_VERSION, HISTORY_VERSIONS, THREAD_TTL, ThreadStore
 
 
@@ -129,6 +130,7 @@ class Store:
         self.live = LiveStore(connection, self.replicas)
         self.inputs = InputStore(connection, self.replicas)
         self.questions = QuestionStore(connection, self.replicas)
+        self.tasks = TaskStore(connection, self.replicas)
         self.config_source = ConfigSourceStore(connection, self.replicas)
         self.mcp_servers = McpServerStore(connection, self.replicas)
 
@@ -191,6 +193,7 @@ __all__ = [
     "ServerState",
     "SpentToday",
     "Store",
+    "TaskEntry",
     "check_id",
     "grant_slot",
     "new_run_id",

@@ -33,6 +33,7 @@ _ID = {
     "profile": re.compile(r"^[a-z0-9-]{1,32}$"),
     "server": re.compile(r"^[a-z0-9-]{1,32}$"),  # an MCP server's name, as the config allows it
     "ref": re.compile(r"^[0-9a-f]{16}$"),  # a form's values kept for a call (`store.inputs`)
+    "holder": re.compile(r"^[0-9a-f]{32}$"),  # an MCP hub that alone reaches its tasks (`store.tasks`)
 }
 
 
@@ -260,6 +261,17 @@ class Keys:
     def input_values(run_id: str, ref: str) -> str:
         """The values of a form a person accepted for a server's question (`store.inputs`)."""
         return f"{PREFIX}input:{check_id('run', run_id)}:{check_id('ref', ref)}"
+
+    @staticmethod
+    def task_polls(holder: str = "") -> str:
+        """When each parked task is polled next (member `run:park`): those any worker may poll, or
+        (`holder`) those only that hub reaches, a stdio server's (`store.tasks`)."""
+        return f"{PREFIX}task-polls" + (f":{check_id('holder', holder)}" if holder else "")
+
+    @staticmethod
+    def task(run_id: str, park_id: int) -> str:
+        """The task a park waits on (its handle, for the poller), then its result (`store.tasks`)."""
+        return f"{PREFIX}task:{check_id('run', run_id)}:{int(park_id)}"
 
     @staticmethod
     def live_opening(run_id: str) -> str:

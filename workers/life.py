@@ -19,6 +19,7 @@ from harness.loop import (
     AwaitingApproval,
     AwaitingInput,
     AwaitingLimit,
+    AwaitingTask,
     Failed,
     Finished,
     Outcome,
@@ -56,7 +57,7 @@ from store import (
     RunRecord,
     RunStatus,
 )
-from workers import granting, newer, outbox, park_cards, questions, thread_status
+from workers import granting, newer, outbox, park_cards, questions, tasks, thread_status
 from workers.driver import Driver, park_ttl
 from workers.phases import (
     Advance,
@@ -69,6 +70,7 @@ from workers.phases import (
     ParkAtLimit,
     Parked,
     ParkForInput,
+    ParkForTask,
     Phase,
     Resume,
     ResumeAtLimit,
@@ -113,6 +115,8 @@ def _next(svc: Services, driver: Driver, phase: Phase) -> Phase | Gone:
             return _park(svc, driver, state, agent, calls)
         case ParkForInput(state=state, call=call):
             return questions.park(svc, driver, state, call)
+        case ParkForTask(state=state, call=call):
+            return tasks.park(svc, driver, state, call)
         case ParkAtLimit(state=state, outcome=limit):
             return _park_at_limit(svc, driver, state, limit)
         case Parked():
@@ -225,6 +229,8 @@ def _leave(svc: Services, driver: Driver, state: RunState, agent: Agent, outcome
         return Park(state, agent, outcome.calls)
     if isinstance(outcome, AwaitingInput):
         return ParkForInput(state, outcome.call)
+    if isinstance(outcome, AwaitingTask):
+        return ParkForTask(state, outcome.call)
     if not isinstance(outcome, Finished):
         driver.let_stand(discard=isinstance(outcome, Failed))
     if isinstance(outcome, AwaitingLimit):
@@ -362,8 +368,9 @@ def _parked(svc: Services, driver: Driver) -> Phase | Gone:
 
 def _resume(svc: Services, driver: Driver, state: RunState, view: ParkView) -> Phase:
     """Resume with every decision in the state; the cards show them while the approved calls run."""
-    if state.waiting_for_input:
-        answered = questions.resume(svc, driver, state, view)
+    if state.waiting_for_input or state.waiting_on_task:
+        answer = questions.resume if state.waiting_for_input else tasks.resume
+        answered = answer(svc, driver, state, view)
         return _refuse(driver, texts.DECISIONS_DO_NOT_MATCH) if answered is None else Advance(answered)
     record, decisions = driver.record, view.decisions
     if set(decisions) != {c.id for c in state.awaiting}:
@@ -502,6 +509,7 @@ def _stop_parked(svc: Services, driver: Driver, by: str) -> End:
     _owe_stopped_cards(svc, driver, state, by)
     svc.store.parks.forget(record)
     questions.cancel(svc, driver, state)
+    state = tasks.stop(svc, driver, state)  # its poller cancels the task
     if tracing.current() is not None and state.status is Status.AWAITING_APPROVAL:
         view = svc.store.parks.view(record.run_id, record.park_id)
         tracing.approvals_waited(
@@ -537,6 +545,8 @@ def _owe_stopped_cards(svc: Services, driver: Driver, state: RunState, by: str) 
             )
         elif call_id in calls and calls[call_id].asking is not None:
             msg = questions.stopped_note(calls[call_id], by, now)
+        elif call_id in calls and calls[call_id].tasking is not None:
+            msg = tasks.stopped_note(calls[call_id], by, now)
         elif call_id in calls:
             msg = cards.card_stopped(call=calls[call_id], requester=record.requester, by=by, at=now)
         elif call_id == BATCH:

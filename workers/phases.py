@@ -71,6 +71,14 @@ class ParkForInput:
 
 
 @dataclass(frozen=True)
+class ParkForTask:
+    """`call`'s server works on it as a task: the run waits for the task to end."""
+
+    state: RunState
+    call: PendingCall
+
+
+@dataclass(frozen=True)
 class ParkAtLimit:
     """A limit that asks: one card, Continue or Stop."""
 
@@ -141,6 +149,7 @@ Phase = (
     | Leave
     | Park
     | ParkForInput
+    | ParkForTask
     | ParkAtLimit
     | Parked
     | Resume

@@ -14,8 +14,10 @@ handle names that worker's hub (`holder`); an HTTP server's may be polled by any
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from harness.tools.base import ToolResult
@@ -118,3 +120,70 @@ class TaskPoll:
     @property
     def ended(self) -> bool:
         return self.result is not None
+
+
+def timed_out(handle: TaskHandle, name: str) -> ToolResult:
+    """What answers a call whose task outlived its server's `timeout_seconds` (it was told to
+    cancel): as a call past its timeout is answered (`harness.tools.mcp`)."""
+    from harness import texts
+    from harness.tools.base import ToolResult
+
+    seconds = max(0.0, handle.deadline - handle.since)
+    text = texts.MCP_TIMED_OUT_OUTCOME_UNKNOWN if handle.side_effects else texts.RESULT_TIMED_OUT
+    return ToolResult(text.format(name=name, seconds=round(seconds)), True)
+
+
+def stopped(handle: TaskHandle, name: str) -> ToolResult:
+    """What answers a call whose run was stopped while its task worked (it was told to cancel)."""
+    from harness import texts
+    from harness.tools.base import ToolResult
+
+    return ToolResult(texts.MCP_TASK_STOPPED.format(name=name, server=handle.server), True)
+
+
+def follow(
+    host: TaskHost,
+    handle: TaskHandle,
+    name: str,
+    *,
+    sleep: Callable[[float], object] = time.sleep,
+    clock: Callable[[], float] = time.time,
+    seen: Callable[[TaskHandle], object] = lambda handle: None,
+) -> ToolResult:
+    """Poll `handle` at its server's pace until its task ends (its result) or outlives its deadline
+    (cancelled, and answered as timed out): the terminal's way, which may wait where it is. `seen`
+    hears each poll that found the task still working."""
+    while True:
+        left = handle.deadline - clock()
+        if left <= 0:
+            host.cancel_task(handle)
+            return timed_out(handle, name)
+        sleep(min(handle.next_poll_in(), left))
+        if clock() >= handle.deadline:
+            continue  # its time ran out while we waited: cancelled above, not polled
+        poll = host.poll_task(handle)
+        if poll.result is not None:
+            return poll.result
+        if poll.status == UNREACHABLE:
+            handle = replace(handle, polls=handle.polls + 1)
+            continue
+        handle = handle.seen(poll.status, poll.message, poll.poll_seconds)
+        seen(handle)
+
+
+@runtime_checkable
+class TaskHost(Protocol):
+    """Who reaches the servers' tasks: the hub of the worker (`harness.tools.mcp.McpHub`)."""
+
+    @property
+    def holder(self) -> str:
+        """This hub's id: the `holder` of the tasks of its stdio servers."""
+        ...
+
+    def poll_task(self, handle: TaskHandle) -> TaskPoll:
+        """Where the task stands now (`tasks/get`); never raises."""
+        ...
+
+    def cancel_task(self, handle: TaskHandle) -> bool:
+        """Ask the server to cancel the task (`tasks/cancel`); True when it acknowledged."""
+        ...

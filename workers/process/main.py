@@ -50,7 +50,7 @@ from runtime.connection import RedisTarget
 from runtime.queue import enqueue_run_job, job_waiting, make_queue
 from runtime.reload import Hangup, reload, servers_kept
 from store import DAY, RunStatus, Store
-from workers import jobs, newer
+from workers import jobs, newer, task_polls
 from workers.driver import lease_seconds
 from workers.mcp_health import ServerReports
 from workers.mid_call import MidCallQuestions
@@ -287,6 +287,14 @@ def work() -> int:
         name="watchdog",
         daemon=True,
     ).start()
+    if hub is not None:  # the tasks its servers hold are polled here, where its sessions are
+        poll_store = Store(redis_connection())
+        threading.Thread(
+            target=task_polls.poller,
+            args=(poll_store, stop, lambda: replace(in_force.services, store=poll_store), hub),
+            name="task-poller",
+            daemon=True,
+        ).start()
     try:
         if kind == "prefork":
             scheduler = RQScheduler([svc.queue], connection=svc.store.redis, serializer=JSONSerializer)

@@ -1,0 +1,133 @@
+"""The tasks parked runs wait on (`harness.tools.tasks`): which is polled when, by whom, and what
+each ended with.
+
+A park on a task keeps, beside the park, the task's entry (`harness:task:<run>:<park>`: the call,
+its tool's name and the task's handle, later its result) and the time of its next poll in a
+sorted set: `harness:task-polls` for a task any worker's hub reaches (an HTTP server's), or
+`harness:task-polls:<hub>` for one only that hub reaches (a stdio server's lives in that worker's
+child process). A watchdog claims the due ones of both sets it may poll, each poll by one
+watchdog; the entry outlives the park by a day, for the resume that reads its result.
+
+What a server said of its task (status, message, result) is untrusted input: it is stored as
+JSON and read back through `TaskHandle.from_json` and `ToolResult.from_json`, never evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from harness.tools import ToolResult
+from harness.tools.tasks import BadTask, TaskHandle
+from store.base import StorePart, as_text
+from store.held import held_runs
+from store.keys import DAY, BadId, Keys, check_id, park_member
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    """What a park on a task keeps: the call it answers, its tool, the task, and (once it ended)
+    the result that answers the call."""
+
+    call_id: str
+    name: str
+    handle: TaskHandle
+    result: ToolResult | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"call": self.call_id, "name": self.name, "handle": self.handle.to_json()}
+        if self.result is not None:
+            data["result"] = self.result.to_json()
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TaskEntry:
+        result = data.get("result")
+        return cls(
+            call_id=check_id("call", data["call"]),
+            name=str(data["name"]),
+            handle=TaskHandle.from_json(data["handle"]),
+            result=ToolResult.from_json(result) if isinstance(result, dict) else None,
+        )
+
+
+class TaskStore(StorePart):
+    """Parked tasks: their entries and their polls."""
+
+    def schedule(self, run_id: str, park_id: int, entry: TaskEntry, due: float, ttl: int) -> None:
+        """Keep `entry` for park `park_id` of `run_id` (for `ttl` seconds and a day) and poll it at
+        `due`; written before the park, so a driver dying between them leaves a poll that finds no
+        park, and cancels the task."""
+        member = f"{check_id('run', run_id)}:{int(park_id)}"
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(Keys.task(run_id, park_id), _pack(entry), ex=ttl + DAY)
+            pipe.zadd(Keys.task_polls(entry.handle.holder), {member: due})
+            pipe.execute()
+
+    def claim_due(self, holder: str, now: float, limit: int = 100) -> list[tuple[str, int]]:
+        """The parks whose task is due a poll by `now` that hub `holder` reaches (its own and any
+        worker's), each returned to exactly one caller (but those of held runs)."""
+        claimed: list[tuple[str, int]] = []
+        held = held_runs(self.redis)
+        for key in (Keys.task_polls(), Keys.task_polls(holder)):
+            members = self.redis.zrangebyscore(key, "-inf", now, start=0, num=limit + len(held))
+            for raw in members:
+                member = as_text(raw)
+                if member.partition(":")[0] in held or len(claimed) >= limit:
+                    continue
+                if self.redis.zrem(key, member):
+                    run, park = park_member(member)
+                    try:
+                        claimed.append((check_id("run", run), park))
+                    except BadId:
+                        log.warning("dropped a task poll of a shape never written: %r", member[:80])
+        return claimed
+
+    def entry(self, run_id: str, park_id: int) -> TaskEntry | None:
+        """Park `park_id`'s task entry; None when there is none (or it cannot be read: logged)."""
+        raw = self.redis.get(Keys.task(run_id, park_id))
+        if raw is None:
+            return None
+        try:
+            return TaskEntry.from_json(json.loads(as_text(raw)))
+        except (ValueError, KeyError, TypeError, BadTask, BadId) as exc:
+            log.warning("run %s park %d: its task entry cannot be read (%s)", run_id, park_id, exc)
+            return None
+
+    def again(self, run_id: str, park_id: int, entry: TaskEntry, due: float) -> None:
+        """Keep what the last poll found, and poll again at `due` (the entry keeps its lifetime)."""
+        member = f"{check_id('run', run_id)}:{int(park_id)}"
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(Keys.task(run_id, park_id), _pack(entry), xx=True, keepttl=True)
+            pipe.zadd(Keys.task_polls(entry.handle.holder), {member: due})
+            pipe.execute()
+
+    def ended(self, run_id: str, park_id: int, entry: TaskEntry) -> None:
+        """The task ended with `entry.result`: kept for the resume, on a replica before the park's
+        decision that names it is recorded (a failover keeps what it names)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(Keys.task(run_id, park_id), _pack(entry), xx=True, keepttl=True)
+            waited = self.replicas.waits(pipe)
+            answers = pipe.execute(raise_on_error=False)
+        if isinstance(answers[0], Exception):
+            raise answers[0]
+        if waited:
+            self.replicas.check(answers[-1], "decision")
+
+    def poke(self, run_id: str, park_id: int, holder: str) -> None:
+        """Poll park `park_id`'s task at once (a Stop: its poller then cancels it), if it is still
+        scheduled (one being polled now is scheduled again, and its poll sees the Stop then)."""
+        member = f"{check_id('run', run_id)}:{int(park_id)}"
+        self.redis.zadd(Keys.task_polls(holder), {member: 0}, xx=True)
+
+    def forget(self, run_id: str, park_id: int) -> None:
+        """The task is over for its run (answered, cancelled): its entry goes."""
+        self.redis.delete(Keys.task(run_id, park_id))
+
+
+def _pack(entry: TaskEntry) -> str:
+    return json.dumps(entry.to_json(), ensure_ascii=False, separators=(",", ":"))
