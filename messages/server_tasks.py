@@ -29,7 +29,9 @@ def task_note(*, tool: str, handle: TaskHandle) -> Message:
     deadline = datetime.fromtimestamp(handle.deadline, UTC)
     line += f". The run goes on when it ends (cancelled if still working {slack_date(deadline)})."
     status = f"{handle.server} works on {tool} as a task"
-    return Message(text=plain(f"{status}: {handle.message}" if handle.message else status, 300), blocks=[section(line)])
+    return Message(
+        text=plain(f"{status}: {handle.message}" if handle.message else status, 300), blocks=[section(line)]
+    )
 
 
 def task_settled(*, tool: str, handle: TaskHandle, outcome: str, by: str | None, at: datetime) -> Message:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from harness.policy import Tier
 from harness.state import GrantUse, PendingCall, Verdict
-from harness.tools.tasks import TaskHandle
 from harness.texts import WHY_UNKNOWN_TOOL
+from harness.tools.tasks import TaskHandle
 from messages import texts
 from messages.arguments import args_json
 from messages.reasons import stopped_before
@@ -83,7 +83,9 @@ def _waiting_on(handle: TaskHandle) -> str:
     server = plain(handle.server, 40)
     if not handle.message:
         return texts.TASK_WAITING_ON_QUIET.format(server=server)
-    return texts.TASK_WAITING_ON.format(server=server, message=plain(" ".join(handle.message.split()), REASON_CHARS))
+    return texts.TASK_WAITING_ON.format(
+        server=server, message=plain(" ".join(handle.message.split()), REASON_CHARS)
+    )
 
 
 def task_update(

@@ -52,7 +52,9 @@ def poll_due(svc: Services, host: TaskHost, queue: rq.Queue, now: float | None =
     return polled
 
 
-def _poll(svc: Services, host: TaskHost, queue: rq.Queue, run_id: str, park_id: int, entry: TaskEntry) -> None:
+def _poll(
+    svc: Services, host: TaskHost, queue: rq.Queue, run_id: str, park_id: int, entry: TaskEntry
+) -> None:
     record = jobs.load_record(svc.store, run_id)
     view = svc.store.parks.view(run_id, park_id)
     decision = view.decisions.get(entry.call_id)
@@ -84,7 +86,10 @@ def _poll(svc: Services, host: TaskHost, queue: rq.Queue, run_id: str, park_id: 
             seen = entry.handle.seen(handle.status, handle.message, handle.poll_seconds)
         else:
             seen = handle.seen(poll.status, poll.message, poll.poll_seconds)
-            if (seen.status, seen.message) != (handle.status, handle.message) and entry.call_id in record.cards:
+            if (seen.status, seen.message) != (
+                handle.status,
+                handle.message,
+            ) and entry.call_id in record.cards:
                 note = server_tasks.task_note(tool=entry.name, handle=seen)
                 svc.update(record.channel, record.cards[entry.call_id], note.text, note.blocks)
         # Polled again at its pace, and at the latest just past its deadline: the park's expiry

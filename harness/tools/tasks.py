@@ -73,7 +73,9 @@ class TaskHandle:
     def seen(self, status: str, message: str, poll_seconds: float | None) -> TaskHandle:
         """The handle after a poll that found the task `status`."""
         poll = poll_seconds if poll_seconds is not None else self.poll_seconds
-        return replace(self, status=status, message=message[:MESSAGE_MAX], poll_seconds=poll, polls=self.polls + 1)
+        return replace(
+            self, status=status, message=message[:MESSAGE_MAX], poll_seconds=poll, polls=self.polls + 1
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
