@@ -318,6 +318,10 @@ MCP_TASK_STOPPED = (
     "to cancel it. It may have taken effect, in part or in full, before it stopped. It was NOT run "
     "again; check its effect before trying again."
 )
+MCP_TASK_HOLDER_GONE = (
+    "Outcome unknown: the worker that ran {server} ended while {server} worked on {name} as a task, "
+    "and the server's process ended with it. It was NOT run again; check its effect before trying again."
+)
 MCP_TASK_RESULT_LOST = (
     "Outcome unknown: {server} ended its task for {name}, but its result could not be read back. "
     "It was NOT run again; check its effect before trying again."

@@ -85,7 +85,7 @@ def suggest(
         verdict = entry.get("verdict")
         if verdict not in ("approved", "declined") or not _recent(entry, since, team):
             continue
-        if entry.get("kind") == "input":  # a requester's answer to a server's question, not a decision
+        if entry.get("kind") in ("input", "task"):  # a server's question or task's end, not a decision
             continue
         found = _call_of(config, entry, by_call)
         if found is None:

@@ -269,6 +269,16 @@ class Keys:
         return f"{PREFIX}task-polls" + (f":{check_id('holder', holder)}" if holder else "")
 
     @staticmethod
+    def task_hubs() -> str:
+        """The hubs that hold tasks only they reach (a set), each alive while its `task_hub` key is."""
+        return f"{PREFIX}task-hubs"
+
+    @staticmethod
+    def task_hub(holder: str) -> str:
+        """Set, with a short lifetime, by the poller of a hub that is alive (`store.tasks`)."""
+        return f"{PREFIX}task-hub:{check_id('holder', holder)}"
+
+    @staticmethod
     def task(run_id: str, park_id: int) -> str:
         """The task a park waits on (its handle, for the poller), then its result (`store.tasks`)."""
         return f"{PREFIX}task:{check_id('run', run_id)}:{int(park_id)}"

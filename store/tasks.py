@@ -66,6 +66,8 @@ class TaskStore(StorePart):
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(Keys.task(run_id, park_id), _pack(entry), ex=ttl + DAY)
             pipe.zadd(Keys.task_polls(entry.handle.holder), {member: due})
+            if entry.handle.holder:
+                pipe.sadd(Keys.task_hubs(), entry.handle.holder)
             pipe.execute()
 
     def claim_due(self, holder: str, now: float, limit: int = 100) -> list[tuple[str, int]]:
@@ -85,6 +87,37 @@ class TaskStore(StorePart):
                         claimed.append((check_id("run", run), park))
                     except BadId:
                         log.warning("dropped a task poll of a shape never written: %r", member[:80])
+        return claimed
+
+    def alive(self, holder: str, seconds: int) -> None:
+        """Hub `holder` is alive for `seconds` more (its poller says so, again and again)."""
+        self.redis.set(Keys.task_hub(holder), "1", ex=seconds)
+
+    def orphaned(self, limit: int = 100) -> list[tuple[str, int]]:
+        """The parks whose task only a hub that is gone reached (its worker ended, and its stdio
+        servers with it), each returned to exactly one caller; a hub with none left is forgotten."""
+        claimed: list[tuple[str, int]] = []
+        for raw in self.redis.smembers(Keys.task_hubs()):
+            holder = as_text(raw)
+            try:
+                if self.redis.exists(Keys.task_hub(holder)):
+                    continue
+                key = Keys.task_polls(holder)
+            except BadId:
+                self.redis.srem(Keys.task_hubs(), raw)
+                continue
+            for raw_member in self.redis.zrange(key, 0, limit - len(claimed) - 1):
+                member = as_text(raw_member)
+                if self.redis.zrem(key, member):
+                    run, park = park_member(member)
+                    try:
+                        claimed.append((check_id("run", run), park))
+                    except BadId:
+                        continue
+            if self.redis.zcard(key) == 0:
+                self.redis.srem(Keys.task_hubs(), raw)
+            if len(claimed) >= limit:
+                break
         return claimed
 
     def entry(self, run_id: str, park_id: int) -> TaskEntry | None:

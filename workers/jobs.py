@@ -186,7 +186,7 @@ def _expire(store: Store, queue: rq.Queue, run_id: str, park_id: int, now: float
         calls = pending_by_id(record)
         for call_id, decision in store.parks.decisions(run_id, park_id).items():
             if decision is None:
-                audit = record.audit_fields(calls.get(call_id))
+                audit = record.audit_fields(calls.get(call_id)) | _kind(calls.get(call_id))
                 result = store.parks.decide(
                     run_id, park_id, call_id, Decision(Verdict.EXPIRED), audit=audit, now=now
                 )
@@ -199,6 +199,15 @@ def _expire(store: Store, queue: rq.Queue, run_id: str, park_id: int, now: float
     else:
         store.escalations.forget_expiry(run_id, park_id)
     return done
+
+
+def _kind(call: PendingCall | None) -> dict[str, str]:
+    """What an expiry answers, when it is not an approval: a server's question, or its task's time."""
+    if call is not None and call.tasking is not None:
+        return {"kind": "task"}
+    if call is not None and call.asking is not None:
+        return {"kind": "input"}
+    return {}
 
 
 def load_record(store: Store, run_id: str) -> RunRecord | None:

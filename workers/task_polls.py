@@ -18,13 +18,16 @@ from collections.abc import Callable
 import redis
 import rq
 
+from harness import texts
 from harness.state import Decision, NewerRecord, Verdict
+from harness.tools import ToolResult
 from harness.tools.tasks import UNREACHABLE, TaskHost
 from messages import server_tasks
 from runtime.queue import enqueue_run_job, make_queue
 from store import RunStatus, Store, TaskEntry
 from store.parks import DecideOutcome
 from workers import jobs
+from workers.driver import lease_seconds
 from workers.services import Services
 from workers.tasks import TASK_ENDED
 
@@ -50,6 +53,38 @@ def poll_due(svc: Services, host: TaskHost, queue: rq.Queue, now: float | None =
             log.exception("run %s park %d: polling its task failed; trying again", run_id, park_id)
             svc.store.tasks.again(run_id, park_id, entry, time.time() + RETRY_SECONDS)
     return polled
+
+
+def answer_orphans(svc: Services, queue: rq.Queue) -> int:
+    """Answer every task whose hub is gone (its worker ended, and the stdio server that held the
+    task with it): its call's outcome is unknown, and the run goes on. Returns how many."""
+    answered = 0
+    for run_id, park_id in svc.store.tasks.orphaned():
+        entry = svc.store.tasks.entry(run_id, park_id)
+        if entry is None:
+            continue
+        handle = entry.handle
+        text = texts.MCP_TASK_HOLDER_GONE.format(server=handle.server, name=entry.name)
+        log.warning("run %s: the worker that held the task of MCP server %s is gone", run_id, handle.server)
+        _end(
+            svc, queue, run_id, park_id, TaskEntry(entry.call_id, entry.name, handle, ToolResult(text, True))
+        )
+        answered += 1
+    return answered
+
+
+def _end(svc: Services, queue: rq.Queue, run_id: str, park_id: int, ended: TaskEntry) -> None:
+    """The task ended with `ended.result`: kept beside the park, recorded as its decision, and the
+    run resumed on any worker (also when the park's time ran out meanwhile: the result answers)."""
+    svc.store.tasks.ended(run_id, park_id, ended)
+    result = svc.store.parks.decide(
+        run_id, park_id, ended.call_id, Decision(Verdict.APPROVED, by=None), fingerprint=TASK_ENDED
+    )
+    log.info(
+        "run %s: the task of MCP server %s ended (%s)", run_id, ended.handle.server, result.outcome.value
+    )
+    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED):
+        enqueue_run_job(svc.store, queue, jobs.apply_decisions, run_id)
 
 
 def _poll(
@@ -83,13 +118,11 @@ def _poll(
     if poll.result is None:
         if poll.status == UNREACHABLE:
             log.info("run %s: MCP server %s cannot be asked about its task now", run_id, handle.server)
-            seen = entry.handle.seen(handle.status, handle.message, handle.poll_seconds)
+            seen = handle.seen(handle.status, handle.message, None)
         else:
             seen = handle.seen(poll.status, poll.message, poll.poll_seconds)
-            if (seen.status, seen.message) != (
-                handle.status,
-                handle.message,
-            ) and entry.call_id in record.cards:
+            changed = (seen.status, seen.message) != (handle.status, handle.message)
+            if changed and entry.call_id in record.cards:
                 note = server_tasks.task_note(tool=entry.name, handle=seen)
                 svc.update(record.channel, record.cards[entry.call_id], note.text, note.blocks)
         # Polled again at its pace, and at the latest just past its deadline: the park's expiry
@@ -97,27 +130,34 @@ def _poll(
         due = min(time.time() + seen.next_poll_in(), max(seen.deadline, time.time()) + 1)
         svc.store.tasks.again(run_id, park_id, TaskEntry(entry.call_id, entry.name, seen), due)
         return
-    ended = TaskEntry(entry.call_id, entry.name, handle, poll.result)
-    svc.store.tasks.ended(run_id, park_id, ended)
-    result = svc.store.parks.decide(
-        run_id, park_id, entry.call_id, Decision(Verdict.APPROVED, by=None), fingerprint=TASK_ENDED
-    )
-    log.info("run %s: the task of MCP server %s ended (%s)", run_id, handle.server, result.outcome.value)
-    if result.outcome in (DecideOutcome.RECORDED, DecideOutcome.EXPIRED):
-        enqueue_run_job(svc.store, queue, jobs.apply_decisions, run_id)
+    _end(svc, queue, run_id, park_id, TaskEntry(entry.call_id, entry.name, handle, poll.result))
 
 
 TICK_SECONDS = 0.5  # how often the poller looks for due tasks (a server's interval is at least this)
+
+
+def sweep_seconds() -> float:
+    """How often a poller says its hub is alive and looks for the tasks of hubs gone: as often as
+    the watchdog looks for runs whose driver died (half a lease, at most 5 s). A hub silent for
+    two leases is gone, and its stdio servers' tasks with it."""
+    return min(max(lease_seconds() / 2, 0.5), 5.0)
 
 
 def poller(store: Store, stop: threading.Event, svc: Callable[[], Services], host: TaskHost) -> None:
     """The worker's task poller, until `stop`: a thread beside the watchdog, in the process that
     holds the hub (`svc`: the services in force at each pass, with `store`, its own connection)."""
     queue = make_queue(store.redis)
-    while not stop.wait(TICK_SECONDS):
+    swept = float("-inf")
+    while True:
         try:
+            if time.monotonic() - swept >= sweep_seconds():
+                store.tasks.alive(host.holder, max(2, round(2 * lease_seconds())))
+                answer_orphans(svc(), queue)
+                swept = time.monotonic()
             poll_due(svc(), host, queue)
         except redis.RedisError as exc:
             log.warning("the task poller cannot reach Redis (%s); trying again", exc)
         except Exception:  # the poller must outlive any one bad pass
             log.exception("task poll pass failed; trying again")
+        if stop.wait(TICK_SECONDS):
+            return

@@ -66,3 +66,13 @@ def test_an_entry_or_member_of_a_shape_never_written_is_refused(store: Store, co
     conn.zadd(Keys.task_polls(), {"not-a-run:1": 0, f"{run}:4": 0})
     assert store.tasks.claim_due(HUB_A, time.time()) == [(run, 4)]
     assert conn.zcard(Keys.task_polls()) == 0  # the bad member is dropped, not polled forever
+
+
+def test_the_tasks_of_a_hub_gone_are_handed_out_once_and_an_alive_hubs_never(store: Store) -> None:
+    gone, alive = new_run_id(), new_run_id()
+    store.tasks.schedule(gone, 1, entry(HUB_A), time.time() + 600, ttl=600)
+    store.tasks.schedule(alive, 1, entry(HUB_B), time.time() + 600, ttl=600)
+    store.tasks.alive(HUB_B, 60)
+    assert store.tasks.orphaned() == [(gone, 1)]
+    assert store.tasks.orphaned() == []  # once, and hub A is forgotten now that none is left
+    assert store.tasks.claim_due(HUB_B, time.time() + 601) == [(alive, 1)]
