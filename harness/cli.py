@@ -125,7 +125,11 @@ class Terminal:
         seen(handle)
         if host is None:  # a task from a host that cannot poll it: nothing to wait for
             return ToolResult(texts.MCP_TASK_RESULT_LOST.format(server=handle.server, name=call.name), True)
-        return follow(host, handle, call.name, seen=seen)
+        try:
+            return follow(host, handle, call.name, seen=seen)
+        except KeyboardInterrupt:  # the person stopped the run: the server is told, then it ends
+            host.cancel_task(handle)
+            raise
 
     def answer(self, outcome: AwaitingInput) -> InputAnswer:
         """The person's answer to the question the call's server asks; its values kept here (for
