@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from harness.config.policy_file import POLICY_KEYS, RULE_KEYS, only_keys, policy_of
 from harness.config.settings import (
     BUILTIN_TOOL_NAMES,
     DEFAULT_MODEL,
@@ -31,7 +32,7 @@ from harness.config.settings import (
     Profile,
     ToolsConfig,
 )
-from harness.policy import Policy, Rule, Tier
+from harness.policy import Policy
 
 # An approver is a user (U…, W…) or a user group (S…), which stands for its members.
 _APPROVER_ID = re.compile(r"[UWS][A-Z0-9]{2,}")
@@ -132,8 +133,6 @@ _PROFILE_TOOLS: dict[str, _Spec] = {
 # The tables whose keys are checked by name rather than by a spec (their values are parsed by hand).
 _SECTIONS = {"model", "limits", "policy", "approvals", "tools", "mcp", "budgets", "profiles"}
 _MCP_KEYS = {"servers"}
-_POLICY_KEYS = {"default", "tools", "rules", "always_ask"}
-_RULE_KEYS = {"tool", "args", "tier"}
 
 
 def accepted_keys() -> frozenset[str]:
@@ -149,8 +148,8 @@ def accepted_keys() -> frozenset[str]:
         "limits": _LIMITS,
         "tools": _TOOLS,
         "approvals": _APPROVALS,
-        "policy": _POLICY_KEYS,
-        "policy.rules": _RULE_KEYS,
+        "policy": POLICY_KEYS,
+        "policy.rules": RULE_KEYS,
         "mcp": _MCP_KEYS,
         "mcp.servers": _SERVER,
         "budgets": _BUDGETS,
@@ -182,7 +181,7 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
 
 
 def _parse(data: dict[str, Any], where: str, env: Mapping[str, str], base: Path | None = None) -> Config:
-    _only_keys(data, _SECTIONS, "", where)
+    only_keys(data, _SECTIONS, "", where)
     top = _settings(data, where, env, base)
     profiles = _profiles(data, where, env, base, top)
     return replace(top, profiles=profiles) if profiles else top
@@ -213,7 +212,7 @@ def _settings(
     approvals = _approvals(_section(data, "approvals", _APPROVALS, where), where)
     return Config(
         limits=limits,
-        policy=policy if policy is not None else _policy(data.get("policy"), where),
+        policy=policy if policy is not None else policy_of(data.get("policy"), where),
         approvals=approvals,
         tools=tools,
         model=model_raw["name"]
@@ -320,8 +319,8 @@ def _merged(
                     f"{where}: {key}.tools.mcp[{i}]: no [[mcp.servers]] is named {name!r} ({known})"
                 )
         offered = tuple(dict.fromkeys(names))
-    top_policy = _policy(data.get("policy"), where)
-    own_policy = _policy(profile.get("policy"), where, prefix=f"{key}.policy")
+    top_policy = policy_of(data.get("policy"), where)
+    own_policy = policy_of(profile.get("policy"), where, prefix=f"{key}.policy")
     raw_own = profile.get("policy") or {}
     policy = Policy(
         default=own_policy.default if "default" in raw_own else top_policy.default,
@@ -411,7 +410,7 @@ def _mcp(raw: Any, where: str, tools: ToolsConfig) -> tuple[McpServerConfig, ...
         return ()
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: [mcp] must be a table")
-    _only_keys(raw, _MCP_KEYS, "mcp.", where)
+    only_keys(raw, _MCP_KEYS, "mcp.", where)
     servers_raw = raw.get("servers", [])
     if not isinstance(servers_raw, list) or not all(isinstance(s, dict) for s in servers_raw):
         raise ConfigError(f"{where}: mcp.servers must be an array of tables ([[mcp.servers]])")
@@ -517,7 +516,7 @@ def _section(
     name = prefix or name
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: [{name}] must be a table")
-    _only_keys(raw, set(spec), f"{name}.", where)
+    only_keys(raw, set(spec), f"{name}.", where)
     out: dict[str, Any] = {}
     for key, value in raw.items():
         types, valid, expected = spec[key]
@@ -527,69 +526,6 @@ def _section(
             raise ConfigError(f"{where}: {name}.{key} must be {expected}, got {value!r}")
         out[key] = float(value) if float in types else value  # type: ignore[arg-type]
     return out
-
-
-def _policy(raw: Any, where: str, prefix: str = "policy") -> Policy:
-    if raw is None:
-        return Policy()
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: [{prefix}] must be a table")
-    _only_keys(raw, _POLICY_KEYS, f"{prefix}.", where)
-    default = _tier(raw.get("default", Tier.ASK.value), f"{prefix}.default", where)
-    tools_raw = raw.get("tools", {})
-    if not isinstance(tools_raw, dict):
-        raise ConfigError(f'{where}: [{prefix}.tools] must be a table of tool = "tier"')
-    tools = {name: _tier(value, f"{prefix}.tools.{name}", where) for name, value in tools_raw.items()}
-    rules_raw = raw.get("rules", [])
-    if not isinstance(rules_raw, list) or not all(isinstance(r, dict) for r in rules_raw):
-        raise ConfigError(f"{where}: {prefix}.rules must be an array of tables ([[{prefix}.rules]])")
-    rules = tuple(_rule(i + 1, r, where, f"{prefix}.rules") for i, r in enumerate(rules_raw))
-    always_ask = _always_ask(raw.get("always_ask", []), f"{prefix}.always_ask", where)
-    return Policy(default=default, tools=tools, rules=rules, always_ask=always_ask)
-
-
-def _always_ask(raw: Any, key: str, where: str) -> tuple[str, ...]:
-    """`[policy] always_ask`: tool names or globs, as in `[policy.tools]`."""
-    if not isinstance(raw, list):
-        raise ConfigError(
-            f'{where}: {key} must be a list of tool names or globs, like ["deploy_*"], got {raw!r}'
-        )
-    for i, value in enumerate(raw):
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"{where}: {key}[{i}] must be a tool name or glob, got {value!r}")
-    return tuple(dict.fromkeys(raw))
-
-
-def _rule(number: int, raw: dict[str, Any], where: str, table: str = "policy.rules") -> Rule:
-    key = f"{table}[{number}]"
-    _only_keys(raw, _RULE_KEYS, f"{key}.", where)
-    for needed in ("tool", "tier"):
-        if needed not in raw:
-            raise ConfigError(f"{where}: {key}.{needed} is missing")
-    tool = raw["tool"]
-    if not isinstance(tool, str) or not tool:
-        raise ConfigError(f"{where}: {key}.tool must be a tool name or glob, got {tool!r}")
-    args = raw.get("args", {})
-    if not isinstance(args, dict):
-        raise ConfigError(f'{where}: {key}.args must be a table of argument = "glob"')
-    for arg, pattern in args.items():
-        if not isinstance(pattern, str):
-            raise ConfigError(f"{where}: {key}.args.{arg} must be a glob string, got {pattern!r}")
-    rule = Rule(number=number, tool=tool, args=dict(args), tier=_tier(raw["tier"], f"{key}.tier", where))
-    return rule if table == "policy.rules" else replace(rule, table=table)
-
-
-def _tier(value: Any, key: str, where: str) -> Tier:
-    try:
-        return Tier(value)
-    except ValueError:
-        raise ConfigError(f'{where}: {key} must be one of "allow", "ask", "deny", got {value!r}') from None
-
-
-def _only_keys(raw: dict[str, Any], allowed: set[str], prefix: str, where: str) -> None:
-    for key in raw:
-        if key not in allowed:
-            raise ConfigError(f"{where}: unknown key {prefix}{key} (allowed: {', '.join(sorted(allowed))})")
 
 
 def _workspace(env: Mapping[str, str]) -> Path:
