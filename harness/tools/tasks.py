@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from harness.tools.base import ToolResult
@@ -41,7 +41,9 @@ class TaskHandle:
 
     `since` and `deadline` are wall-clock seconds (the call's start, and that plus the server's
     `timeout_seconds`); `holder` is the hub that alone can reach it ("" for any worker's);
-    `side_effects`: whether the call's tool has any, for what a timeout says.
+    `side_effects`: whether the call's tool has any, for what a timeout says. `tool`: the tool
+    called (its name on the server); `protocol`: the protocol version of the session the task was
+    made on (a task is only polled on a session of the same kind: `harness.tools.mcp_tasks`).
     """
 
     server: str
@@ -54,6 +56,8 @@ class TaskHandle:
     holder: str = ""
     side_effects: bool = True
     polls: int = 0  # polls made so far (the backoff when the server suggests no interval)
+    tool: str = ""
+    protocol: str = ""
 
     def __post_init__(self) -> None:
         if not self.task_id or len(self.task_id) > ID_MAX:
@@ -71,7 +75,8 @@ class TaskHandle:
     def seen(self, status: str, message: str, poll_seconds: float | None) -> TaskHandle:
         """The handle after a poll that found the task `status`."""
         poll = poll_seconds if poll_seconds is not None else self.poll_seconds
-        return replace(self, status=status, message=message[:MESSAGE_MAX], poll_seconds=poll, polls=self.polls + 1)
+        message = message[:MESSAGE_MAX]
+        return replace(self, status=status, message=message, poll_seconds=poll, polls=self.polls + 1)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,6 +90,8 @@ class TaskHandle:
             "holder": self.holder,
             "side_effects": self.side_effects,
             "polls": self.polls,
+            "tool": self.tool,
+            "protocol": self.protocol,
         }
 
     @classmethod
@@ -101,6 +108,8 @@ class TaskHandle:
             holder=str(data.get("holder", "")),
             side_effects=bool(data.get("side_effects", True)),
             polls=int(data.get("polls", 0)),
+            tool=str(data.get("tool", "")),
+            protocol=str(data.get("protocol", "")),
         )
 
 
@@ -118,3 +127,17 @@ class TaskPoll:
     @property
     def ended(self) -> bool:
         return self.result is not None
+
+
+class TaskHost(Protocol):
+    """Who can ask a task's server about it: the hub that holds the sessions (`McpHub`).
+
+    `holder`: the id a stdio server's task handles name (only this hub reaches that process).
+    Neither method raises: a server that cannot be asked now is a poll `UNREACHABLE`, a cancel False.
+    """
+
+    holder: str
+
+    def poll_task(self, handle: TaskHandle) -> TaskPoll: ...
+
+    def cancel_task(self, handle: TaskHandle) -> bool: ...
