@@ -252,6 +252,25 @@ MCP_INPUT_REFUSED = (
     "Error: {name} asked for input this client cannot put to a person: {why}. Nothing was asked."
 )
 MCP_INPUT_ROUNDS = "Error: {name} asked for input {rounds} times in one call; the call was given up."
+# MCP Tasks (harness/tools/mcp_tasks.py): a call the server answered with a task, and how it ended.
+MCP_TASK_WAITING = (
+    "(waiting: the MCP server {server!r} runs {name} as a task; "
+    "its result answers this call when the task ends)"
+)
+MCP_TASK_BAD = (
+    "Error: the MCP server {server!r} answered {name} with a task this client cannot follow ({why}); "
+    "whether the work started is unknown."
+)
+MCP_TASK_FAILED = "Error: {name} ran as a task on the MCP server {server!r} and failed: {error}"
+MCP_TASK_CANCELLED = "Error: the MCP server {server!r} cancelled the task of {name}: {message}"
+MCP_TASK_ASKS_INPUT = (
+    "Error: the task of {name} on the MCP server {server!r} asked for input while it ran, which this "
+    "client cannot answer yet; the task was cancelled."
+)
+MCP_TASK_GONE = (
+    "Error: the MCP server {server!r} no longer knows the task of {name} (it restarted?); "
+    "its result is lost, and whether the work was done is unknown."
+)
 IMAGE_FROM_EARLIER_TURN = "[an image from an earlier turn: no longer shown; call the tool again to see it]"
 IMAGE_OVER_TURN_BUDGET = (
     "[an image was left out: this turn's results already hold as many images as one request may]"

@@ -22,7 +22,8 @@ A server that says its tools changed (`notifications/tools/list_changed`; at the
 protocol on a `subscriptions/listen` stream the hub keeps open) has them listed again at once; what
 a new listing changes, and whether it is taken (`pin_tools`), is `harness.tools.mcp_changes`. A call
 of a tool the server no longer offers is answered `is_error` and not sent. Each call carries the
-caller's trace context (`harness.tools.mcp_trace`).
+caller's trace context (`harness.tools.mcp_trace`). A call a server answers with a task, and
+`poll_task` / `cancel_task` of it, are `harness.tools.mcp_tasks`'s.
 
 Callers on other threads use `listing()` and `call()`. A process that forks (RQ's work horse)
 cannot use the hub's pipes or loop from the child: see `harness.tools.relay`.
@@ -39,16 +40,19 @@ import itertools
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import AbstractAsyncContextManager, suppress
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from mcp_types import ElicitResult, InputRequiredResult
 
 from harness import texts
 from harness.config import ResolvedServer
+from harness.tools import mcp_tasks
 from harness.tools.base import ToolResult
 from harness.tools.inputs import InputReply, PersonAsker
 from harness.tools.mcp_bounds import bound_stdio_reads, convert_result
@@ -65,6 +69,7 @@ from harness.tools.mcp_transports import (
     quiet_forgotten_deletes,
 )
 from harness.tools.sandbox import Sandbox, SandboxUnavailable
+from harness.tools.tasks import TaskHandle, TaskPoll
 
 if TYPE_CHECKING:
     from mcp.client.session import ElicitationFnT
@@ -170,6 +175,7 @@ class McpHub:
         self._stopping = asyncio.Event()
         self._ask_person = ask_person
         self._calls = itertools.count()
+        self.holder = uuid.uuid4().hex  # what a stdio server's task handles name (`TaskHost`)
 
     @property
     def server_names(self) -> tuple[str, ...]:
@@ -300,7 +306,25 @@ class McpHub:
             future.cancel()
             return _timed_out(server, tool, timeout, side_effects)
 
+    def poll_task(self, handle: TaskHandle) -> TaskPoll:
+        """Where `handle`'s task stands now (`tasks/get`); never raises (`mcp_tasks.poll`)."""
+        return mcp_tasks.poll_on(self, handle)
+
+    def cancel_task(self, handle: TaskHandle) -> bool:
+        """Ask the server to cancel `handle`'s task (`tasks/cancel`); True once it acked."""
+        return mcp_tasks.cancel_on(self, handle)
+
     # --- on the loop ---
+
+    async def task_session(self, name: str) -> tuple[Any, float, str]:
+        """For a task request to server `name`: its session, how long the request may take, and
+        why there is no session."""
+        server = self._servers.get(name)
+        if server is None:
+            return None, 0.0, "not configured"
+        seconds = min(server.resolved.config.timeout_seconds, mcp_tasks.REQUEST_SECONDS)
+        client, _ = await self._session(server, asyncio.get_running_loop().time() + seconds)
+        return client, seconds, "" if client is not None else server.reason or "the session closed"
 
     async def _supervise(self, server: _Server) -> None:
         delay = _BACKOFF_FIRST
@@ -444,22 +468,23 @@ class McpHub:
 
         resolved = server.resolved
         config = resolved.config
-        heard = Notified(server)
+        client = partial(
+            Client,
+            message_handler=Notified(server),
+            elicitation_callback=self._asker(server),
+            extensions=[mcp_tasks.TasksExtension()],  # a call may be answered with a task
+        )
         if config.command is not None:
             server.guard = None
             server.stdio = StdioTransport(resolved, self._sandbox)
-            return Client(server.stdio, message_handler=heard, elicitation_callback=self._asker(server))
+            return client(server.stdio)
         server.stdio = None
         assert config.url is not None
         http = create_mcp_http_client(headers=dict(resolved.headers) or None)
         guard = server.guard = SessionGuard(lambda refused: self._refused(server, refused))
         hooks = http.event_hooks
         http.event_hooks = {**hooks, "response": [*hooks.get("response", []), guard.response]}
-        return Client(
-            HttpTransport(config.url, http, streamable_http_client),
-            message_handler=heard,
-            elicitation_callback=self._asker(server),
-        )
+        return client(HttpTransport(config.url, http, streamable_http_client))
 
     def _asker(self, server: _Server) -> ElicitationFnT:
         """The server's `elicitation_callback`: declaring it is what makes servers offer (and ask
@@ -528,6 +553,7 @@ class McpHub:
     ) -> ToolResult:
         qualified = f"{server.name}{SEPARATOR}{tool}"
         timeout = server.resolved.config.timeout_seconds
+        since = time.time()
         for attempt in (1, 2):
             client, guard = await self._session(server, deadline)
             if client is None:
@@ -540,7 +566,9 @@ class McpHub:
             try:
                 left = max(0.0, deadline - asyncio.get_running_loop().time())
                 meta = dict(trace) or None  # SEP-414: `traceparent`, `tracestate` in `_meta`
-                result = await asyncio.wait_for(rounds(client, tool, arguments, reply, meta), left)
+                as_task = any(t.name == tool and t.task_only for t in server.tools)
+                sent = mcp_tasks.call_as_task(client, tool, arguments, meta, timeout) if as_task else None
+                result = await asyncio.wait_for(sent or rounds(client, tool, arguments, reply, meta), left)
             except TimeoutError:
                 return _timed_out(server.name, tool, timeout, side_effects)
             except Exception as exc:
@@ -554,6 +582,10 @@ class McpHub:
             server.served = True
             if isinstance(result, InputRequiredResult):
                 return asks_person(server.name, qualified, result, reply)
+            if isinstance(result, mcp_tasks.CreatedTask):  # the run parks on it; nobody waits here
+                holder = self.holder if server.resolved.config.command is not None else ""
+                call = mcp_tasks.TaskCall(server.name, tool, since, timeout, holder, side_effects)
+                return mcp_tasks.task_answer(result, call, client.session.protocol_version or "")
             return convert_result(result)
         raise AssertionError("unreachable: the second attempt always returns")
 

@@ -43,7 +43,7 @@ async def rounds(
     reply: InputReply | None,
     meta: dict[str, Any] | None = None,
 ) -> Any:
-    """The call's result, or the input request a person must answer first.
+    """The call's result, the input request a person must answer first, or the task it runs as.
 
     The call is sent with `reply`'s answers and state (its first time: none). A server that answers
     with state alone (it is still working) is asked again with that state, backing off as the MCP
@@ -60,6 +60,7 @@ async def rounds(
             request_state=state,
             meta=meta,
             allow_input_required=True,
+            allow_claimed=True,  # a task (`harness.tools.mcp_tasks`) comes back unresolved
         )
         if not isinstance(result, InputRequiredResult) or result.input_requests:
             return result

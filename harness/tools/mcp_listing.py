@@ -2,10 +2,11 @@
 
 Plain data apart from the hub that keeps the sessions: a `Listing` crosses the relay as JSON to a
 forked work horse, which makes its `Tool`s from it (`tools_of`) without a session of its own. A
-tool the Messages API would refuse (a bad or shared name, a schema that is none, a task-only tool)
-is left out here, where the listing is read, and named in one log line; so is a tool the
-operator's `include_tools` / `exclude_tools` globs leave out (`left_out_by`), which is then
-never offered nor callable, and said by `--list-tools` with the glob that left it out.
+tool the Messages API would refuse (a bad or shared name, a schema that is none) is left out
+here, where the listing is read, and named in one log line; so is a tool the operator's
+`include_tools` / `exclude_tools` globs leave out (`left_out_by`), which is then never offered
+nor callable, and said by `--list-tools` with the glob that left it out. A tool that runs only
+as a task (2025-11-25) is offered like any other, and called as one (`harness.tools.mcp_tasks`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class McpTool:
     trusted: bool = False
     # Its `_meta` says `anthropic/requiresUserInteraction: true`: every call asks a person.
     requires_interaction: bool = False
+    # `execution.taskSupport: "required"` (2025-11-25): every call runs as a task
+    # (`harness.tools.mcp_tasks`).
+    task_only: bool = False
 
     @property
     def qualified(self) -> str:
@@ -77,6 +81,7 @@ class McpTool:
             "annotations": dict(self.annotations),
             "trusted": self.trusted,
             "requires_interaction": self.requires_interaction,
+            "task_only": self.task_only,
         }
 
     @classmethod
@@ -90,6 +95,7 @@ class McpTool:
             annotations=data.get("annotations") or {},
             trusted=data.get("trusted") is True,  # missing: not trusted
             requires_interaction=data.get("requires_interaction") is True,
+            task_only=data.get("task_only") is True,
         )
 
 
@@ -257,6 +263,7 @@ async def list_tools(client: Any, config: McpServerConfig) -> Listed:
                     annotations=annotations,
                     trusted=trusted,
                     requires_interaction=_requires_interaction(tool),
+                    task_only=getattr(getattr(tool, "execution", None), "task_support", None) == "required",
                 )
             )
         cursor = page.next_cursor
@@ -316,13 +323,9 @@ def _offerable(found: list[McpTool], server: str) -> tuple[McpTool, ...]:
 def _unusable(tool: Any) -> str | None:
     """Why the harness cannot call `tool` as listed (None when it can).
 
-    A tool that must run as a task would fail every call a person approved; an inputSchema that is
-    not a valid JSON schema cannot be checked before a card is posted, and the Messages API may
-    refuse every request that offers it.
+    An inputSchema that is not a valid JSON schema cannot be checked before a card is posted, and
+    the Messages API may refuse every request that offers it.
     """
-    execution = getattr(tool, "execution", None)
-    if getattr(execution, "task_support", None) == "required":
-        return "it runs only as a task (execution.taskSupport: required), and the harness does not run tasks"
     problem = schema_problem(tool.input_schema)
     if problem is not None:
         return f"its inputSchema is not a valid JSON schema: {problem}"

@@ -43,7 +43,9 @@ class TaskHandle:
 
     `since` and `deadline` are wall-clock seconds (the call's start, and that plus the server's
     `timeout_seconds`); `holder` is the hub that alone can reach it ("" for any worker's);
-    `side_effects`: whether the call's tool has any, for what a timeout says.
+    `side_effects`: whether the call's tool has any, for what a timeout says. `tool`: the tool
+    called (its name on the server); `protocol`: the protocol version of the session the task was
+    made on (a task is only polled on a session of the same kind: `harness.tools.mcp_tasks`).
     """
 
     server: str
@@ -56,6 +58,8 @@ class TaskHandle:
     holder: str = ""
     side_effects: bool = True
     polls: int = 0  # polls made so far (the backoff when the server suggests no interval)
+    tool: str = ""
+    protocol: str = ""
 
     def __post_init__(self) -> None:
         if not self.task_id or len(self.task_id) > ID_MAX:
@@ -89,6 +93,8 @@ class TaskHandle:
             "holder": self.holder,
             "side_effects": self.side_effects,
             "polls": self.polls,
+            "tool": self.tool,
+            "protocol": self.protocol,
         }
 
     @classmethod
@@ -105,6 +111,8 @@ class TaskHandle:
             holder=str(data.get("holder", "")),
             side_effects=bool(data.get("side_effects", True)),
             polls=int(data.get("polls", 0)),
+            tool=str(data.get("tool", "")),
+            protocol=str(data.get("protocol", "")),
         )
 
 

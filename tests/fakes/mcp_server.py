@@ -13,8 +13,9 @@ by `MCP_CALL_LOG` (when set), so a test can tell exactly what reached the server
 `http-sessions` refuses the newest protocol's `server/discover` probe (as servers of the 2025
 protocol do), so a client falls back to the `initialize` handshake and gets a session id: an
 unknown id then answers 404, as the spec says. A session's DELETE is written to the file named by
-`MCP_HTTP_LOG` (when set). Two tools are listed that a client must not offer: `research` needs
-to run as a task (`execution.taskSupport: "required"`) and `bad_schema`'s inputSchema is invalid.
+`MCP_HTTP_LOG` (when set). `research` is listed as needing to run as a task
+(`execution.taskSupport: "required"`) and answers at once all the same; `bad_schema`, which a
+client must not offer, has an invalid inputSchema.
 `MCP_ALWAYS_ASK` (comma-separated tool names, when set): those tools' `_meta` says
 `anthropic/requiresUserInteraction: true`.
 """
@@ -180,7 +181,7 @@ def export() -> str:
 
 @desk.tool(annotations=ToolAnnotations(readOnlyHint=True))
 def research(topic: str) -> str:
-    """Listed as needing a task: called without one, it must never be offered."""
+    """Listed as needing a task; this server answers it at once, whether called as one or not."""
     _log("research", {"topic": topic})
     return f"researched {topic}"
 

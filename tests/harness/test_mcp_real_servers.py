@@ -138,8 +138,8 @@ def test_everything_lists_its_tools_with_their_schemas_and_annotations(everythin
     assert echo.own_tier is Tier.ALLOW and echo.annotations["readOnlyHint"] is True
     toggle = registry.get("ev__toggle-simulated-logging")
     assert toggle is not None and toggle.own_tier is None and toggle.side_effects
-    # Task-only (execution.taskSupport: required): every call without a task fails, so not offered.
-    assert "ev__simulate-research-query" not in names
+    # Task-only (execution.taskSupport: required): offered, and called as a task (test_mcp_tasks.py).
+    assert "ev__simulate-research-query" in names
 
 
 def test_everything_runs_calls_and_an_image_comes_back_as_an_image_block(

@@ -200,24 +200,24 @@ def test_after_a_reconnect_close_deletes_the_new_session(tmp_path: Path, session
     assert len(after) == len(before) + 1 and after[-1] and after[-1] not in before
 
 
-def test_a_tool_that_must_run_as_a_task_is_not_offered_and_one_line_names_it(
+def test_a_tool_that_must_run_as_a_task_is_offered_and_a_server_that_answers_at_once_is_heard(
     tmp_path: Path, log: Path, caplog: pytest.LogCaptureFixture, session_desk: HttpDesk
 ) -> None:
-    """Seen: `execution.taskSupport: "required"` offered, approved by a person, and always failed.
-
-    (The field is the 2025 protocol's: the newest one has no tasks in its core, and drops it.)"""
+    """`execution.taskSupport: "required"` (the 2025 protocol's): offered, and called as a task
+    (`harness.tools.mcp_tasks`). This server ignores the call's `task` and answers at once: its
+    plain result is the call's. (Once left out: the harness did not run tasks.)"""
     config = config_of(tmp_path, http_table("desk", session_desk.url))
     with (
         caplog.at_level(logging.WARNING, logger="harness.mcp"),
         McpHub(config.resolved_servers({"DESK_TOKEN": TOKEN})) as hub,
     ):
-        names = [t.name for t in hub.listing().tools]
+        research = next(t for t in hub.listing().tools if t.name == "research")
         catalog = Catalog.from_config(config, host=hub)
         answer = run(catalog, "desk__research", {"topic": "printers"}, tmp_path)
-    assert "get_ticket" in names and "research" not in names
-    assert answer.is_error and "research" not in [c["tool"] for c in calls(log)]
-    lines = [r.getMessage() for r in caplog.records if "research" in r.getMessage()]
-    assert len(lines) == 1 and "task" in lines[0]
+    assert research.task_only
+    assert not answer.is_error and answer.task is None and answer.content == "researched printers"
+    assert [c["arguments"] for c in calls(log) if c["tool"] == "research"] == [{"topic": "printers"}]
+    assert not [r for r in caplog.records if "research" in r.getMessage()]
 
 
 def test_a_tool_whose_input_schema_is_invalid_is_not_offered_and_one_line_says_why(
