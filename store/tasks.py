@@ -55,6 +55,17 @@ class TaskEntry:
         )
 
 
+CLAIM_SECONDS = 30.0  # a claimed poll is due again this much later unless its poller says otherwise
+
+# KEYS[1] a polls set. ARGV[1] now, ARGV[2] the claim's end, ARGV[3] at most this many. Each member
+# due by now is moved to the claim's end, in one step: two pollers never claim the same one.
+_CLAIM = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+for _, member in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[2], member) end
+return due
+"""
+
+
 class TaskStore(StorePart):
     """Parked tasks: their entries and their polls."""
 
@@ -72,21 +83,24 @@ class TaskStore(StorePart):
 
     def claim_due(self, holder: str, now: float, limit: int = 100) -> list[tuple[str, int]]:
         """The parks whose task is due a poll by `now` that hub `holder` reaches (its own and any
-        worker's), each returned to exactly one caller (but those of held runs)."""
+        worker's), each returned to exactly one caller (but those of held runs). A claim is a lease:
+        the poll is due again `CLAIM_SECONDS` later, so a poller that dies mid-poll loses nothing;
+        the poll's `again`, `ended` or `forget` then says when (or that) it is due next."""
         claimed: list[tuple[str, int]] = []
         held = held_runs(self.redis)
         for key in (Keys.task_polls(), Keys.task_polls(holder)):
-            members = self.redis.zrangebyscore(key, "-inf", now, start=0, num=limit + len(held))
-            for raw in members:
+            found = self._script(_CLAIM)(keys=[key], args=[now, now + CLAIM_SECONDS, limit + len(held)])
+            for raw in found:
                 member = as_text(raw)
-                if member.partition(":")[0] in held or len(claimed) >= limit:
+                run, park = park_member(member)
+                if run in held or len(claimed) >= limit:
+                    self.redis.zadd(key, {member: now}, xx=True)  # not ours to poll now: due as it was
                     continue
-                if self.redis.zrem(key, member):
-                    run, park = park_member(member)
-                    try:
-                        claimed.append((check_id("run", run), park))
-                    except BadId:
-                        log.warning("dropped a task poll of a shape never written: %r", member[:80])
+                try:
+                    claimed.append((check_id("run", run), park))
+                except BadId:
+                    log.warning("dropped a task poll of a shape never written: %r", member[:80])
+                    self.redis.zrem(key, member)
         return claimed
 
     def alive(self, holder: str, seconds: int) -> None:
@@ -141,9 +155,11 @@ class TaskStore(StorePart):
 
     def ended(self, run_id: str, park_id: int, entry: TaskEntry) -> None:
         """The task ended with `entry.result`: kept for the resume, on a replica before the park's
-        decision that names it is recorded (a failover keeps what it names)."""
+        decision that names it is recorded (a failover keeps what it names); it is polled no more."""
+        member = f"{check_id('run', run_id)}:{int(park_id)}"
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(Keys.task(run_id, park_id), _pack(entry), xx=True, keepttl=True)
+            pipe.zrem(Keys.task_polls(entry.handle.holder), member)
             waited = self.replicas.waits(pipe)
             answers = pipe.execute(raise_on_error=False)
         if isinstance(answers[0], Exception):
@@ -153,13 +169,19 @@ class TaskStore(StorePart):
 
     def poke(self, run_id: str, park_id: int, holder: str) -> None:
         """Poll park `park_id`'s task at once (a Stop: its poller then cancels it), if it is still
-        scheduled (one being polled now is scheduled again, and its poll sees the Stop then)."""
+        scheduled (one being polled now is scheduled again after, and that poll sees the Stop)."""
         member = f"{check_id('run', run_id)}:{int(park_id)}"
         self.redis.zadd(Keys.task_polls(holder), {member: 0}, xx=True)
 
-    def forget(self, run_id: str, park_id: int) -> None:
-        """The task is over for its run (answered, cancelled): its entry goes."""
-        self.redis.delete(Keys.task(run_id, park_id))
+    def forget(self, run_id: str, park_id: int, holder: str | None = None) -> None:
+        """The task is over for its run (answered, cancelled): its entry goes, and (`holder`: the
+        set it is polled from) its polls."""
+        member = f"{check_id('run', run_id)}:{int(park_id)}"
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(Keys.task(run_id, park_id))
+            if holder is not None:
+                pipe.zrem(Keys.task_polls(holder), member)
+            pipe.execute()
 
 
 def _pack(entry: TaskEntry) -> str:

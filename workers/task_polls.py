@@ -42,8 +42,10 @@ def poll_due(svc: Services, host: TaskHost, queue: rq.Queue, now: float | None =
     polled = 0
     for run_id, park_id in svc.store.tasks.claim_due(host.holder, now):
         entry = svc.store.tasks.entry(run_id, park_id)
-        if entry is None:
-            continue  # gone with its park's lifetime (or unreadable: logged)
+        if entry is None:  # gone with its park's lifetime (or unreadable: logged): polled no more
+            svc.store.tasks.forget(run_id, park_id, "")
+            svc.store.tasks.forget(run_id, park_id, host.holder)
+            continue
         try:
             _poll(svc, host, queue, run_id, park_id, entry)
             polled += 1
@@ -111,7 +113,7 @@ def _poll(
             handle.server,
             "acknowledged" if acked else "not acknowledged",
         )
-        svc.store.tasks.forget(run_id, park_id)
+        svc.store.tasks.forget(run_id, park_id, handle.holder)
         return
     assert record is not None
     poll = host.poll_task(handle)

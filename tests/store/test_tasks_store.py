@@ -11,6 +11,7 @@ from harness.tools import ToolResult
 from harness.tools.tasks import TaskHandle
 from store import Store, TaskEntry, new_run_id
 from store.keys import Keys
+from store.tasks import CLAIM_SECONDS
 
 HUB_A, HUB_B = "a" * 32, "b" * 32
 
@@ -41,8 +42,18 @@ def test_a_stop_makes_a_scheduled_poll_due_at_once(store: Store) -> None:
     assert store.tasks.claim_due(HUB_A, time.time()) == []
     store.tasks.poke(run, 2, HUB_A)
     assert store.tasks.claim_due(HUB_A, time.time()) == [(run, 2)]
-    store.tasks.poke(run, 2, HUB_A)  # claimed (being polled): a poke adds nothing back
-    assert store.tasks.claim_due(HUB_A, time.time()) == []
+    assert store.tasks.claim_due(HUB_A, time.time()) == []  # claimed: not due again at once
+
+
+def test_a_claim_is_a_lease_so_a_poller_dying_mid_poll_loses_nothing(store: Store) -> None:
+    run = new_run_id()
+    store.tasks.schedule(run, 1, entry(), time.time() - 1, ttl=600)
+    assert store.tasks.claim_due(HUB_A, time.time()) == [(run, 1)]
+    assert store.tasks.claim_due(HUB_B, time.time() + 1) == []  # its poller holds it
+    # That poller dies without saying when it is due next: the claim runs out, another takes it.
+    assert store.tasks.claim_due(HUB_B, time.time() + CLAIM_SECONDS + 1) == [(run, 1)]
+    store.tasks.ended(run, 1, entry(result=ToolResult("done")))  # ended: polled no more
+    assert store.tasks.claim_due(HUB_B, time.time() + 10 * CLAIM_SECONDS) == []
 
 
 def test_an_ended_task_keeps_its_result_for_the_resume(store: Store) -> None:
@@ -65,7 +76,7 @@ def test_an_entry_or_member_of_a_shape_never_written_is_refused(store: Store, co
     assert store.tasks.entry(run, 3) is None
     conn.zadd(Keys.task_polls(), {"not-a-run:1": 0, f"{run}:4": 0})
     assert store.tasks.claim_due(HUB_A, time.time()) == [(run, 4)]
-    assert conn.zcard(Keys.task_polls()) == 0  # the bad member is dropped, not polled forever
+    assert conn.zscore(Keys.task_polls(), "not-a-run:1") is None  # dropped, not polled forever
 
 
 def test_the_tasks_of_a_hub_gone_are_handed_out_once_and_an_alive_hubs_never(store: Store) -> None:
