@@ -56,7 +56,8 @@ def _log(entry: dict[str, Any]) -> None:
 
 
 def _declared(ctx: ServerRequestContext[Any, Any]) -> bool:
-    capabilities = (ctx.meta or {}).get("io.modelcontextprotocol/clientCapabilities") or {}
+    meta: dict[str, Any] = dict(ctx.meta or {})
+    capabilities = meta.get("io.modelcontextprotocol/clientCapabilities") or {}
     return TASKS in (capabilities.get("extensions") or {})
 
 
