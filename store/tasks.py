@@ -81,15 +81,17 @@ class TaskStore(StorePart):
                 pipe.sadd(Keys.task_hubs(), entry.handle.holder)
             pipe.execute()
 
-    def claim_due(self, holder: str, now: float, limit: int = 100) -> list[tuple[str, int]]:
+    def claim_due(
+        self, holder: str, now: float, limit: int = 100, claim: float = CLAIM_SECONDS
+    ) -> list[tuple[str, int]]:
         """The parks whose task is due a poll by `now` that hub `holder` reaches (its own and any
         worker's), each returned to exactly one caller (but those of held runs). A claim is a lease:
-        the poll is due again `CLAIM_SECONDS` later, so a poller that dies mid-poll loses nothing;
+        the poll is due again `claim` seconds later, so a poller that dies mid-poll loses nothing;
         the poll's `again`, `ended` or `forget` then says when (or that) it is due next."""
         claimed: list[tuple[str, int]] = []
         held = held_runs(self.redis)
         for key in (Keys.task_polls(), Keys.task_polls(holder)):
-            found = self._script(_CLAIM)(keys=[key], args=[now, now + CLAIM_SECONDS, limit + len(held)])
+            found = self._script(_CLAIM)(keys=[key], args=[now, now + claim, limit + len(held)])
             for raw in found:
                 member = as_text(raw)
                 run, park = park_member(member)

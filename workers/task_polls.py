@@ -40,7 +40,8 @@ def poll_due(svc: Services, host: TaskHost, queue: rq.Queue, now: float | None =
     """Poll every task due by `now` that `host` reaches; returns how many were polled."""
     now = time.time() if now is None else now
     polled = 0
-    for run_id, park_id in svc.store.tasks.claim_due(host.holder, now):
+    # A claim lasts a lease: a poller that dies mid-poll leaves the task to another that soon.
+    for run_id, park_id in svc.store.tasks.claim_due(host.holder, now, claim=lease_seconds()):
         entry = svc.store.tasks.entry(run_id, park_id)
         if entry is None:  # gone with its park's lifetime (or unreadable: logged): polled no more
             svc.store.tasks.forget(run_id, park_id, "")

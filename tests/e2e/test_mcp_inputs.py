@@ -56,10 +56,12 @@ def stack(redis_url: str, tmp_path: Path, rounds_log: Path) -> Iterator[Stack]:
     yield from running(redis_url, tmp_path, config)
 
 
-def running(redis_url: str, tmp_path: Path, config: str) -> Iterator[Stack]:
-    """A bot and a worker with `config`, on loopback Slack and model stand-ins, stopped after."""
+def running(
+    redis_url: str, tmp_path: Path, config: str, env: dict[str, str] | None = None
+) -> Iterator[Stack]:
+    """A bot and a worker with `config` (and `env`), on loopback Slack and model stand-ins, stopped after."""
     with FakeSlackAPI(bot_token="xoxb-test") as slack, FakeMessagesAPI() as model:
-        stack = Stack(redis_url, slack, model, tmp_path, config=config)
+        stack = Stack(redis_url, slack, model, tmp_path, config=config, extra_env=dict(env or {}))
         try:
             stack.start_bot()
             stack.start_worker()

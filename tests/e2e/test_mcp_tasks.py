@@ -41,6 +41,11 @@ def jobs_log(tmp_path: Path) -> Path:
     return tmp_path / "server" / "jobs.jsonl"
 
 
+# A short lease: a worker killed mid-poll (its claim), or gone with its stdio server's task (its
+# hub's word that it is alive), is noticed within seconds rather than half a minute.
+FAST = {"HARNESS_LEASE_SECONDS": "3"}
+
+
 def stdio_config(log: Path, timeout: float = 60) -> str:
     return (
         f'[[mcp.servers]]\nname = "jobs"\ncommand = {json.dumps(sys.executable)}\n'
@@ -156,18 +161,28 @@ def test_a_task_past_its_timeout_is_cancelled_and_answered_as_a_timeout(
     redis_url: str, tmp_path: Path, jobs_log: Path
 ) -> None:
     require_bwrap()
-    for stack in running(redis_url, tmp_path, stdio_config(jobs_log, timeout=3)):
-        ts = start(stack, {"steps": 10_000, "poll_ms": 500}, "Too slow.", "C64")
-        wait_text(stack, "C64", ts, "Too slow.", timeout=60)
-        result = job_result(stack)
-        assert result.get("is_error") is True and "did not finish within 3 seconds" in json.dumps(result)
-        wait_until(lambda: requests(jobs_log, "tasks/cancel"), 30)
-        wait_until(lambda: any("outlived its time" in str(m["blocks"]) for m in posts(stack, "C64", ts)), 30)
+    for stack in running(redis_url, tmp_path, stdio_config(jobs_log, timeout=3), FAST):
+        _outlives_its_time(stack, jobs_log)
+
+
+def _outlives_its_time(stack: Stack, jobs_log: Path) -> None:
+    ts = start(stack, {"steps": 10_000, "poll_ms": 500}, "Too slow.", "C64")
+    wait_text(stack, "C64", ts, "Too slow.", timeout=60)
+    result = job_result(stack)
+    assert result.get("is_error") is True and "did not finish within 3 seconds" in json.dumps(result)
+    wait_until(lambda: requests(jobs_log, "tasks/cancel"), 30)
+    wait_until(lambda: any("outlived its time" in str(m["blocks"]) for m in posts(stack, "C64", ts)), 30)
 
 
 def test_a_stdio_servers_task_dies_with_its_worker_and_another_answers_it_as_unknown(
-    stack: Stack, jobs_log: Path
+    redis_url: str, tmp_path: Path, jobs_log: Path
 ) -> None:
+    require_bwrap()
+    for stack in running(redis_url, tmp_path, stdio_config(jobs_log), FAST):
+        _dies_with_its_worker(stack, jobs_log)
+
+
+def _dies_with_its_worker(stack: Stack, jobs_log: Path) -> None:
     ts = start(stack, {"steps": 10_000, "poll_ms": 500}, "The worker died.", "C65")
     wait_until(lambda: requests(jobs_log, "tasks/get"), 30)
     (worker,) = [p for p in stack.processes if p.name == "worker"]
@@ -183,11 +198,10 @@ def test_an_http_servers_task_is_polled_by_another_worker_after_the_first_dies(
     redis_url: str, tmp_path: Path, jobs_log: Path
 ) -> None:
     desk = HttpDesk(jobs_log, script=SERVER).start()
-    config = (
-        f'[[mcp.servers]]\nname = "jobs"\nurl = "{desk.url}"\ntimeout_seconds = 120\n[policy]\ndefault = "allow"\n'
-    )
+    config = f'[[mcp.servers]]\nname = "jobs"\nurl = "{desk.url}"\ntimeout_seconds = 120\n'
+    config += '[policy]\ndefault = "allow"\n'
     try:
-        for stack in running(redis_url, tmp_path, config):
+        for stack in running(redis_url, tmp_path, config, FAST):
             ts = start(stack, {"steps": 12, "poll_ms": 500}, "Done elsewhere.", "C66")
             wait_until(lambda: requests(jobs_log, "tasks/get"), 30)
             (worker,) = [p for p in stack.processes if p.name == "worker"]
