@@ -14,7 +14,9 @@ are read from its side.
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,9 +27,9 @@ import redis
 
 from tests.e2e.test_faults import posts, wait_text
 from tests.e2e.test_mcp_inputs import buttons, running
-from tests.fakes.messages_api import reply, text, tool_use
+from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.mcp_support import HttpDesk, require_bwrap
-from tests.stack import Stack, wait_until
+from tests.stack import ROOT, Stack, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -214,3 +216,40 @@ def test_an_http_servers_task_is_polled_by_another_worker_after_the_first_dies(
             assert {g["name"] for g in gets} == {gets[0]["task"]}  # Mcp-Name: the task id, every poll
     finally:
         desk.stop()
+
+
+def test_the_terminal_waits_for_a_task_showing_its_status_and_answers_with_its_result(
+    tmp_path: Path, jobs_log: Path
+) -> None:
+    require_bwrap()
+    config = tmp_path / "harness.toml"
+    config.write_text(stdio_config(jobs_log))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "HARNESS_", "SLACK_"))}
+    with FakeMessagesAPI() as model:
+        model.script(
+            reply(tool_use("jobs__long_job", {"steps": 3, "poll_ms": 500, "note": " \x1b[31mred"})),
+            reply(text("Built in the terminal.")),
+        )
+        env.update(
+            PYTHONPATH=str(ROOT),
+            HARNESS_CONFIG=str(config),
+            HARNESS_WORKSPACE=str(tmp_path),
+            ANTHROPIC_BASE_URL=model.base_url,
+            ANTHROPIC_API_KEY="sk-test",
+        )
+        done = subprocess.run(
+            [sys.executable, "-m", "harness", "build it"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        sent = model.requests[-1]["messages"]
+    assert done.returncode == 0, done.stderr
+    assert "[task] jobs works on jobs__long_job as a task" in done.stdout
+    assert '[task] jobs: "step 1 of 3 \\u001b[31mred"' in done.stdout  # a server's escapes stay inert
+    assert "\x1b" not in done.stdout
+    assert "Built in the terminal." in done.stdout
+    assert "long job done in 3 steps" in json.dumps(sent)
+    assert len(requests(jobs_log, "tools/call")) == 1 and len(requests(jobs_log, "tasks/get")) == 3
