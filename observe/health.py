@@ -50,7 +50,7 @@ def deep_health(connection: redis.Redis, queue: rq.Queue, now: float) -> tuple[b
         pipe.zcard(queue.scheduled_job_registry.key)
         pipe.zcard(queue.failed_job_registry.key)
         counters.queue_run_counts(pipe, now)
-        *rows, depth, scheduled, failed, active, parked = pipe.execute()
+        *rows, depth, scheduled, failed, active, parked, tasks = pipe.execute()
     workers = []
     for key, row in zip(keys, rows, strict=True):
         beat, state, host, pid = row
@@ -71,6 +71,6 @@ def deep_health(connection: redis.Redis, queue: rq.Queue, now: float) -> tuple[b
         "workers_alive": len(workers),
         "workers": workers,
         "queue": {"name": queue.name, "depth": depth, "scheduled": scheduled, "failed_jobs": failed},
-        "runs": {"active": active, "parked": parked},
+        "runs": {"active": active, "parked": parked, "on_tasks": tasks},
     }
     return bool(workers), report

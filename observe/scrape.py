@@ -67,13 +67,16 @@ class Collector:
             pipe.zcard(self.queue.scheduled)
             pipe.scard(self.queue.workers)
             reads = gauges.queue_reads(pipe, self.config(), now)
-            raw, active, parked, depth, scheduled, workers, *configured = pipe.execute()
+            raw, active, parked, tasks, depth, scheduled, workers, *configured = pipe.execute()
         stored = counters.counters_of(raw)
         for family in FAMILIES:
             yield _histogram(family, stored) if family.histogram else _counter(family, stored)
         yield GaugeMetricFamily(
-            "harness_approvals_pending", "Parks waiting for a decision (approval or limit cards).", parked
+            "harness_approvals_pending",
+            "Parks waiting for a person (approval, limit and question cards).",
+            max(0, parked - tasks),
         )
+        yield GaugeMetricFamily("harness_tasks_waiting", "Parks waiting on an MCP server's task.", tasks)
         yield GaugeMetricFamily("harness_queue_depth", "Jobs waiting in the RQ queue.", depth)
         yield GaugeMetricFamily(
             "harness_jobs_scheduled", "Jobs scheduled to run later (RQ retries).", scheduled

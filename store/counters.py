@@ -157,10 +157,12 @@ def counters_of(reply: Mapping[Any, Any]) -> dict[str, str]:
 
 
 def queue_run_counts(pipe: redis.Redis, now: float) -> None:
-    """Queue on `pipe` two counts, in this order: the runs active (queued, running, or parked with
-    every decision in), and the parks still open at `now` (waiting for a decision)."""
+    """Queue on `pipe` three counts, in this order: the runs active (queued, running, or parked
+    with every decision in), the parks still open at `now`, and those of them that wait on a
+    server's task rather than a person (`store.tasks`)."""
     pipe.zcard(Keys.active())
     pipe.zcount(Keys.expiries(), f"({now!r}", "+inf")
+    pipe.zcount(Keys.task_parks(), f"({now!r}", "+inf")
 
 
 def queue_profile_parks(pipe: redis.Redis, profile: str, now: float, until: float | None = None) -> None:

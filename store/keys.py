@@ -269,6 +269,12 @@ class Keys:
         return f"{PREFIX}task-polls" + (f":{check_id('holder', holder)}" if holder else "")
 
     @staticmethod
+    def task_parks() -> str:
+        """The parks that wait on a server's task, by deadline (member `run:park`): what `/metrics`
+        counts apart from the parks that wait on a person (`store.tasks`)."""
+        return f"{PREFIX}task-parks"
+
+    @staticmethod
     def task_hubs() -> str:
         """The hubs that hold tasks only they reach (a set), each alive while its `task_hub` key is."""
         return f"{PREFIX}task-hubs"

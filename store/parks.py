@@ -391,6 +391,15 @@ class ParkStore(StorePart):
                 pipe.zrem(key, member)
             pipe.execute()
 
+    def unindex(self, record: RunRecord) -> None:
+        """Park `record.park_id` waits on no person (a server's task): out of the Home tab's and the
+        profile's indexes of what waits on whom; its expiry stays."""
+        member = f"{check_id('run', record.run_id)}:{int(record.park_id)}"
+        with self.redis.pipeline(transaction=False) as pipe:
+            for key in park_indexes(record):
+                pipe.zrem(key, member)
+            pipe.execute()
+
     # --- decisions ------------------------------------------------------------------------------
 
     def decide(

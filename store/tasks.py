@@ -77,6 +77,7 @@ class TaskStore(StorePart):
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(Keys.task(run_id, park_id), _pack(entry), ex=ttl + DAY)
             pipe.zadd(Keys.task_polls(entry.handle.holder), {member: due})
+            pipe.zadd(Keys.task_parks(), {member: entry.handle.deadline})
             if entry.handle.holder:
                 pipe.sadd(Keys.task_hubs(), entry.handle.holder)
             pipe.execute()
@@ -174,6 +175,10 @@ class TaskStore(StorePart):
         scheduled (one being polled now is scheduled again after, and that poll sees the Stop)."""
         member = f"{check_id('run', run_id)}:{int(park_id)}"
         self.redis.zadd(Keys.task_polls(holder), {member: 0}, xx=True)
+
+    def unpark(self, run_id: str, park_id: int) -> None:
+        """The run no longer waits on park `park_id`'s task (it resumed or stopped)."""
+        self.redis.zrem(Keys.task_parks(), f"{check_id('run', run_id)}:{int(park_id)}")
 
     def forget(self, run_id: str, park_id: int, holder: str | None = None) -> None:
         """The task is over for its run (answered, cancelled): its entry goes, and (`holder`: the

@@ -46,6 +46,7 @@ def park(svc: Services, driver: Driver, state: RunState, call: PendingCall) -> P
     driver.seal_for_park((call,))
     driver.owe(server_tasks.task_note(tool=call.name, handle=handle), role=outbox.CARD, call=call.id)
     driver.park(state, (call,), ttl, handle.deadline, fingerprints={call.id: TASK_ENDED})
+    svc.store.parks.unindex(driver.record)  # it waits on no person: not in the Home tab's counts
     driver.deliver()
     driver.hand_parked_live()
     driver.show(thread_status.Phase.WAITING)
@@ -73,6 +74,7 @@ def resume(svc: Services, driver: Driver, state: RunState, view: ParkView) -> Ru
     state = record_task_result(state, call.id, result)
     driver.beside_next_save(svc.store.threads.resumed(driver.record, RUN_JOB_TIMEOUT))
     driver.save(status=RunStatus.RUNNING, state=state.to_json(), expires_at=None, call_tools={})
+    svc.store.tasks.unpark(record.run_id, record.park_id)
     if outcome != "timeout":  # a task past its time keeps its entry: its poller cancels it
         svc.store.tasks.forget(record.run_id, record.park_id)
     log.info("run %s: the task of %s is over (%s)", record.run_id, handle.server, outcome)
@@ -100,6 +102,7 @@ def stop(svc: Services, driver: Driver, state: RunState) -> RunState:
     for call in state.waiting_on_task:
         assert call.tasking is not None
         svc.store.tasks.poke(driver.run_id, driver.record.park_id, call.tasking.holder)
+        svc.store.tasks.unpark(driver.run_id, driver.record.park_id)
         state = record_task_result(state, call.id, stopped(call.tasking, call.name))
     return state
 

@@ -27,6 +27,7 @@ import redis
 
 from tests.e2e.test_faults import posts, wait_text
 from tests.e2e.test_mcp_inputs import buttons, running
+from tests.e2e.test_operations import scrape
 from tests.fakes.messages_api import FakeMessagesAPI, reply, text, tool_use
 from tests.mcp_support import HttpDesk, require_bwrap
 from tests.stack import ROOT, Stack, wait_until
@@ -107,8 +108,12 @@ def test_a_task_parks_the_run_and_its_result_answers_the_call_once(stack: Stack,
     ts = start(stack, {"steps": 4, "poll_ms": 500, "note": ", compiling"}, "Built.", "C61")
     note = wait_text(stack, "C61", ts, NOTE)
     assert "step" in note["text"] or "queued" in note["text"]
-    # Parked while the server works: no worker holds the run, and the poller keeps asking.
+    # Parked while the server works: no worker holds the run, and the poller keeps asking. It waits
+    # on no person: /metrics counts it as a task, not as an approval pending.
     assert run_status(stack) == {"awaiting_approval"}
+    samples = scrape(stack)
+    assert samples[("harness_tasks_waiting", ())] == 1 and samples[("harness_approvals_pending", ())] == 0
+    assert not any(name == "harness_runs_waiting" and value for (name, _), value in samples.items())
     wait_until(lambda: len(requests(jobs_log, "tasks/get")) >= 2, 30)
     wait_text(stack, "C61", ts, "Built.")
     assert job_result(stack)["content"] == "long job done in 4 steps"
