@@ -330,6 +330,9 @@ RESULT_EDIT_DENIED = (
 PREVIEW_NEW_FILE = "(a new file: {path}, {chars:,} characters)"
 PREVIEW_TOO_BIG = "({path} is too big or not text: no diff shown)"
 PREVIEW_NO_CHANGE = "(no change: the file already has exactly this content)"
+PREVIEW_REMOVES = "(removes {path}: {lines:,} lines, {size:,} bytes)"
+PREVIEW_REMOVES_UNSHOWN = "(removes {path}: {size:,} bytes, too big or not text to show)"
+PREVIEW_REMOVES_MORE = "(and {more:,} more lines)"
 
 # A call its server worked on as a task (harness/tools/tasks.py), once the run ended it.
 MCP_TASK_STOPPED = (

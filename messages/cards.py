@@ -337,6 +337,17 @@ def _changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
 def card_stopped(*, call: PendingCall, requester: str, by: str | None, at: datetime) -> Message:
     """An approval card of a parked run that was stopped: no buttons, the call was not run."""
     outcome = texts.CARD_STOPPED.format(who=mention(by) if by else "someone", when=slack_date(at))
+    return _closed(call, requester, outcome)
+
+
+def card_changed(*, call: PendingCall, requester: str, by: str | None, at: datetime) -> Message:
+    """An approval card whose change was no longer what the call would do when it was approved (a
+    file changed after the card was posted): no buttons; a new card asks again."""
+    outcome = texts.CARD_CHANGED.format(who=mention(by) if by else "someone", when=slack_date(at))
+    return _closed(call, requester, outcome)
+
+
+def _closed(call: PendingCall, requester: str, outcome: str) -> Message:
     args = arguments_of(call)
 
     def build(scale: float) -> list[dict[str, Any]]:

@@ -243,6 +243,11 @@ BATCH_NOT_REVIEWABLE = (
     "approved here. Decline them, or ask for something smaller."
 )
 CARD_STOPPED = ":octagonal_sign: Not run: the run was stopped by {who} at {when}."
+CARD_CHANGED = (
+    ":warning: Approved by {who} at {when}, but what the call would change is no longer what this "
+    "card showed (the file changed after it was posted): the approval does not hold, and a new card "
+    "shows the change as it is now."
+)
 LIMIT_CHOICE = "*Continue* gives it {more}. *Stop* ends the run here."
 LIMIT_RULES = "Asked for by {requester} · Only {who} may choose · Expires {expires}: then the run stops"
 LIMIT_CONTINUED = ":arrow_forward: Continued by {who} at {when}: {more}."

@@ -57,7 +57,7 @@ from store import (
     RunRecord,
     RunStatus,
 )
-from workers import granting, newer, outbox, park_cards, questions, tasks, thread_status
+from workers import granting, newer, outbox, park_cards, previews, questions, tasks, thread_status
 from workers.driver import Driver, park_ttl
 from workers.phases import (
     Advance,
@@ -377,6 +377,7 @@ def _resume(svc: Services, driver: Driver, state: RunState, view: ParkView) -> P
         return _refuse(driver, texts.DECISIONS_DO_NOT_MATCH)
     waited = state.awaiting
     state = record_decisions(state, {k: v for k, v in decisions.items() if v is not None})
+    state = previews.ask_again_if_changed(svc, driver, state, set(decisions))  # a card's change went stale
     for call in state.pending:  # a grant clicked before the park settled: its notice is still due
         if call.decision is not None and call.decision.grant is GrantUse.GIVEN:
             granting.announce_grant(svc, record, call.name, call.decision.grant_dir or "")

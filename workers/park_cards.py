@@ -137,12 +137,7 @@ def call_tool_info(agent: Agent, call: PendingCall, intent: str) -> CallTool:
     found = agent.tools.get(call.name)
     if found is None:
         return CallTool(intent=intent[:4000])
-    preview = None
-    if found.preview is not None and isinstance(call.input, dict):
-        try:
-            preview = found.preview(agent.context, call.input)
-        except Exception:  # a preview is a courtesy: the card goes out without it
-            log.exception("preview of %s failed", call.name)
+    preview = preview_of(agent, call)
     return CallTool(
         intent=intent[:4000],
         schema=dict(found.input_schema),
@@ -150,5 +145,22 @@ def call_tool_info(agent: Agent, call: PendingCall, intent: str) -> CallTool:
         own_why=found.own_tier_why,
         title=found.title,
         annotations=dict(found.annotations) or None,
-        preview=preview[:20_000] if preview else None,
+        preview=preview,
     )
+
+
+PREVIEW_KEPT = 20_000  # characters of a preview the park keeps for its card
+
+
+def preview_of(agent: Agent, call: PendingCall) -> str | None:
+    """What `call` would change as its tool previews it now (against the files as they are), as a
+    park keeps it; None when its tool draws none (or drawing it failed: logged)."""
+    found = agent.tools.get(call.name)
+    if found is None or found.preview is None or not isinstance(call.input, dict):
+        return None
+    try:
+        preview = found.preview(agent.context, call.input)
+    except Exception:  # a preview is a courtesy: the card goes out without it
+        log.exception("preview of %s failed", call.name)
+        return None
+    return preview[:PREVIEW_KEPT] if preview else None

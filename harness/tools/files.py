@@ -272,7 +272,35 @@ def write_file(
     return texts.FILE_WROTE.format(chars=len(content), path=place.rel)
 
 
-@tool()
+PREVIEW_REMOVED_LINES = 40  # of a file `delete_file` would remove, shown on its card
+
+
+def _delete_preview(ctx: ToolContext, args: dict[str, Any]) -> str | None:
+    """What `delete_file` would remove: the file's size, and its first lines as a diff removes them."""
+    path = args.get("path")
+    if not isinstance(path, str):
+        return None
+    try:
+        with _walk(ctx, path) as place:
+            _plain_file(_lstat(place), place.rel)
+            flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+            with os.fdopen(os.open(place.name, flags, dir_fd=place.dir_fd), "rb") as handle:
+                size = _plain_file(os.fstat(handle.fileno()), place.rel).st_size
+                raw = handle.read(PREVIEW_READ_BYTES + 1)
+    except ToolError:
+        return None  # the call itself will say what is wrong with the path
+    if b"\x00" in raw or len(raw) > PREVIEW_READ_BYTES:
+        return texts.PREVIEW_REMOVES_UNSHOWN.format(path=place.rel, size=size)
+    lines = raw.decode("utf-8", errors="replace").splitlines()
+    head = "\n".join(f"-{line}" for line in lines[:PREVIEW_REMOVED_LINES])
+    more = len(lines) - PREVIEW_REMOVED_LINES
+    said = texts.PREVIEW_REMOVES.format(path=place.rel, lines=len(lines), size=size)
+    return "\n".join(p for p in (said, f"--- a/{place.rel}", "+++ /dev/null", head) if p) + (
+        "\n" + texts.PREVIEW_REMOVES_MORE.format(more=more) if more > 0 else ""
+    )
+
+
+@tool(preview=_delete_preview)
 def delete_file(ctx: ToolContext, path: PathArg) -> str:
     """Delete a file in the workspace."""
     with _walk(ctx, path) as place:

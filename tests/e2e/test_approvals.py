@@ -926,3 +926,43 @@ def test_texts_used_above_are_the_bots(stack: Stack) -> None:
     assert "no such grant" in texts.NO_SUCH_GRANT.lower()
     assert "{count} of {required}" in texts.APPROVAL_COUNTED
     assert Keys.grant("T1", "C1", "1.2", "write_file").startswith("harness:grant:")
+
+
+# --- previews that hold: a card's change checked again when the run resumes -------------------------
+
+
+def test_a_card_whose_file_changed_before_the_click_asks_again_showing_the_change_as_it_is(
+    stack: Stack,
+) -> None:
+    marker, path = "stalecard", "stale-notes.txt"
+    (stack.workspace / path).write_text("one\ntwo\n")
+    channel, ts, [card] = park_writes(stack, marker, [{"path": path, "content": "one\nTWO\n"}])
+    assert "-two" in shown(card) and "+TWO" in shown(card)
+    (stack.workspace / path).write_text("one\nthree\n")  # someone changed it after the card was posted
+    assert stack.click(card, "approve", user="UANN") == 200
+    second = wait_post(stack, channel, ts, lambda m: is_card(m) and m["ts"] != card["ts"])
+    assert "-three" in shown(second) and "+TWO" in shown(second)  # the change as it is now
+    wait_until(lambda: "no longer what this card showed" in shown(now(stack, channel, card)))
+    assert not has_actions(now(stack, channel, card))
+    assert (stack.workspace / path).read_text() == "one\nthree\n"  # never written on that approval
+    assert len(asked(stack, marker)) == 1  # the model was not asked again meanwhile
+    assert stack.click(second, "approve", user="UANN") == 200
+    done(stack, channel, ts, marker)
+    assert (stack.workspace / path).read_text() == "one\nTWO\n"
+    assert "is_error" not in tool_result(asked(stack, marker)[-1], call_id(second))
+
+
+def test_a_delete_card_shows_what_the_file_holds(stack: Stack) -> None:
+    marker, path = "delcard", "doomed.txt"
+    (stack.workspace / path).write_text("keep me?\nsecond line\n")
+    channel = new_channel()
+    stack.model.script_for(
+        marker, reply(tool_use("delete_file", {"path": path})), reply(text(f"{marker} done"))
+    )
+    _, ts, _ = stack.mention(f"{marker}: please delete", channel=channel, user="UALICE")
+    [card] = wait_until(lambda: cards(stack, channel, ts))
+    assert f"removes {path}: 2 lines, 21 bytes" in shown(card)
+    assert "-keep me?" in shown(card) and "-second line" in shown(card)
+    assert stack.click(card, "decline", user="UANN") == 200
+    done(stack, channel, ts, marker)
+    assert (stack.workspace / path).exists()

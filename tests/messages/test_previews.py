@@ -63,3 +63,26 @@ def test_write_file_previews_a_unified_diff_of_an_existing_file(tmp_path: Path) 
     new = write.preview(ToolContext(workspace=tmp_path), {"path": "fresh.txt", "content": "x"})
     assert new is not None and "new file" in new
     assert (tmp_path / "notes.txt").read_text() == "one\ntwo\n"  # a preview changes nothing
+
+
+def test_delete_file_previews_what_it_removes_and_never_follows_a_link(tmp_path: Path) -> None:
+    delete = next(t for t in BUILTIN_TOOLS if t.name == "delete_file")
+    assert delete.preview is not None
+    ctx = ToolContext(workspace=tmp_path)
+    (tmp_path / "long.txt").write_text("".join(f"line {i}\n" for i in range(100)))
+    shown = delete.preview(ctx, {"path": "long.txt"})
+    assert shown is not None and shown.startswith("(removes long.txt: 100 lines, 790 bytes)")
+    assert "-line 0" in shown and "-line 39" in shown and "-line 40" not in shown
+    assert shown.endswith("(and 60 more lines)")
+    (tmp_path / "blob.bin").write_bytes(b"\x00\x01" * 10)
+    assert (
+        delete.preview(ctx, {"path": "blob.bin"})
+        == "(removes blob.bin: 20 bytes, too big or not text to show)"
+    )
+    outside = tmp_path.parent / "outside-secret.txt"
+    outside.write_text("secret")
+    (tmp_path / "link.txt").symlink_to(outside)
+    assert delete.preview(ctx, {"path": "link.txt"}) is None  # the call itself refuses the link
+    assert delete.preview(ctx, {"path": "../outside-secret.txt"}) is None
+    assert delete.preview(ctx, {"path": "missing.txt"}) is None
+    assert (tmp_path / "long.txt").exists()  # a preview changes nothing
