@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
+from harness import texts
 from harness.state import PendingCall, RunState, Verdict, record_task_result
 from harness.tools import ToolResult
 from harness.tools.tasks import stopped, timed_out
@@ -90,8 +91,6 @@ def _answer(call: PendingCall, entry: TaskEntry | None, verdict: Verdict) -> tup
         return entry.result, "error" if entry.result.is_error else "finished"
     if verdict is Verdict.EXPIRED:
         return timed_out(handle, call.name), "timeout"
-    from harness import texts
-
     lost = texts.MCP_TASK_RESULT_LOST.format(server=handle.server, name=call.name)
     return ToolResult(lost, True), "error"
 

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from harness import texts
+
 if TYPE_CHECKING:
     from harness.tools.base import ToolResult
 
@@ -135,8 +137,7 @@ class TaskPoll:
 def timed_out(handle: TaskHandle, name: str) -> ToolResult:
     """What answers a call whose task outlived its server's `timeout_seconds` (it was told to
     cancel): as a call past its timeout is answered (`harness.tools.mcp`)."""
-    from harness import texts
-    from harness.tools.base import ToolResult
+    from harness.tools.base import ToolResult  # base imports this module: ToolResult is read late
 
     seconds = max(0.0, handle.deadline - handle.since)
     text = texts.MCP_TIMED_OUT_OUTCOME_UNKNOWN if handle.side_effects else texts.RESULT_TIMED_OUT
@@ -145,7 +146,6 @@ def timed_out(handle: TaskHandle, name: str) -> ToolResult:
 
 def stopped(handle: TaskHandle, name: str) -> ToolResult:
     """What answers a call whose run was stopped while its task worked (it was told to cancel)."""
-    from harness import texts
     from harness.tools.base import ToolResult
 
     return ToolResult(texts.MCP_TASK_STOPPED.format(name=name, server=handle.server), True)
