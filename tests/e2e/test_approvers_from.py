@@ -10,13 +10,14 @@ entry carries the answer.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
-from store import Store
+from store import Grant, Store
 from tests.fakes.messages_api import reply, text, tool_use
 from tests.stack import RedisServer, Stack, has_actions, running_stack, wait_post, wait_until
 
@@ -113,3 +114,23 @@ def card_value(card: dict[str, Any]) -> str:
 def decided_card(stack: Stack, channel: str, card_ts: str) -> dict[str, Any] | None:
     message = next((m for m in stack.slack.messages(channel) if m["ts"] == card_ts), None)
     return message if message is not None and not has_actions(message) else None
+
+
+def test_a_grant_standing_in_the_thread_does_not_cover_a_tool_the_callable_decides(stack: Stack) -> None:
+    """A grant given before a reload named the callable (here: written by hand) covers no call of
+    that tool: the worker asks with a card, so only a click (and the callable) can approve it."""
+    channel = "C4401"
+    ts = stack.slack.add_message(channel, "<@UBOT> granted: write", user="UALICE")
+    grant = Grant.given("T1", channel, ts, "write_file", "UANN", "UALICE", time.time() + 600, "r-earlier")
+    conn = redis.Redis.from_url(stack.redis_url)
+    conn.set(grant.key, json.dumps(grant.to_json()), ex=600)
+    stack.model.script_for(
+        "granted",
+        reply(tool_use("write_file", {"path": "docs/granted.md", "content": "x"})),
+        reply(text("granted done")),
+    )
+    status, _, _ = stack.mention("granted: write", channel=channel, user="UALICE", ts=ts)
+    assert status == 200
+    card = wait_post(stack, channel, ts, lambda m: "approve" in action_ids(m))
+    assert "ran under" not in shown(card) and not (stack.workspace / "docs" / "granted.md").exists()
+    assert Store(conn).grants.grant("T1", channel, ts, "write_file") is not None  # there, unused
