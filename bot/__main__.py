@@ -17,6 +17,7 @@ from bot.access import OperatorAccess
 from bot.app import create_app
 from bot.listening import BotDeps
 from bot.web import serve, wsgi_app
+from gates import approvers_from
 from harness import release
 from harness.config import ConfigError, load_config
 from messages import text
@@ -24,7 +25,7 @@ from observe import logs, metrics, ports
 from runtime.clients import SettingsError, redis_connection, slack_client
 from runtime.connection import RedisTarget
 from runtime.queue import make_queue
-from runtime.reload import LiveConfig, reload_into
+from runtime.reload import LiveConfig, reload
 
 MISSING_SIGNING_SECRET = (
     "SLACK_SIGNING_SECRET is not set: copy the Signing Secret from your app's Basic Information "
@@ -99,6 +100,12 @@ def _unreachable(base_url: str, exc: OSError) -> str:
     )
 
 
+def _reload(live: LiveConfig) -> bool:
+    """SIGHUP: the new config swapped in once every `approvers_from` callable it names is imported;
+    one that cannot be keeps the running config (one line says why)."""
+    return reload(approvers_from.check_config, live.swap)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Check settings and Redis (exit 2 and one line when one is wrong), build the app (auth.test runs
     here, not in Slack's 3 s window), serve. `--version` (and `--help`) answer before any of that."""
@@ -116,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     signing_secret = env.get("SLACK_SIGNING_SECRET")
     port = int(env.get("PORT") or 3000)
     try:
-        config = load_config()
+        config = approvers_from.check_config(load_config())  # its callables imported: fail fast
         client = slack_client()
         if not app_token and not signing_secret:
             raise SettingsError(MISSING_SIGNING_SECRET)
@@ -147,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     text.warm()  # before gunicorn forks: no worker's first card or click pays for it
     if app_token:
         try:
-            socket_mode.serve(app, app_token, on_reload=lambda: reload_into(live))
+            socket_mode.serve(app, app_token, on_reload=lambda: _reload(live))
         except SlackApiError as exc:
             print(f"error: Slack refused SLACK_APP_TOKEN ({exc.response.get('error')})", file=sys.stderr)
             return 2
@@ -169,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=workers,
         threads=4,
         also=metrics_listener,
-        on_reload=lambda: reload_into(live),
+        on_reload=lambda: _reload(live),
     )
     return 0
 

@@ -30,6 +30,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from gates import deciders
+from gates.approvers_from import ApproverChecks
 from harness.config import Config
 from harness.state import NewerRecord, StateError
 from messages import texts
@@ -107,6 +108,7 @@ class BotDeps:
     live: LiveConfig
     background: Background
     groups: deciders.GroupDirectory
+    checks: ApproverChecks
 
     def __init__(
         self,
@@ -115,6 +117,7 @@ class BotDeps:
         config: Config | LiveConfig,
         background: Background | None = None,
         groups: deciders.GroupDirectory | None = None,
+        checks: ApproverChecks | None = None,
     ) -> None:
         set_field = functools.partial(object.__setattr__, self)  # frozen: fields are set once, here
         set_field("store", store)
@@ -122,6 +125,7 @@ class BotDeps:
         set_field("live", config if isinstance(config, LiveConfig) else LiveConfig(config))
         set_field("background", Background() if background is None else background)
         set_field("groups", deciders.GroupDirectory() if groups is None else groups)
+        set_field("checks", ApproverChecks() if checks is None else checks)
 
     @property
     def config(self) -> Config:

@@ -94,6 +94,26 @@ class GrantUse(StrEnum):
 
 
 @dataclass(frozen=True)
+class ClickCheck:
+    """What an `[approvals] approvers_from` callable answered at the click that approved a call:
+    the callable (`module:function`), its answer (yes, no, unknown) and its reason (cut, untrusted)."""
+
+    ref: str
+    answer: str
+    reason: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {"function": self.ref, "answer": self.answer, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ClickCheck | None:
+        """As `to_json` wrote it; None for anything else."""
+        if not isinstance(data, dict) or not isinstance(data.get("function"), str):
+            return None
+        return cls(data["function"], str(data.get("answer") or ""), str(data.get("reason") or ""))
+
+
+@dataclass(frozen=True)
 class Decision:
     """Who decided an `ask` call, how, and optionally why.
 
@@ -102,6 +122,7 @@ class Decision:
     `grant`: approved for the thread (`by` granted it), or let run by an earlier such grant.
     `grant_dir`: that grant covers only calls whose paths lie in this directory (`docs/`).
     `grant_uses`, `grant_left`: a grant limited in uses, and how many were left after this call.
+    `check`: what the `approvers_from` callable answered at the click that approved it.
     """
 
     verdict: Verdict
@@ -113,6 +134,7 @@ class Decision:
     grant_dir: str | None = None
     grant_uses: int = 0  # 0: not limited
     grant_left: int | None = None
+    check: ClickCheck | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"verdict": self.verdict.value, "by": self.by, "reason": self.reason}
@@ -128,6 +150,8 @@ class Decision:
             data["grant_uses"] = self.grant_uses
         if self.grant_left is not None:
             data["grant_left"] = self.grant_left
+        if self.check is not None:
+            data["approvers_from"] = self.check.to_json()
         return data
 
     @classmethod
@@ -143,6 +167,7 @@ class Decision:
             grant_dir=str(data["grant_dir"]) if data.get("grant_dir") else None,
             grant_uses=int(data.get("grant_uses") or 0),
             grant_left=int(data["grant_left"]) if data.get("grant_left") is not None else None,
+            check=ClickCheck.from_json(data.get("approvers_from")),
         )
 
 

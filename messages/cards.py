@@ -18,7 +18,7 @@ from typing import Any
 from slack_sdk.models.blocks import ActionsBlock, ButtonElement
 
 from harness.policy import always_asks, grant_directory
-from harness.state import Decision, GrantUse, PendingCall, Verdict
+from harness.state import ClickCheck, Decision, GrantUse, PendingCall, Verdict
 from messages import texts
 from messages.arguments import Arg, Shown, args_reviewable, arguments_of, pack, present
 from messages.blocks import Message, context, fit, scaled, section, with_tail
@@ -106,6 +106,7 @@ class CallCard:
     grant_minutes: float = 0
     grant_uses: int = 0
     handles: Mapping[str, str] = field(default_factory=dict)
+    approvers_from: str = ""  # "module:function" asked at each approval; then no grant is offered
 
 
 def approval_card(card: CallCard) -> Message:
@@ -143,6 +144,8 @@ def approval_card(card: CallCard) -> Message:
 def _card_details(card: CallCard) -> str:
     """Why the call asks, who may decide it under which rules, and when it expires."""
     rules = [texts.CARD_ALWAYS_ASKS] if always_asks(card.tier_source) else []
+    if card.approvers_from:
+        rules.append(texts.CARD_CHECKED.format(function=inert(card.approvers_from, 200)))
     if card.required > 1:
         votes = card.votes
         so_far = ", ".join(mention(v) for v in votes[:20]) if votes else "nobody yet"
@@ -173,7 +176,7 @@ def _decision_buttons(card: CallCard, value: str) -> list[ButtonElement]:
         ButtonElement(text="Edit…", action_id="edit", value=value),
         ButtonElement(text="Decline with reason…", action_id="decline_with_reason", value=value),
     ]
-    if card.grant_minutes <= 0 or card.required > 1 or always_asks(card.tier_source):
+    if card.grant_minutes <= 0 or card.required > 1 or always_asks(card.tier_source) or card.approvers_from:
         return buttons
     uses = f", {plural(card.grant_uses, 'use')}" if card.grant_uses else ""
     lasting = _duration(card.grant_minutes) + uses
@@ -264,8 +267,10 @@ def decided_card(
     grant: GrantUse | None = None,
     grant_until: datetime | None = None,
     grant_dir: str | None = None,
+    check: ClickCheck | None = None,
 ) -> Message:
-    """The approval card once decided: no buttons left, the outcome and who decided shown."""
+    """The approval card once decided: no buttons left, the outcome and who decided shown (and what
+    the `approvers_from` callable answered for the approver)."""
     when = slack_date(at)
     who = f" by {mention(by)}" if by else ""
     if len(approvers) > 1:
@@ -293,7 +298,7 @@ def decided_card(
         blocks, shown = _what_will_run(call, args, "The agent asked to run", requester, scale, "")
         if shown.hidden:
             blocks.append(context(f"_{plural(shown.hidden, 'character')} of the arguments not shown here._"))
-        return [*blocks, section(outcome(scale))]
+        return [*blocks, section(outcome(scale)), *_checked(check, by, scale)]
 
     text = with_tail(f"{call.name}{_target_text(args)}", outcome(0.5), ": ")
     return Message(text=text, blocks=fit(build))
@@ -320,7 +325,19 @@ def card_of_decision(
         grant=decision.grant,
         grant_until=grant_until,
         grant_dir=decision.grant_dir,
+        check=decision.check,
     )
+
+
+def _checked(check: ClickCheck | None, by: str | None, scale: float) -> list[dict[str, Any]]:
+    """What the `approvers_from` callable answered for the approver who decided: its reason escaped."""
+    if check is None:
+        return []
+    reason = inert(check.reason, scaled(600, scale, 60)) if check.reason else texts.CHECK_NO_REASON
+    function, who = inert(check.ref, 200), mention(by) if by else "the approver"
+    return [
+        context(texts.DECIDED_CHECKED.format(function=function, answer=check.answer, who=who, reason=reason))
+    ]
 
 
 def _changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:

@@ -150,6 +150,29 @@ NO_GRANT_ALWAYS_ASKS = (
     "No grant covers this tool: {why}, so a person decides each of its calls. Nothing was "
     "changed: approve this call on its own."
 )
+# Approvers computed at the click (`[approvals] approvers_from`); {function} is `module:function`.
+CHECK_SAID_NO = (
+    "Your approval was not recorded: `{function}` says you may not approve this call ({reason}). "
+    "Someone else may approve it; you may still decline it. Nothing was changed."
+)
+CHECK_UNSURE = (
+    "Your approval was not recorded: `{function}` could not say whether you may approve this call "
+    "({reason}), and only a yes lets an approval through. Nothing was changed."
+)
+CHECK_EDIT_REFUSED = "Not approved: {function} answered {answer} ({reason})."
+CHECK_NO_REASON = "no reason given"
+NO_GRANT_WITH_CHECK = (
+    "No grant covers this tool: `{function}` decides at each approval who may approve its calls, "
+    "and a grant would let later calls run without asking it. Nothing was changed: approve this call "
+    "on its own."
+)
+BATCH_CHECK_REFUSED = "Not approved (the card stays open for someone else): {calls}."
+BATCH_CHECK_CALL = "{tool} — `{function}` answered {answer} ({reason})"
+CARD_CHECKED = (
+    "*Checked at each approval:* `{function}` must answer yes for the person who approves "
+    "(no answer in time, or an error, counts as no); no grant covers this tool"
+)
+DECIDED_CHECKED = "`{function}` answered {answer} for {who}: {reason}"
 CARD_ALWAYS_ASKS = (
     "*Every call:* approving approves this call only; no grant or *Approve all* covers this tool"
 )

@@ -1,7 +1,8 @@
 """What `python -m workers audit` prints: one line per entry, whatever its kind.
 
 The decisions' audit (`harness:audit`) holds decisions (approved, declined, expired, with edits or
-a grant given), votes towards a quorum (`approval_counted`), calls a grant let run (`grant:
+a grant given), votes towards a quorum (`approval_counted`), approvals an `approvers_from` callable refused
+(`approval_refused`), calls a grant let run (`grant:
 "used"`) and answers at a limit (`limit`). The answers' feedback has a stream of its own
 (`harness:feedback`, `--feedback`); versions before it wrote feedback into the audit, and such
 entries are still read there. Every call's tier decision has one too (`event: "ruled"`, written by
@@ -44,7 +45,12 @@ def audit_line(entry: Mapping[str, Any]) -> str:
     if verdict == "approval_counted":
         approvers = ",".join(_text(a) for a in entry.get("approvers") or ())
         count = f"{_text(entry.get('count'))} of {_text(entry.get('required'))}"
-        return f"{_when(entry)} counted  by {_who(entry)} ({count}: {approvers}) {_call(entry)} {where}"
+        checked = _checked(entry)
+        return (
+            f"{_when(entry)} counted  by {_who(entry)} ({count}: {approvers}) {_call(entry)} {where}{checked}"
+        )
+    if verdict == "approval_refused":  # an approval the approvers_from callable did not let through
+        return f"{_when(entry)} refused  by {_who(entry)} {_call(entry)} {where}{_checked(entry)}"
     if verdict not in DECIDED:
         shown = _safe(json.dumps(entry, ensure_ascii=False, default=str))[:_UNKNOWN_SHOWN]
         return f"{_when(entry)} unknown  {shown}"
@@ -61,6 +67,7 @@ def audit_line(entry: Mapping[str, Any]) -> str:
         extra += f" approvers={','.join(_text(a) for a in entry['approvers'])}"
     if entry.get("edited_input") is not None:
         extra += f" edited_to={_quoted(json.dumps(entry['edited_input'], ensure_ascii=False))[:600]}"
+    extra += _checked(entry)
     if entry.get("late_click_by"):
         extra += f" late_click_by={_text(entry['late_click_by'])}"
     if entry.get("input_sha256"):
@@ -69,6 +76,15 @@ def audit_line(entry: Mapping[str, Any]) -> str:
         extra += f" why={_quoted(entry['tier_why'])}"
     who = _who(entry) if entry.get("by") else "(nobody: expired)"
     return f"{_when(entry)} {_text(verdict):<8} by {who} {_call(entry)} {where}{extra}"
+
+
+def _checked(entry: Mapping[str, Any]) -> str:
+    """What an `approvers_from` callable answered at the click, when one was asked."""
+    check = entry.get("approvers_from")
+    if not isinstance(check, Mapping):
+        return ""
+    said = f"{_text(check.get('function'))}={_text(check.get('answer'))}"
+    return f" approvers_from={said} check_reason={_quoted(check.get('reason') or '')}"
 
 
 def ruled_line(entry: Mapping[str, Any]) -> str:

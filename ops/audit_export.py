@@ -31,6 +31,7 @@ COLUMNS = (
     "reason",
     "approvers",
     "grant",
+    "approvers_from",
     "tier_why",
     "run_id",
     "park_id",

@@ -1,7 +1,8 @@
 """Reading `HARNESS_CONFIG` again without a restart (SIGHUP): the bot and the workers do it alike.
 
-A reload reads the file as a start would and prepares what the process needs from it (the bot:
-nothing more; a worker: its catalog, so tool modules are imported and `${VAR}`s resolved). Any
+A reload reads the file as a start would and prepares what the process needs from it (the bot: its
+`approvers_from` callables imported; a worker: its catalog, so tool modules are imported and
+`${VAR}`s resolved). Any
 error is one log line naming it, and the running config stays; success is one line too. Nothing
 parked is touched: a run's settings are read from the config in force whenever they are needed,
 as its channel's profile now (`Services.settings_of`), so a resumed run follows the new file.
@@ -60,11 +61,6 @@ def reload(
     install(prepared)
     log.info("config reloaded from %s: %d profiles", where, len(config.profiles))
     return True
-
-
-def reload_into(live: LiveConfig, env: Mapping[str, str] | None = None) -> bool:
-    """The bot's reload: the new config swapped into `live`; whether it is in force."""
-    return reload(lambda config: config, live.swap, env)
 
 
 def servers_kept(running: Config, new: Config) -> None:

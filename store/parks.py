@@ -433,17 +433,16 @@ class ParkStore(StorePart):
         self,
         run_id: str,
         park_id: int,
-        calls: list[tuple[str, dict[str, Any], str]],
-        decision: Decision,
+        calls: list[tuple[str, dict[str, Any], str, Decision]],
         *,
         required: int = 1,
     ) -> list[DecideResult]:
-        """`decide` of `decision` on each of `calls` (call id, audit, fingerprint), in order, in one
+        """`decide` on each of `calls` (call id, audit, fingerprint, its decision), in order, in one
         round trip: each call's step is atomic on its own, as if clicked one after the other."""
         now = time.time()
         script = self._script(_DECIDE)
         with self.redis.pipeline(transaction=False) as pipe:
-            for call_id, audit, fingerprint in calls:
+            for call_id, audit, fingerprint, decision in calls:
                 keys, args = _decide_call(
                     run_id, park_id, call_id, decision, audit, now, fingerprint, required, None
                 )

@@ -88,6 +88,7 @@ def approval_card(
         grant_minutes=approvals.grant_minutes,
         grant_uses=approvals.grant_uses,
         handles=svc.group_handles(record.team, approvals.approvers),
+        approvers_from=approvals.approvers_from_for(call.name),
     )
     return cards.approval_card(card)
 

@@ -19,6 +19,7 @@ from slack_bolt import Ack, App, BoltContext
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
+from bot import approver_checks
 from bot.listening import (
     APPLY_DECISIONS,
     REPLY,
@@ -201,7 +202,14 @@ def _on_decision(
         if verdict is Verdict.APPROVED and not _may_approve(deps, record, ref, clicker.user, context):
             return
         if not grant:
-            decide(deps, click, Decision(verdict, by=clicker.user), context)
+            check = None
+            if verdict is Verdict.APPROVED:  # a decline runs nothing: the static rule alone says who
+                asked = approver_checks.ask(deps, record, awaiting_call(record, ref.call_id), clicker.user)
+                if asked.refusal is not None:
+                    context[REPLY] = asked.refusal
+                    return
+                check = asked.check  # a yes (or None: no callable for this tool)
+            decide(deps, click, Decision(verdict, by=clicker.user, check=check), context)
             return
         approvals = deps.settings_of(record).approvals
         call = awaiting_call(record, ref.call_id)
@@ -210,6 +218,10 @@ def _on_decision(
             return
         if always_asks(call.why):  # its card offers no grant; a stale or forged click gives none either
             context[REPLY] = texts.NO_GRANT_ALWAYS_ASKS.format(why=plain_why(call.why, plain_quote))
+            return
+        if function := approver_checks.callable_for(deps, record, call.name):
+            # A grant would let later calls run with nobody asking the callable: none is given.
+            context[REPLY] = texts.NO_GRANT_WITH_CHECK.format(function=function)
             return
         # From the parked call alone (its arguments, and its tool's path arguments as the worker that
         # ruled it knew them), as the card was built: nothing of the click's payload names the scope.

@@ -10,11 +10,12 @@ always asks (`harness.policy.always_asks`), and says so: a person approves it on
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from slack_bolt import Ack, App, BoltContext
 
+from bot import approver_checks
 from bot.listening import (
     APPLY_DECISIONS,
     REPLY,
@@ -88,7 +89,9 @@ def decide_all(
     if approving and (refused := deps.no_more_work(record)):
         return refused  # the requester may no longer start model work here
     open_, votes = deps.store.parks.ballot(record.run_id, record.park_id)
-    unreadable, todo, left_open = [], [], []
+    unreadable: list[str] = []
+    left_open: list[str] = []
+    todo: list[PendingCall] = []
     for call in calls:
         if open_.get(call.id, "gone") is not None or (approving and user in votes.get(call.id, ())):
             continue  # decided already (or not of this park), or this approver's vote already counts
@@ -98,12 +101,11 @@ def decide_all(
         if approving and not fully_reviewable(call):
             unreadable.append(call.name)  # nobody approves bytes they could not have read
             continue
-        todo.append((call.id, record.audit_fields(call), call.fingerprint))
+        todo.append(call)
+    checks, not_let_through = _checked(deps, record, todo, decision)
     results = (
-        deps.store.parks.decide_each(
-            record.run_id, record.park_id, todo, decision, required=approvals.required
-        )
-        if todo
+        deps.store.parks.decide_each(record.run_id, record.park_id, checks, required=approvals.required)
+        if checks
         else []
     )
     recorded = sum(r.outcome is DecideOutcome.RECORDED for r in results)
@@ -113,7 +115,34 @@ def decide_all(
         metrics.decided(deps.store.redis, record, decision.verdict, approvals, calls=recorded)
     if recorded or counted or expired:
         deps.enqueue(APPLY_DECISIONS, record.run_id)  # one job shows them all and resumes the run
-    return _reply(recorded, counted, expired, unreadable, approving, left_open)
+    return _reply(recorded, counted, expired, unreadable, approving, left_open, not_let_through)
+
+
+def _checked(
+    deps: BotDeps, record: RunRecord, calls: list[PendingCall], decision: Decision
+) -> tuple[list[tuple[str, dict[str, Any], str, Decision]], list[str]]:
+    """The calls to decide (id, audit, fingerprint, decision), each approval with what its tool's
+    `approvers_from` callable answered; and, for those it did not let through, why (left open)."""
+    if decision.verdict is not Verdict.APPROVED:
+        return [(c.id, record.audit_fields(c), c.fingerprint, decision) for c in calls], []
+    asked = approver_checks.ask_all(deps, record, calls, decision.by or "")
+    todo, refused = [], []
+    for call, answer in zip(calls, asked, strict=True):
+        if answer.refusal is not None and answer.check is not None:
+            check = answer.check
+            refused.append(
+                texts.BATCH_CHECK_CALL.format(
+                    tool=call.name,
+                    function=check.ref,
+                    answer=check.answer,
+                    reason=approver_checks.reason_of(check),
+                )
+            )
+            continue
+        todo.append(
+            (call.id, record.audit_fields(call), call.fingerprint, replace(decision, check=answer.check))
+        )
+    return todo, refused
 
 
 def _reply(
@@ -123,9 +152,12 @@ def _reply(
     unreadable: list[str],
     approving: bool,
     left_open: Sequence[str] = (),
+    refused: Sequence[str] = (),
 ) -> Reply | None:
     if expired:
         return texts.ALREADY_EXPIRED
+    if refused:
+        return texts.BATCH_CHECK_REFUSED.format(calls="; ".join(refused[:10]))
     if unreadable:
         names = ", ".join(sorted(set(unreadable))[:10])
         return texts.BATCH_NOT_REVIEWABLE.format(calls=names)

@@ -14,7 +14,7 @@ from typing import Any
 from slack_bolt import Ack, App, BoltContext
 from slack_sdk import WebClient
 
-from bot import edits
+from bot import approver_checks, edits
 from bot.listeners.approvals import awaiting_call, decide, open_record
 from bot.listening import (
     REPLY,
@@ -127,12 +127,19 @@ def _on_edit_submitted(deps: BotDeps) -> Callable[..., None]:
             errors = {edits.first_block(view, call): texts.NO_SELF_APPROVAL}
         if not errors and deps.no_more_work(record) is not None:
             errors = {edits.first_block(view, call): texts.NOT_A_REQUESTER_NOW_SHORT}
+        changed = edited if edited != call.input else None
+        check = None
+        if not errors:  # the callable is asked of the arguments that would run
+            asked = approver_checks.ask(deps, record, call, clicker.user, edited=changed)
+            if asked.refusal is not None and asked.check is not None:
+                errors = {edits.first_block(view, call): approver_checks.refusal_line(asked.check, 150)}
+            check = asked.check
         if errors:
             ack(response_action="errors", errors=errors)  # the modal stays open; nothing is decided
             return
         ack()
-        changed = edited if edited != call.input else None
-        decide(deps, click, Decision(Verdict.APPROVED, by=clicker.user, edited_input=changed), context)
+        decision = Decision(Verdict.APPROVED, by=clicker.user, edited_input=changed, check=check)
+        decide(deps, click, decision, context)
 
     return on_edit_submitted
 

@@ -45,6 +45,7 @@ _PROFILE_NAME = _SERVER_NAME
 _CHANNEL_ID = re.compile(r"[CGD][A-Z0-9]{1,}")
 _TEAM_ID = re.compile(r"[TE][A-Z0-9]{1,}")
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_CALLABLE_REF = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 # key -> (python type(s) accepted, validator or None, description of the expected value)
 _Spec = tuple[tuple[type, ...], Any, str]
@@ -109,6 +110,14 @@ _APPROVALS: dict[str, _Spec] = {
     "grant_uses": ((int,), lambda v: v >= 0, "a whole number >= 0 (0: no limit)"),
     "remind_before_minutes": ((int, float), lambda v: v >= 0, "a number of minutes >= 0"),
     "max_extensions": ((int,), lambda v: v >= 0, "a whole number >= 0"),
+    "approvers_from": ((str,), None, '"module:function" (or "": none)'),
+    "approvers_from_tools": ((dict,), None, 'a table of tool name or glob = "module:function"'),
+    # Asked before Slack gets its answer (3 s), after the clicker's groups may have been read.
+    "approvers_from_timeout_seconds": (
+        (int, float),
+        lambda v: 0 < v <= 2.5,
+        "a number of seconds > 0, at most 2.5",
+    ),
 }
 _BUDGETS: dict[str, _Spec] = {
     "per_user_daily_tokens": ((int,), lambda v: v >= 0, "a whole number >= 0 (0: no budget)"),
@@ -350,6 +359,16 @@ def _approvals(raw: dict[str, Any], where: str) -> Approvals:
                 )
         if key in raw:
             raw[key] = tuple(dict.fromkeys(ids))
+    _callable_ref(raw.get("approvers_from", ""), "approvals.approvers_from", where)
+    if "approvers_from_tools" in raw:
+        tools = raw["approvers_from_tools"]
+        for glob, ref in tools.items():
+            if not glob.strip():
+                raise ConfigError(
+                    f"{where}: approvals.approvers_from_tools: a tool name or glob must not be empty"
+                )
+            _callable_ref(ref, f"approvals.approvers_from_tools.{glob}", where)
+        raw["approvers_from_tools"] = tuple(tools.items())
     approvals = Approvals(**raw)
     if approvals.escalate_after_minutes:
         # A reminder that would come after the expiry, or that mentions nobody, would never help.
@@ -370,6 +389,15 @@ def _approvals(raw: dict[str, Any], where: str) -> Approvals:
             f"less than approvals.expire_after_minutes ({approvals.expire_after_minutes:g})"
         )
     return approvals
+
+
+def _callable_ref(value: Any, key: str, where: str) -> None:
+    """`module:function` (a module name, a colon, a function's name), or "" for none."""
+    if not isinstance(value, str) or (value and not _CALLABLE_REF.fullmatch(value)):
+        raise ConfigError(
+            f'{where}: {key} must be "module:function" like "myorg.approvers:may_approve" (or "": none), '
+            f"got {value!r}"
+        )
 
 
 def _tools(raw: dict[str, Any], where: str) -> ToolsConfig:

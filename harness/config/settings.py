@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from harness.policy import Policy, Tier
+from harness.policy import Policy, Tier, glob_match
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
 BUILTIN_TOOL_NAMES = ("get_time", "read_file", "list_files", "write_file", "delete_file")
@@ -69,6 +69,30 @@ class Approvals:
     remind_before_minutes: float = 0.0
     # How many times Extend may push a park's expiry `expire_after_minutes` later.
     max_extensions: int = 1
+    # "module:function" asked at each approving click, in the bot, whether that clicker may approve
+    # that call (gates.approvers_from); "": none. `approvers_from_tools`: (tool name or glob,
+    # "module:function" or "") pairs in file order, for some tools instead (`approvers_from_for`).
+    approvers_from: str = ""
+    approvers_from_tools: tuple[tuple[str, str], ...] = ()
+    approvers_from_timeout_seconds: float = 2.0
+
+    def approvers_from_for(self, tool: str) -> str:
+        """The callable asked at an approval of a call of `tool`: its entry in `approvers_from_tools`
+        (the exact name, else the longest glob that matches, the first of equals), else
+        `approvers_from`; "" when none is."""
+        tools = dict(self.approvers_from_tools)
+        if tool in tools:
+            return tools[tool]
+        globs = [(len(p), -i, p) for i, (p, _) in enumerate(self.approvers_from_tools) if _glob_of(p, tool)]
+        return tools[max(globs)[2]] if globs else self.approvers_from
+
+    def approvers_from_refs(self) -> tuple[tuple[str, str], ...]:
+        """Every callable these approvals name, with the key that names it (its key's own words)."""
+        found = [("approvals.approvers_from", self.approvers_from)] if self.approvers_from else []
+        found += [
+            (f"approvals.approvers_from_tools.{glob}", ref) for glob, ref in self.approvers_from_tools if ref
+        ]
+        return tuple(found)
 
 
 @dataclass(frozen=True)
@@ -278,6 +302,11 @@ class Match:
         """`# profile: NAME (WHY)`, or `# profile: none` (the contract's words) when no profile
         matches: the first line of an explanation."""
         return f"# profile: {self.profile} ({self.why})" if self.profile else "# profile: none"
+
+
+def _glob_of(pattern: str, name: str) -> bool:
+    """Whether `pattern` is a glob (as in `[policy.tools]`) that matches the tool name `name`."""
+    return any(c in pattern for c in "*?") and glob_match(pattern, name)
 
 
 def _expand(value: str, environ: Mapping[str, str], key: str) -> str:

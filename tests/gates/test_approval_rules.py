@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from harness.policy import Tier
-from harness.state import Decision, GrantUse, PendingCall, Verdict
+from harness.state import ClickCheck, Decision, GrantUse, PendingCall, Verdict
 from messages import texts
 from messages.text import plural
 from store import (
@@ -102,6 +102,18 @@ def test_the_audit_command_reads_one_entry_of_every_kind_the_code_writes(
         run.run_id, run.park_id, LIMIT_CALL, Decision(Verdict.APPROVED, by="UANN"), audit=limit
     )
     decide(5, Decision(Verdict.APPROVED, by="UCAROL"), now=time.time() + 3600)  # a late click: expired
+    check = ClickCheck("gates.codeowners:may_approve", "yes", "@ann owns every path")
+    decide(6, Decision(Verdict.APPROVED, by="UANN", check=check))  # approvers_from said yes
+    store.audit.append(  # … and an approval it refused (bot.approver_checks)
+        {
+            "run_id": run.run_id,
+            "call_id": calls[7].id,
+            **fields[calls[7].id],
+            "verdict": "approval_refused",
+            "by": "UBEN",
+            "approvers_from": ClickCheck("gates.codeowners:may_approve", "no", "owned by @ann").to_json(),
+        }
+    )
     # Written by versions before feedback had its own stream, and by something this version does not know.
     store.audit.append({"event": "feedback", "run_id": run.run_id, "feedback": "good", "by": "UBOB"})
     store.audit.append({"kind": "from-a-newer-version", "verdict": "escalated", "note": "\x1b[31mred"})
@@ -116,7 +128,7 @@ def test_the_audit_command_reads_one_entry_of_every_kind_the_code_writes(
     done = run_audit(redis_url, "--limit", "1000")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert len(lines) == len(store.audit.entries(1000)) == 13
+    assert len(lines) == len(store.audit.entries(1000)) == 15
     out = done.stdout
     assert "approved by UANN write_file(" in out and '"path":"f0.txt"' in out
     assert "declined by UBEN" in out and 'reason="not today"' in out
@@ -125,6 +137,8 @@ def test_the_audit_command_reads_one_entry_of_every_kind_the_code_writes(
     assert "grant=given" in out and "grant=used" in out
     assert "by UANN limit max_turns" in out
     assert "expired  by (nobody: expired)" in out and "late_click_by=UCAROL" in out
+    assert 'approvers_from=gates.codeowners:may_approve=yes check_reason="@ann owns every path"' in out
+    assert "refused  by UBEN write_file(" in out and 'may_approve=no check_reason="owned by @ann"' in out
     assert "feedback good by UBOB" in out  # an older version's feedback, still read
     assert "unknown" in out and "from-a-newer-version" in out
     assert "\x1b" not in out and "\x07" not in out  # nothing stored acts on the operator's terminal
