@@ -14,6 +14,7 @@ from typing import Any, TextIO
 from harness import release, texts
 from harness.agent import with_tools
 from harness.config import Config, ConfigError, Limits, load_config
+from harness.counting import MemoryMeter
 from harness.loop import (
     Agent,
     AwaitingApproval,
@@ -450,7 +451,8 @@ def _run(task: str, config: Config, catalog: Catalog) -> int:
     terminal = Terminal(sys.stdout, input)
     try:
         host = catalog.host if isinstance(catalog.host, TaskHost) else None
-        agent = Agent.from_config(config, catalog)
+        # One process, one run: counting rules count in memory, every scope being this run.
+        agent = Agent.from_config(config, catalog, meter=MemoryMeter())
         state, outcome = run_in_terminal(task, agent, terminal, catalog.registry, host)
     except KeyboardInterrupt:
         terminal.say("\n" + texts.CLI_INTERRUPTED)

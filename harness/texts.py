@@ -198,6 +198,19 @@ WHY_MCP_ALWAYS_ASK = "MCP _meta anthropic/requiresUserInteraction (server {serve
 RESULT_IMAGE_PLACEHOLDER = "[{kind}]"
 WHY_UNKNOWN_TOOL = "no tool of that name is offered: answered as an error, never run"
 WHY_DECIDED_AGAIN = "{why} (decided again right before running; it was {was})"
+# A counting rule past its limit (`harness.counting`): the rule, its limit, and what its window held.
+# Read back by `harness.counting.read_limit`: change them together.
+WHY_LIMIT = "{rule}: {measure} per {per} by {scope}, {tail}"
+WHY_LIMIT_CALLS = "max_calls = {limit}"
+WHY_LIMIT_SUM = "max_sum = {limit} of {arg}"
+WHY_LIMIT_RAN = "{seen} ran"
+WHY_LIMIT_SUMMED = "{seen} ran, this call adds {adds}"
+WHY_LIMIT_NOT_NUMBER = "this call's {arg} is missing or not a number"
+WHY_LIMIT_UNREAD = "its counter could not be read"
+RESULT_DENIED_LIMIT = (
+    "Not executed: {name} is forbidden by policy (tier deny) past a limit: {limit}. "
+    "It may run again once the window has room."
+)
 RESULT_NOT_OFFERED = (
     "Not executed: no tool named {name!r} is offered now, so it did not run. Available tools: {names}."
 )
