@@ -79,12 +79,12 @@ def metered(agent: Agent, call: PendingCall) -> PendingCall:
     a grant's does not."""
     arguments = _effective_input(call)
     rules = agent.policy.counting_rules(call.name, arguments)
-    if not rules or agent.meter is None or call.tier is Tier.DENY or call.result is not None:
-        return call
     decision = call.decision
-    person = (
-        decision is not None and decision.verdict is Verdict.APPROVED and decision.grant is not GrantUse.USED
-    )
+    approved = decision is not None and decision.verdict is Verdict.APPROVED
+    runs = call.tier is Tier.ALLOW or (call.tier is Tier.ASK and approved)
+    if not rules or agent.meter is None or not runs or call.result is not None:
+        return call  # a call that does not run is not counted
+    person = approved and decision is not None and decision.grant is not GrantUse.USED
     counts = []
     for rule in rules:
         assert rule.window is not None
