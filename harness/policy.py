@@ -272,6 +272,12 @@ def always_asks(why: str) -> bool:
     return read_why(why).step == "always"
 
 
+def no_grant(why: str) -> bool:
+    """Whether no grant may stand in for a person's look at a call ruled with `why`: one that always
+    asks (`always_asks`), or one past a counting rule's limit (`limit_asks`)."""
+    return read_why(why).step in ("always", "limit")
+
+
 def limit_asks(why: str) -> bool:
     """Whether a call ruled with `why` asks because a counting rule's limit is reached: no grant
     covers it (a grant would lift the limit it is there to hold); a person approves it."""

@@ -342,7 +342,9 @@ LIMIT_PER = {
     "h": ("hour", "hours"),
     "d": ("day", "days"),
 }
-CARD_LIMIT = "Past a limit: approving lets this call run and counts it; no grant covers calls past a limit"
+CARD_LIMIT = (
+    "*Past a limit:* approving lets this call run, and it is counted; no grant covers calls past a limit"
+)
 DENIED = "⛔ {what} is denied by the policy (not run)"
 NOT_RUN_STOPPED = "⏹️ not run: the run was stopped before it"
 

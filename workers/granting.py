@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from harness.policy import always_asks
+from harness.policy import no_grant
 from harness.state import Decision, GrantUse, PendingCall, RunState, Verdict, record_decisions
 from messages import cards
 from store import BadId, Grant, RunRecord, grant_slot
@@ -116,7 +116,7 @@ def use_grant(
     """The first of `grants` that covers `call` and still has a use to spend on it, and the decision
     that says so; None when none does (the call asks). No grant covers a call that always asks,
     whenever the grant was given (`always_asks`: its tier was just decided)."""
-    if always_asks(call.why):
+    if no_grant(call.why):  # nor one past a counting rule's limit: a grant would lift the limit
         return None
     for grant in grants:
         if grant.tool != call.name or not grant.covers(call.input, call.path_args):

@@ -109,7 +109,8 @@ def test_a_profile_counts_with_its_own_rules_first(tmp_path: Path) -> None:
     path.write_text(
         '[[policy.rules]]\ntool = "deploy_*"\ntier = "ask"\nmax_calls = 3\nper = "1h"\nscope = "channel"\n'
         '[[profiles]]\nname = "ops"\nchannels = ["C0OPS"]\n'
-        '[[profiles.policy.rules]]\ntool = "deploy_*"\ntier = "deny"\nmax_calls = 10\nper = "1d"\nscope = "workspace"\n'
+        '[[profiles.policy.rules]]\ntool = "deploy_*"\ntier = "deny"\nmax_calls = 10\n'
+        'per = "1d"\nscope = "workspace"\n'
     )
     settings = load_config(path).match("C0OPS", "T1").settings
     own, top = settings.policy.rules
