@@ -183,6 +183,18 @@ CLI_TOOLS_COST = (
     "# tool definitions: about {tokens:,} tokens every request ({share} of {budget}), "
     "estimated as JSON characters / 3"
 )
+# `--explain-call`: one line per counting rule the call matches, and what its window holds.
+CLI_COUNTER = "# counter: {rule}: {measure} per {per} by {scope}: {state}"
+CLI_COUNTER_NOT_READ = (
+    "not read (python -m harness reads no Redis; python -m workers explain-call does): the tier above "
+    "assumes room in it; past it the call would be {tier}"
+)
+CLI_COUNTER_NEEDS = "not read: give {flags} to name its window; the tier above assumes room in it"
+CLI_COUNTER_UNREAD = "could not be read ({scope} window): the tier above counts it as past its limit"
+CLI_COUNTER_SEEN = "{seen} in the {scope} window now, this call adds {adds}: {verdict}"
+CLI_COUNTER_WITHIN = "within the limit"
+CLI_COUNTER_PAST = "past the limit, so {tier}"
+CLI_COUNTER_NOT_NUMBER = "this call's {arg} is missing or not a number, so {tier}"
 CLI_EXPLAIN_BAD_JSON = "error: --explain-call: the arguments are not a JSON object: {error}"
 CLI_INTERRUPTED = "Interrupted: stopped cleanly; no tool was left running."
 
