@@ -332,11 +332,15 @@ def list_tools(catalog: Catalog, policy: Policy, out: TextIO, token_budget: int 
     a `# left out:` line per tool of a server that its `include_tools` / `exclude_tools` leave out."""
     for found in catalog.registry():
         ruling = policy.decide(found.name, {}, found.own_tier, found.own_tier_why, found.always_ask_why)
-        others = [r for r in policy.rules_for(found.name) if r.args]
+        rules = policy.rules_for(found.name)
+        others = [r for r in rules if r.args and r.window is None]
+        counting = [r for r in rules if r.window is not None]
         why = ruling.why
         if others:
             numbers = ", ".join(f"policy.rules[{r.number}]" for r in others)
             why += texts.CLI_RULES_MAY_DECIDE.format(rules=numbers)
+        if counting:
+            why += texts.CLI_RULES_COUNT.format(rules=", ".join(r.key for r in counting))
         print(f"{found.name}\t{ruling.tier.value}\t{why}", file=out)
     for line in cost_lines(catalog, token_budget):
         print(line, file=out)

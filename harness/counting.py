@@ -18,7 +18,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from harness import texts
@@ -168,15 +168,13 @@ def read_limit(why: str) -> tuple[str, LimitSeen] | None:
     seen = LimitSeen(limit, found.group("per"), found.group("scope"), found.group("arg") or "")
     tail = found.group("tail")
     if tail == texts.WHY_LIMIT_UNREAD:
-        return found.group("rule"), LimitSeen(**{**seen.__dict__, "unread": True})
+        return found.group("rule"), replace(seen, unread=True)
     if tail == texts.WHY_LIMIT_NOT_NUMBER.format(arg=seen.arg):
-        return found.group("rule"), LimitSeen(**{**seen.__dict__, "missing": True})
+        return found.group("rule"), replace(seen, missing=True)
     ran = _RAN.fullmatch(tail)
     if ran is None:
         return None
-    return found.group("rule"), LimitSeen(
-        **{**seen.__dict__, "seen": ran.group("seen"), "adds": ran.group("adds") or ""}
-    )
+    return found.group("rule"), replace(seen, seen=ran.group("seen"), adds=ran.group("adds") or "")
 
 
 @dataclass(frozen=True)

@@ -168,6 +168,7 @@ SYSTEM_DEFERRED_TOOLS = (
 WHY_LEFT_OUT = "left out by {why}: never offered nor callable"
 WHY_NOT_OFFERED_HERE = "not offered under {where}: answered as an error, never run"
 CLI_RULES_MAY_DECIDE = "; {rules} may decide a call by its arguments"
+CLI_RULES_COUNT = "; {rules} may decide a call past a limit (what already ran)"
 # `--list-tools`, after the tool lines: a tool of an MCP server its globs leave out (never offered).
 CLI_LEFT_OUT = "# left out: {name} ({why})"
 # `--list-tools`, after the tool lines: what each MCP server's tool definitions add to every request,

@@ -301,3 +301,23 @@ def test_a_window_slides(workspace: Path) -> None:
     assert meter.take("c3", [Count(rule, 1.0, forced=True)]) is None  # a person said yes
     now[0] += 3600
     assert meter.seen(rule, "c9").total == 0
+
+
+def test_list_tools_says_a_counting_rule_may_decide(tmp_path: Path) -> None:
+    from harness.cli import list_tools
+    from harness.tools.catalog import Catalog
+
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[tools]\nbuiltin = ["get_time"]\n[[policy.rules]]\ntool = "get_time"\ntier = "ask"\n'
+        'max_calls = 5\nper = "1m"\nscope = "run"\n'
+    )
+    config = load_config(path)
+    import io
+
+    out = io.StringIO()
+    list_tools(Catalog.from_config(config), config.policy, out)
+    assert out.getvalue().splitlines()[0] == (
+        "get_time\tallow\ttool's own tier (built-in); policy.rules[1] may decide a call past a limit "
+        "(what already ran)"
+    )
