@@ -15,6 +15,7 @@ import anthropic
 from harness.client import make_client
 from harness.config import Config, Limits
 from harness.context import TokenMemo
+from harness.counting import Meter
 from harness.policy import Policy
 from harness.signals import LiveEvent
 from harness.state import PendingCall, RunState
@@ -61,6 +62,9 @@ class Agent:
     # The values of a form a person accepted, by question key, read where they were kept (the
     # worker's `store.inputs`) just before the call goes again with them; never in the state.
     input_values: Callable[[InputAsk], dict[str, dict[str, Any]]] | None = None
+    # Reads and counts the windows of counting rules (`harness.counting`): the worker's in Redis,
+    # the terminal's in memory. None: a counting rule's window is never known, so past it (fail closed).
+    meter: Meter | None = None
 
     @classmethod
     def from_config(cls, config: Config, catalog: Catalog | None = None, **overrides: Any) -> Agent:

@@ -12,7 +12,8 @@ from typing import Any
 
 from harness import texts
 from harness.agent import Agent
-from harness.policy import Tier, always_asks, read_why
+from harness.counting import Count, Seen, limit_tail, limit_why
+from harness.policy import Rule, Tier, always_asks, limit_asks, read_why
 from harness.request import DUPLICATE_ID_MARK
 from harness.state import GrantUse, PendingCall, RunState, Status, Verdict, canonical_json
 from harness.tools import ToolContext, ToolResult
@@ -48,8 +49,9 @@ def _ruled(agent: Agent, call: PendingCall) -> PendingCall:
             call, tier=Tier.DENY, why=texts.WHY_UNKNOWN_TOOL, result=agent.tools.not_offered(call.name)
         )
     arguments = _effective_input(call)
+    seen = _seen(agent, call.id, agent.policy.counting_rules(call.name, arguments))
     ruling = agent.policy.decide(
-        call.name, arguments, found.own_tier, found.own_tier_why, found.always_ask_why
+        call.name, arguments, found.own_tier, found.own_tier_why, found.always_ask_why, seen
     )
     call = replace(call, tier=ruling.tier, why=ruling.why, path_args=found.path_args)
     if ruling.tier is Tier.ASK and call.decision is None:  # an `allow` call is checked as it runs
@@ -60,6 +62,59 @@ def _ruled(agent: Agent, call: PendingCall) -> PendingCall:
                 call, result=ToolResult(texts.RESULT_BAD_INPUT.format(name=call.name, problems=exc), True)
             )
     return call
+
+
+def _seen(agent: Agent, call_id: str, rules: tuple[Rule, ...]) -> dict[str, Seen]:
+    """What the windows of `rules` hold now (read by the agent's meter; with none, not known)."""
+    if agent.meter is None:
+        return {rule.key: Seen.unknown() for rule in rules}
+    return {rule.key: agent.meter.seen(rule, call_id) for rule in rules}
+
+
+def metered(agent: Agent, call: PendingCall) -> PendingCall:
+    """`call`, about to run, counted in the window of every counting rule it matches, in one atomic
+    step (`Meter.take`): the call itself when it was counted. Past a limit (another run's call may
+    have taken the last place since it was ruled) it does not run: it waits for a person (`ask`), or
+    is refused (`deny`). A person's approval carries it past an `ask` limit: it runs and is counted;
+    a grant's does not."""
+    arguments = _effective_input(call)
+    rules = agent.policy.counting_rules(call.name, arguments)
+    decision = call.decision
+    approved = decision is not None and decision.verdict is Verdict.APPROVED
+    runs = call.tier is Tier.ALLOW or (call.tier is Tier.ASK and approved)
+    if not rules or agent.meter is None or not runs or call.result is not None:
+        return call  # a call that does not run is not counted
+    person = approved and decision is not None and decision.grant is not GrantUse.USED
+    counts = []
+    for rule in rules:
+        assert rule.window is not None
+        forced = person and rule.tier is Tier.ASK
+        amount = rule.window.amount(arguments)
+        if amount is None and not forced:
+            return _past(call, rule, Seen.unknown(), arguments)
+        counts.append(Count(rule, amount or 0.0, forced))
+    over = agent.meter.take(call.id, counts)
+    return call if over is None else _past(call, *over, arguments)
+
+
+def _past(call: PendingCall, rule: Rule, seen: Seen, arguments: Any) -> PendingCall:
+    """`call` past `rule`'s limit: waiting for a person, or refused; its why says which limit."""
+    assert rule.window is not None
+    tail = limit_tail(rule.window, arguments, seen) or limit_tail(rule.window, arguments, Seen.unknown())
+    now = replace(
+        call, tier=rule.tier, why=limit_why(rule.describe(), rule.window, tail or ""), decision=None
+    )
+    now = replace(now, why=_changed_why(call, now))
+    if rule.tier is Tier.DENY:
+        return replace(now, result=ToolResult(_denied_text(now), True))
+    return now
+
+
+def uncount(agent: Agent, call: PendingCall) -> None:
+    """Give back what `metered` counted for `call`, which did not run after all (a Stop came first)."""
+    rules = agent.policy.counting_rules(call.name, _effective_input(call))
+    if rules and agent.meter is not None:
+        agent.meter.give_back(call.id, rules)
 
 
 def _effective_input(call: PendingCall) -> Any:
@@ -84,7 +139,8 @@ def _ruled_again(agent: Agent, call: PendingCall) -> PendingCall:
         return replace(now, why=_changed_why(call, now))
     if now.tier is Tier.DENY:
         return replace(now, why=_changed_why(call, now), result=ToolResult(_denied_text(call), True))
-    if call.decision is not None and call.decision.grant is GrantUse.USED and always_asks(now.why):
+    used = call.decision is not None and call.decision.grant is GrantUse.USED
+    if used and (always_asks(now.why) or limit_asks(now.why)):
         return replace(now, decision=None, why=_changed_why(call, now))
     if call.decision is not None and call.tier is Tier.ASK:
         return replace(now, tier=Tier.ASK)  # decided as an `ask`: answer_call reads its decision
@@ -101,6 +157,8 @@ def _denied_text(call: PendingCall) -> str:
     if call.decision is not None and call.decision.edited_input is not None:
         return texts.RESULT_EDIT_DENIED.format(name=call.name)
     source = read_why(call.why)
+    if source.step == "limit":
+        return texts.RESULT_DENIED_LIMIT.format(name=call.name, limit=source.text)
     denied = [f"{arg} {call.input.get(arg)!r}" for arg, _ in source.args if arg in call.input]
     if source.step == "rule" and denied:  # the path is forbidden, not the tool: say which
         return texts.RESULT_DENIED_ARGS.format(name=call.name, args=" and ".join(denied))

@@ -14,6 +14,7 @@ from typing import Any, TextIO
 from harness import release, texts
 from harness.agent import with_tools
 from harness.config import Config, ConfigError, Limits, load_config
+from harness.counting import MemoryMeter, Meter, Seen, number_text
 from harness.loop import (
     Agent,
     AwaitingApproval,
@@ -32,7 +33,7 @@ from harness.loop import (
     step,
     stop_run,
 )
-from harness.policy import Policy
+from harness.policy import Policy, Rule
 from harness.state import (
     Decision,
     RunState,
@@ -64,6 +65,15 @@ WHERE_FLAGS = {
     ),
     "--team": ("team", re.compile(r"[TE][A-Z0-9]{1,31}"), "a workspace ID like T0123ABCD"),
     "--user": ("user", re.compile(r"[UW][A-Z0-9]{1,31}"), "a user ID like U012AB3CD (U… or W…)"),
+    "--thread": ("thread", re.compile(r"[0-9]{1,12}\.[0-9]{1,9}"), "a thread's ts like 1712345678.000100"),
+}
+# The flags that name the window of a counting rule's scope (a new run's own window is empty).
+SCOPE_FLAGS = {
+    "run": (),
+    "thread": ("--team", "--channel", "--thread"),
+    "channel": ("--team", "--channel"),
+    "requester": ("--team", "--user"),
+    "workspace": ("--team",),
 }
 
 
@@ -322,11 +332,15 @@ def list_tools(catalog: Catalog, policy: Policy, out: TextIO, token_budget: int 
     a `# left out:` line per tool of a server that its `include_tools` / `exclude_tools` leave out."""
     for found in catalog.registry():
         ruling = policy.decide(found.name, {}, found.own_tier, found.own_tier_why, found.always_ask_why)
-        others = [r for r in policy.rules_for(found.name) if r.args]
+        rules = policy.rules_for(found.name)
+        others = [r for r in rules if r.args and r.window is None]
+        counting = [r for r in rules if r.window is not None]
         why = ruling.why
         if others:
             numbers = ", ".join(f"policy.rules[{r.number}]" for r in others)
             why += texts.CLI_RULES_MAY_DECIDE.format(rules=numbers)
+        if counting:
+            why += texts.CLI_RULES_COUNT.format(rules=", ".join(r.key for r in counting))
         print(f"{found.name}\t{ruling.tier.value}\t{why}", file=out)
     for line in cost_lines(catalog, token_budget):
         print(line, file=out)
@@ -367,10 +381,20 @@ def cost_lines(catalog: Catalog, token_budget: int) -> list[str]:
 
 
 def explain_call(
-    catalog: Catalog, policy: Policy, name: str, raw: str, out: TextIO, not_offered: str = ""
+    catalog: Catalog,
+    policy: Policy,
+    name: str,
+    raw: str,
+    out: TextIO,
+    not_offered: str = "",
+    *,
+    where: dict[str, str] | None = None,
+    meter: Meter | None = None,
 ) -> int:
     """`--explain-call NAME JSON`: the tier one call would get, and why (`not_offered`: why a tool
-    of that name is not offered, when it is offered elsewhere)."""
+    of that name is not offered, when it is offered elsewhere); then a `# counter:` line per
+    counting rule it matches, with what its window holds when `meter` can read it (`where`: the
+    flags given, naming the windows)."""
     try:
         arguments = json.loads(raw)
     except ValueError as exc:
@@ -383,9 +407,57 @@ def explain_call(
     if found is None:
         print(f"{name}\t-\t{not_offered or texts.WHY_UNKNOWN_TOOL}", file=out)
         return EXIT_FAILED
-    ruling = policy.decide(name, arguments, found.own_tier, found.own_tier_why, found.always_ask_why)
+    rules = policy.counting_rules(name, arguments)
+    lines, seen = counter_lines(rules, arguments, where or {}, meter)
+    ruling = policy.decide(name, arguments, found.own_tier, found.own_tier_why, found.always_ask_why, seen)
     print(f"{name}\t{ruling.tier.value}\t{ruling.why}", file=out)
+    for line in lines:
+        print(line, file=out)
     return 0
+
+
+def counter_lines(
+    rules: tuple[Rule, ...], arguments: dict[str, Any], where: dict[str, str], meter: Meter | None
+) -> tuple[list[str], dict[str, Seen]]:
+    """A `# counter:` line per counting rule, and what to rule the call with: the windows read, and
+    room assumed in those not read (their lines say so)."""
+    lines, seen = [], {}
+    for rule in rules:
+        window = rule.window
+        assert window is not None
+        head = {
+            "rule": rule.describe(),
+            "measure": window.measure(),
+            "per": window.per,
+            "scope": window.scope,
+        }
+        missing = [f for f in SCOPE_FLAGS[window.scope] if f.removeprefix("--") not in where]
+        amount = window.amount(arguments)
+        if amount is None:
+            state = texts.CLI_COUNTER_NOT_NUMBER.format(arg=window.sum_arg, tier=rule.tier.value)
+        elif meter is None:
+            state = texts.CLI_COUNTER_NOT_READ.format(tier=rule.tier.value)
+        elif missing:
+            state = texts.CLI_COUNTER_NEEDS.format(flags=" and ".join(missing))
+        else:
+            seen[rule.key] = meter.seen(rule, "explain")
+            total = seen[rule.key]
+            if not total.known:
+                state = texts.CLI_COUNTER_UNREAD.format(scope=window.scope)
+            else:
+                past = total.total + amount > window.limit
+                verdict = (
+                    texts.CLI_COUNTER_PAST.format(tier=rule.tier.value) if past else texts.CLI_COUNTER_WITHIN
+                )
+                state = texts.CLI_COUNTER_SEEN.format(
+                    seen=number_text(total.total),
+                    scope=window.scope,
+                    adds=number_text(amount),
+                    verdict=verdict,
+                )
+        seen.setdefault(rule.key, Seen(0.0))
+        lines.append(texts.CLI_COUNTER.format(**head, state=state))
+    return lines, seen
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,15 +490,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         if inspection is not None:
-            return _inspect(inspection, config, catalog)
+            return inspect(inspection, config, catalog)
         return _run(task, config, catalog)
     finally:
         opened.__exit__(None, None, None)
 
 
-def _inspect(inspection: Inspection, config: Config, catalog: Catalog) -> int:
+def inspect(inspection: Inspection, config: Config, catalog: Catalog, meter: Meter | None = None) -> int:
     """`--list-tools` / `--explain-call`: as the config's top level sees them, or, with `--channel`,
-    `--team` or `--user`, exactly what a run there gets (its profile's tools and policy)."""
+    `--team` or `--user`, exactly what a run there gets (its profile's tools and policy); `meter`
+    reads the windows of counting rules (`python -m workers explain-call`'s, in Redis)."""
     settings, offered, not_offered = config, catalog, ""
     if inspection.where:
         settings = explain_where(config, inspection.where, sys.stdout)
@@ -440,7 +513,9 @@ def _inspect(inspection: Inspection, config: Config, catalog: Catalog) -> int:
         not_offered = ""  # offered nowhere: the unknown tool's why
     if left_out := catalog.left_out().get(name):
         not_offered = texts.WHY_LEFT_OUT.format(why=left_out)
-    return explain_call(offered, settings.policy, name, raw, sys.stdout, not_offered)
+    return explain_call(
+        offered, settings.policy, name, raw, sys.stdout, not_offered, where=inspection.where, meter=meter
+    )
 
 
 def _run(task: str, config: Config, catalog: Catalog) -> int:
@@ -450,7 +525,8 @@ def _run(task: str, config: Config, catalog: Catalog) -> int:
     terminal = Terminal(sys.stdout, input)
     try:
         host = catalog.host if isinstance(catalog.host, TaskHost) else None
-        agent = Agent.from_config(config, catalog)
+        # One process, one run: counting rules count in memory, every scope being this run.
+        agent = Agent.from_config(config, catalog, meter=MemoryMeter())
         state, outcome = run_in_terminal(task, agent, terminal, catalog.registry, host)
     except KeyboardInterrupt:
         terminal.say("\n" + texts.CLI_INTERRUPTED)

@@ -28,10 +28,12 @@ from harness.calls import (
     answer_call,
     calls_in,
     marks_first,
+    metered,
     needs_write_ahead,
     rule_open_calls,
     saves_first,
     tool_result,
+    uncount,
     with_call,
 )
 from harness.context import fit_images, within_input_limit, without_old_images
@@ -198,6 +200,16 @@ def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
             return _await_input(state, call, events)
         if call.waits_on_task:  # it started as its server's task, which has not ended
             return _await_task(state, call, events)
+        if not call.started and (counted := metered(agent, call)) is not call:  # past a limit now
+            state = with_call(state, index, counted)
+            if counted.awaiting:
+                return StepResult(
+                    replace(state, status=Status.AWAITING_APPROVAL),
+                    AwaitingApproval(state.awaiting),
+                    tuple(events),
+                )
+            events.append(ToolReturned(state.turns, counted))
+            continue
         if needs_write_ahead(agent, call):
             if call.started:  # an earlier attempt began it and died before recording what happened
                 result = ToolResult(texts.RESULT_OUTCOME_UNKNOWN.format(name=call.name), True)
@@ -209,6 +221,7 @@ def _resolve_calls(state: RunState, agent: Agent) -> StepResult:
             if agent.before_tool is not None:
                 agent.before_tool(marked, marked.pending[index])  # persists the mark; raising stops here
             if stop := stop_requested(agent):  # it never started: answered as not run, not as unknown
+                uncount(agent, call)
                 return stop_mid_turn(state, stop, events)
             state, call = marked, marked.pending[index]
         if agent.live is not None:

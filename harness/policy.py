@@ -8,6 +8,10 @@ The tier of a call, first match wins (the contract's order):
 3. The tool's own tier (a built-in's, or an MCP tool's `readOnlyHint` on a trusted server).
 4. `[policy].default`.
 
+A counting rule (`max_calls` or `max_sum`, with `per` and `scope`: `harness.counting`) matches a
+call only past its limit: within it, it is passed over as if absent, and the next matching rule (or
+step 2) decides. What its window holds comes in as `Seen` values, read by the caller's `Meter`.
+
 Then, unless the tier is `deny`: a tool that `[policy] always_ask` lists (a glob, as in
 `[policy.tools]`), or whose MCP `_meta` says `anthropic/requiresUserInteraction: true`, asks, with
 that as its why (`always_asks`): no grant, Approve all or suggested rule covers such a call.
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from harness.counting import LimitSeen, Seen, Window, counter_id, limit_tail, limit_why, read_limit
 from harness.texts import WHY_DECIDED_AGAIN, WHY_MCP_ALWAYS_ASK
 
 
@@ -48,6 +53,18 @@ class Rule:
     args: Mapping[str, str]
     tier: Tier
     table: str = "policy.rules"  # a profile's own rules: "profiles[NAME].policy.rules"
+    window: Window | None = None  # a counting rule's limit: it speaks only past it
+
+    @property
+    def key(self) -> str:
+        """`policy.rules[2]`: unique within one policy (what `Seen` values are keyed by)."""
+        return f"{self.table}[{self.number}]"
+
+    @property
+    def counter_id(self) -> str:
+        """The counter a counting rule keeps (`harness.counting.counter_id`)."""
+        assert self.window is not None
+        return counter_id(self.tool, self.args, self.window)
 
     def matches(self, name: str, arguments: Mapping[str, Any]) -> bool:
         """Whether a call of `name` with `arguments` is one this rule speaks of."""
@@ -96,23 +113,46 @@ class Policy:
         own_tier: Tier | None = None,
         own_why: str = "",
         always_ask_why: str = "",
+        seen: Mapping[str, Seen] | None = None,
     ) -> Ruling:
         """The tier of one call of `name` with `arguments`, and why.
 
         `always_ask_why`: the tool itself says every call needs a person (an MCP tool's `_meta`), and
         why. Like `always_ask`, it only ever makes a call stricter: `deny` still wins.
+        `seen`: what the windows of the counting rules the call matches hold, by `Rule.key`; a rule
+        missing from it was not read, and counts as past its limit (fail closed). None: no counter
+        was consulted (`--list-tools`), so counting rules are passed over.
         """
         args = arguments if isinstance(arguments, Mapping) else {}
-        matched = [rule for rule in self.rules if rule.matches(name, args)]
+        matched = []
+        for rule in self.rules:
+            if rule.matches(name, args) and (why := self._speaks(rule, args, seen)):
+                matched.append((rule, why))
         if matched:
-            chosen = next((r for r in matched if r.tier is Tier.DENY), matched[0])
-            ruling = Ruling(chosen.tier, chosen.describe())
+            chosen, why = next(((r, w) for r, w in matched if r.tier is Tier.DENY), matched[0])
+            ruling = Ruling(chosen.tier, why)
         else:
             ruling = self.decide_tool(name, own_tier, own_why)
         if ruling.tier is Tier.DENY:
             return ruling
         always = self.always_ask_key(name) or always_ask_why
         return Ruling(Tier.ASK, always) if always else ruling
+
+    @staticmethod
+    def _speaks(rule: Rule, args: Mapping[str, Any], seen: Mapping[str, Seen] | None) -> str:
+        """The why of `rule` deciding a call it matches; "" for a counting rule within its limit."""
+        if rule.window is None:
+            return rule.describe()
+        if seen is None:
+            return ""
+        tail = limit_tail(rule.window, args, seen.get(rule.key, Seen.unknown()))
+        return limit_why(rule.describe(), rule.window, tail) if tail else ""
+
+    def counting_rules(self, name: str, arguments: Any) -> tuple[Rule, ...]:
+        """The counting rules a call of `name` with `arguments` matches: whose windows it is read
+        against when ruled, and counted in when it runs."""
+        args = arguments if isinstance(arguments, Mapping) else {}
+        return tuple(r for r in self.rules if r.window is not None and r.matches(name, args))
 
     def always_ask_key(self, name: str) -> str:
         """`policy.always_ask["deploy_*"]`: the entry of `always_ask` that lists `name` (the exact
@@ -156,7 +196,8 @@ class Policy:
 class Source:
     """A `why` read back into its parts, so cards can say it in plain words (`read_why`).
 
-    `step`: "rule" (`[[policy.rules]]`), "tools" (`[policy.tools]`), "own" (the tool's own tier),
+    `step`: "rule" (`[[policy.rules]]`), "limit" (a counting rule past its limit: `limit` says
+    what its window held), "tools" (`[policy.tools]`), "own" (the tool's own tier),
     "default" (`[policy].default`), "always" (`[policy] always_ask`, or the tool's MCP `_meta`)
     or "other" (anything else, shown as it is). `profile`: the profile whose table decided, or "".
     `number`, `tool`, `args`: a rule's number, tool glob and argument globs; `tool` is the
@@ -173,6 +214,7 @@ class Source:
     args: tuple[tuple[str, str], ...] = ()
     detail: str = ""
     was: Tier | None = None
+    limit: LimitSeen | None = None
 
 
 _AGAIN = re.compile(
@@ -199,6 +241,10 @@ def read_why(why: str) -> Source:
 
 
 def _read_step(rest: str, why: str) -> Source:
+    if counted := read_limit(rest):
+        rule_part, limit = counted
+        if (source := _read_step(rule_part, why)).step == "rule":
+            return replace(source, step="limit", limit=limit)
     if rule := _RULE.fullmatch(rest):
         parts = _read_parts(rule.group(2))
         if parts and parts[0][0] == "tool":
@@ -224,6 +270,18 @@ def always_asks(why: str) -> bool:
     """Whether a call ruled with `why` asks on every call (`[policy] always_ask`, or its server's
     `_meta`): no grant, Approve all or suggested rule may stand in for a person's look at it."""
     return read_why(why).step == "always"
+
+
+def no_grant(why: str) -> bool:
+    """Whether no grant may stand in for a person's look at a call ruled with `why`: one that always
+    asks (`always_asks`), or one past a counting rule's limit (`limit_asks`)."""
+    return read_why(why).step in ("always", "limit")
+
+
+def limit_asks(why: str) -> bool:
+    """Whether a call ruled with `why` asks because a counting rule's limit is reached: no grant
+    covers it (a grant would lift the limit it is there to hold); a person approves it."""
+    return read_why(why).step == "limit"
 
 
 def _read_parts(text: str) -> list[tuple[str, str]]:

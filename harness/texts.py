@@ -168,6 +168,7 @@ SYSTEM_DEFERRED_TOOLS = (
 WHY_LEFT_OUT = "left out by {why}: never offered nor callable"
 WHY_NOT_OFFERED_HERE = "not offered under {where}: answered as an error, never run"
 CLI_RULES_MAY_DECIDE = "; {rules} may decide a call by its arguments"
+CLI_RULES_COUNT = "; {rules} may decide a call past a limit (what already ran)"
 # `--list-tools`, after the tool lines: a tool of an MCP server its globs leave out (never offered).
 CLI_LEFT_OUT = "# left out: {name} ({why})"
 # `--list-tools`, after the tool lines: what each MCP server's tool definitions add to every request,
@@ -183,6 +184,18 @@ CLI_TOOLS_COST = (
     "# tool definitions: about {tokens:,} tokens every request ({share} of {budget}), "
     "estimated as JSON characters / 3"
 )
+# `--explain-call`: one line per counting rule the call matches, and what its window holds.
+CLI_COUNTER = "# counter: {rule}: {measure} per {per} by {scope}: {state}"
+CLI_COUNTER_NOT_READ = (
+    "not read (python -m harness reads no Redis; python -m workers explain-call does): the tier above "
+    "assumes room in it; past it the call would be {tier}"
+)
+CLI_COUNTER_NEEDS = "not read: give {flags} to name its window; the tier above assumes room in it"
+CLI_COUNTER_UNREAD = "could not be read ({scope} window): the tier above counts it as past its limit"
+CLI_COUNTER_SEEN = "{seen} in the {scope} window now, this call adds {adds}: {verdict}"
+CLI_COUNTER_WITHIN = "within the limit"
+CLI_COUNTER_PAST = "past the limit, so {tier}"
+CLI_COUNTER_NOT_NUMBER = "this call's {arg} is missing or not a number, so {tier}"
 CLI_EXPLAIN_BAD_JSON = "error: --explain-call: the arguments are not a JSON object: {error}"
 CLI_INTERRUPTED = "Interrupted: stopped cleanly; no tool was left running."
 
@@ -198,6 +211,19 @@ WHY_MCP_ALWAYS_ASK = "MCP _meta anthropic/requiresUserInteraction (server {serve
 RESULT_IMAGE_PLACEHOLDER = "[{kind}]"
 WHY_UNKNOWN_TOOL = "no tool of that name is offered: answered as an error, never run"
 WHY_DECIDED_AGAIN = "{why} (decided again right before running; it was {was})"
+# A counting rule past its limit (`harness.counting`): the rule, its limit, and what its window held.
+# Read back by `harness.counting.read_limit`: change them together.
+WHY_LIMIT = "{rule}: {measure} per {per} by {scope}, {tail}"
+WHY_LIMIT_CALLS = "max_calls = {limit}"
+WHY_LIMIT_SUM = "max_sum = {limit} of {arg}"
+WHY_LIMIT_RAN = "{seen} ran"
+WHY_LIMIT_SUMMED = "{seen} ran, this call adds {adds}"
+WHY_LIMIT_NOT_NUMBER = "this call's {arg} is missing or not a number"
+WHY_LIMIT_UNREAD = "its counter could not be read"
+RESULT_DENIED_LIMIT = (
+    "Not executed: {name} is forbidden by policy (tier deny) past a limit: {limit}. "
+    "It may run again once the window has room."
+)
 RESULT_NOT_OFFERED = (
     "Not executed: no tool named {name!r} is offered now, so it did not run. Available tools: {names}."
 )

@@ -17,7 +17,7 @@ from typing import Any
 
 from slack_sdk.models.blocks import ActionsBlock, ButtonElement
 
-from harness.policy import always_asks, grant_directory
+from harness.policy import always_asks, grant_directory, limit_asks, no_grant
 from harness.state import ClickCheck, Decision, GrantUse, PendingCall, Verdict
 from messages import texts
 from messages.arguments import Arg, Shown, args_reviewable, arguments_of, pack, present
@@ -144,6 +144,8 @@ def approval_card(card: CallCard) -> Message:
 def _card_details(card: CallCard) -> str:
     """Why the call asks, who may decide it under which rules, and when it expires."""
     rules = [texts.CARD_ALWAYS_ASKS] if always_asks(card.tier_source) else []
+    if limit_asks(card.tier_source):
+        rules.append(texts.CARD_LIMIT)
     if card.approvers_from:
         rules.append(texts.CARD_CHECKED.format(function=inert(card.approvers_from, 200)))
     if card.required > 1:
@@ -176,7 +178,7 @@ def _decision_buttons(card: CallCard, value: str) -> list[ButtonElement]:
         ButtonElement(text="Edit…", action_id="edit", value=value),
         ButtonElement(text="Decline with reason…", action_id="decline_with_reason", value=value),
     ]
-    if card.grant_minutes <= 0 or card.required > 1 or always_asks(card.tier_source) or card.approvers_from:
+    if card.grant_minutes <= 0 or card.required > 1 or no_grant(card.tier_source) or card.approvers_from:
         return buttons
     uses = f", {plural(card.grant_uses, 'use')}" if card.grant_uses else ""
     lasting = _duration(card.grant_minutes) + uses

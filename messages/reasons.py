@@ -61,7 +61,9 @@ def plain_why(why: str, quote: Quote = code_quote) -> str:
     """Why a call has its tier, from the policy's `why`, in plain words."""
     source = read_why(why)
     said = _said(source, quote)
-    if source.was is not None:
+    if source.was is not None and source.step == "limit":
+        said = texts.WHY_LIMIT_AGAIN.format(why=said, was=texts.TIER_BEFORE[source.was.value])
+    elif source.was is not None:
         said = texts.WHY_AGAIN.format(why=said, was=texts.TIER_BEFORE[source.was.value])
     return said
 
@@ -70,6 +72,8 @@ def _said(source: Source, quote: Quote) -> str:
     policy = texts.POLICY_OF_PROFILE.format(profile=quote(source.profile)) if source.profile else "the policy"
     if source.step == "rule":
         return texts.WHY_RULE.format(number=source.number, policy=policy) + _matching(source, quote)
+    if source.step == "limit":
+        return texts.WHY_RULE.format(number=source.number, policy=policy) + ": " + _limit(source, quote)
     if source.step == "tools":
         return texts.WHY_TOOLS.format(tool=quote(source.tool), policy=policy)
     if source.step == "default":
@@ -90,6 +94,31 @@ def _said(source: Source, quote: Quote) -> str:
     if source.text == harness_texts.WHY_UNKNOWN_TOOL:
         return source.text  # our own words, already plain
     return quote(source.text)
+
+
+def _limit(source: Source, quote: Quote) -> str:
+    """What a counting rule's window held, in words: `3 of at most 3 calls of `deploy_*` ran …`."""
+    limit = source.limit
+    assert limit is not None
+    tool = quote(source.tool)
+    count, unit = int(limit.per[:-1]), texts.LIMIT_PER[limit.per[-1]]
+    per = unit[0] if count == 1 else f"{count} {unit[1]}"
+    scope = texts.LIMIT_SCOPE[limit.scope]
+    if limit.missing:
+        return texts.WHY_LIMIT_NOT_NUMBER.format(arg=quote(limit.arg), tool=tool)
+    if limit.unread:
+        return texts.WHY_LIMIT_UNREAD.format(tool=tool, per=per, scope=scope)
+    if limit.arg:
+        return texts.WHY_LIMIT_SUM.format(
+            tool=tool,
+            arg=quote(limit.arg),
+            seen=limit.seen,
+            limit=limit.limit,
+            per=per,
+            scope=scope,
+            adds=limit.adds,
+        )
+    return texts.WHY_LIMIT_CALLS.format(seen=limit.seen, limit=limit.limit, tool=tool, per=per, scope=scope)
 
 
 def _matching(source: Source, quote: Quote) -> str:

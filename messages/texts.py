@@ -348,6 +348,31 @@ WHY_OWN = "the tool's own setting"
 WHY_AGAIN = "{why}; the policy changed while it waited: {was}"
 WHY_ALWAYS_ASK = "{policy} lists it in always_ask ({glob}): a person approves every call of it"
 WHY_SERVER_ALWAYS_ASKS = "server {server} asks a person to approve every call of this tool"
+# A counting rule past its limit (`harness.counting`): what its window held, in plain words.
+WHY_LIMIT_CALLS = "{seen} of at most {limit} calls of {tool} ran in the last {per} {scope}"
+WHY_LIMIT_SUM = (
+    "calls of {tool} add up {arg} to {seen} of at most {limit} in the last {per} {scope}, and this "
+    "call adds {adds}"
+)
+WHY_LIMIT_NOT_NUMBER = "it adds up {arg} of calls of {tool}, and this call's {arg} is missing or not a number"
+WHY_LIMIT_UNREAD = "it counts calls of {tool} in the last {per} {scope}, and its counter could not be read"
+WHY_LIMIT_AGAIN = "{why} (it filled up after the call was asked for: {was})"
+LIMIT_SCOPE = {
+    "run": "in this run",
+    "thread": "in this thread",
+    "channel": "in this channel",
+    "requester": "for this requester",
+    "workspace": "in this workspace",
+}
+LIMIT_PER = {
+    "s": ("second", "seconds"),
+    "m": ("minute", "minutes"),
+    "h": ("hour", "hours"),
+    "d": ("day", "days"),
+}
+CARD_LIMIT = (
+    "*Past a limit:* approving lets this call run, and it is counted; no grant covers calls past a limit"
+)
 DENIED = "⛔ {what} is denied by the policy (not run)"
 NOT_RUN_STOPPED = "⏹️ not run: the run was stopped before it"
 

@@ -8,6 +8,12 @@ profile's policy over the recorded arguments and the tool's own tier. One line i
 whose tier would change, then a summary. Nothing is started: no MCP server, no module, no model;
 Redis is only read.
 
+Counting rules (`max_calls`, `max_sum`) are replayed in the order the calls were recorded: each
+call meets the window its earlier calls filled under the draft, in its own scope (run, thread,
+channel, requester or workspace, from the entry) and at its recorded time. A replayed call is
+counted when the draft would let it run: `allow`, or `ask` and a person approved it then
+(`approved`, from the decisions' audit).
+
 A rule that reads an argument the audit kept only in part (a long string cut, or left out) may
 decide differently over the whole value: such calls are counted as uncertain and say so.
 """
@@ -15,17 +21,28 @@ decide differently over the whole value: such calls are counted as uncertain and
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from harness import texts
 from harness.config import BUILTIN_TOOL_NAMES, Config
+from harness.counting import Count, MemoryMeter, Where
 from harness.policy import Tier
 from harness.tools.files import BUILTIN_TOOLS
 from ops.audit import RULED, _safe, _when
 
 MCP_SOURCE = "mcp:"
+APPROVALS_READ = 50_000  # the newest decisions read to know which asked calls a person approved
+
+
+def approved_calls(decisions: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
+    """The (run, call) pairs the decisions' audit says a person approved (not a grant)."""
+    return {
+        (str(e.get("run_id")), str(e.get("call_id")))
+        for e in decisions
+        if e.get("verdict") == "approved" and e.get("grant") != "used"
+    }
 
 
 @dataclass(frozen=True)
@@ -66,14 +83,25 @@ def recorded_calls(entries: Iterable[Mapping[str, Any]]) -> Iterator[tuple[Mappi
             yield entry, tier
 
 
-def replay(draft: Config, entries: Iterable[Mapping[str, Any]]) -> Iterator[Replayed]:
-    """Every recorded call of `entries` ruled again under `draft`."""
+def replay(
+    draft: Config, entries: Iterable[Mapping[str, Any]], approved: Collection[tuple[str, str]] = ()
+) -> Iterator[Replayed]:
+    """Every recorded call of `entries` ruled again under `draft`, in order, counting rules counting
+    what would have run (`approved`: the (run, call) pairs a person approved)."""
+    meter = MemoryMeter()
     for entry, was in recorded_calls(entries):
-        yield rule_again(draft, entry, was)
+        yield rule_again(draft, entry, was, meter, approved)
 
 
-def rule_again(draft: Config, entry: Mapping[str, Any], was: Tier) -> Replayed:
-    """The tier `draft` gives the recorded call `entry` (which had `was`), and why."""
+def rule_again(
+    draft: Config,
+    entry: Mapping[str, Any],
+    was: Tier,
+    meter: MemoryMeter | None = None,
+    approved: Collection[tuple[str, str]] = (),
+) -> Replayed:
+    """The tier `draft` gives the recorded call `entry` (which had `was`), and why; with `meter`,
+    counting rules read and count its windows (without, they are passed over)."""
     channel, team = str(entry.get("channel") or ""), str(entry.get("team") or "")
     match = draft.match(channel, team)
     settings, tool = match.settings, str(entry["tool"])
@@ -85,7 +113,16 @@ def rule_again(draft: Config, entry: Mapping[str, Any], was: Tier) -> Replayed:
     own_tier, own_why = _own_tier(draft, entry, source)
     recorded = entry.get("input")
     arguments = recorded if isinstance(recorded, dict) else {}
-    ruling = settings.policy.decide(tool, arguments, own_tier, own_why, _always_ask_why(entry, source))
+    rules = settings.policy.counting_rules(tool, arguments)
+    call_id = str(entry.get("call_id") or "")
+    if meter is not None:
+        _place(meter, entry)
+    seen = {r.key: meter.seen(r, call_id) for r in rules} if meter is not None else None
+    ruling = settings.policy.decide(tool, arguments, own_tier, own_why, _always_ask_why(entry, source), seen)
+    person = (str(entry.get("run_id") or ""), call_id) in approved
+    if meter is not None and rules and (ruling.tier is Tier.ALLOW or (ruling.tier is Tier.ASK and person)):
+        counts = [Count(r, (r.window.amount(arguments) if r.window else None) or 0.0, True) for r in rules]
+        meter.take(call_id, counts)
     why = ruling.why
     if settings.profile_label != str(entry.get("profile") or ""):
         where = f"profile {settings.profile}" if settings.profile else "the top level"
@@ -129,6 +166,16 @@ def summary(results: Iterable[Replayed]) -> str:
     for result in results:
         tally.add(result)
     return tally.summary()
+
+
+def _place(meter: MemoryMeter, entry: Mapping[str, Any]) -> None:
+    """`meter` set where and when the recorded call was made."""
+    at = entry.get("at")
+    when = float(at) if isinstance(at, int | float) and not isinstance(at, bool) else 0.0
+    meter.where = Where(
+        *(str(entry.get(k) or "") for k in ("run_id", "team", "channel", "thread_ts", "requester"))
+    )
+    meter.clock = lambda: when
 
 
 def _source(entry: Mapping[str, Any], tool: str) -> str:
@@ -188,7 +235,11 @@ def _unsure_arguments(
     cut = entry.get("cut")
     cut_names = {str(k) for k in cut} if isinstance(cut, list) else set()
     more = bool(entry.get("cut_more"))
-    read = dict.fromkeys(k for rule in settings.policy.rules_for(tool) for k in rule.args)
+    rules = settings.policy.rules_for(tool)
+    read = dict.fromkeys(
+        [k for rule in rules for k in rule.args]
+        + [r.window.sum_arg for r in rules if r.window and r.window.sum_arg]
+    )
     return [k for k in read if k in cut_names or (more and k not in arguments)]
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.config import Config
-from harness.policy import PathArgs, Policy, Rule, Tier, always_asks, call_paths, grant_directory
+from harness.policy import PathArgs, Policy, Rule, Tier, always_asks, call_paths, grant_directory, limit_asks
 from harness.tools.files import BUILTIN_TOOLS
 from messages.home import SUGGEST_DAYS, SUGGEST_MIN_APPROVALS, SUGGESTIONS_MAX
 from ops.replay import Tally, recorded_calls, rule_again
@@ -180,7 +180,8 @@ def _always_asks(
     """Whether the decided call's tool asks on every call: it did when it was asked about (its
     why), or `profile`'s policy lists it in `always_ask` now."""
     ruled = by_call.get((entry.get("run_id"), entry.get("call_id"))) or {}
-    if always_asks(str(entry.get("tier_why") or "")) or always_asks(str(ruled.get("why") or "")):
+    whys = (str(entry.get("tier_why") or ""), str(ruled.get("why") or ""))
+    if any(always_asks(why) or limit_asks(why) for why in whys):  # past a limit: no rule lifts it
         return True
     if ruled.get("requires_interaction") is True:
         return True

@@ -22,6 +22,8 @@ scenario:
   message holds (the product posts it cut, and whole as a file).
 - "sign in", "sign-in", "log in" or "login": `rooms__sign_in` (the service named after "to"),
   whose server asks the requester to visit an address; then says what the tool said.
+- "deploy": `rooms__deploy` (the service named after "deploy"), a pretend deploy that a rule with
+  memory lets run twice an hour per channel; then says what the tool said.
 - "book" or "room": `rooms__book_room` (the room named after "room"), whose server asks the
   requester a form; then says what the tool said.
 - anything else: `get_time` and `list_files` . in one turn, then `write_file` notes.md (quoting the
@@ -61,6 +63,7 @@ CHARS_PER_TOKEN = 4
 # The tools of the playground's own MCP server (`playground.rooms_server`), as a run is offered them.
 ROOMS_BOOK = "rooms__book_room"
 ROOMS_SIGN_IN = "rooms__sign_in"
+ROOMS_DEPLOY = "rooms__deploy"
 
 # The line `list_files` ends a long listing with ("… and 12 more"): a note, not a file name.
 _MORE_ENTRIES = re.compile(re.escape(texts.FILE_MORE_ENTRIES).replace(re.escape("{more}"), r"[\d,]+"))
@@ -442,7 +445,16 @@ def _sign_in(task: str, turns: tuple[Turn, ...]) -> Reply:
     return _asked(ROOMS_SIGN_IN, intent, {"service": service}, "The rooms server answered:")(task, turns)
 
 
+def _deploy(task: str, turns: tuple[Turn, ...]) -> Reply:
+    named = re.search(r"\bdeploy (?:the )?([A-Za-z0-9.-]{1,40})", task, re.IGNORECASE)
+    service = named[1].rstrip(".") if named else "web"
+    return _asked(ROOMS_DEPLOY, "I'll deploy {service}.", {"service": service}, "The deploy answered:")(
+        task, turns
+    )
+
+
 SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("deploy", ("deploy",), (ROOMS_DEPLOY,), _deploy),
     Scenario("sign-in", ("sign in", "sign-in", "log in", "login"), (ROOMS_SIGN_IN,), _sign_in),
     Scenario("booking", ("book", "room"), (ROOMS_BOOK,), _book),
     Scenario("secret", ("secret",), ("write_file",), _secret),

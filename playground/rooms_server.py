@@ -13,6 +13,8 @@ run does when a tool's server asks the person who started it something.
 - `sign_in(service)`: answers its first call with an address to visit. The address is on
   example.com, a domain kept for documentation: the harness asks only for https addresses, the
   playground runs offline, and the person only has to say "I've finished" for the demo to go on.
+- `deploy(service)`: a pretend deploy that asks nobody anything: `playground/config.toml` lets two
+  run an hour in a channel at once (a rule with memory) and asks a person for each one past that.
 """
 
 from __future__ import annotations
@@ -99,6 +101,12 @@ def sign_in(service: str, ctx: Context[Any, Any]) -> str | InputRequiredResult:
     if answer["action"] != "accept":
         return f"Not signed in to {service}: the person chose {answer['action']}."
     return f"Signed in to {service} (a demo: nothing was signed in to)."
+
+
+@server.tool()
+def deploy(service: str) -> str:
+    """Deploy a service (a demo: nothing is deployed anywhere)."""
+    return f"Deployed {_plain(service)} (a demo: nothing was deployed)."
 
 
 if __name__ == "__main__":

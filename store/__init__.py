@@ -19,6 +19,7 @@ was lost), each in the module of the record it writes, beside the method that se
   cannot read (`harness.state.NewerRecord`): no recovery, expiry or reminder touches them;
 - `grants`: "Approve for this thread"; `groups`: user groups' members and handles, cached;
 - `live`: a run's live messages still streaming or unsettled (what a later driver cleans up);
+- `meters`: the windows of counting rules (`max_calls`, `max_sum`): what ran, per rule and scope;
 - `budgets`: the daily token budgets: each user's and channel's spend today, holds of requests in flight;
 - `counters`: the figures of `/metrics` (one hash, a run's marks, a click's note), and the counts of
   runs a scrape or a health check reads beside RQ's keys (functions on a connection or a pipeline);
@@ -72,6 +73,7 @@ from store.inputs import InputStore
 from store.keys import DAY, BadId, check_id, new_run_id
 from store.live import LiveStore
 from store.mcp_servers import McpServerStore, ServerState
+from store.meters import Entry, MeterStore, Window
 from store.parks import (
     BATCH,
     EXPIRES_FIELD,
@@ -127,6 +129,7 @@ class Store:
         self.groups = GroupStore(connection, self.replicas)
         self.audit = AuditStore(connection, self.replicas)
         self.budgets = BudgetStore(connection, self.replicas)
+        self.meters = MeterStore(connection, self.replicas)
         self.live = LiveStore(connection, self.replicas)
         self.inputs = InputStore(connection, self.replicas)
         self.questions = QuestionStore(connection, self.replicas)
@@ -177,6 +180,7 @@ __all__ = [
     "BudgetStore",
     "DecideOutcome",
     "DecideResult",
+    "Entry",
     "FeedbackOutcome",
     "FinishResult",
     "Grant",
@@ -204,4 +208,5 @@ __all__ = [
     "budget_settled",
     "queue_budget_peaks",
     "utc_day",
+    "Window",
 ]

@@ -34,6 +34,8 @@ _ID = {
     "server": re.compile(r"^[a-z0-9-]{1,32}$"),  # an MCP server's name, as the config allows it
     "ref": re.compile(r"^[0-9a-f]{16}$"),  # a form's values kept for a call (`store.inputs`)
     "holder": re.compile(r"^[0-9a-f]{32}$"),  # an MCP hub that alone reaches its tasks (`store.tasks`)
+    "counter": re.compile(r"^[0-9a-f]{24}$"),  # a counting rule's counter (`harness.counting.counter_id`)
+    "meter_scope": re.compile(r"^(run|thread|channel|requester|workspace)$"),
 }
 
 
@@ -283,6 +285,22 @@ class Keys:
     def task_hub(holder: str) -> str:
         """Set, with a short lifetime, by the poller of a hub that is alive (`store.tasks`)."""
         return f"{PREFIX}task-hub:{check_id('holder', holder)}"
+
+    @staticmethod
+    def meter(counter: str, scope: str, ids: tuple[str, ...]) -> str:
+        """One window of a counting rule (`store.meters`): its counter, its scope and the ids that
+        name the scope's instance (the run; team and channel; …), each checked by its kind."""
+        kinds = {
+            "run": ("run",),
+            "thread": ("team", "channel", "ts"),
+            "channel": ("team", "channel"),
+            "requester": ("team", "user"),
+            "workspace": ("team",),
+        }[check_id("meter_scope", scope)]
+        if len(ids) != len(kinds):
+            raise BadId(f"a {scope} window is named by {len(kinds)} ids, got {len(ids)}")
+        named = ":".join(check_id(kind, value) for kind, value in zip(kinds, ids, strict=True))
+        return f"{PREFIX}meter:{check_id('counter', counter)}:{scope}:{named}"
 
     @staticmethod
     def task(run_id: str, park_id: int) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from harness.policy import always_asks
+from harness.policy import no_grant
 from harness.state import Decision, GrantUse, PendingCall, RunState, Verdict, record_decisions
 from messages import cards
 from store import BadId, Grant, RunRecord, grant_slot
@@ -115,9 +115,10 @@ def use_grant(
 ) -> tuple[Grant, Decision] | None:
     """The first of `grants` that covers `call` and still has a use to spend on it, and the decision
     that says so; None when none does (the call asks). No grant covers a call that always asks,
-    whenever the grant was given (`always_asks`: its tier was just decided), nor one whose tool has
-    an `approvers_from` callable now: only a click can ask it."""
-    if always_asks(call.why) or svc.settings_of(record).approvals.approvers_from_for(call.name):
+    whenever the grant was given (`always_asks`: its tier was just decided), nor one past a counting
+    rule's limit (a grant would lift the limit), nor one whose tool has an `approvers_from` callable
+    now: only a click can ask it."""
+    if no_grant(call.why) or svc.settings_of(record).approvals.approvers_from_for(call.name):
         return None
     for grant in grants:
         if grant.tool != call.name or not grant.covers(call.input, call.path_args):

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from gates import budgets
+from gates.meters import RunMeter, where_of
 from harness import texts as harness_texts
 from harness.agent import with_tools
 from harness.loop import (
@@ -102,6 +103,7 @@ def agent_of(svc: Services, driver: Driver) -> Agent:
         budget=gate,
         tracer=tracing.run_tracer(),
         input_values=input_values,
+        meter=RunMeter(svc.store, where_of(record)),
     )
     # A server's question in the middle of a call is put to this run's requester (`workers.mid_call`).
     return replace(agent, context=replace(agent.context, who=driver.run_id))

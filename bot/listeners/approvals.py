@@ -37,7 +37,7 @@ from bot.listening import (
     tell_clicker,
 )
 from gates import deciders
-from harness.policy import always_asks, grant_directory
+from harness.policy import grant_directory, no_grant
 from harness.state import Decision, GrantUse, PendingCall, StateError, Verdict
 from messages import texts
 from messages.arguments import fully_reviewable
@@ -216,7 +216,7 @@ def _on_decision(
         if approvals.grant_minutes <= 0 or approvals.required > 1 or call is None:
             context[REPLY] = texts.NO_GRANTS if call is not None else texts.UNKNOWN_APPROVAL
             return
-        if always_asks(call.why):  # its card offers no grant; a stale or forged click gives none either
+        if no_grant(call.why):  # its card offers no grant; a stale or forged click gives none either
             context[REPLY] = texts.NO_GRANT_ALWAYS_ASKS.format(why=plain_why(call.why, plain_quote))
             return
         if function := approver_checks.callable_for(deps, record, call.name):

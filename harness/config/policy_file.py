@@ -4,14 +4,17 @@ raises `ConfigError` with one line naming the key."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
 from harness.config.settings import ConfigError
+from harness.counting import ARG_NAME, SCOPES, Window, parse_duration
 from harness.policy import Policy, Rule, Tier
 
 POLICY_KEYS = {"default", "tools", "rules", "always_ask"}
-RULE_KEYS = {"tool", "args", "tier"}
+RULE_KEYS = {"tool", "args", "tier", "max_calls", "max_sum", "sum_arg", "per", "scope"}
+COUNTING_KEYS = ("max_calls", "max_sum", "sum_arg", "per", "scope")
 
 
 def policy_of(raw: Any, where: str, prefix: str = "policy") -> Policy:
@@ -60,8 +63,60 @@ def _rule(number: int, raw: dict[str, Any], where: str, table: str = "policy.rul
     for arg, pattern in args.items():
         if not isinstance(pattern, str):
             raise ConfigError(f"{where}: {key}.args.{arg} must be a glob string, got {pattern!r}")
-    rule = Rule(number=number, tool=tool, args=dict(args), tier=_tier(raw["tier"], f"{key}.tier", where))
+    tier = _tier(raw["tier"], f"{key}.tier", where)
+    window = _window(raw, key, where)
+    if window is not None and tier is Tier.ALLOW:
+        raise ConfigError(
+            f'{where}: {key}.tier must be "ask" or "deny" in a rule with a limit (it applies past the '
+            'limit; "allow" would lift nothing)'
+        )
+    rule = Rule(number=number, tool=tool, args=dict(args), tier=tier, window=window)
     return rule if table == "policy.rules" else replace(rule, table=table)
+
+
+def _window(raw: dict[str, Any], key: str, where: str) -> Window | None:
+    """A rule's limit (`max_calls`, or `max_sum` of `sum_arg`, `per` a duration, within `scope`);
+    None for a rule without one (then none of those keys may be given)."""
+    given = [k for k in COUNTING_KEYS if k in raw]
+    if not given:
+        return None
+    if "max_calls" not in raw and "max_sum" not in raw:
+        raise ConfigError(f"{where}: {key}.{given[0]} needs max_calls or max_sum in the same rule")
+    if "max_calls" in raw and "max_sum" in raw:
+        raise ConfigError(f"{where}: {key} has both max_calls and max_sum: give one per rule")
+    for needed in ("per", "scope"):
+        if needed not in raw:
+            raise ConfigError(f"{where}: {key}.{needed} is missing (a rule with a limit needs per and scope)")
+    try:
+        parse_duration(raw["per"])
+    except ValueError:
+        raise ConfigError(
+            f'{where}: {key}.per must be a duration like "30s", "15m", "1h" or "1d" (at most "31d"), '
+            f"got {raw['per']!r}"
+        ) from None
+    if raw["scope"] not in SCOPES:
+        raise ConfigError(f"{where}: {key}.scope must be one of {', '.join(SCOPES)}, got {raw['scope']!r}")
+    if "max_calls" in raw:
+        if "sum_arg" in raw:
+            raise ConfigError(f"{where}: {key}.sum_arg goes with max_sum, not max_calls")
+        calls = raw["max_calls"]
+        if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+            raise ConfigError(f"{where}: {key}.max_calls must be a whole number >= 1, got {calls!r}")
+        return Window(per=raw["per"], scope=raw["scope"], max_calls=calls)
+    limit = raw["max_sum"]
+    if (
+        isinstance(limit, bool)
+        or not isinstance(limit, int | float)
+        or not math.isfinite(limit)
+        or limit <= 0
+    ):
+        raise ConfigError(f"{where}: {key}.max_sum must be a number > 0, got {limit!r}")
+    arg = raw.get("sum_arg")
+    if arg is None:
+        raise ConfigError(f"{where}: {key}.sum_arg is missing (the argument max_sum adds up)")
+    if not isinstance(arg, str) or not ARG_NAME.fullmatch(arg):
+        raise ConfigError(f"{where}: {key}.sum_arg must be a top-level argument's name, got {arg!r}")
+    return Window(per=raw["per"], scope=raw["scope"], sum_arg=arg, max_sum=float(limit))
 
 
 def _tier(value: Any, key: str, where: str) -> Tier:

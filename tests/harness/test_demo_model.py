@@ -33,14 +33,18 @@ from tests.harness.test_cli import harness as run_cli
 from tests.playground_support import stand_in
 
 ROOT = Path(__file__).resolve().parents[2]
-# The built-ins, and the two tools of the playground's own MCP server as a run is offered them.
+# The built-ins, and the tools of the playground's own MCP server as a run is offered them.
 ROOMS_TOOLS = [
     {
         "name": name,
         "description": "A tool of the playground's rooms server (it asks the requester first).",
         "input_schema": {"type": "object", "properties": {arg: {"type": "string"}}, "required": [arg]},
     }
-    for name, arg in (("rooms__book_room", "room"), ("rooms__sign_in", "service"))
+    for name, arg in (
+        ("rooms__book_room", "room"),
+        ("rooms__sign_in", "service"),
+        ("rooms__deploy", "service"),
+    )
 ]
 TOOLS = [*ToolRegistry(BUILTIN_TOOLS).schemas(), *ROOMS_TOOLS]
 NAMES = tuple(t["name"] for t in TOOLS)
@@ -258,6 +262,15 @@ def test_a_booking_calls_the_rooms_server_with_the_room_named_then_says_what_it_
     assert "The rooms server answered:" in final and f"> {said}" in final
 
 
+def test_a_deploy_calls_the_deploy_tool_for_the_service_named_then_says_what_it_said() -> None:
+    run = Conversation("Deploy the api to production")
+    first = run.ask()
+    assert [(u["name"], u["input"]) for u in tool_uses(first)] == [("rooms__deploy", {"service": "api"})]
+    said = "Deployed api (a demo: nothing was deployed)."
+    final = answer(run.answer((said, False)))
+    assert "The deploy answered:" in final and f"> {said}" in final
+
+
 def test_a_booking_with_no_room_named_books_a_default_one_and_a_decline_is_said_as_such() -> None:
     run = Conversation("Please book a meeting room for us")
     (call,) = tool_uses(run.ask())
@@ -285,7 +298,9 @@ def test_a_sign_in_signs_in_to_the_service_named_else_to_the_calendar(task: str,
 
 
 def test_without_the_rooms_server_a_booking_names_the_tool_it_lacks() -> None:
-    final = answer(Conversation("book a room", tools=tuple(t["name"] for t in TOOLS[:-2])).ask())
+    final = answer(
+        Conversation("book a room", tools=tuple(t["name"] for t in TOOLS[: -len(ROOMS_TOOLS)])).ask()
+    )
     assert "`rooms__book_room`" in final and "does not offer" in final
 
 

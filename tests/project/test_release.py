@@ -132,12 +132,13 @@ def test_the_terminal_agent_prints_the_release_too(capsys: pytest.CaptureFixture
 
 
 def test_the_workers_commands_stay_beside_version(capsys: pytest.CaptureFixture[str]) -> None:
-    """`--version` is an option of `python -m workers`, not a command: `audit`, `status`, `replay` stay."""
+    """`--version` is an option of `python -m workers`, not a command: `audit`, `status`, `replay`,
+    `explain-call` stay."""
     with pytest.raises(SystemExit) as exited:
         workers_main.main(["--help"])
     assert exited.value.code == 0
     usage = capsys.readouterr().out
-    assert "[--version] {audit,status,replay}" in usage
+    assert "{audit,status,replay,explain-call}" in usage and "[--version]" in usage
 
 
 @pytest.mark.e2e

@@ -43,7 +43,8 @@ from messages.cards import escalation_reminder, expiry_reminder
 from observe import families, logs, metrics, tracing
 from observe.health import WORKER_TTL
 from ops import audit as audit_lines
-from ops import audit_chain, audit_export, audit_files, replay, status
+from ops import audit_chain, audit_export, audit_files, explain, replay, status
+from ops.replay import APPROVALS_READ
 from runtime import local_redis
 from runtime.clients import SettingsError, redis_connection
 from runtime.connection import RedisTarget
@@ -497,9 +498,12 @@ def replay_draft(path: str, days: float) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        entries = _operator_store().audit.calls_since(time.time() - days * DAY)
+        store = _operator_store()
+        entries = store.audit.calls_since(time.time() - days * DAY)
         tally = replay.Tally()
-        for result in replay.replay(draft, entries):
+        for result in replay.replay(
+            draft, entries, replay.approved_calls(store.audit.entries(APPROVALS_READ))
+        ):
             tally.add(result)
             if result.changed:
                 print(result.line())
@@ -561,6 +565,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     replay_parser.add_argument("draft", metavar="DRAFT.toml", help="the draft config")
     replay_parser.add_argument("--days", type=_days, default=30, help="how far back to look (default 30)")
+    explaining = sub.add_parser("explain-call", help="python -m harness --explain-call, with counters read")
+    explaining.add_argument("rest", nargs=argparse.REMAINDER, help="NAME JSON [--channel C…] [--team T…] …")
     args = parser.parse_args(argv)
     logs.configure()  # text, or JSON lines with LOG_FORMAT=json (work horses inherit it)
     if args.command == "audit" and args.audit_command == "export":
@@ -573,6 +579,8 @@ def main(argv: list[str] | None = None) -> int:
         return print_status()
     if args.command == "replay":
         return replay_draft(args.draft, args.days)
+    if args.command == "explain-call":
+        return explain.explain_call(args.rest)
     return work()
 
 
