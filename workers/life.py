@@ -45,7 +45,7 @@ from harness.state import (
 )
 from harness.stops import stop_mid_turn
 from harness.valves import Stop, Valve
-from messages import cards, endings, texts, turns
+from messages import batch_cards, cards, endings, texts, turns
 from messages.text import plural
 from observe import metrics, tracing
 from runtime.queue import RUN_JOB_TIMEOUT
@@ -336,7 +336,7 @@ def _owe_cards(svc: Services, driver: Driver, waiting: tuple[PendingCall, ...], 
     for call in waiting:
         driver.owe(park_cards.approval_card(svc, driver.record, call), role=outbox.CARD, call=call.id)
     if len(waiting) > 1:
-        batch = cards.batch_card(
+        batch = batch_cards.batch_card(
             run_id=driver.run_id,
             park_id=driver.record.park_id + 1,
             calls=waiting,
@@ -405,7 +405,7 @@ def _owe_decided_cards(driver: Driver, state: RunState, view: ParkView) -> None:
     record, decisions = driver.record, view.decisions
     if BATCH in record.cards:
         batch = [c for c in state.pending if c.id in decisions]
-        driver.owe_update(record.cards[BATCH], cards.batch_decided(calls=batch, decisions=decisions))
+        driver.owe_update(record.cards[BATCH], batch_cards.batch_decided(calls=batch, decisions=decisions))
     shown, now = view.cards_updated, time.time()
     for call in state.pending:
         if call.decision is not None and call.id in record.cards and call.id not in shown:
@@ -551,7 +551,7 @@ def _owe_stopped_cards(svc: Services, driver: Driver, state: RunState, by: str) 
         elif call_id in calls:
             msg = cards.card_stopped(call=calls[call_id], requester=record.requester, by=by, at=now)
         elif call_id == BATCH:
-            msg = cards.batch_stopped(calls=state.awaiting, by=by, at=now)
+            msg = batch_cards.batch_stopped(calls=state.awaiting, by=by, at=now)
         else:
             continue
         driver.owe_update(ts, msg)

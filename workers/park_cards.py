@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from gates import deciders
 from harness.loop import Agent
 from harness.state import Decision, PendingCall, RunState, StateError
-from messages import cards
+from messages import batch_cards, cards
 from messages.blocks import Message
 from store import BATCH, LIMIT_CALL, CallTool, RunRecord
 from workers.services import Services
@@ -44,7 +44,7 @@ def redraw_open(svc: Services, record: RunRecord) -> None:
             msg = limit_card(svc, record, votes.get(call_id, ()))
         elif call_id == BATCH:
             expires_at = datetime.fromtimestamp(record.expires_at or time.time(), UTC)
-            msg = cards.batch_card(
+            msg = batch_cards.batch_card(
                 run_id=run_id,
                 park_id=park_id,
                 calls=open_calls,

@@ -28,7 +28,8 @@ from harness.tools.catalog import Catalog
 from harness.tools.mcp import McpHub
 from harness.tools.mcp_listing import McpTool
 from harness.tools.relay import RelayServer
-from messages.cards import CallCard, approval_card, batch_card
+from messages.batch_cards import batch_card
+from messages.cards import CallCard, approval_card
 from messages.reasons import plain_why
 from ops.replay import rule_again
 from ops.suggestions import MIN_APPROVALS

@@ -26,14 +26,12 @@ from harness.stops import terminal_stop
 from harness.tools import ToolResult
 from harness.valves import check_budget, check_progress, check_turn
 from messages import texts
+from messages.batch_cards import batch_card, batch_decided, batch_stopped
 from messages.blocks import Message
 from messages.cards import (
     CallCard,
     LimitCard,
     approval_card,
-    batch_card,
-    batch_decided,
-    batch_stopped,
     card_stopped,
     decided_card,
     expiry_reminder,
