@@ -13,8 +13,8 @@ from harness.counting import ARG_NAME, SCOPES, Window, parse_duration
 from harness.policy import Policy, Rule, Tier
 
 POLICY_KEYS = {"default", "tools", "rules", "always_ask"}
-RULE_KEYS = {"tool", "args", "tier", "max_calls", "max_sum", "sum_arg", "per", "scope"}
-COUNTING_KEYS = ("max_calls", "max_sum", "sum_arg", "per", "scope")
+RULE_KEYS = {"tool", "args", "tier", "max_calls", "max_sum", "per", "scope"}
+COUNTING_KEYS = ("max_calls", "max_sum", "per", "scope")
 
 
 def policy_of(raw: Any, where: str, prefix: str = "policy") -> Policy:
@@ -75,8 +75,8 @@ def _rule(number: int, raw: dict[str, Any], where: str, table: str = "policy.rul
 
 
 def _window(raw: dict[str, Any], key: str, where: str) -> Window | None:
-    """A rule's limit (`max_calls`, or `max_sum` of `sum_arg`, `per` a duration, within `scope`);
-    None for a rule without one (then none of those keys may be given)."""
+    """A rule's limit (`max_calls`, or `max_sum = { argument = limit }`, `per` a duration, within
+    `scope`); None for a rule without one (then none of those keys may be given)."""
     given = [k for k in COUNTING_KEYS if k in raw]
     if not given:
         return None
@@ -97,25 +97,22 @@ def _window(raw: dict[str, Any], key: str, where: str) -> Window | None:
     if raw["scope"] not in SCOPES:
         raise ConfigError(f"{where}: {key}.scope must be one of {', '.join(SCOPES)}, got {raw['scope']!r}")
     if "max_calls" in raw:
-        if "sum_arg" in raw:
-            raise ConfigError(f"{where}: {key}.sum_arg goes with max_sum, not max_calls")
         calls = raw["max_calls"]
         if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
             raise ConfigError(f"{where}: {key}.max_calls must be a whole number >= 1, got {calls!r}")
         return Window(per=raw["per"], scope=raw["scope"], max_calls=calls)
-    limit = raw["max_sum"]
-    if (
-        isinstance(limit, bool)
-        or not isinstance(limit, int | float)
-        or not math.isfinite(limit)
-        or limit <= 0
-    ):
-        raise ConfigError(f"{where}: {key}.max_sum must be a number > 0, got {limit!r}")
-    arg = raw.get("sum_arg")
-    if arg is None:
-        raise ConfigError(f"{where}: {key}.sum_arg is missing (the argument max_sum adds up)")
-    if not isinstance(arg, str) or not ARG_NAME.fullmatch(arg):
-        raise ConfigError(f"{where}: {key}.sum_arg must be a top-level argument's name, got {arg!r}")
+    table = raw["max_sum"]
+    if not isinstance(table, dict) or len(table) != 1:
+        raise ConfigError(
+            f"{where}: {key}.max_sum must be a table of one argument and its limit, like "
+            f"{{ amount = 500 }}, got {table!r}"
+        )
+    ((arg, limit),) = table.items()
+    if not ARG_NAME.fullmatch(arg):
+        raise ConfigError(f"{where}: {key}.max_sum names {arg!r}, which is no top-level argument's name")
+    number = isinstance(limit, int | float) and not isinstance(limit, bool)
+    if not number or not math.isfinite(limit) or limit <= 0:
+        raise ConfigError(f"{where}: {key}.max_sum.{arg} must be a number > 0, got {limit!r}")
     return Window(per=raw["per"], scope=raw["scope"], sum_arg=arg, max_sum=float(limit))
 
 

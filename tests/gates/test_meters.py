@@ -28,8 +28,7 @@ DEPLOYS = {"tool": "deploy_*", "tier": "ask", "max_calls": 3, "per": "1h", "scop
 REFUNDS = {
     "tool": "refund",
     "tier": "ask",
-    "max_sum": 500,
-    "sum_arg": "amount",
+    "max_sum": {"amount": 500},
     "per": "1d",
     "scope": "requester",
 }

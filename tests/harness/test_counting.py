@@ -26,8 +26,7 @@ DEPLOY_RULE = {"tool": "deploy_*", "tier": "ask", "max_calls": 3, "per": "1h", "
 REFUND_RULE = {
     "tool": "refund",
     "tier": "ask",
-    "max_sum": 500,
-    "sum_arg": "amount",
+    "max_sum": {"amount": 500},
     "per": "1d",
     "scope": "requester",
 }
@@ -71,7 +70,7 @@ def test_a_duration_is_a_whole_number_and_a_unit(value: str, seconds: int) -> No
         ({"max_calls": True}, "policy.rules[1].max_calls must be a whole number >= 1"),
         ({"max_calls": 2.5}, "policy.rules[1].max_calls must be a whole number >= 1"),
         ({"max_sum": 10}, "has both max_calls and max_sum"),
-        ({"sum_arg": "amount"}, "policy.rules[1].sum_arg goes with max_sum"),
+        ({"sum_arg": "amount"}, "unknown key policy.rules[1].sum_arg"),
         ({"tier": "allow"}, 'policy.rules[1].tier must be "ask" or "deny" in a rule with a limit'),
     ],
 )
@@ -91,11 +90,22 @@ def test_a_bad_counting_rule_is_refused_naming_its_key(change: dict[str, Any], m
         ),
         ({"tool": "x", "tier": "ask", "max_calls": 3, "scope": "run"}, "policy.rules[1].per is missing"),
         ({"tool": "x", "tier": "ask", "max_calls": 3, "per": "1h"}, "policy.rules[1].scope is missing"),
-        ({**REFUND_RULE, "sum_arg": 5}, "policy.rules[1].sum_arg must be a top-level argument's name"),
-        ({k: v for k, v in REFUND_RULE.items() if k != "sum_arg"}, "policy.rules[1].sum_arg is missing"),
-        ({**REFUND_RULE, "max_sum": -5}, "policy.rules[1].max_sum must be a number > 0, got -5"),
-        ({**REFUND_RULE, "max_sum": float("inf")}, "policy.rules[1].max_sum must be a number > 0"),
-        ({**REFUND_RULE, "sum_arg": "a b"}, "policy.rules[1].sum_arg must be a top-level argument's name"),
+        ({**REFUND_RULE, "max_sum": 500}, "policy.rules[1].max_sum must be a table of one argument"),
+        ({**REFUND_RULE, "max_sum": {}}, "policy.rules[1].max_sum must be a table of one argument"),
+        ({**REFUND_RULE, "max_sum": {"a": 1, "b": 2}}, "policy.rules[1].max_sum must be a table of one"),
+        (
+            {**REFUND_RULE, "max_sum": {"amount": -5}},
+            "policy.rules[1].max_sum.amount must be a number > 0, got -5",
+        ),
+        (
+            {**REFUND_RULE, "max_sum": {"amount": float("inf")}},
+            "policy.rules[1].max_sum.amount must be a number > 0",
+        ),
+        ({**REFUND_RULE, "max_sum": {"amount": True}}, "policy.rules[1].max_sum.amount must be a number > 0"),
+        (
+            {**REFUND_RULE, "max_sum": {"a b": 5}},
+            "policy.rules[1].max_sum names 'a b', which is no top-level",
+        ),
     ],
 )
 def test_an_incomplete_counting_rule_is_refused(rule: dict[str, Any], message: str) -> None:
