@@ -13,7 +13,7 @@ from typing import Any
 from harness import texts
 from harness.agent import Agent
 from harness.counting import Count, Seen, limit_tail, limit_why
-from harness.policy import Rule, Tier, always_asks, limit_asks, read_why
+from harness.policy import Rule, Tier, no_grant, read_why
 from harness.request import DUPLICATE_ID_MARK
 from harness.state import GrantUse, PendingCall, RunState, Status, Verdict, canonical_json
 from harness.tools import ToolContext, ToolResult
@@ -21,7 +21,7 @@ from harness.tools.base import BadInput
 from harness.tools.inputs import reply_to
 
 
-def calls_in(content: list[dict[str, Any]], agent: Agent) -> tuple[PendingCall, ...]:
+def calls_in(content: list[dict[str, Any]], agent: Agent, untrusted: str = "") -> tuple[PendingCall, ...]:
     """The reply's calls with their tiers. A call that can never run is answered at once, unasked:
     a tool not offered (an invented name, or one of a server that is away), input its schema
     refuses, or a shared id."""
@@ -29,7 +29,7 @@ def calls_in(content: list[dict[str, Any]], agent: Agent) -> tuple[PendingCall, 
     for block in content:
         if block["type"] != "tool_use":
             continue
-        call = _ruled(agent, PendingCall(block["id"], block["name"], block["input"], Tier.DENY))
+        call = _ruled(agent, PendingCall(block["id"], block["name"], block["input"], Tier.DENY), untrusted)
         if DUPLICATE_ID_MARK in block["id"] and call.result is None:
             original = block["id"].split(DUPLICATE_ID_MARK)[0]
             call = replace(call, result=ToolResult(texts.RESULT_DUPLICATE_ID.format(id=original), True))
@@ -37,8 +37,14 @@ def calls_in(content: list[dict[str, Any]], agent: Agent) -> tuple[PendingCall, 
     return tuple(calls)
 
 
-def _ruled(agent: Agent, call: PendingCall) -> PendingCall:
-    """`call` with the tier the policy gives it now, over the tools offered now.
+def untrusted_read(state: RunState, agent: Agent) -> str:
+    """The untrusted-output tool whose result the run's conversation holds (`harness.flows`); ""."""
+    return agent.policy.flows.read_untrusted(state.messages) if agent.policy.flows else ""
+
+
+def _ruled(agent: Agent, call: PendingCall, untrusted: str = "") -> PendingCall:
+    """`call` with the tier the policy gives it now, over the tools offered now (`untrusted`: what
+    the run read that makes its sends-out calls ask).
 
     A tool not offered is answered `is_error` (never `allow`, never asked about); input the
     tool's schema refuses is answered `is_error` before anyone is asked to approve it.
@@ -51,7 +57,7 @@ def _ruled(agent: Agent, call: PendingCall) -> PendingCall:
     arguments = _effective_input(call)
     seen = _seen(agent, call.id, agent.policy.counting_rules(call.name, arguments))
     ruling = agent.policy.decide(
-        call.name, arguments, found.own_tier, found.own_tier_why, found.always_ask_why, seen
+        call.name, arguments, found.own_tier, found.own_tier_why, found.always_ask_why, seen, untrusted
     )
     call = replace(call, tier=ruling.tier, why=ruling.why, path_args=found.path_args)
     if ruling.tier is Tier.ASK and call.decision is None:  # an `allow` call is checked as it runs
@@ -124,7 +130,7 @@ def _effective_input(call: PendingCall) -> Any:
     return call.input
 
 
-def _ruled_again(agent: Agent, call: PendingCall) -> PendingCall:
+def _ruled_again(agent: Agent, call: PendingCall, untrusted: str = "") -> PendingCall:
     """`call`, about to run, under the policy and the tools of this moment (after a park too).
 
     A tool no longer offered is answered `is_error`; a tier now `deny` is answered as denied; a
@@ -134,13 +140,13 @@ def _ruled_again(agent: Agent, call: PendingCall) -> PendingCall:
     """
     if call.decision is not None and call.decision.verdict is not Verdict.APPROVED:
         return call  # a decline or an expiry stands: the call never runs
-    now = _ruled(agent, replace(call, result=None))
+    now = _ruled(agent, replace(call, result=None), untrusted)
     if now.result is not None:
         return replace(now, why=_changed_why(call, now))
     if now.tier is Tier.DENY:
         return replace(now, why=_changed_why(call, now), result=ToolResult(_denied_text(call), True))
     used = call.decision is not None and call.decision.grant is GrantUse.USED
-    if used and (always_asks(now.why) or limit_asks(now.why)):
+    if used and no_grant(now.why):  # always asks, past a limit, or sends out after untrusted input
         return replace(now, decision=None, why=_changed_why(call, now))
     if call.decision is not None and call.tier is Tier.ASK:
         return replace(now, tier=Tier.ASK)  # decided as an `ask`: answer_call reads its decision
@@ -167,7 +173,10 @@ def _denied_text(call: PendingCall) -> str:
 
 def rule_open_calls(state: RunState, agent: Agent) -> RunState:
     """Every call not yet answered nor begun, ruled again right before the turn's calls run."""
-    pending = tuple(c if c.result is not None or c.started else _ruled_again(agent, c) for c in state.pending)
+    untrusted = untrusted_read(state, agent)
+    pending = tuple(
+        c if c.result is not None or c.started else _ruled_again(agent, c, untrusted) for c in state.pending
+    )
     return replace(state, pending=pending) if pending != state.pending else state
 
 
@@ -186,7 +195,7 @@ def saves_first(state: RunState, agent: Agent) -> bool:
     first = next((c for c in state.pending if c.result is None), None)
     if first is None:
         return False
-    first = first if first.started else _ruled_again(agent, first)
+    first = first if first.started else _ruled_again(agent, first, untrusted_read(state, agent))
     return first.result is None and marks_first(agent, first)  # an awaiting call is not marked
 
 

@@ -33,7 +33,7 @@ from harness.loop import (
     step,
     stop_run,
 )
-from harness.policy import Policy, Rule
+from harness.policy import Policy, Rule, Tier
 from harness.state import (
     Decision,
     RunState,
@@ -413,6 +413,8 @@ def explain_call(
     print(f"{name}\t{ruling.tier.value}\t{ruling.why}", file=out)
     for line in lines:
         print(line, file=out)
+    if ruling.tier is not Tier.DENY and policy.flows and (sends := policy.flows.sends(name)):
+        print(texts.CLI_FLOW_LINE.format(glob=sends), file=out)  # a deny stays deny
     return 0
 
 

@@ -34,6 +34,7 @@ from harness.calls import (
     saves_first,
     tool_result,
     uncount,
+    untrusted_read,
     with_call,
 )
 from harness.context import fit_images, within_input_limit, without_old_images
@@ -161,12 +162,13 @@ def _query(state: RunState, agent: Agent) -> StepResult:
         return StepResult(state)  # the next step sends the paused reply back as it is
     # Terminal: a tool_use cut off by max_tokens is never run; `stopped` answers it as not run.
     return stopped(
-        replace(state, pending=calls_in(content, agent)), terminal_stop(reason, agent.limits, content)
+        replace(state, pending=calls_in(content, agent, untrusted_read(state, agent))),
+        terminal_stop(reason, agent.limits, content),
     )
 
 
 def _start_turn(state: RunState, agent: Agent, content: list[dict[str, Any]]) -> StepResult:
-    calls = calls_in(content, agent)
+    calls = calls_in(content, agent, untrusted_read(state, agent))
     signature = ",".join(sorted(c.signature for c in calls))
     if stop := check_turn(state, agent.limits, signature):
         if asks(agent, stop):  # the reply stays; its calls are started (or answered) after the answer

@@ -24,7 +24,6 @@ non-string argument never matches. No I/O, no clock: the `why` travels to cards 
 
 from __future__ import annotations
 
-import functools
 import re
 import urllib.parse
 from collections.abc import Mapping
@@ -33,6 +32,8 @@ from enum import StrEnum
 from typing import Any
 
 from harness.counting import LimitSeen, Seen, Window, counter_id, limit_tail, limit_why, read_limit
+from harness.flows import Flows, flow_why
+from harness.globs import glob_match, normalise_path
 from harness.texts import WHY_DECIDED_AGAIN, WHY_MCP_ALWAYS_ASK
 
 
@@ -105,6 +106,8 @@ class Policy:
     always_ask: tuple[str, ...] = ()
     # Where an entry of `always_ask` was written, when not `[policy]` (a profile's own list).
     always_ask_origins: Mapping[str, str] = field(default_factory=dict)
+    # `[policy.flows]`: after a run read an untrusted tool's output, its sends-out calls ask.
+    flows: Flows = field(default_factory=Flows)
 
     def decide(
         self,
@@ -114,6 +117,7 @@ class Policy:
         own_why: str = "",
         always_ask_why: str = "",
         seen: Mapping[str, Seen] | None = None,
+        untrusted: str = "",
     ) -> Ruling:
         """The tier of one call of `name` with `arguments`, and why.
 
@@ -136,7 +140,11 @@ class Policy:
         if ruling.tier is Tier.DENY:
             return ruling
         always = self.always_ask_key(name) or always_ask_why
-        return Ruling(Tier.ASK, always) if always else ruling
+        if always:
+            return Ruling(Tier.ASK, always)
+        if untrusted and self.flows and (sends := self.flows.sends(name)):
+            return Ruling(Tier.ASK, flow_why(sends, untrusted))
+        return ruling
 
     @staticmethod
     def _speaks(rule: Rule, args: Mapping[str, Any], seen: Mapping[str, Seen] | None) -> str:
@@ -224,6 +232,7 @@ _PROFILE = re.compile(r"profiles\[([^\]]*)\]\.(.*)", re.DOTALL)
 _RULE = re.compile(r"policy\.rules\[([0-9]+)\] \((.*)\)", re.DOTALL)
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _ALWAYS = re.compile(r'policy\.always_ask\[("(?:[^"\\]|\\.)*")\]', re.DOTALL)
+_FLOW = re.compile(r'policy\.flows\.sends_out\[("(?:[^"\\]|\\.)*")\] after (.+)', re.DOTALL)
 _MCP_ALWAYS = re.compile(re.escape(WHY_MCP_ALWAYS_ASK).replace(r"\{server\}", "(.*)"), re.DOTALL)
 
 
@@ -259,6 +268,8 @@ def _read_step(rest: str, why: str) -> Source:
         return Source("default", why, detail=rest[len("policy.default (") : -1])
     if why.startswith("tool's own tier"):
         return Source("own", why, detail=why)
+    if flow := _FLOW.fullmatch(rest):
+        return Source("flow", why, tool=_unquoted(flow.group(1)[1:-1]), detail=flow.group(2))
     if always := _ALWAYS.fullmatch(rest):
         return Source("always", why, tool=_unquoted(always.group(1)[1:-1]))
     if server := _MCP_ALWAYS.fullmatch(why):
@@ -274,8 +285,15 @@ def always_asks(why: str) -> bool:
 
 def no_grant(why: str) -> bool:
     """Whether no grant may stand in for a person's look at a call ruled with `why`: one that always
-    asks (`always_asks`), or one past a counting rule's limit (`limit_asks`)."""
-    return read_why(why).step in ("always", "limit")
+    asks (`always_asks`), one past a counting rule's limit (`limit_asks`), or one that sends out
+    after the run read untrusted output (`flow_asks`)."""
+    return read_why(why).step in ("always", "limit", "flow")
+
+
+def flow_asks(why: str) -> bool:
+    """Whether a call ruled with `why` asks because its run read an untrusted tool's output and
+    it sends data out (`harness.flows`): no grant or suggested rule covers it."""
+    return read_why(why).step == "flow"
 
 
 def limit_asks(why: str) -> bool:
@@ -318,59 +336,6 @@ def _key(name: str) -> str:
 
 def _quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def normalise_path(value: str) -> str:
-    """`value` as the file tools resolve a path: `\\` is `/`, no empty or `.` segments, `..` applied.
-
-    A `..` with nothing left to cancel stays, so `../x` is never mistaken for `x`.
-    """
-    value = value.replace("\\", "/")
-    absolute = value.startswith("/")
-    out: list[str] = []
-    for part in value.split("/"):
-        if part in ("", "."):
-            continue
-        if part == ".." and out and out[-1] != "..":
-            out.pop()
-        elif part == ".." and absolute:
-            continue  # above the root is the root
-        else:
-            out.append(part)
-    return ("/" if absolute else "") + "/".join(out)
-
-
-def glob_match(pattern: str, value: str, *, paths: bool = False) -> bool:
-    """Whether `value` matches `pattern`; with `paths`, both are normalised as paths first."""
-    if paths:
-        pattern, value = normalise_path(pattern), normalise_path(value)
-    return _compiled(pattern).fullmatch(value) is not None
-
-
-@functools.lru_cache(maxsize=1024)
-def _compiled(pattern: str) -> re.Pattern[str]:
-    out = []
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**", i):
-            before_ok = i == 0 or pattern[i - 1] == "/"
-            after = i + 2
-            if before_ok and pattern.startswith("/", after):
-                out.append("(?:.*/)?")  # `**/`: zero or more whole segments
-                i = after + 1
-                continue
-            out.append(".*")
-            i = after
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(out), re.DOTALL)
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,10 @@ CLI_APPROVE_PROMPT = (
 )
 CLI_STOPPED = "[turn {turn}] {reason}"
 CLI_INPUT_ASKS = "[input] {server} asks, before {name} can go on: {message}"
+CLI_FLOW_LINE = (
+    "# flow: policy.flows.sends_out lists it ({glob}): once its run has read the output of an "
+    "untrusted_output tool, it asks"
+)
 CLI_TASK_WORKS = "[task] {server} works on {name} as a task; waiting for it to end (Ctrl-C stops)"
 CLI_TASK_STATUS = "[task] {server}: {message}"
 CLI_INPUT_URL = "[input] Open {url} and finish there."

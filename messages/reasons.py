@@ -87,6 +87,8 @@ def _said(source: Source, quote: Quote) -> str:
         if found := _MCP_TRUSTED.fullmatch(source.detail):
             return texts.WHY_CLAIM_TRUSTED.format(server=quote(found.group("server")))
         return texts.WHY_OWN
+    if source.step == "flow":
+        return texts.WHY_FLOW.format(read=quote(source.detail), glob=quote(source.tool))
     if source.step == "always":
         if source.tool:
             return texts.WHY_ALWAYS_ASK.format(policy=policy, glob=quote(source.tool))

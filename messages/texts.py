@@ -346,6 +346,10 @@ WHY_CLAIM_TRUSTED = "server {server} says the tool only reads, and is trusted to
 WHY_BUILTIN = "the built-in setting for this tool"
 WHY_OWN = "the tool's own setting"
 WHY_AGAIN = "{why}; the policy changed while it waited: {was}"
+WHY_FLOW = (
+    "this run read the output of {read}, which may hold what a stranger wrote, and this call sends "
+    "data out ({glob} in the policy's flows): a person looks at each such call"
+)
 WHY_ALWAYS_ASK = "{policy} lists it in always_ask ({glob}): a person approves every call of it"
 WHY_SERVER_ALWAYS_ASKS = "server {server} asks a person to approve every call of this tool"
 # A counting rule past its limit (`harness.counting`): what its window held, in plain words.

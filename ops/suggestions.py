@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.config import Config
-from harness.policy import PathArgs, Policy, Rule, Tier, always_asks, call_paths, grant_directory, limit_asks
+from harness.policy import PathArgs, Policy, Rule, Tier, call_paths, grant_directory, no_grant
 from harness.tools.files import BUILTIN_TOOLS
 from messages.home import SUGGEST_DAYS, SUGGEST_MIN_APPROVALS, SUGGESTIONS_MAX
 from ops.replay import Tally, recorded_calls, rule_again
@@ -181,7 +181,7 @@ def _always_asks(
     why), or `profile`'s policy lists it in `always_ask` now."""
     ruled = by_call.get((entry.get("run_id"), entry.get("call_id"))) or {}
     whys = (str(entry.get("tier_why") or ""), str(ruled.get("why") or ""))
-    if any(always_asks(why) or limit_asks(why) for why in whys):  # past a limit: no rule lifts it
+    if any(no_grant(why) for why in whys):  # always asks, past a limit, or a flow: no rule lifts it
         return True
     if ruled.get("requires_interaction") is True:
         return True

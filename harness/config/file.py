@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness.config.policy_file import POLICY_KEYS, RULE_KEYS, only_keys, policy_of
+from harness.config.policy_file import FLOWS_KEYS, POLICY_KEYS, RULE_KEYS, check_flows, only_keys, policy_of
 from harness.config.settings import (
     BUILTIN_TOOL_NAMES,
     DEFAULT_MODEL,
@@ -32,6 +32,7 @@ from harness.config.settings import (
     Profile,
     ToolsConfig,
 )
+from harness.flows import Flows
 from harness.policy import Policy
 
 # An approver is a user (U…, W…) or a user group (S…), which stands for its members.
@@ -159,6 +160,7 @@ def accepted_keys() -> frozenset[str]:
         "approvals": _APPROVALS,
         "policy": POLICY_KEYS,
         "policy.rules": RULE_KEYS,
+        "policy.flows": FLOWS_KEYS,
         "mcp": _MCP_KEYS,
         "mcp.servers": _SERVER,
         "budgets": _BUDGETS,
@@ -344,6 +346,17 @@ def _merged(
             for glob in own_policy.always_ask
             if glob not in top_policy.always_ask
         },
+        # Added to the top level's lists too: a profile can only widen what a flow covers.
+        flows=check_flows(
+            Flows(
+                untrusted_output=tuple(
+                    dict.fromkeys((*own_policy.flows.untrusted_output, *top_policy.flows.untrusted_output))
+                ),
+                sends_out=tuple(dict.fromkeys((*own_policy.flows.sends_out, *top_policy.flows.sends_out))),
+            ),
+            f"{key}.policy.flows",
+            where,
+        ),
     )
     return merged, offered, policy
 

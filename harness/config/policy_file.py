@@ -10,9 +10,11 @@ from typing import Any
 
 from harness.config.settings import ConfigError
 from harness.counting import ARG_NAME, SCOPES, Window, parse_duration
+from harness.flows import Flows
 from harness.policy import Policy, Rule, Tier
 
-POLICY_KEYS = {"default", "tools", "rules", "always_ask"}
+POLICY_KEYS = {"default", "tools", "rules", "always_ask", "flows"}
+FLOWS_KEYS = {"untrusted_output", "sends_out"}
 RULE_KEYS = {"tool", "args", "tier", "max_calls", "max_sum", "per", "scope"}
 COUNTING_KEYS = ("max_calls", "max_sum", "per", "scope")
 
@@ -33,11 +35,36 @@ def policy_of(raw: Any, where: str, prefix: str = "policy") -> Policy:
         raise ConfigError(f"{where}: {prefix}.rules must be an array of tables ([[{prefix}.rules]])")
     rules = tuple(_rule(i + 1, r, where, f"{prefix}.rules") for i, r in enumerate(rules_raw))
     always_ask = _always_ask(raw.get("always_ask", []), f"{prefix}.always_ask", where)
-    return Policy(default=default, tools=tools, rules=rules, always_ask=always_ask)
+    flows = _flows(raw.get("flows", {}), f"{prefix}.flows", where)
+    if prefix == "policy":  # a profile's lists are checked with the top level's (`_merged`)
+        check_flows(flows, "policy.flows", where)
+    return Policy(default=default, tools=tools, rules=rules, always_ask=always_ask, flows=flows)
+
+
+def _flows(raw: Any, key: str, where: str) -> Flows:
+    """`[policy.flows]`: `untrusted_output` and `sends_out`, lists of tool names or globs."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: [{key}] must be a table of untrusted_output and sends_out")
+    only_keys(raw, FLOWS_KEYS, f"{key}.", where)
+    untrusted = _always_ask(raw.get("untrusted_output", []), f"{key}.untrusted_output", where)
+    sends = _always_ask(raw.get("sends_out", []), f"{key}.sends_out", where)
+    return Flows(untrusted_output=untrusted, sends_out=sends)
+
+
+def check_flows(flows: Flows, key: str, where: str) -> Flows:
+    """`flows` as a policy holds them (a profile's with the top level's): one list without the other
+    would guard nothing, so it is refused."""
+    if bool(flows.untrusted_output) != bool(flows.sends_out):
+        given, missing = (
+            ("untrusted_output", "sends_out") if flows.untrusted_output else ("sends_out", "untrusted_output")
+        )
+        raise ConfigError(f"{where}: {key}.{given} is given without {key}.{missing}: a flow needs both")
+    return flows
 
 
 def _always_ask(raw: Any, key: str, where: str) -> tuple[str, ...]:
-    """`[policy] always_ask`: tool names or globs, as in `[policy.tools]`."""
+    """`[policy] always_ask` (and each list of `[policy.flows]`): tool names or globs, as in
+    `[policy.tools]`."""
     if not isinstance(raw, list):
         raise ConfigError(
             f'{where}: {key} must be a list of tool names or globs, like ["deploy_*"], got {raw!r}'
