@@ -26,6 +26,8 @@ scenario:
   memory lets run twice an hour per channel; then says what the tool said.
 - "book" or "room": `rooms__book_room` (the room named after "room"), whose server asks the
   requester a form; then says what the tool said.
+- "ticket": `rooms__read_ticket` (the ticket named after "ticket"), then `rooms__send_summary`,
+  which a flow makes wait for a person (the ticket is a stranger's words); then says what was sent.
 - anything else: `get_time` and `list_files` . in one turn, then `write_file` notes.md (quoting the
   task and the time), then `read_file` notes.md unless the write failed or was declined, then an
   answer.
@@ -64,6 +66,8 @@ CHARS_PER_TOKEN = 4
 ROOMS_BOOK = "rooms__book_room"
 ROOMS_SIGN_IN = "rooms__sign_in"
 ROOMS_DEPLOY = "rooms__deploy"
+ROOMS_TICKET = "rooms__read_ticket"
+ROOMS_SEND = "rooms__send_summary"
 
 # The line `list_files` ends a long listing with ("… and 12 more"): a note, not a file name.
 _MORE_ENTRIES = re.compile(re.escape(texts.FILE_MORE_ENTRIES).replace(re.escape("{more}"), r"[\d,]+"))
@@ -453,10 +457,34 @@ def _deploy(task: str, turns: tuple[Turn, ...]) -> Reply:
     )
 
 
+def _ticket(task: str, turns: tuple[Turn, ...]) -> Reply:
+    """Read a ticket, then mail a summary of it: the mail waits for a person (a flow)."""
+    named = re.search(r"\bticket\s+#?([A-Za-z0-9-]{1,20})\b", task, re.IGNORECASE)
+    ticket = named[1] if named else "42"
+    if not turns:
+        return Reply(f"I'll read ticket {ticket}.", ((ROOMS_TICKET, {"ticket": ticket}),))
+    last = turns[-1]
+    read = next((c for c in last if c.name == ROOMS_TICKET), None)
+    if read is not None:
+        if read.is_error:
+            return Reply(f"I could not read the ticket. The harness said:\n{_quote(read.result)}")
+        summary = f"Ticket {ticket}: the export page times out."
+        return Reply(
+            "I'll mail the summary to the support team.",
+            ((ROOMS_SEND, {"to": "support@example.com", "text": summary}),),
+        )
+    sent = next((c for c in last if c.name == ROOMS_SEND), None)
+    if sent is None or sent.is_error:
+        why = sent.result if sent else "no result came back"
+        return Reply(f"The summary was not sent. The harness said:\n{_quote(why)}")
+    return Reply(f"The summary went out:\n{_quote(sent.result)}")
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("deploy", ("deploy",), (ROOMS_DEPLOY,), _deploy),
     Scenario("sign-in", ("sign in", "sign-in", "log in", "login"), (ROOMS_SIGN_IN,), _sign_in),
     Scenario("booking", ("book", "room"), (ROOMS_BOOK,), _book),
+    Scenario("ticket", ("ticket",), (ROOMS_TICKET, ROOMS_SEND), _ticket),
     Scenario("secret", ("secret",), ("write_file",), _secret),
     Scenario("delete", ("delete", "remove"), ("list_files", "delete_file"), _delete),
     Scenario("forever", ("forever", "loop", "valve"), ("list_files",), _forever),

@@ -44,6 +44,8 @@ ROOMS_TOOLS = [
         ("rooms__book_room", "room"),
         ("rooms__sign_in", "service"),
         ("rooms__deploy", "service"),
+        ("rooms__read_ticket", "ticket"),
+        ("rooms__send_summary", "to"),
     )
 ]
 TOOLS = [*ToolRegistry(BUILTIN_TOOLS).schemas(), *ROOMS_TOOLS]
@@ -685,3 +687,13 @@ def test_a_streamed_request_the_model_refuses_is_a_json_error_not_a_stream(
         "type": "error",
         "error": {"type": "invalid_request_error", "message": "messages: at least one message is required"},
     }
+
+
+def test_a_ticket_is_read_then_its_summary_mailed_and_a_refused_mail_is_said_as_such() -> None:
+    run = Conversation("Summarise ticket 42 and mail it to support")
+    (read,) = tool_uses(run.ask())
+    assert (read["name"], read["input"]) == ("rooms__read_ticket", {"ticket": "42"})
+    (send,) = tool_uses(run.answer(("Ticket 42, from a customer: the export page times out.", False)))
+    assert send["name"] == "rooms__send_summary" and send["input"]["to"] == "support@example.com"
+    final = answer(run.answer(("Not executed: the user declined this call.", True)))
+    assert "was not sent" in final and "> Not executed: the user declined this call." in final
