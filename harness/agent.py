@@ -61,6 +61,9 @@ class Agent:
     # The values of a form a person accepted, by question key, read where they were kept (the
     # worker's `store.inputs`) just before the call goes again with them; never in the state.
     input_values: Callable[[InputAsk], dict[str, dict[str, Any]]] | None = None
+    # Makes a call's approval receipt as it runs, from the call and the arguments it runs with
+    # (`harness.receipts.Minter`); None, or None made: the tool gets none.
+    receipt: Callable[[PendingCall, Any], str | None] | None = None
 
     @classmethod
     def from_config(cls, config: Config, catalog: Catalog | None = None, **overrides: Any) -> Agent:
