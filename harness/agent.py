@@ -65,6 +65,9 @@ class Agent:
     # Reads and counts the windows of counting rules (`harness.counting`): the worker's in Redis,
     # the terminal's in memory. None: a counting rule's window is never known, so past it (fail closed).
     meter: Meter | None = None
+    # Makes a call's approval receipt as it runs, from the call and the arguments it runs with
+    # (`harness.receipts.Minter`); None, or None made: the tool gets none.
+    receipt: Callable[[PendingCall, Any], str | None] | None = None
 
     @classmethod
     def from_config(cls, config: Config, catalog: Catalog | None = None, **overrides: Any) -> Agent:

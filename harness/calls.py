@@ -226,20 +226,23 @@ def answer_call(agent: Agent, call: PendingCall) -> ToolResult:
             return ToolResult(texts.RESULT_DECLINED, True)
         if call.decision.edited_input is not None:
             return _run_edited(agent, call, call.decision.edited_input)
-    return agent.tools.run(call.name, call.input, _context(agent, call))
+    return agent.tools.run(call.name, call.input, _context(agent, call, call.input))
 
 
-def _context(agent: Agent, call: PendingCall) -> ToolContext:
-    """The tool context of `call`: with the answers to its server's questions, when it asked any."""
+def _context(agent: Agent, call: PendingCall, arguments: dict[str, Any]) -> ToolContext:
+    """The tool context of `call`: with its receipt, and the answers to its server's questions."""
+    context = agent.context
+    if agent.receipt is not None:  # made now, as it runs: in no state, no record, no request
+        context = replace(context, receipt=agent.receipt(call, arguments))
     if call.asking is None:
-        return agent.context
+        return context
     values = agent.input_values(call.asking) if agent.input_values is not None else {}
-    return replace(agent.context, reply=reply_to(call.asking, values))
+    return replace(context, reply=reply_to(call.asking, values))
 
 
 def _run_edited(agent: Agent, call: PendingCall, edited: dict[str, Any]) -> ToolResult:
     """Run a call with a reviewer's arguments, telling the model so (ruled on them just before)."""
-    result = agent.tools.run(call.name, edited, _context(agent, call))
+    result = agent.tools.run(call.name, edited, _context(agent, call, edited))
     note = texts.RESULT_EDITED.format(arguments=canonical_json(edited))
     if isinstance(result.content, list):
         return ToolResult([{"type": "text", "text": note}, *result.content], result.is_error)

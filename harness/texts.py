@@ -378,3 +378,30 @@ MCP_TASK_RESULT_LOST = (
     "Outcome unknown: {server} ended its task for {name}, but its result could not be read back. "
     "It was NOT run again; check its effect before trying again."
 )
+
+# Approval receipts (`harness.receipts`): the worker's start and `python -m workers audit verify-receipt`.
+RECEIPT_KEY_SHORT = (
+    "{name} must be at least {least} characters "
+    "(make one: python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+)
+RECEIPT_KEY_TO_SERVER = (
+    "{key} uses ${{{name}}}: that key would let the server sign any receipt; give it its own "
+    "(python -m workers audit receipt-key mcp:SERVER) in a variable of its own"
+)
+RECEIPT_BAD_AUDIENCE = "error: an audience is mcp:SERVER or module:MODULE, not {audience!r}"
+RECEIPT_KEY_ID_BAD = "{name} must be at most 64 printable characters"
+RECEIPTS_OFF = "approval receipts are off: HARNESS_RECEIPT_KEY is not set, so tools get no receipt"
+RECEIPTS_ON = "approval receipts are on: every module or MCP tool call gets one (key id {kid})"
+RECEIPT_MALFORMED = "not a receipt: {error}"
+RECEIPT_NOT_OURS = "not an approval receipt of this harness: {found} (a receipt has alg {alg!r}, typ {typ!r})"
+RECEIPT_OTHER_KEY = "signed with key id {kid!r}, not with this key ({ours!r}): check it with that key"
+RECEIPT_BAD_SIGNATURE = "invalid signature: not signed with this key, or changed since it was signed"
+RECEIPT_EXPIRED = "expired {seconds} s ago (the signature is valid)"
+RECEIPT_OTHER_ARGUMENTS = (
+    "the arguments given are not the ones approved: they hash to {given}, the receipt says {signed}"
+)
+RECEIPT_VALID = "valid: a receipt for {sub} ({aud}), {how}{by}; it expires in {seconds} s"
+RECEIPT_NOT_VALID = "not valid: {problem}"
+RECEIPT_NO_KEY = "error: HARNESS_RECEIPT_KEY is not set: there is no key to check a receipt with"
+RECEIPT_BAD_ARGS = "error: --args is not JSON ({error})"
+RECEIPT_NO_TOKEN = "error: no receipt given (pass it, or - to read it from standard input)"

@@ -5,8 +5,8 @@ one) names the run: its id, team, channel and thread, from a context variable th
 the bot's listeners set and clear (`bound`, `enter`/`leave`). A context variable, not a global: a
 bot process handles several requests at once on its threads, and each sees only its own.
 
-The known secrets of the process (Slack tokens and signing secret, the Anthropic key, the Redis
-password in REDIS_URL) are replaced by `***` in every line, whatever logged them: nothing logs
+The known secrets of the process (Slack tokens and signing secret, the Anthropic key, the receipts'
+key, the Redis password in REDIS_URL) are replaced by `***` in every line, whatever logged them: nothing logs
 them on purpose, and this makes sure a library's error message cannot either.
 """
 
@@ -26,7 +26,13 @@ from urllib.parse import urlsplit
 
 # The context fields, in the order a text line shows them.
 FIELDS = ("run_id", "team", "channel", "thread_ts")
-SECRET_SETTINGS = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN", "ANTHROPIC_API_KEY")
+SECRET_SETTINGS = (
+    "SLACK_BOT_TOKEN",
+    "SLACK_SIGNING_SECRET",
+    "SLACK_APP_TOKEN",
+    "ANTHROPIC_API_KEY",
+    "HARNESS_RECEIPT_KEY",
+)
 MIN_SECRET_CHARS = 6  # shorter values would blank out ordinary words; no real secret is that short
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 

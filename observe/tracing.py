@@ -55,6 +55,7 @@ SECRET_ENV = (
     "SLACK_APP_TOKEN",
     "ANTHROPIC_API_KEY",
     "ANTHROPIC_AUTH_TOKEN",
+    "HARNESS_RECEIPT_KEY",
 )
 REDACTED = "[redacted]"
 CONTENT_LIMIT = 16_000  # characters of one captured attribute (a backend refuses huge ones)
@@ -261,7 +262,7 @@ class RunTracer:
 
     # A chat span is not made current: nothing opens a span inside it, and attaching a context costs
     # as much as a third of the span (tests/bench/bench_tracing.py). A tool's span is, while its call
-    # runs: an MCP request carries it as its parent (SEP-414 `traceparent`: harness/tools/mcp_trace.py).
+    # runs: an MCP request carries it as its parent (SEP-414 `traceparent`: harness/tools/mcp_meta.py).
 
     def chat(self, request: dict[str, Any], send: Callable[[], Any]) -> Any:
         model = str(request.get("model", ""))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from contextvars import ContextVar
@@ -26,6 +27,7 @@ from slack_sdk.http_retry.builtin_handlers import (
 from gates.deciders import GroupDirectory
 from harness.client import make_client
 from harness.config import Config, load_config
+from harness.receipts import Signer
 from harness.tools.catalog import Catalog
 from messages.metadata import tag_of, tagged, untagged_streams
 from observe import metrics
@@ -59,6 +61,8 @@ class Services:
     # Who is in a user group, and the handles groups are shown by on cards: read with `slack`'s token.
     groups: GroupDirectory = field(default=None)  # type: ignore[assignment]  # built from `slack`
     _who: list[tuple[str, str]] = field(default_factory=list, repr=False)  # `_identity`, once read
+    # Signs each call's approval receipt (`harness.receipts`): HARNESS_RECEIPT_KEY. None: no receipts.
+    signer: Signer | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.courtesy_slack is None:
@@ -90,6 +94,7 @@ class Services:
             config=config,
             model=make_client(),
             catalog=Catalog.from_config(config),
+            signer=Signer.from_env(os.environ if env is None else env),
         )
 
     def settings_of(self, record: RunRecord) -> Config:

@@ -4,6 +4,7 @@ settings now), the tier rulings and turn summaries a step owes, the figures it c
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -17,11 +18,13 @@ from harness.loop import (
     ToolsRequested,
     TurnDone,
 )
+from harness.receipts import Minter, RunFacts
 from harness.state import (
     PendingCall,
     RunState,
     Status,
 )
+from harness.tools.catalog import Catalog
 from harness.tools.inputs import InputAsk
 from harness.valves import Stop, Valve, token_limit
 from messages import texts, turns
@@ -104,9 +107,19 @@ def agent_of(svc: Services, driver: Driver) -> Agent:
         tracer=tracing.run_tracer(),
         input_values=input_values,
         meter=RunMeter(svc.store, where_of(record)),
+        receipt=_minter(svc, driver, catalog),
     )
     # A server's question in the middle of a call is put to this run's requester (`workers.mid_call`).
     return replace(agent, context=replace(agent.context, who=driver.run_id))
+
+
+def _minter(svc: Services, driver: Driver, catalog: Catalog | None) -> Minter | None:
+    """What makes each call's approval receipt as it runs (none without HARNESS_RECEIPT_KEY)."""
+    if svc.signer is None or catalog is None:
+        return None
+    record = driver.record
+    facts = RunFacts(driver.run_id, record.requester, record.team, record.channel)
+    return Minter(svc.signer, facts, catalog.audience, time.time)
 
 
 def offered_now(svc: Services, driver: Driver, agent: Agent, state: RunState) -> Agent:

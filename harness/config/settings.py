@@ -12,11 +12,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from harness import texts
 from harness.policy import Policy, Tier, glob_match
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
 BUILTIN_TOOL_NAMES = ("get_time", "read_file", "list_files", "write_file", "delete_file")
 IM_CHANNELS = "im"  # in a profile's `channels`: every direct message (a D… channel)
+RECEIPT_KEY = "HARNESS_RECEIPT_KEY"  # never handed to a server (`harness.receipts`)
 VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")  # ${NAME} in a server's env and headers
 ON_LIMIT_CHOICES = ("stop", "ask")
 
@@ -312,6 +314,8 @@ def _glob_of(pattern: str, name: str) -> bool:
 def _expand(value: str, environ: Mapping[str, str], key: str) -> str:
     def fill(match: re.Match[str]) -> str:
         name = match.group(1)
+        if name == RECEIPT_KEY:  # whoever holds it could sign any receipt: each server gets its own
+            raise ConfigError(texts.RECEIPT_KEY_TO_SERVER.format(key=key, name=name))
         if name not in environ:
             raise ConfigError(f"{key} uses ${{{name}}}, but the environment has no {name}")
         return environ[name]

@@ -46,6 +46,9 @@ class ToolContext:
     reply: InputReply | None = None
     # The run a call is for: who a server's question in the middle of the call is put to.
     who: str | None = None
+    # The call's approval receipt (`harness.receipts`), made as it runs: a module tool may hand it to
+    # the service it calls; an MCP call carries it in `_meta`. None: receipts are off (no key).
+    receipt: str | None = field(default=None, repr=False)
 
 
 Content = str | list[dict[str, Any]]

@@ -154,6 +154,14 @@ class Catalog:
         server = next((s for s in self.servers if name.startswith(s + SEPARATOR)), None)
         return f"mcp:{server}" if server else ""
 
+    def audience(self, name: str) -> str | None:
+        """Who a receipt of a call of `name` is for (its `aud`): `mcp:<server>`, `module:<module>`;
+        None for a built-in (it shows nobody a receipt) or a tool of no source known here."""
+        source = self.source(name)
+        if source.startswith("mcp:"):
+            return source
+        return f"module:{source}" if source and source != BUILTIN else None
+
     def left_out(self) -> dict[str, str]:
         """The tools of this catalog's servers that their `include_tools` / `exclude_tools` leave
         out, each with the key and glob that did (`--list-tools` says them)."""

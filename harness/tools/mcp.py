@@ -22,7 +22,7 @@ A server that says its tools changed (`notifications/tools/list_changed`; at the
 protocol on a `subscriptions/listen` stream the hub keeps open) has them listed again at once; what
 a new listing changes, and whether it is taken (`pin_tools`), is `harness.tools.mcp_changes`. A call
 of a tool the server no longer offers is answered `is_error` and not sent. Each call carries the
-caller's trace context (`harness.tools.mcp_trace`). A call a server answers with a task, and
+caller's trace and its receipt (`harness.tools.mcp_meta`). A call a server answers with a task, and
 `poll_task` / `cancel_task` of it, are `harness.tools.mcp_tasks`'s.
 
 Callers on other threads use `listing()` and `call()`. A process that forks (RQ's work horse)
@@ -61,7 +61,7 @@ from harness.tools.mcp_command import CommandMissing
 from harness.tools.mcp_inputs import asks_person, mid_call, rounds
 from harness.tools.mcp_listing import SEPARATOR, Listing, McpTool, list_tools
 from harness.tools.mcp_log import closed, describe, first, is_connection_error, log_down, log_up
-from harness.tools.mcp_trace import trace_meta
+from harness.tools.mcp_meta import call_meta
 from harness.tools.mcp_transports import (
     HttpTransport,
     SessionGuard,
@@ -267,7 +267,7 @@ class McpHub:
         trace: dict[str, str] | None = None,
     ) -> ToolResult:
         """`call`, for code already on the hub's loop (the relay); `trace`: the caller's
-        `harness.tools.mcp_trace.trace_meta`, taken in its own thread."""
+        `harness.tools.mcp_meta.call_meta`, taken in its own thread."""
         found = self._servers.get(server)
         if found is None:
             reason = "not configured"
@@ -282,6 +282,7 @@ class McpHub:
         side_effects: bool,
         reply: InputReply | None = None,
         who: str | None = None,
+        receipt: str | None = None,
     ) -> ToolResult:
         """Call `tool` on `server`; every failure is an `is_error` result, never an exception.
 
@@ -289,7 +290,7 @@ class McpHub:
         its `requestState`), sent with the call again. A server that asks a person now answers a
         result whose `asks` says what (`harness.tools.inputs`). `who`: the run the call is for, to
         whom a question the server asks in the middle of the call is put (the older protocol). The
-        request carries the trace context of the span current in the calling thread (SEP-414).
+        request's `_meta` carries the calling thread's trace context and `receipt` (`mcp_meta`).
         """
         found = self._servers.get(server)
         if found is None:
@@ -298,7 +299,7 @@ class McpHub:
             )
         timeout = found.resolved.config.timeout_seconds
         future = asyncio.run_coroutine_threadsafe(
-            self._call(found, tool, arguments, side_effects, reply, who, trace_meta()), self._loop
+            self._call(found, tool, arguments, side_effects, reply, who, call_meta(receipt)), self._loop
         )
         try:
             return future.result(timeout + _GRACE_SECONDS)
@@ -565,7 +566,7 @@ class McpHub:
                 return ToolResult(texts.MCP_TOOL_GONE.format(server=server.name, name=qualified), True)
             try:
                 left = max(0.0, deadline - asyncio.get_running_loop().time())
-                meta = dict(trace) or None  # SEP-414: `traceparent`, `tracestate` in `_meta`
+                meta = dict(trace) or None  # `_meta`: SEP-414's trace context, the receipt (`mcp_meta`)
                 as_task = any(t.name == tool and t.task_only for t in server.tools)
                 sent = mcp_tasks.call_as_task(client, tool, arguments, meta, timeout) if as_task else None
                 result = await asyncio.wait_for(sent or rounds(client, tool, arguments, reply, meta), left)

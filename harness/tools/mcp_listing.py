@@ -147,6 +147,7 @@ class McpHost(Protocol):
         side_effects: bool,
         reply: InputReply | None = None,
         who: str | None = None,
+        receipt: str | None = None,
     ) -> ToolResult: ...
 
 
@@ -174,7 +175,7 @@ def _as_tool(host: McpHost, info: McpTool, timeout: float, paths: tuple[str, ...
         own_why = ""
 
     def call(ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
-        return host.call(info.server, info.name, arguments, side_effects, ctx.reply, ctx.who)
+        return host.call(info.server, info.name, arguments, side_effects, ctx.reply, ctx.who, ctx.receipt)
 
     return Tool(
         name=info.qualified,

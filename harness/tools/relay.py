@@ -10,7 +10,8 @@ a first line that proves the connection is one of the worker's own horses:
     {"op": "listing"}                                      -> {"listing": {...}}
     {"op": "call", "server", "tool", "arguments", "side_effects", "trace"} -> {"result": {...}}
 
-(`trace`: the horse's trace context, `harness.tools.mcp_trace`: the worker has no span of the run.)
+(`trace`: the `_meta` the call carries, `harness.tools.mcp_meta`: the horse's trace context, as the
+worker has no span of the run, and the call's approval receipt.)
 
 Every session stays warm in the worker; a job never starts a server.
 
@@ -49,7 +50,7 @@ from harness.tools.inputs import InputReply
 from harness.tools.mcp import McpHub
 from harness.tools.mcp_bounds import RELAY_LINE_MAX
 from harness.tools.mcp_listing import SEPARATOR, Listing
-from harness.tools.mcp_trace import checked, trace_meta
+from harness.tools.mcp_meta import call_meta, checked
 
 log = logging.getLogger("harness.mcp")
 
@@ -187,6 +188,7 @@ class RelayClient:
         side_effects: bool,
         reply: InputReply | None = None,
         who: str | None = None,
+        receipt: str | None = None,
     ) -> ToolResult:
         request: dict[str, Any] = {
             "op": "call",
@@ -194,7 +196,7 @@ class RelayClient:
             "tool": tool,
             "arguments": arguments,
             "side_effects": side_effects,
-            "trace": trace_meta(),
+            "trace": call_meta(receipt),
         }
         if reply is not None:  # a person's answers: over the worker's own socket, never logged
             request["reply"] = reply.to_json()

@@ -14,6 +14,11 @@ Every call it receives is appended as one JSON line to the file named by `MCP_CA
 set), with the request's `_meta` (so a test can read the trace context that came with it), and so
 is each listing of its tools (`"tool": "tools/list"`).
 
+`RECEIPT_KEY` (when set): `note` checks the approval receipt its request's `_meta` carries as a
+downstream service would, with PyJWT and that key alone (its audience's key, not the harness's), and
+writes down what it found (`receipt`: the claims and whether its own hash of the arguments matches,
+or the error), with the names of its environment's variables (`environ`).
+
 `--legacy`: it refuses the newest protocol's `server/discover` probe, as a 2025 server does, so
 a client falls back to the `initialize` handshake. `--junk`: a line that is not JSON-RPC goes to
 stdout before it serves. `--crash-at-start`: it writes a traceback to stderr (its last line in
@@ -23,6 +28,7 @@ terminal colours) and exits 1 before it reads anything, as a server written for 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -75,10 +81,35 @@ def _added(name: str) -> Any:
     return answer
 
 
+RECEIPT_META = "io.github.slack-harness/approval-receipt"
+
+
+def _receipt(ctx: Context, arguments: dict[str, Any]) -> dict[str, Any] | None:
+    """What a careful service makes of the call's receipt: checked with its own key, then its hash."""
+    key = os.environ.get("RECEIPT_KEY")
+    if not key:
+        return None
+    import jwt
+
+    token = (ctx.request_context.meta or {}).get(RECEIPT_META)
+    if not token:
+        return {"error": "no receipt"}
+    try:
+        claims = jwt.decode(token, key, algorithms=["HS256"], audience="mcp:moving", issuer="slack-harness")
+    except jwt.PyJWTError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    text = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return {"claims": claims, "matches": hashlib.sha256(text.encode()).hexdigest() == claims["input_sha256"]}
+
+
 @server.tool()
 def note(text: str, ctx: Context) -> str:
     """Write a note down."""
-    _log("note", ctx, text=text)
+    receipt = _receipt(ctx, {"text": text})
+    if receipt is None:
+        _log("note", ctx, text=text)
+    else:
+        _log("note", ctx, text=text, receipt=receipt, environ=sorted(os.environ))
     return f"noted {text}"
 
 

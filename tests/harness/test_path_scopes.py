@@ -193,6 +193,7 @@ class Desk:
         side_effects: bool,
         reply: Any = None,
         who: Any = None,
+        receipt: Any = None,
     ) -> ToolResult:
         raise AssertionError("nothing runs here")
 

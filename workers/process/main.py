@@ -3,10 +3,10 @@
 `python -m workers audit [--limit N] [--feedback | --calls]` prints the approval audit log (or the
 answers' feedback, or every call's tier decision) instead; `python -m workers audit export [--since
 ISO-DATE] [--format jsonl|csv]` writes every entry of it, `python -m workers audit verify` checks
-its hash chain (`ops.audit_chain`); `python -m workers status` the runs in
-flight, parked (and who must decide) and failed; `python -m workers replay DRAFT.toml [--days N]`
-what a draft config would have changed of the recorded calls' tiers. `python -m workers --version`
-prints the release and exits, reading no setting.
+its hash chain (`ops.audit_chain`), `verify-receipt` an approval receipt (`ops.receipts`);
+`python -m workers status` the runs in flight, parked (and who must decide) and failed; `python -m
+workers replay DRAFT.toml [--days N]` what a draft config would have changed of the recorded calls'
+tiers. `python -m workers --version` prints the release and exits, reading no setting.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from messages.cards import escalation_reminder, expiry_reminder
 from observe import families, logs, metrics, tracing
 from observe.health import WORKER_TTL
 from ops import audit as audit_lines
-from ops import audit_chain, audit_export, audit_files, explain, replay, status
+from ops import audit_chain, audit_export, audit_files, explain, receipts, replay, status
 from ops.replay import APPROVALS_READ
 from runtime import local_redis
 from runtime.clients import SettingsError, redis_connection
@@ -234,6 +234,7 @@ def work() -> int:
     except redis.RedisError as exc:
         print(redis_problem(exc), file=sys.stderr)
         return 2
+    receipts.announce(svc.signer)
     if warning := RedisTarget.from_env().open_warning():
         print(warning, file=sys.stderr)
     try:
@@ -559,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     export_parser.add_argument("--since", metavar="ISO-DATE", help="only entries at or after (UTC)")
     export_parser.add_argument("--format", choices=audit_export.FORMATS, default="jsonl")
     audit_sub.add_parser("verify", help="check the audit's hash chain")
+    receipts.add_commands(audit_sub)  # verify-receipt, receipt-key
     sub.add_parser("status", help="print the runs in flight, parked (and who must decide) and failed")
     replay_parser = sub.add_parser(
         "replay", help="print the recorded calls whose tier a draft config would change, then a summary"
@@ -573,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
         return audit_export_all(args.since, args.format)
     if args.command == "audit" and args.audit_command == "verify":
         return audit_verify()
+    if args.command == "audit" and args.audit_command in receipts.COMMANDS:
+        return receipts.run(args)
     if args.command == "audit":
         return audit(args.limit, feedback=args.feedback, calls=args.calls)
     if args.command == "status":
