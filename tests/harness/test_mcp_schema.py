@@ -49,6 +49,7 @@ class Recorder:
         side_effects: bool,
         reply: Any = None,
         who: Any = None,
+        receipt: Any = None,
     ) -> ToolResult:
         self.sent.append(arguments)
         return ToolResult("done")
