@@ -145,6 +145,10 @@ class Process:
 
         RQ's work horse calls setsid(), so a process-group kill would miss it: walk /proc instead.
         """
+        # Frozen first, so it forks no replacement for a child killed before it (gunicorn's master
+        # respawned a worker between the list and its own kill, which kept the port).
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGSTOP)
         pids = [*descendants(self.proc.pid), self.proc.pid]
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):

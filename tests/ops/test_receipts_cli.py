@@ -30,6 +30,13 @@ def receipt(at: float | None = None, key_id: str | None = None) -> str:
     return Signer(MASTER, key_id).sign(claims)
 
 
+@pytest.fixture(autouse=True)
+def _logging_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`main` in this process would point the root logger at the stderr pytest captures for one
+    test; later tests' threads (an MCP hub's) would then write to it closed."""
+    monkeypatch.setattr("workers.process.main.logs.configure", lambda *args, **kwargs: None)
+
+
 def verify_receipt(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *argv: str, key: str | None = MASTER
 ) -> tuple[int, str, str]:

@@ -234,7 +234,6 @@ def work() -> int:
     except redis.RedisError as exc:
         print(redis_problem(exc), file=sys.stderr)
         return 2
-    receipts.announce(svc.signer)
     if warning := RedisTarget.from_env().open_warning():
         print(warning, file=sys.stderr)
     try:
@@ -260,6 +259,7 @@ def work() -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    receipts.announce(svc.signer)  # every setting checked: a worker that cannot start says only why
     in_force: InForce | None = None  # set below, before any job can call a server
     asker = MidCallQuestions(
         lambda: in_force.services if in_force is not None else svc, Store(redis_connection())
