@@ -16,14 +16,14 @@ run: $(STAMP)
 	$(BIN)/python -m launch
 
 # Test files run in parallel on up to 4 processes (one per core), each file on one process, so a
-# module's stack (its bot, worker and Redis database) stays together; 16 minutes on 2 cores (2026-12-05).
+# module's stack (its bot, worker and Redis database) stays together; 20½ minutes on 2 cores (2026-12-05).
 XDIST := -n auto --maxprocesses 4 --dist loadfile
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST)
 
 # The inner loop: every test but those marked e2e, which start the product's processes (docs/testing.md);
-# 2 minutes 16 seconds on 2 cores (2026-12-05).
+# 2 minutes 46 seconds on 2 cores (2026-12-05).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m "not e2e"
 
