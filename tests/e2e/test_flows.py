@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import textwrap
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from tests.e2e.test_approvals import action_ids, audit, call_id, cards, done, final, shown
+from tests.e2e.test_counting_rules import mention
 from tests.fakes.messages_api import reply, text, tool_use
 from tests.stack import ROOT, RedisServer, Stack, running_stack, wait_until
 
@@ -71,13 +71,6 @@ def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -
 def mailed(stack: Stack) -> list[str]:
     log = stack.workspace / "mail.log"
     return [json.loads(line)["to"] for line in log.read_text().splitlines()] if log.exists() else []
-
-
-def mention(stack: Stack, marker: str, channel: str, *script: Any) -> str:
-    stack.model.script_for(marker, *script)
-    status, ts, _ = stack.mention(f"{marker}: please", channel=channel)
-    assert status == 200
-    return ts
 
 
 def test_a_mail_after_a_fetch_waits_for_a_person_whose_card_says_why(stack: Stack) -> None:
